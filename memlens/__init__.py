@@ -1,0 +1,53 @@
+"""memlens: GPU memory profiling and snapshot analysis for PyTorch training.
+
+The public face, nothing else: ``load`` a snapshot, ``analyze`` it, compute a ``budget``,
+``record`` a training loop, ``whatif`` replay it through the allocator simulator. Heavy
+modules (torch, dash) are imported only when the function that needs them is called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from memlens.errors import MemlensError, MemlensFormatError, MemlensOutOfMemory, MemlensUsageError
+from memlens.snapshot import Snapshot, load
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from memlens.analysis.report import Report
+
+
+def analyze(source: Any, **settings: Any) -> Report:
+    """Analyse a snapshot (a path or a loaded ``Snapshot``): see ``memlens.analysis.analyze``."""
+    from memlens.analysis import analyze as _analyze
+
+    return _analyze(source, **settings)
+
+
+def record(*args: Any, **kwargs: Any) -> Any:
+    """Record a training loop's memory: see ``memlens.recorder.record``."""
+    from memlens.recorder import record as _record
+
+    return _record(*args, **kwargs)
+
+
+def whatif(*args: Any, **kwargs: Any) -> Any:
+    """Replay a snapshot through the allocator simulator: see ``memlens.allocator.whatif``."""
+    from memlens.allocator import whatif as _whatif
+
+    return _whatif(*args, **kwargs)
+
+
+__all__ = [
+    "MemlensError",
+    "MemlensFormatError",
+    "MemlensOutOfMemory",
+    "MemlensUsageError",
+    "Snapshot",
+    "__version__",
+    "analyze",
+    "load",
+    "record",
+    "whatif",
+]

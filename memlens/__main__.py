@@ -1,0 +1,3 @@
+from memlens.cli.main import main
+
+main()

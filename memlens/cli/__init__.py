@@ -1,0 +1,1 @@
+"""The ``memlens`` command line: one small module per subcommand (see ``main.py``)."""

@@ -1,0 +1,517 @@
+"""Read any memory snapshot PyTorch has written (2.0 to today), safely.
+
+A snapshot pickle holds only plain values (dict, list, tuple, str, int, float, bool, None),
+so the unpickler refuses *every* global: a file that names ``os.system`` or any class is
+rejected before anything runs. Everything that can go wrong with a file (empty, truncated,
+not a pickle, wrong shape, negative sizes) becomes one ``MemlensFormatError`` naming the
+file and the problem.
+
+The raw dicts are turned into columns in a few list-comprehension passes. Frames in real
+files are shared objects (PyTorch's pickler memoises them), so stacks are interned by the
+identity of their frame dicts first and by value only once per distinct object.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import pickle
+from collections.abc import Callable, Iterable
+from typing import IO, Any
+
+import numpy as np
+
+from memlens.errors import MemlensFormatError
+from memlens.snapshot.model import (
+    ACTION_CODES,
+    BLOCK_STATE_ALIASES,
+    BLOCK_STATES,
+    Action,
+    Annotation,
+    Block,
+    DeviceTrace,
+    Frame,
+    Segment,
+    Snapshot,
+    StackTable,
+)
+
+GZIP_MAGIC = b"\x1f\x8b"
+ZIP_MAGIC = b"PK\x03\x04"
+SIDECAR_SUFFIX = ".memlens.json"
+
+
+class _RefuseGlobals(pickle.Unpickler):
+    """An unpickler that can build only plain containers and scalars."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise _GlobalRefused(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise _GlobalRefused(f"persistent id {pid!r}")
+
+
+class _GlobalRefused(Exception):
+    pass
+
+
+def _unpickle(stream: IO[bytes], source: str) -> Any:
+    try:
+        return _RefuseGlobals(stream).load()
+    except _GlobalRefused as exc:
+        raise MemlensFormatError(
+            source,
+            f"refused to load: the pickle names the global {exc} (a memory snapshot never needs one; "
+            "loading it could run code)",
+        ) from None
+    except EOFError:
+        raise MemlensFormatError(
+            source, "the file ends early: it is truncated or was still being written"
+        ) from None
+    except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+        raise MemlensFormatError(source, f"not a readable pickle ({type(exc).__name__}: {exc})") from None
+    except RecursionError:
+        raise MemlensFormatError(source, "the pickle is nested too deeply to be a memory snapshot") from None
+    except MemoryError:
+        raise MemlensFormatError(source, "the pickle is too large to load in this machine's memory") from None
+    except (OSError, gzip.BadGzipFile) as exc:
+        raise MemlensFormatError(source, f"could not read the file ({exc})") from None
+
+
+def read_raw(path: str | os.PathLike[str]) -> Any:
+    """The snapshot object in ``path`` (plain Python values), loaded without running code."""
+    source = str(path)
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        raise MemlensFormatError(source, "no such file") from None
+    except IsADirectoryError:
+        raise MemlensFormatError(source, "is a directory, not a snapshot file") from None
+    except OSError as exc:
+        raise MemlensFormatError(source, f"cannot open ({exc.strerror or exc})") from None
+    with handle:
+        head = handle.read(4)
+        if not head:
+            raise MemlensFormatError(source, "the file is empty")
+        handle.seek(0)
+        if head.startswith(GZIP_MAGIC):
+            with gzip.GzipFile(fileobj=handle) as unzipped:
+                return _unpickle(io.BufferedReader(unzipped, buffer_size=1 << 20), source)
+        if head == ZIP_MAGIC:
+            raise MemlensFormatError(
+                source, "is a zip archive (a torch.save checkpoint?), not a memory snapshot pickle"
+            )
+        if head[:1] != b"\x80" and head[:1] not in (b"(", b"]", b"}"):
+            raise MemlensFormatError(source, "not a pickle (expected a pickle written by _dump_snapshot)")
+        return _unpickle(handle, source)
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    cache: bool | None = None,
+    progress: Callable[[str, float], None] | None = None,
+) -> Snapshot:
+    """Load a snapshot file (``.pickle`` or ``.pickle.gz``) into the columnar model.
+
+    ``cache``: reuse/write a compact ``.npz`` copy so the next open is fast. ``None`` (default)
+    caches files of ``CACHE_MIN_BYTES`` or more. ``progress(stage, fraction)`` is called as
+    loading proceeds (the CLI draws a bar with it).
+    """
+    from memlens.snapshot import cache as snapshot_cache
+
+    source = str(path)
+    if not os.path.exists(source):
+        raise MemlensFormatError(source, "no such file")
+    use_cache = cache if cache is not None else os.path.getsize(source) >= snapshot_cache.CACHE_MIN_BYTES
+    if use_cache:
+        cached = snapshot_cache.read(source)
+        if cached is not None:
+            cached.sidecar = read_sidecar(source)
+            return cached
+    if progress:
+        progress("reading", 0.0)
+    raw = read_raw(source)
+    if progress:
+        progress("building timeline", 0.5)
+    snapshot = parse(raw, source=source)
+    del raw
+    snapshot.sidecar = read_sidecar(source)
+    if use_cache:
+        snapshot_cache.write(source, snapshot)
+    if progress:
+        progress("done", 1.0)
+    return snapshot
+
+
+def read_sidecar(path: str) -> dict[str, Any]:
+    """The recorder's JSON sidecar (``run.pickle`` -> ``run.memlens.json``), if there is one."""
+    base = path
+    for suffix in (".gz", ".pickle", ".pkl"):
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+    candidate = base + SIDECAR_SUFFIX
+    if not os.path.isfile(candidate):
+        return {}
+    try:
+        with open(candidate, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return {}  # a broken sidecar only loses extras; the snapshot itself is still good
+    return data if isinstance(data, dict) else {}
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+class _Checker:
+    """Raises format errors that name the file and where in it the problem is."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, problem: str) -> MemlensFormatError:
+        return MemlensFormatError(self.source, problem)
+
+    def dict_(self, value: Any, where: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(f"{where} should be a dict, found {type(value).__name__}")
+        return value
+
+    def list_(self, value: Any, where: str) -> list[Any]:
+        if not isinstance(value, list | tuple):
+            raise self.fail(f"{where} should be a list, found {type(value).__name__}")
+        return list(value) if isinstance(value, tuple) else value
+
+    def int_(self, container: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+        value = container.get(key, default)
+        if value is None:
+            raise self.fail(f"{where} has no {key!r}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(f"{where}: {key!r} should be an integer, found {type(value).__name__}")
+        return value
+
+    def size_(self, container: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+        value = self.int_(container, key, where, default)
+        if value < 0:
+            raise self.fail(f"{where}: {key!r} is negative ({value})")
+        return value
+
+
+class _Interner:
+    """Interns frames and stacks; identity caches make shared (memoised) frames cheap."""
+
+    def __init__(self) -> None:
+        self.table = StackTable()
+        self._frame_by_key: dict[tuple[str, int, str], int] = {}
+        self._frame_by_id: dict[int, int] = {}
+        self._stack_by_key: dict[tuple[int, ...], int] = {}
+        self._stack_by_list_id: dict[int, int] = {}
+        self._keep_alive: list[Any] = []  # ids are only unique while the objects live
+
+    def frame(self, raw: Any, check: _Checker) -> int:
+        if not isinstance(raw, dict):
+            raise check.fail(f"a stack frame should be a dict, found {type(raw).__name__}")
+        filename, line, name = raw.get("filename", "??"), raw.get("line", 0), raw.get("name", "??")
+        if not isinstance(filename, str) or not isinstance(name, str) or not isinstance(line, int):
+            raise check.fail("a stack frame's filename/name is not text or its line is not a number")
+        key = (filename, int(line), name)
+        fid = self._frame_by_key.get(key)
+        if fid is None:
+            fid = len(self.table.frames)
+            self.table.frames.append(Frame(*key))
+            self._frame_by_key[key] = fid
+        self._frame_by_id[id(raw)] = fid
+        self._keep_alive.append(raw)
+        return fid
+
+    def stack(self, frames: Any, check: _Checker) -> int:
+        if not frames:
+            return -1
+        sid = self._stack_by_list_id.get(id(frames))
+        if sid is not None:
+            return sid
+        if not isinstance(frames, list | tuple):
+            raise check.fail(f"'frames' should be a list, found {type(frames).__name__}")
+        by_id = self._frame_by_id
+        try:
+            key = tuple(map(by_id.__getitem__, map(id, frames)))
+        except KeyError:
+            key = tuple(by_id[id(f)] if id(f) in by_id else self.frame(f, check) for f in frames)
+        sid = self._stack_by_key.get(key)
+        if sid is None:
+            sid = len(self.table.stacks)
+            self.table.stacks.append(key)
+            self._stack_by_key[key] = sid
+        self._stack_by_list_id[id(frames)] = sid
+        self._keep_alive.append(frames)
+        return sid
+
+
+def parse(raw: Any, source: str = "<memory>") -> Snapshot:
+    """Turn a raw snapshot object (as ``torch.cuda.memory._snapshot()`` returns) into a ``Snapshot``."""
+    check = _Checker(source)
+    if isinstance(raw, list | tuple):
+        # torch.cuda.memory_snapshot() (no underscore) returns the bare list of segments.
+        raw = {"segments": list(raw), "device_traces": []}
+    if not isinstance(raw, dict):
+        raise check.fail(f"not a memory snapshot: the pickle holds a {type(raw).__name__}, not a dict")
+    if "segments" not in raw:
+        keys = ", ".join(sorted(map(str, raw)))[:200] or "none"
+        raise check.fail(f"not a memory snapshot: no 'segments' key (keys: {keys})")
+    interner = _Interner()
+    raw_segments = check.list_(raw["segments"], "'segments'")
+    segments = [_parse_segment(s, i, check, interner) for i, s in enumerate(raw_segments)]
+    raw_traces = check.list_(raw.get("device_traces") or [], "'device_traces'")
+    annotations = _parse_annotations(raw.get("external_annotations") or [], check)
+    settings = raw.get("allocator_settings") or {}
+    if not isinstance(settings, dict):
+        raise check.fail("'allocator_settings' should be a dict")
+    known = {"segments", "device_traces", "external_annotations", "allocator_settings"}
+    extra = {k: v for k, v in raw.items() if k not in known}
+
+    devices: dict[int, DeviceTrace] = {}
+    for device, entries in enumerate(raw_traces):
+        entries = check.list_(entries, f"device_traces[{device}]")
+        if entries or any(s.device == device for s in segments):
+            devices[device] = _parse_trace(device, entries, check, interner)
+    for seg in segments:
+        devices.setdefault(seg.device, DeviceTrace(device=seg.device))
+    for device, trace in devices.items():
+        _build_curves(trace, [s for s in segments if s.device == device])
+    return Snapshot(
+        source=source,
+        devices=devices,
+        segments=segments,
+        stacks=interner.table,
+        annotations=annotations,
+        allocator_settings=dict(settings),
+        extra=extra,
+        format_guess=_guess_format(raw, raw_segments, raw_traces),
+    )
+
+
+def _parse_segment(raw: Any, index: int, check: _Checker, interner: _Interner) -> Segment:
+    where = f"segment {index}"
+    seg = check.dict_(raw, where)
+    address = check.size_(seg, "address", where)
+    total_size = check.size_(seg, "total_size", where)
+    raw_blocks = check.list_(seg.get("blocks", []), f"{where} 'blocks'")
+    blocks: list[Block] = []
+    offset = address  # 2.0 blocks have no address: they tile the segment in order
+    for j, raw_block in enumerate(raw_blocks):
+        bwhere = f"{where} block {j}"
+        b = check.dict_(raw_block, bwhere)
+        size = check.size_(b, "size", bwhere)
+        requested = check.size_(b, "requested_size", bwhere, default=size)
+        state = b.get("state", "inactive")
+        state = BLOCK_STATE_ALIASES.get(state, state)
+        if state not in BLOCK_STATES:
+            raise check.fail(f"{bwhere}: unknown block state {state!r}")
+        frames = b.get("frames")
+        if frames is None and isinstance(b.get("history"), list) and b["history"]:
+            last = b["history"][-1]
+            frames = last.get("frames") if isinstance(last, dict) else None
+        block_address = check.size_(b, "address", bwhere, default=offset)
+        blocks.append(Block(block_address, size, requested, state, interner.stack(frames, check)))
+        offset = block_address + size
+    pool = seg.get("segment_pool_id", (0, 0))
+    return Segment(
+        device=check.size_(seg, "device", where, default=0),
+        address=address,
+        total_size=total_size,
+        stream=check.int_(seg, "stream", where, default=0),
+        segment_type=str(seg.get("segment_type", "large" if total_size > (1 << 21) else "small")),
+        pool_id=tuple(pool) if isinstance(pool, list | tuple) else (0, 0),
+        is_expandable=bool(seg.get("is_expandable", False)),
+        blocks=blocks,
+        stack_id=interner.stack(seg.get("frames"), check),
+    )
+
+
+def _parse_annotations(raw: Any, check: _Checker) -> list[Annotation]:
+    out = []
+    for i, item in enumerate(check.list_(raw, "'external_annotations'")):
+        ann = check.dict_(item, f"external_annotations[{i}]")
+        out.append(
+            Annotation(
+                name=str(ann.get("name", "")),
+                stage=str(ann.get("stage", "")),
+                device=int(ann.get("device", 0) or 0),
+                time_us=int(ann.get("time_us", 0) or 0),
+            )
+        )
+    return out
+
+
+def _int_column(values: list[Any], check: _Checker, device: int, field_name: str) -> np.ndarray:
+    try:
+        column = np.array(values, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, int)), None)
+        raise check.fail(
+            f"device_traces[{device}]: {field_name!r} should be integers, found {type(bad).__name__} {bad!r}"
+        ) from None
+    if column.shape != (len(values),):
+        raise check.fail(f"device_traces[{device}]: {field_name!r} should be integers")
+    return column
+
+
+def _intern_strings(values: Iterable[Any]) -> tuple[np.ndarray, list[str]]:
+    table: dict[str, int] = {}
+    ids = [-1 if not v or v == "N/A" else table.setdefault(str(v), len(table)) for v in values]
+    return np.array(ids, dtype=np.int32), list(table)
+
+
+def _parse_trace(device: int, entries: list[Any], check: _Checker, interner: _Interner) -> DeviceTrace:
+    if not all(isinstance(e, dict) for e in entries):
+        bad = next(e for e in entries if not isinstance(e, dict))
+        raise check.fail(f"device_traces[{device}] should hold dicts, found {type(bad).__name__}")
+    codes = ACTION_CODES
+    other = int(Action.OTHER)
+    try:
+        action = np.array([codes.get(e["action"], other) for e in entries], dtype=np.int8)
+    except KeyError:
+        raise check.fail(f"device_traces[{device}]: an entry has no 'action'") from None
+    except TypeError:
+        raise check.fail(f"device_traces[{device}]: an 'action' is not text") from None
+    address = _int_column([e.get("addr", 0) for e in entries], check, device, "addr")
+    size = _int_column([e.get("size", 0) for e in entries], check, device, "size")
+    if size.size and int(size.min()) < 0:
+        at = int(np.argmin(size))
+        raise check.fail(f"device_traces[{device}] entry {at}: negative size {int(size[at])}")
+    stream = _int_column([e.get("stream", 0) for e in entries], check, device, "stream")
+    has_time = bool(entries) and "time_us" in entries[0]
+    time_us = _int_column([e.get("time_us", 0) for e in entries], check, device, "time_us")
+    oom_rows = np.flatnonzero(action == int(Action.OOM))
+    device_free = np.zeros(len(entries), dtype=np.int64)
+    for row in oom_rows:
+        device_free[row] = int(entries[row].get("device_free", 0) or 0)
+    stack = interner.stack
+    stack_id = np.array([stack(e.get("frames"), check) for e in entries], dtype=np.int32)
+    metadata_id, user_metadata = _intern_strings(e.get("user_metadata") for e in entries)
+    context_id, compile_context = _intern_strings(e.get("compile_context") for e in entries)
+    return DeviceTrace(
+        device=device,
+        action=action,
+        address=address,
+        size=size,
+        stream=stream,
+        time_us=time_us,
+        stack_id=stack_id,
+        device_free=device_free,
+        metadata_id=metadata_id,
+        context_id=context_id,
+        user_metadata=user_metadata,
+        compile_context=compile_context,
+        has_time=has_time,
+    )
+
+
+# --------------------------------------------------------------------------- curves
+
+_ALLOC_DELTA = np.zeros(len(Action), dtype=np.int64)
+_ALLOC_DELTA[Action.ALLOC] = 1
+_ALLOC_DELTA[Action.FREE_COMPLETED] = -1
+_RESERVE_DELTA = np.zeros(len(Action), dtype=np.int64)
+_RESERVE_DELTA[[Action.SEGMENT_ALLOC, Action.SEGMENT_MAP]] = 1
+_RESERVE_DELTA[[Action.SEGMENT_FREE, Action.SEGMENT_UNMAP]] = -1
+
+
+def _build_curves(trace: DeviceTrace, segments: list[Segment]) -> None:
+    """Absolute allocated/reserved curves: the final state minus what the window changed.
+
+    Memory is counted free at ``free_completed`` (when it can be reused). A trace that has
+    ``free_requested`` but never ``free_completed`` (some writers) counts frees at the request.
+    """
+    live_blocks = [b for s in segments for b in s.blocks if b.is_active]
+    final_allocated = sum(b.requested_size for b in live_blocks)
+    final_reserved = sum(s.total_size for s in segments)
+    n = len(trace)
+    if n == 0:
+        trace.baseline_allocated, trace.baseline_reserved = final_allocated, final_reserved
+        trace.allocated = np.zeros(0, dtype=np.int64)
+        trace.reserved = np.zeros(0, dtype=np.int64)
+        trace.window_complete = final_allocated == 0 and final_reserved == 0
+        return
+    action = trace.action.astype(np.intp)
+    alloc_sign = _ALLOC_DELTA[action]
+    completed = trace.action == Action.FREE_COMPLETED
+    if not completed.any():
+        alloc_sign = alloc_sign.copy()
+        alloc_sign[trace.action == Action.FREE_REQUESTED] = -1
+        completed = trace.action == Action.FREE_REQUESTED
+    alloc_change = np.cumsum(alloc_sign * trace.size)
+    reserve_change = np.cumsum(_RESERVE_DELTA[action] * trace.size)
+    trace.baseline_allocated = final_allocated - int(alloc_change[-1])
+    trace.baseline_reserved = final_reserved - int(reserve_change[-1])
+    trace.allocated = alloc_change + trace.baseline_allocated
+    trace.reserved = reserve_change + trace.baseline_reserved
+    for name in ("allocated", "reserved"):
+        curve = getattr(trace, name)
+        lowest = int(curve.min())
+        if lowest < 0:
+            # The window and the final state disagree (a wrapped ring buffer cut an event
+            # pair): lift the curve so it stays a plausible total, and say so.
+            curve -= lowest
+            setattr(trace, f"baseline_{name}", getattr(trace, f"baseline_{name}") - lowest)
+            trace.curve_warnings.append(
+                f"{name} history disagrees with the final state by {-lowest} bytes; curve lifted"
+            )
+    trace.window_complete = _window_complete(trace, completed, live_blocks)
+
+
+def _window_complete(trace: DeviceTrace, free_rows: np.ndarray, live_blocks: list[Block]) -> bool:
+    """True when the history saw every live byte: nothing freed or live that it never allocated."""
+    if trace.baseline_allocated != 0 or trace.baseline_reserved != 0:
+        return False
+    alloc_rows = trace.action == Action.ALLOC
+    relevant = alloc_rows | free_rows
+    addresses = trace.address[relevant]
+    is_alloc = alloc_rows[relevant]
+    if addresses.size:
+        order = np.argsort(addresses, kind="stable")
+        sorted_addr = addresses[order]
+        first_of_group = np.ones(sorted_addr.size, dtype=bool)
+        first_of_group[1:] = sorted_addr[1:] != sorted_addr[:-1]
+        if not is_alloc[order][first_of_group].all():
+            return False
+    allocated_here = np.unique(trace.address[alloc_rows])
+    live = np.array([b.address for b in live_blocks], dtype=np.int64)
+    return bool(np.isin(live, allocated_here).all())
+
+
+def _guess_format(raw: dict[str, Any], segments: list[Any], traces: list[Any]) -> str:
+    """Which PyTorch release wrote the file, from the keys it has (a guess, shown to users)."""
+    first_block = next((b for s in segments if isinstance(s, dict) for b in s.get("blocks", [])), None)
+    first_entry = next((e for t in traces if isinstance(t, list) for e in t if isinstance(e, dict)), None)
+    if isinstance(first_block, dict) and "history" in first_block:
+        return "2.0"
+    if first_entry is not None and "user_metadata" in first_entry:
+        return "2.10+"
+    if first_entry is not None and "compile_context" in first_entry:
+        return "2.8-2.9"
+    if "external_annotations" in raw:
+        return "2.5-2.7" if first_entry is None or "time_us" in first_entry else "2.5+"
+    if "allocator_settings" in raw:
+        return "2.3-2.4"
+    if first_entry is not None and "time_us" in first_entry:
+        return "2.2"
+    if not raw.get("device_traces") and isinstance(segments, list) and "device_traces" not in raw:
+        return "memory_snapshot() segment list"
+    return "2.1"
+
+
+def sniff(path: str | os.PathLike[str]) -> bool:
+    """Cheap check that a path looks like a pickle or gzip file (for directory scans)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return False
+    return head.startswith(GZIP_MAGIC) or head[:1] == b"\x80"
+
+
+__all__ = ["load", "parse", "read_raw", "read_sidecar", "sniff"]
