@@ -1,0 +1,260 @@
+"""The caching allocator's knobs: ``PYTORCH_CUDA_ALLOC_CONF`` and the snapshot's ``allocator_settings``.
+
+Parsing follows ``c10/cuda/CUDAAllocatorConfig.cpp`` so that a string a user would put in the
+environment means the same thing to the simulator as to PyTorch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from memlens.errors import MemlensUsageError
+from memlens.units import MiB
+
+# CUDAAllocatorConfig keeps one division count per power-of-two size interval, from 1 MiB
+# ("1") to 32 GiB ("32768", which also covers everything larger): 16 intervals.
+ROUNDUP_INTERVALS = 16
+ROUNDUP_KEYS_MB: tuple[int, ...] = tuple(1 << i for i in range(ROUNDUP_INTERVALS))
+
+# max_split_size_mb must exceed kLargeBuffer (20 MiB): PyTorch rejects smaller values.
+MIN_MAX_SPLIT_SIZE_MB = 20
+
+# Options PyTorch accepts that change nothing the simulator models (threads, locks, host memory).
+_IGNORED_OPTIONS = frozenset(
+    {
+        "backend",
+        "release_lock_on_cudamalloc",
+        "pinned_use_cuda_host_register",
+        "pinned_num_register_threads",
+        "pinned_use_background_threads",
+        "pinned_reserve_segment_size_mb",
+        "graph_capture_record_stream_reuse",
+        "per_process_memory_fraction",
+        "max_non_split_rounding_mb",
+    }
+)
+
+
+def _parse_bool(key: str, value: str) -> bool:
+    if value in ("True", "true", "1"):
+        return True
+    if value in ("False", "false", "0"):
+        return False
+    raise MemlensUsageError(f"allocator option {key} expects True or False, got {value!r}")
+
+
+def _check_divisions(value: int) -> int:
+    if value != 0 and (value < 1 or value & (value - 1)):
+        raise MemlensUsageError(f"roundup_power2_divisions values must be powers of 2, got {value}")
+    return value
+
+
+def _normalise_divisions(value: dict[int, int] | dict[str, int] | int | None) -> tuple[int, ...]:
+    """One division count per interval (0 = plain 512-byte rounding)."""
+    if value is None:
+        return (0,) * ROUNDUP_INTERVALS
+    if isinstance(value, bool):
+        raise MemlensUsageError(f"roundup_power2_divisions must be an int or a dict, got {value!r}")
+    if isinstance(value, int):
+        return (_check_divisions(value),) * ROUNDUP_INTERVALS
+    divisions = [0] * ROUNDUP_INTERVALS
+    for key, count in value.items():
+        try:
+            size_mb = int(key)
+        except (TypeError, ValueError):
+            raise MemlensUsageError(f"roundup_power2_divisions key {key!r} is not a size in MB") from None
+        if size_mb < 1 or size_mb & (size_mb - 1):
+            raise MemlensUsageError(f"roundup_power2_divisions key {key!r} must be a power of 2 (MB)")
+        index = min(int(math.log2(size_mb)), ROUNDUP_INTERVALS - 1)
+        divisions[index] = _check_divisions(int(count))
+    return tuple(divisions)
+
+
+@dataclass(frozen=True)
+class AllocatorSettings:
+    """What ``PYTORCH_CUDA_ALLOC_CONF`` (plus a memory fraction) tells the caching allocator.
+
+    ``max_split_size`` is in bytes (``None`` = unset, PyTorch's SIZE_MAX);
+    ``roundup_power2_divisions`` is one int for every size or ``{size_mb: divisions}`` keyed
+    like the snapshot (``1`` = requests below 2 MiB, ``2`` = [2, 4) MiB, ... ``32768`` = 32 GiB+).
+    ``garbage_collection_threshold`` and ``memory_fraction`` only act when the simulator knows
+    the device capacity (PyTorch needs ``set_per_process_memory_fraction`` for the former).
+    """
+
+    max_split_size: int | None = None
+    roundup_power2_divisions: dict[int, int] | int | None = None
+    garbage_collection_threshold: float = 0.0
+    expandable_segments: bool = False
+    memory_fraction: float = 1.0
+    divisions: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.max_split_size is not None and self.max_split_size <= MIN_MAX_SPLIT_SIZE_MB * MiB:
+            raise MemlensUsageError(
+                f"max_split_size must be more than {MIN_MAX_SPLIT_SIZE_MB} MiB "
+                f"(PyTorch rejects smaller values), got {self.max_split_size} bytes"
+            )
+        if not 0.0 <= self.garbage_collection_threshold < 1.0:
+            raise MemlensUsageError(
+                f"garbage_collection_threshold must be in [0, 1), got {self.garbage_collection_threshold}"
+            )
+        if not 0.0 < self.memory_fraction <= 1.0:
+            raise MemlensUsageError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
+        object.__setattr__(self, "divisions", _normalise_divisions(self.roundup_power2_divisions))
+
+    @property
+    def max_split_size_or_max(self) -> int:
+        """The value the allocator compares against: SIZE_MAX when unset."""
+        return self.max_split_size if self.max_split_size is not None else (1 << 64) - 1
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_snapshot_dict(cls, settings: dict[str, Any] | None) -> AllocatorSettings:
+        """Settings from a snapshot's ``allocator_settings`` (missing before PyTorch 2.3: defaults)."""
+        if not settings:
+            return cls()
+        max_split = settings.get("max_split_size", -1)
+        max_split_size = None if max_split is None or int(max_split) < 0 else int(max_split)
+        if max_split_size is not None and max_split_size >= (1 << 63):
+            max_split_size = None
+        raw_divisions = settings.get("roundup_power2_divisions")
+        divisions: dict[int, int] | None = None
+        if isinstance(raw_divisions, dict):
+            divisions = {int(k): int(v) for k, v in raw_divisions.items() if int(v)}
+        elif isinstance(raw_divisions, list | tuple):
+            listed = raw_divisions[:ROUNDUP_INTERVALS]
+            divisions = {ROUNDUP_KEYS_MB[i]: int(v) for i, v in enumerate(listed) if v}
+        return cls(
+            max_split_size=max_split_size,
+            roundup_power2_divisions=divisions or None,
+            garbage_collection_threshold=float(settings.get("garbage_collection_threshold", 0.0) or 0.0),
+            expandable_segments=bool(settings.get("expandable_segments", False)),
+        )
+
+    @classmethod
+    def from_alloc_conf(cls, conf: str) -> AllocatorSettings:
+        """Parse ``PYTORCH_CUDA_ALLOC_CONF``, e.g. ``"expandable_segments:True,max_split_size_mb:128"``."""
+        values: dict[str, Any] = {}
+        for key, value in _split_conf(conf):
+            if key == "max_split_size_mb":
+                megabytes = _parse_int(key, value)
+                if megabytes <= MIN_MAX_SPLIT_SIZE_MB:
+                    raise MemlensUsageError(
+                        f"max_split_size_mb too small: must be > {MIN_MAX_SPLIT_SIZE_MB}, got {megabytes}"
+                    )
+                values["max_split_size"] = megabytes * MiB
+            elif key == "roundup_power2_divisions":
+                values["roundup_power2_divisions"] = _parse_divisions(value)
+            elif key == "garbage_collection_threshold":
+                try:
+                    threshold = float(value)
+                except ValueError:
+                    raise MemlensUsageError(
+                        f"garbage_collection_threshold: not a number: {value!r}"
+                    ) from None
+                if not 0.0 < threshold < 1.0:
+                    raise MemlensUsageError(f"garbage_collection_threshold must be in (0, 1), got {value}")
+                values["garbage_collection_threshold"] = threshold
+            elif key == "expandable_segments":
+                values["expandable_segments"] = _parse_bool(key, value)
+            elif key in _IGNORED_OPTIONS or key.startswith("pinned_"):
+                continue
+            else:
+                raise MemlensUsageError(f"unknown PYTORCH_CUDA_ALLOC_CONF option {key!r}")
+        return cls(**values)
+
+    # ------------------------------------------------------------------ output
+    def to_alloc_conf(self) -> str:
+        parts = []
+        if self.max_split_size is not None:
+            parts.append(f"max_split_size_mb:{self.max_split_size // MiB}")
+        if any(self.divisions):
+            inner = ",".join(f"{k}:{v}" for k, v in zip(ROUNDUP_KEYS_MB, self.divisions, strict=True) if v)
+            parts.append(f"roundup_power2_divisions:[{inner}]")
+        if self.garbage_collection_threshold:
+            parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold}")
+        if self.expandable_segments:
+            parts.append("expandable_segments:True")
+        return ",".join(parts)
+
+    def to_snapshot_dict(self) -> dict[str, Any]:
+        """The ``allocator_settings`` dict PyTorch (2.9) writes into a snapshot."""
+        return {
+            "PYTORCH_CUDA_ALLOC_CONF": self.to_alloc_conf(),
+            "max_split_size": -1 if self.max_split_size is None else self.max_split_size,
+            "garbage_collection_threshold": self.garbage_collection_threshold,
+            "expandable_segments": self.expandable_segments,
+            "pinned_num_register_threads": 1,
+            "release_lock_on_cudamalloc": False,
+            "pinned_use_cuda_host_register": False,
+            "graph_capture_record_stream_reuse": False,
+            "roundup_power2_divisions": {
+                str(k): v for k, v in zip(ROUNDUP_KEYS_MB, self.divisions, strict=True)
+            },
+        }
+
+
+def _split_conf(conf: str) -> list[tuple[str, str]]:
+    """``"a:1,b:[1:2,>:4],c:x"`` -> [("a", "1"), ("b", "[1:2,>:4]"), ("c", "x")]."""
+    pairs: list[tuple[str, str]] = []
+    depth = 0
+    current = ""
+    items: list[str] = []
+    for char in conf.replace(" ", ""):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    items.append(current)
+    for item in items:
+        if not item:
+            continue
+        key, sep, value = item.partition(":")
+        if not sep or not value:
+            raise MemlensUsageError(f"PYTORCH_CUDA_ALLOC_CONF item {item!r} is not key:value")
+        pairs.append((key, value))
+    return pairs
+
+
+def _parse_int(key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise MemlensUsageError(f"allocator option {key} expects an integer, got {value!r}") from None
+
+
+def _parse_divisions(value: str) -> dict[int, int] | int:
+    """``"4"`` or ``"[256:1,512:2,>:8]"`` as CUDAAllocatorConfig::parseRoundUpPower2Divisions reads it."""
+    if not value.startswith("["):
+        return _check_divisions(_parse_int("roundup_power2_divisions", value))
+    if not value.endswith("]"):
+        raise MemlensUsageError(f"roundup_power2_divisions: unbalanced brackets in {value!r}")
+    divisions = [0] * ROUNDUP_INTERVALS
+    last_index = 0
+    for item in value[1:-1].split(","):
+        key, sep, count_text = item.partition(":")
+        if not sep:
+            raise MemlensUsageError(f"roundup_power2_divisions item {item!r} is not size:divisions")
+        count = _check_divisions(_parse_int("roundup_power2_divisions", count_text))
+        if key == ">":
+            # PyTorch fills from the last named interval onwards (that one included).
+            for i in range(last_index, ROUNDUP_INTERVALS):
+                divisions[i] = count
+            continue
+        size_mb = _parse_int("roundup_power2_divisions", key)
+        if size_mb < 1 or size_mb & (size_mb - 1):
+            raise MemlensUsageError(f"roundup_power2_divisions size {key!r} must be a power of 2 (MB)")
+        index = min(size_mb.bit_length() - 1, ROUNDUP_INTERVALS - 1)
+        if last_index == 0:
+            for i in range(index):
+                divisions[i] = count
+        divisions[index] = count
+        last_index = index
+    return {ROUNDUP_KEYS_MB[i]: v for i, v in enumerate(divisions) if v}
