@@ -16,9 +16,10 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import operator
 import os
 import pickle
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import IO, Any
 
 import numpy as np
@@ -41,6 +42,7 @@ from memlens.snapshot.model import (
 GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
 SIDECAR_SUFFIX = ".memlens.json"
+BARE_LIST_FORMAT = "memory_snapshot() segment list"
 
 
 class _RefuseGlobals(pickle.Unpickler):
@@ -249,11 +251,21 @@ class _Interner:
         self._keep_alive.append(frames)
         return sid
 
+    def stacks(self, frame_lists: list[Any], check: _Checker) -> np.ndarray:
+        """Stack ids for many entries: the identity cache answers most of them in C."""
+        known = self._stack_by_list_id
+        ids: list[int | None] = list(map(known.get, map(id, frame_lists)))
+        for i, sid in enumerate(ids):
+            if sid is None:
+                ids[i] = self.stack(frame_lists[i], check)
+        return np.array(ids, dtype=np.int32)
+
 
 def parse(raw: Any, source: str = "<memory>") -> Snapshot:
     """Turn a raw snapshot object (as ``torch.cuda.memory._snapshot()`` returns) into a ``Snapshot``."""
     check = _Checker(source)
-    if isinstance(raw, list | tuple):
+    bare_list = isinstance(raw, list | tuple)
+    if bare_list:
         # torch.cuda.memory_snapshot() (no underscore) returns the bare list of segments.
         raw = {"segments": list(raw), "device_traces": []}
     if not isinstance(raw, dict):
@@ -279,6 +291,8 @@ def parse(raw: Any, source: str = "<memory>") -> Snapshot:
             devices[device] = _parse_trace(device, entries, check, interner)
     for seg in segments:
         devices.setdefault(seg.device, DeviceTrace(device=seg.device))
+    if not devices:  # an empty snapshot still has the device it was taken on
+        devices[0] = DeviceTrace(device=0)
     for device, trace in devices.items():
         _build_curves(trace, [s for s in segments if s.device == device])
     return Snapshot(
@@ -289,7 +303,7 @@ def parse(raw: Any, source: str = "<memory>") -> Snapshot:
         annotations=annotations,
         allocator_settings=dict(settings),
         extra=extra,
-        format_guess=_guess_format(raw, raw_segments, raw_traces),
+        format_guess=BARE_LIST_FORMAT if bare_list else _guess_format(raw, raw_segments, raw_traces),
     )
 
 
@@ -359,10 +373,25 @@ def _int_column(values: list[Any], check: _Checker, device: int, field_name: str
     return column
 
 
-def _intern_strings(values: Iterable[Any]) -> tuple[np.ndarray, list[str]]:
-    table: dict[str, int] = {}
-    ids = [-1 if not v or v == "N/A" else table.setdefault(str(v), len(table)) for v in values]
-    return np.array(ids, dtype=np.int32), list(table)
+def _intern_strings(values: list[Any]) -> tuple[np.ndarray, list[str]]:
+    """Ids into a table of the distinct strings; "" / "N/A" / missing become -1."""
+    table: dict[Any, int] = {}
+    names: list[str] = []
+    for value in dict.fromkeys(values):  # the distinct values, found in C
+        if not value or value == "N/A":
+            table[value] = -1
+        else:
+            table[value] = len(names)
+            names.append(str(value))
+    return np.fromiter(map(table.__getitem__, values), dtype=np.int32, count=len(values)), names
+
+
+def _column(entries: list[dict[str, Any]], key: str, default: Any) -> list[Any]:
+    """One field of every entry; itemgetter runs in C, the ``.get`` fallback only when a key is missing."""
+    try:
+        return list(map(operator.itemgetter(key), entries))
+    except KeyError:
+        return [e.get(key, default) for e in entries]
 
 
 def _parse_trace(device: int, entries: list[Any], check: _Checker, interner: _Interner) -> DeviceTrace:
@@ -372,27 +401,32 @@ def _parse_trace(device: int, entries: list[Any], check: _Checker, interner: _In
     codes = ACTION_CODES
     other = int(Action.OTHER)
     try:
-        action = np.array([codes.get(e["action"], other) for e in entries], dtype=np.int8)
+        names = list(map(operator.itemgetter("action"), entries))
+        action = np.array([codes.get(name, other) for name in dict.fromkeys(names)], dtype=np.int8)
+        position = {name: i for i, name in enumerate(dict.fromkeys(names))}
+        action = action[np.fromiter(map(position.__getitem__, names), dtype=np.intp, count=len(names))]
     except KeyError:
         raise check.fail(f"device_traces[{device}]: an entry has no 'action'") from None
     except TypeError:
         raise check.fail(f"device_traces[{device}]: an 'action' is not text") from None
-    address = _int_column([e.get("addr", 0) for e in entries], check, device, "addr")
-    size = _int_column([e.get("size", 0) for e in entries], check, device, "size")
+    address = _int_column(_column(entries, "addr", 0), check, device, "addr")
+    size = _int_column(_column(entries, "size", 0), check, device, "size")
     if size.size and int(size.min()) < 0:
         at = int(np.argmin(size))
         raise check.fail(f"device_traces[{device}] entry {at}: negative size {int(size[at])}")
-    stream = _int_column([e.get("stream", 0) for e in entries], check, device, "stream")
+    stream = _int_column(_column(entries, "stream", 0), check, device, "stream")
     has_time = bool(entries) and "time_us" in entries[0]
-    time_us = _int_column([e.get("time_us", 0) for e in entries], check, device, "time_us")
+    time_us = _int_column(_column(entries, "time_us", 0), check, device, "time_us")
     oom_rows = np.flatnonzero(action == int(Action.OOM))
     device_free = np.zeros(len(entries), dtype=np.int64)
     for row in oom_rows:
         device_free[row] = int(entries[row].get("device_free", 0) or 0)
-    stack = interner.stack
-    stack_id = np.array([stack(e.get("frames"), check) for e in entries], dtype=np.int32)
-    metadata_id, user_metadata = _intern_strings(e.get("user_metadata") for e in entries)
-    context_id, compile_context = _intern_strings(e.get("compile_context") for e in entries)
+    stack_id = interner.stacks(_column(entries, "frames", None), check)
+    try:
+        metadata_id, user_metadata = _intern_strings(_column(entries, "user_metadata", None))
+        context_id, compile_context = _intern_strings(_column(entries, "compile_context", None))
+    except TypeError:
+        raise check.fail(f"device_traces[{device}]: user_metadata/compile_context should be text") from None
     return DeviceTrace(
         device=device,
         action=action,
@@ -499,8 +533,6 @@ def _guess_format(raw: dict[str, Any], segments: list[Any], traces: list[Any]) -
         return "2.3-2.4"
     if first_entry is not None and "time_us" in first_entry:
         return "2.2"
-    if not raw.get("device_traces") and isinstance(segments, list) and "device_traces" not in raw:
-        return "memory_snapshot() segment list"
     return "2.1"
 
 
