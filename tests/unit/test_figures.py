@@ -45,7 +45,7 @@ def test_every_local_spike_survives() -> None:
     dips = [42, 777_777]
     y[spikes] = [50, 60, 70, 80]
     y[dips] = [-1, -2]
-    xs, ys = figures.downsample_minmax(np.arange(n), y, 400)
+    xs, _ = figures.downsample_minmax(np.arange(n), y, 400)
     assert set(spikes) <= set(xs.tolist())
     assert set(dips) <= set(xs.tolist())
     assert len(xs) <= 400
@@ -184,7 +184,8 @@ def fake_report(source: str = "run.pickle", **kwargs: int) -> FakeReport:
     peak_event = int(np.argmax(trace.allocated))
     device_report = FakeDeviceReport(
         device=0, events=len(trace), steps=steps,
-        findings=[FakeFinding("leak", 0, len(trace)), FakeFinding("activation_plateau", 10, 60, severity="low")],
+        findings=[FakeFinding("leak", 0, len(trace)),
+                  FakeFinding("activation_plateau", 10, 60, severity="low")],
         peak_allocated_bytes=int(trace.allocated.max()), peak_allocated_event=peak_event,
         peak_reserved_bytes=int(trace.reserved.max()), final_allocated_bytes=int(trace.allocated[-1]),
         categories_at_peak={"parameters": 0, "gradients": 0, "optimizer_state": 0,
