@@ -60,11 +60,13 @@ class WhatIfResult:
     simulated: dict[str, Any]
     seeded: bool = False
     notes: list[str] = field(default_factory=list)
+    start_time_us: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "source": self.source,
             "device": self.device,
+            "start_time_us": self.start_time_us,
             "capacity_bytes": self.capacity,
             "recorded_settings": self.recorded_settings.to_snapshot_dict(),
             "simulated_settings": self.settings.to_snapshot_dict(),
@@ -109,6 +111,7 @@ def whatif(
         simulated=simulated,
         seeded=replay.seeded,
         notes=replay.notes,
+        start_time_us=_time_at(trace, 0) if len(trace) else None,
     )
 
 
@@ -120,9 +123,12 @@ def recorded_figures(trace: DeviceTrace, segments: list[Segment]) -> dict[str, A
     if n:
         reserved = np.asarray(trace.reserved, dtype=np.int64)
         allocated = np.asarray(trace.allocated, dtype=np.int64)
-        peak_event = int(np.argmax(reserved))
-        peak_reserved = int(reserved[peak_event])
-        fragmentation = int(reserved[peak_event] - allocated[peak_event])
+        peak_reserved = int(reserved.max())
+        # Reserved stays at its peak for a while; measure the waste when the most is in use.
+        at_peak = np.flatnonzero(reserved == peak_reserved)
+        waste = reserved[at_peak] - allocated[at_peak]
+        peak_event = int(at_peak[int(np.argmin(waste))])
+        fragmentation = int(waste.min())
         peak_allocated = int(allocated.max())
         baseline = int(trace.baseline_reserved)
         if baseline > peak_reserved:
@@ -319,20 +325,27 @@ class _Replay:
             self.seeded = True
             for address, _, _ in segment.live:
                 mapping[address] = address
+        over_capacity = False
         if self.capacity is not None and sim.reserved_bytes > self.capacity:
-            self.notes.append("memory live when recording began already exceeds the capacity")
+            sim.empty_cache()
+            if sim.reserved_bytes > self.capacity:
+                over_capacity = True
+                self.notes.append(
+                    "memory in use when the recording began already exceeds the capacity: "
+                    "out of memory before the first event"
+                )
 
         completes = self._completed_requests()
         peak_reserved = sim.reserved_bytes
         peak_event = -1
         fragmentation = sim.reserved_bytes - sim.requested_bytes
         peak_allocated = sim.requested_bytes
-        oom_event: int | None = None
+        oom_event: int | None = 0 if over_capacity else None
         oom_size: int | None = None
         matches = allocs = 0
         previous = -1
         actions, addresses, sizes, streams = self.actions, self.addresses, self.sizes, self.streams
-        for i in range(len(actions)):
+        for i in range(0 if over_capacity else len(actions)):
             act = actions[i]
             if act == _ALLOC:
                 address = addresses[i]
@@ -346,10 +359,11 @@ class _Replay:
                 matches += sim_address == address
                 if sim.requested_bytes > peak_allocated:
                     peak_allocated = sim.requested_bytes
-                if sim.reserved_bytes > peak_reserved:
-                    peak_reserved = sim.reserved_bytes
-                    peak_event = i
-                    fragmentation = peak_reserved - sim.requested_bytes
+                reserved = sim.reserved_bytes
+                if reserved >= peak_reserved:
+                    waste = reserved - sim.requested_bytes
+                    if reserved > peak_reserved or waste < fragmentation:
+                        peak_reserved, peak_event, fragmentation = reserved, i, waste
             elif act == _FREE_REQUESTED:
                 sim_address = mapping.get(addresses[i], -1)
                 if sim_address >= 0 and sim.is_allocated(sim_address):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memlens.errors import MemlensUsageError
-from memlens.units import MiB
+from memlens.units import MiB, format_bytes
 
 # CUDAAllocatorConfig keeps one division count per power-of-two size interval, from 1 MiB
 # ("1") to 32 GiB ("32768", which also covers everything larger): 16 intervals.
@@ -94,7 +94,7 @@ class AllocatorSettings:
         if self.max_split_size is not None and self.max_split_size <= MIN_MAX_SPLIT_SIZE_MB * MiB:
             raise MemlensUsageError(
                 f"max_split_size must be more than {MIN_MAX_SPLIT_SIZE_MB} MiB "
-                f"(PyTorch rejects smaller values), got {self.max_split_size} bytes"
+                f"(PyTorch rejects smaller values), got {format_bytes(self.max_split_size)}"
             )
         if not 0.0 <= self.garbage_collection_threshold < 1.0:
             raise MemlensUsageError(

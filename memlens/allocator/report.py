@@ -1,0 +1,102 @@
+"""Plain-text rendering of a ``WhatIfResult``: shapes the figures, computes nothing new."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memlens.allocator.replay import WhatIfResult
+from memlens.units import format_bytes
+
+_LABEL_WIDTH = 34
+_COLUMN_WIDTH = 16
+
+
+def render_whatif(result: WhatIfResult) -> list[str]:
+    """The lines ``memlens whatif`` prints."""
+    recorded, simulated = result.recorded, result.simulated
+    lines = [
+        f"memlens whatif: {result.source} (device {result.device}, {recorded['events']} events)",
+        f"recorded settings:  {_describe(result.recorded_settings.to_alloc_conf())}",
+        f"simulated settings: {_describe(result.settings.to_alloc_conf())}",
+        "capacity: " + (format_bytes(result.capacity) if result.capacity else "unlimited (no OOM possible)"),
+        "",
+        f"{'':{_LABEL_WIDTH}}{'recorded':>{_COLUMN_WIDTH}}{'simulated':>{_COLUMN_WIDTH}}  change",
+    ]
+    for label, key in (
+        ("peak reserved", "peak_reserved_bytes"),
+        ("peak allocated", "peak_allocated_bytes"),
+        ("fragmentation at peak (res - alloc)", "fragmentation_at_peak_bytes"),
+        ("reserved at the end", "final_reserved_bytes"),
+    ):
+        lines.append(
+            _row(
+                label,
+                format_bytes(recorded[key]),
+                format_bytes(simulated[key]),
+                _change(recorded[key], simulated[key]),
+            )
+        )
+    lines.append(
+        _row(
+            "cudaMalloc calls (segment_alloc)",
+            str(recorded["segment_allocs"]),
+            str(simulated["segment_allocs"]),
+            "",
+        )
+    )
+    if recorded["segment_maps"] or simulated["segment_maps"]:
+        lines.append(
+            _row(
+                "pages mapped (segment_map)",
+                str(recorded["segment_maps"]),
+                str(simulated["segment_maps"]),
+                "",
+            )
+        )
+    lines.append(
+        _row(
+            "cudaFree calls (segment_free)",
+            str(recorded["segment_frees"]),
+            str(simulated["segment_frees"]),
+            "",
+        )
+    )
+    lines.append(_row("out of memory", _oom(recorded, result), _oom(simulated, result), ""))
+    for name, figures in (("recorded", recorded), ("simulated", simulated)):
+        if figures["oom"]:
+            lines.append(f"{name} OOM: {_oom_detail(figures, result)}")
+    if result.seeded:
+        lines.append(
+            "note: the recording began mid-run; the replay starts from the state live at its first event"
+        )
+    lines.extend(f"note: {note}" for note in result.notes)
+    return lines
+
+
+def _describe(conf: str) -> str:
+    return conf or "defaults"
+
+
+def _row(label: str, recorded: str, simulated: str, change: str) -> str:
+    return f"{label:{_LABEL_WIDTH}}{recorded:>{_COLUMN_WIDTH}}{simulated:>{_COLUMN_WIDTH}}  {change}".rstrip()
+
+
+def _change(before: int, after: int) -> str:
+    if before == after:
+        return "same"
+    if before == 0:
+        return f"+{format_bytes(after)}"
+    return f"{(after - before) / before:+.1%}"
+
+
+def _oom(figures: dict[str, Any], result: WhatIfResult) -> str:
+    return "yes" if figures["oom"] else "no"
+
+
+def _oom_detail(figures: dict[str, Any], result: WhatIfResult) -> str:
+    parts = [f"at event {figures['oom_event']}"]
+    if figures.get("oom_time_us") is not None and result.start_time_us is not None:
+        parts.append(f"t = {(figures['oom_time_us'] - result.start_time_us) / 1e6:.3f} s into the trace")
+    if figures.get("oom_size_bytes") is not None:
+        parts.append(f"requesting {format_bytes(figures['oom_size_bytes'])}")
+    return ", ".join(parts)

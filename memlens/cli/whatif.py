@@ -1,0 +1,68 @@
+"""Replay a snapshot through the caching-allocator simulator with other settings.
+
+Prints, next to the recorded run: peak reserved memory, fragmentation (reserved minus
+allocated) at that peak, the number of cudaMalloc calls, and whether and where the run would
+run out of memory within --capacity. Flags not given keep the recorded run's settings.
+
+Example: memlens whatif snap.pickle --expandable-segments --capacity 24GiB
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import click
+
+from memlens.units import MiB, parse_bytes
+
+
+@click.command(help=__doc__)
+@click.argument("snapshot", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--expandable-segments/--no-expandable-segments",
+    default=None,
+    help="Simulate expandable_segments:True (or force it off).",
+)
+@click.option("--max-split-size-mb", type=int, default=None, help="max_split_size_mb (must be > 20).")
+@click.option(
+    "--garbage-collection-threshold",
+    type=float,
+    default=None,
+    help="garbage_collection_threshold in (0, 1); needs --capacity.",
+)
+@click.option("--capacity", default=None, help="Device memory the allocator may use, e.g. 80GiB or 24GB.")
+@click.option("--device", type=int, default=None, help="Device to replay (default: the busiest).")
+@click.option("--json", "as_json", is_flag=True, help="Print {recorded, simulated} as JSON.")
+def whatif(
+    snapshot: str,
+    expandable_segments: bool | None,
+    max_split_size_mb: int | None,
+    garbage_collection_threshold: float | None,
+    capacity: str | None,
+    device: int | None,
+    as_json: bool,
+) -> None:
+    from memlens.allocator import AllocatorSettings
+    from memlens.allocator import whatif as run_whatif
+    from memlens.allocator.report import render_whatif
+    from memlens.snapshot.reader import load
+
+    capacity_bytes = parse_bytes(capacity) if capacity is not None else None
+    loaded = load(snapshot)
+    overrides: dict[str, Any] = {}
+    if expandable_segments is not None:
+        overrides["expandable_segments"] = expandable_segments
+    if max_split_size_mb is not None:
+        overrides["max_split_size"] = max_split_size_mb * MiB
+    if garbage_collection_threshold is not None:
+        overrides["garbage_collection_threshold"] = garbage_collection_threshold
+    settings = dataclasses.replace(
+        AllocatorSettings.from_snapshot_dict(loaded.allocator_settings), **overrides
+    )
+    result = run_whatif(loaded, settings=settings, capacity=capacity_bytes, device=device)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        click.echo("\n".join(render_whatif(result)))
