@@ -1,0 +1,486 @@
+"""``estimate(spec, setup) -> Budget``: the theoretical memory of one training step, item by item.
+
+Line items (bytes on one device, in this order): weights, gradients, master_weights,
+optimizer_state, activations, activation_recompute (only with checkpointing: the one block
+re-run during backward), logits. ``static_bytes`` is the first four; ``total_bytes`` all.
+What is offloaded to the host is listed as ``host_bytes`` and not counted on the device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from memlens.budget import formulas
+from memlens.budget.spec import Matrix, ModelSpec
+from memlens.budget.training import TrainingSetup
+from memlens.errors import MemlensUsageError
+from memlens.units import GiB, parse_bytes
+
+STATIC_ITEMS: tuple[str, ...] = ("weights", "gradients", "master_weights", "optimizer_state")
+BATCH_ITEMS: tuple[str, ...] = ("activations", "activation_recompute", "logits")
+
+# Vectors (biases, norms) are well under 1% of a transformer's parameters; when the known
+# matrices leave more than this share uncovered, the rest is assumed to be d x d matrices.
+UNCOVERED_SHARE_AS_MATRICES = 0.02
+
+
+@dataclass(frozen=True)
+class LineItem:
+    """One row of the budget: ``bytes`` on the device, the formula, and what it counts."""
+
+    name: str
+    bytes: int
+    formula: str
+    explanation: str = ""
+    host_bytes: int = 0
+    estimated: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "bytes": self.bytes,
+            "gb": self.bytes / 1e9,
+            "gib": self.bytes / GiB,
+            "formula": self.formula,
+            "explanation": self.explanation,
+            "host_bytes": self.host_bytes,
+            "estimated": self.estimated,
+        }
+
+
+@dataclass(frozen=True)
+class BatchFit:
+    """The largest micro-batch whose budget fits ``capacity_bytes``, and what stops the next one."""
+
+    capacity_bytes: int
+    micro_batch: int
+    limiting_item: str
+    total_bytes: int
+    explanation: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The estimate for one (spec, setup); items in the order of ``STATIC_ITEMS + BATCH_ITEMS``."""
+
+    spec: ModelSpec
+    setup: TrainingSetup
+    items: tuple[LineItem, ...]
+    trainable_params: int
+    adapter_params: int
+    notes: tuple[str, ...] = field(default=())
+
+    def item(self, name: str) -> LineItem:
+        for line in self.items:
+            if line.name == name:
+                return line
+        raise KeyError(name)
+
+    def bytes_of(self, name: str) -> int:
+        """Bytes of an item, 0 for one this setup does not have (e.g. activation_recompute)."""
+        return next((line.bytes for line in self.items if line.name == name), 0)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(line.bytes for line in self.items)
+
+    @property
+    def static_bytes(self) -> int:
+        return sum(line.bytes for line in self.items if line.name in STATIC_ITEMS)
+
+    @property
+    def batch_bytes(self) -> int:
+        return sum(line.bytes for line in self.items if line.name in BATCH_ITEMS)
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(line.host_bytes for line in self.items)
+
+    @property
+    def complete(self) -> bool:
+        """False when an item could not be estimated (the total then leaves it out)."""
+        return all(line.estimated for line in self.items)
+
+    def fits(self, capacity: int | float | str) -> bool:
+        """Whether the total fits ``capacity`` (bytes, or a size string such as ``"80GB"``)."""
+        return self.total_bytes <= parse_bytes(capacity)
+
+    def max_micro_batch(self, capacity: int | float | str) -> BatchFit:
+        """The largest micro-batch that fits ``capacity`` and the item that limits it."""
+        return max_micro_batch(self.spec, self.setup, capacity)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict: the line items in bytes (with GB = 1e9 and GiB = 2**30 values) and totals."""
+        spec = self.spec
+        return {
+            "units": "bytes (gb: 1e9 bytes, gib: 2**30 bytes)",
+            "model": {
+                "source": spec.source,
+                "n_params": spec.n_params,
+                "adapter_params": self.adapter_params,
+                "trainable_params": self.trainable_params,
+                "hidden_size": spec.hidden_size,
+                "n_layers": spec.n_layers,
+                "n_heads": spec.n_heads,
+                "n_kv_heads": spec.n_kv_heads,
+                "vocab_size": spec.vocab_size,
+                "ffn_size": spec.ffn_size,
+                "param_bytes_by_dtype": dict(spec.param_bytes_by_dtype),
+            },
+            "setup": asdict(self.setup),
+            "items": [line.to_json() for line in self.items],
+            "static_bytes": self.static_bytes,
+            "total_bytes": self.total_bytes,
+            "host_bytes": self.host_bytes,
+            "complete": self.complete,
+            "notes": list(self.notes),
+        }
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _adapter_shapes(spec: ModelSpec, setup: TrainingSetup) -> list[Matrix]:
+    """LoRA's A (r x k) and B (d x r) for each adapted d x k matrix, or the module's own adapters."""
+    if setup.lora_rank is None:
+        return list(spec.adapter_matrices)
+    r = setup.lora_rank
+    shapes: list[Matrix] = []
+    for m in spec.lora_matrices(setup.lora_targets):
+        shapes.append(Matrix(f"{m.name}.lora_A", r, m.cols, m.count))
+        shapes.append(Matrix(f"{m.name}.lora_B", m.rows, r, m.count))
+    return shapes
+
+
+def _trainable_inventory(
+    spec: ModelSpec, setup: TrainingSetup, trainable: int, adapters: list[Matrix], notes: list[str]
+) -> tuple[list[Matrix], int]:
+    """The trainable 2-D matrices and the count of trainable values left over (vectors)."""
+    if adapters or setup.lora_rank is not None:
+        matrices = list(adapters)
+        if setup.lora_rank is None and spec.n_trainable:  # a module whose base also trains
+            matrices += [m for m in spec.matrices if m.trainable]
+    elif spec.source.startswith("module:"):
+        matrices = [m for m in spec.matrices if m.trainable]
+    else:
+        matrices = []
+        layers = spec.n_layers or 1
+        for m in spec.matrices:
+            if m.in_blocks and setup.frozen_layers:
+                count = m.count * (layers - setup.frozen_layers) // layers
+                if count:
+                    matrices.append(Matrix(m.name, m.rows, m.cols, count, m.in_blocks))
+            else:
+                matrices.append(m)
+    rest = trainable - sum(m.numel for m in matrices)
+    if rest < 0:  # P given smaller than the architecture implies: trust P, scale the matrices
+        return matrices, 0
+    if rest > UNCOVERED_SHARE_AS_MATRICES * trainable:
+        d = spec.hidden_size
+        if d is None:
+            return matrices, -rest  # unknown shapes; the caller decides
+        count = rest // (d * d)
+        if count:
+            matrices.append(Matrix("assumed_square", d, d, count))
+            notes.append(
+                f"{count * d * d:,} trainable parameters of unknown shape counted as {d} x {d} matrices"
+            )
+            rest -= count * d * d
+    return matrices, rest
+
+
+def _optimizer_state(
+    spec: ModelSpec, setup: TrainingSetup, trainable: int, adapters: list[Matrix], notes: list[str]
+) -> tuple[int, str, str]:
+    """(bytes, formula, explanation) of the optimizer state on all trainable parameters, unsharded."""
+    opt, sb = setup.optimizer, setup.state_bytes
+    dtype = setup.optim_dtype
+    if opt == "sgd":
+        return 0, "0", "plain SGD keeps no state"
+    if opt == "sgd-momentum":
+        return formulas.sgd_state_bytes(trainable, True, sb), f"{sb:g}N", f"one {dtype} momentum buffer"
+    if opt in ("adam", "adamw"):
+        return formulas.adam_state_bytes(trainable, sb), f"{2 * sb:g}N", f"first + second moment in {dtype}"
+    if opt == "adam-8bit":
+        return formulas.adam_8bit_state_bytes(trainable), "2N", "two block-wise quantised 8-bit moments"
+    matrices, vectors = _trainable_inventory(spec, setup, trainable, adapters, notes)
+    if vectors < 0:
+        if opt == "muon":
+            notes.append("muon: shapes unknown, every trainable parameter counted as a 2-D hidden weight")
+            return int(trainable * sb), f"{sb:g}N", f"one {dtype} momentum buffer (shapes unknown)"
+        raise MemlensUsageError(f"the {opt} optimizer's state depends on the matrix shapes: give --hidden")
+    if opt == "adafactor":
+        values = sum(formulas.adafactor_state_values(m.rows, m.cols) * m.count for m in matrices) + vectors
+        return (
+            int(values * sb),
+            "sum(rows + cols) per matrix",
+            f"factored second moment in {dtype}, no first moment",
+        )
+    adam_values = 2 * (sum(m.numel for m in matrices if not m.in_blocks) + vectors)
+    if opt == "muon":
+        hidden = sum(m.numel for m in matrices if m.in_blocks)
+        return (
+            int((hidden + adam_values) * sb),
+            f"{sb:g}N_2d + {2 * sb:g}N_rest",
+            f"one {dtype} momentum buffer on block matrices; AdamW on embeddings, head and vectors",
+        )
+    rank = setup.galore_rank
+    assert rank is not None  # checked by TrainingSetup
+    galore = sum(
+        formulas.galore_state_values(m.rows, m.cols, rank) * m.count for m in matrices if m.in_blocks
+    )
+    return (
+        int((galore + adam_values) * sb),
+        f"{sb:g}(2 r n + m r) per block matrix + {2 * sb:g}N_rest",
+        f"Adam on rank-{rank} projections of block gradients ({dtype}); Adam on the rest",
+    )
+
+
+def _shard(value: int, sharded: bool, world: int) -> int:
+    return math.ceil(value / world) if sharded else value
+
+
+# ------------------------------------------------------------------------------------ estimate
+def estimate(spec: ModelSpec, setup: TrainingSetup | None = None) -> Budget:
+    """The theoretical memory budget of one training step (reference: memory-budget.md)."""
+    setup = setup or TrainingSetup()
+    notes: list[str] = []
+    if setup.lora_rank is not None and spec.adapter_params:
+        raise MemlensUsageError("this module already has LoRA adapters; do not ask for another LoRA rank")
+
+    # ---- who trains
+    adapters = _adapter_shapes(spec, setup)
+    n_adapter = sum(m.numel for m in adapters) if setup.lora_rank is not None else spec.adapter_params
+    peft = n_adapter > 0 or setup.lora_rank is not None
+    if setup.lora_rank is not None:
+        base_trainable = 0
+    elif setup.frozen_layers:
+        if spec.params_per_layer is None or spec.n_layers is None:
+            raise MemlensUsageError(
+                "frozen layers need the per-layer size: give --hidden, --layers and --ffn"
+            )
+        if setup.frozen_layers > spec.n_layers:
+            raise MemlensUsageError(f"cannot freeze {setup.frozen_layers} of {spec.n_layers} layers")
+        base_trainable = max(0, spec.trainable_base_params - setup.frozen_layers * spec.params_per_layer)
+    else:
+        base_trainable = spec.trainable_base_params
+    trainable = base_trainable + n_adapter
+    world, stage = setup.world_size, setup.zero_stage
+    wb = setup.weight_bytes_per_param
+    p = spec.n_params
+
+    # ---- weights
+    if setup.qlora:
+        base_bytes = formulas.nf4_weight_bytes(
+            p, double_quant=setup.qlora_double_quant, count_constants=setup.count_quant_constants
+        )
+        base_formula, base_text = "P/2", "4-bit NF4 base"
+        if setup.count_quant_constants:
+            base_formula += " + constants"
+            base_text += " with quantisation constants" + (
+                " (double-quantised)" if setup.qlora_double_quant else ""
+            )
+    else:
+        base_bytes = formulas.weight_bytes(p, wb)
+        base_formula, base_text = f"{wb}P", f"{'fp32' if wb == 4 else '16-bit'} weights"
+    weights = base_bytes + formulas.weight_bytes(n_adapter, wb)
+    weight_formula = base_formula + (f" + {wb}|theta|" if peft else "")
+    weight_text = f"{base_text}, P = {p:,}" + (f"; {n_adapter:,} adapter values |theta|" if peft else "")
+    weights_dev = _shard(weights, stage >= 3, world)
+    if stage >= 3 and world > 1:
+        weight_formula, weight_text = f"({weight_formula})/N", weight_text + f"; ZeRO-3 over N = {world}"
+    items = [
+        LineItem("weights", 0, weight_formula, weight_text + "; offloaded to host", host_bytes=weights_dev)
+        if setup.offload_params
+        else LineItem("weights", weights_dev, weight_formula, weight_text)
+    ]
+
+    # ---- gradients
+    gb = setup.grad_bytes_per_param
+    grads = _shard(formulas.gradient_bytes(trainable, gb), stage >= 2, world)
+    grad_text = f"{'fp32' if gb == 4 else '16-bit'} gradients of {trainable:,} trainable parameters"
+    if peft or trainable < p:
+        grad_text += f" (frozen: {p + n_adapter - trainable:,}, none)"
+    if setup.grad_accum > 1:
+        grad_text += f"; held across {setup.grad_accum} accumulated micro-batches"
+    grad_formula = f"{gb:g}N" + ("/N_ranks" if stage >= 2 and world > 1 else "")
+    items.append(LineItem("gradients", grads, grad_formula, grad_text))
+
+    # ---- master weights and optimizer state (sharded from stage 1, offloadable)
+    def placed(name: str, value: int, formula: str, text: str) -> LineItem:
+        value = _shard(value, stage >= 1, world)
+        if stage >= 1 and world > 1:
+            formula, text = f"({formula})/N_ranks", f"{text}; ZeRO-{stage} over {world} ranks"
+        if setup.offload_optimizer:
+            return LineItem(name, 0, formula, text + "; offloaded to host", host_bytes=value)
+        return LineItem(name, value, formula, text)
+
+    if setup.mixed:
+        items.append(
+            placed(
+                "master_weights",
+                formulas.master_weight_bytes(trainable),
+                "4N",
+                "fp32 master copy of the trainable parameters",
+            )
+        )
+    else:
+        items.append(LineItem("master_weights", 0, "0", f"{setup.precision}: no separate master copy"))
+    state, state_formula, state_text = _optimizer_state(spec, setup, trainable, adapters, notes)
+    items.append(placed("optimizer_state", state, state_formula, f"{setup.optimizer}: {state_text}"))
+
+    items += _batch_items(spec, setup)
+    for line in items:
+        if not line.estimated:
+            notes.append(f"{line.name} not estimated: {line.explanation}")
+    if setup.grad_accum > 1 or world > 1:
+        effective = setup.micro_batch * setup.grad_accum * world
+        notes.append(
+            f"effective batch B*A*N = {effective}; activations follow the micro-batch B = {setup.micro_batch}"
+        )
+    return Budget(spec, setup, tuple(items), trainable, n_adapter, tuple(notes))
+
+
+def _batch_items(spec: ModelSpec, setup: TrainingSetup) -> list[LineItem]:
+    """Activations (and the recompute working set under checkpointing) and the logits."""
+    b, t, d = setup.micro_batch, setup.seq_len, spec.hidden_size
+    items: list[LineItem] = []
+    missing = [
+        flag for flag, value in (("--hidden", d), ("--layers", spec.n_layers), ("--seq", t)) if value is None
+    ]
+    heads_needed = (
+        setup.activation_formula == "megatron" and not setup.flash_attention and spec.n_heads is None
+    )
+    if heads_needed:
+        missing.append("--heads (attention scores without FlashAttention)")
+    if missing:
+        items.append(LineItem("activations", 0, "-", "needs " + ", ".join(missing), estimated=False))
+    else:
+        assert t is not None and d is not None and spec.n_layers is not None
+        items += _activation_items(spec, setup, b, t, d, spec.n_layers)
+    if t is None or spec.vocab_size is None:
+        need = ", ".join(
+            flag for flag, value in (("--vocab", spec.vocab_size), ("--seq", t)) if value is None
+        )
+        items.append(LineItem("logits", 0, "-", "needs " + need, estimated=False))
+    else:
+        factor = setup.chunked_loss
+        formula = "B*T*V*4" + (f"/{factor:g}" if factor else "")
+        text = f"fp32 logits, B*T = {b * t:,}, V = {spec.vocab_size:,}"
+        text += f"; chunked cross-entropy ({factor:g}x smaller)" if factor else ""
+        items.append(LineItem("logits", formulas.logits_bytes(b, t, spec.vocab_size, factor), formula, text))
+    return items
+
+
+def _activation_items(
+    spec: ModelSpec, setup: TrainingSetup, b: int, t: int, d: int, n_layers: int
+) -> list[LineItem]:
+    scale = setup.activation_bytes_scale
+    element = 2 * scale
+    # Frozen bottom blocks have no trainable parameter below them, so autograd saves nothing there.
+    layers = n_layers - setup.frozen_layers
+    if setup.activation_formula == "rule-of-thumb":
+        per_layer = formulas.activation_rule_of_thumb_bytes(b, t, d, 1, element)
+        formula = f"{int(12 * element)}*B*T*d per layer"
+        source = "rule of thumb, 12 values per token per layer"
+    else:
+        per_layer = formulas.megatron_layer_activation_bytes(
+            b,
+            t,
+            d,
+            spec.n_heads,
+            flash_attention=setup.flash_attention,
+            kv_ratio=spec.kv_ratio,
+            bytes_scale=scale,
+        )
+        formula = "(34*T*B*d" + ("" if setup.flash_attention else " + 5*a*T^2*B") + ") per layer"
+        source = "Megatron-LM count" + (", FlashAttention (no T^2 scores)" if setup.flash_attention else "")
+        if spec.kv_ratio != 1.0:
+            source += f", GQA kv/heads = {spec.kv_ratio:g}"
+    layer_text = f"{layers} layer(s)" + (
+        f" ({setup.frozen_layers} frozen bottom layers save none)" if setup.frozen_layers else ""
+    )
+    if scale != 1.0:
+        source += ", fp32 (x2)"
+    mode = setup.checkpointing
+    if mode == "none":
+        return [LineItem("activations", per_layer * layers, f"L*{formula}", f"{source}; {layer_text}")]
+    block_input = formulas.checkpointed_block_input_bytes(b, t, d, 1, element)
+    recompute = LineItem(
+        "activation_recompute", per_layer, formula, "one block's activations, rebuilt during its backward"
+    )
+    if mode == "full":
+        stored = LineItem(
+            "activations",
+            block_input * layers,
+            f"L*B*T*d*{element:g}",
+            f"full checkpointing: block inputs only; {layer_text}",
+        )
+        return [stored, recompute]
+    if mode == "selective":
+        kept = formulas.selective_layer_activation_bytes(b, t, d, kv_ratio=spec.kv_ratio, bytes_scale=scale)
+        stored = LineItem(
+            "activations",
+            kept * layers,
+            "L*18*T*B*d",
+            f"selective checkpointing: matmul and attention outputs kept; {layer_text}",
+        )
+        rebuilt = LineItem(
+            "activation_recompute",
+            max(0, per_layer - kept),
+            "per-layer rest",
+            "one block's recomputed elementwise outputs during its backward",
+        )
+        return [stored, rebuilt]
+    k = setup.checkpoint_every
+    checkpointed = math.ceil(layers / k)
+    stored_bytes = checkpointed * block_input + (layers - checkpointed) * per_layer
+    stored = LineItem(
+        "activations",
+        stored_bytes,
+        f"ceil(L/{k})*B*T*d*{element:g} + rest*{formula}",
+        f"every {k}th block checkpointed ({checkpointed} of {layers}); {source}",
+    )
+    return [stored, recompute]
+
+
+def max_micro_batch(spec: ModelSpec, setup: TrainingSetup, capacity: int | float | str) -> BatchFit:
+    """The largest micro-batch B whose total fits ``capacity``; 0 when the static memory alone does not."""
+    cap = parse_bytes(capacity)
+    at_one = estimate(spec, setup.with_batch(1))
+    if not at_one.item("activations").estimated:
+        raise MemlensUsageError(
+            "sizing the micro-batch needs the activations: " + at_one.item("activations").explanation
+        )
+    if at_one.static_bytes > cap:
+        worst = max((line for line in at_one.items if line.name in STATIC_ITEMS), key=lambda line: line.bytes)
+        return BatchFit(
+            cap,
+            0,
+            worst.name,
+            at_one.static_bytes,
+            f"static memory {at_one.static_bytes:,} B exceeds the capacity before any batch; "
+            f"largest item: {worst.name}",
+        )
+    per_sample = max(1, at_one.batch_bytes)
+    low, high = 0, (cap - at_one.static_bytes) // per_sample + 2  # every batch item is linear in B
+    while high - low > 1:
+        mid = (low + high) // 2
+        if estimate(spec, setup.with_batch(mid)).total_bytes <= cap:
+            low = mid
+        else:
+            high = mid
+    over = estimate(spec, setup.with_batch(low + 1))
+    limiting = max((line for line in over.items if line.name in BATCH_ITEMS), key=lambda line: line.bytes)
+    fitted = estimate(spec, setup.with_batch(low)).total_bytes if low else at_one.total_bytes
+    if low == 0:
+        text = f"B = 1 needs {at_one.total_bytes:,} B; {limiting.name} is the largest per-batch item"
+    else:
+        text = (
+            f"B = {low + 1} would need {over.total_bytes:,} B > {cap:,} B; "
+            f"{limiting.name} is the largest per-batch item ({limiting.bytes:,} B)"
+        )
+    return BatchFit(cap, low, limiting.name, fitted, text)

@@ -1,0 +1,251 @@
+"""``reconcile(budget, measured)``: each measured category next to its theoretical line.
+
+``measured`` holds the analyzer's categories at the peak, in bytes (parameters, gradients,
+optimizer_state, activations, temporary, unknown), as a mapping or as an object with a
+``categories_at_peak`` mapping (the analyzer's DeviceReport). A category left out is "not
+measured" and compared with nothing. Where measured and theory differ by more than the
+tolerance, the row carries a note naming the likely cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from memlens.budget.estimate import Budget
+from memlens.errors import MemlensUsageError
+
+MEASURED_CATEGORIES: tuple[str, ...] = (
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "temporary",
+    "unknown",
+)
+
+# Relative tolerance: 10% covers allocator rounding and small buffers the formulas leave out
+# (Adam's step counters, norm statistics); the CPU integration test holds the profiler to it.
+DEFAULT_TOLERANCE = 0.10
+
+# Which budget items each measured category is compared with. Master weights live inside the
+# optimizer in every framework that keeps them (apex O2, DeepSpeed, Megatron's distributed
+# optimizer), so they are compared with optimizer_state. Temporaries are counted with
+# activations: the logits and the recompute working set show up as either.
+THEORY_ITEMS: dict[str, tuple[str, ...]] = {
+    "parameters": ("weights",),
+    "gradients": ("gradients",),
+    "optimizer_state": ("master_weights", "optimizer_state"),
+    "activations": ("activations", "activation_recompute", "logits"),
+    "unknown": (),
+}
+
+
+@dataclass(frozen=True)
+class ReconciledRow:
+    """One measured category next to its theory. ``ratio`` = measured / theory."""
+
+    category: str
+    theory_bytes: int
+    measured_bytes: int | None
+    ratio: float | None
+    tolerance: float
+    within_tolerance: bool | None
+    theory_items: tuple[str, ...]
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "category": self.category,
+            "theory_bytes": self.theory_bytes,
+            "measured_bytes": self.measured_bytes,
+            "ratio": self.ratio,
+            "tolerance": self.tolerance,
+            "within_tolerance": self.within_tolerance,
+            "theory_items": list(self.theory_items),
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    rows: tuple[ReconciledRow, ...]
+
+    def row(self, category: str) -> ReconciledRow:
+        for row in self.rows:
+            if row.category == category:
+                return row
+        raise KeyError(category)
+
+    @property
+    def ok(self) -> bool:
+        """True when every measured category is within its tolerance."""
+        return all(row.within_tolerance is not False for row in self.rows)
+
+    @property
+    def notes(self) -> list[str]:
+        return [f"{row.category}: {row.note}" for row in self.rows if row.note]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "rows": [row.to_json() for row in self.rows]}
+
+
+def _measured_mapping(measured: Mapping[str, int] | Any) -> dict[str, int]:
+    source = getattr(measured, "categories_at_peak", measured)
+    if not isinstance(source, Mapping):
+        raise MemlensUsageError(
+            "measured must be a mapping of category -> bytes or have categories_at_peak, "
+            f"not {type(measured).__name__}"
+        )
+    unknown = sorted(str(key) for key in source if key not in MEASURED_CATEGORIES)
+    if unknown:
+        raise MemlensUsageError(
+            f"unknown measured categor{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)} "
+            f"(use: {', '.join(MEASURED_CATEGORIES)})"
+        )
+    values: dict[str, int] = {}
+    for key, value in source.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise MemlensUsageError(f"measured {key} must be a byte count >= 0, not {value!r}")
+        values[str(key)] = int(value)
+    return values
+
+
+def _near(ratio: float, target: float, tolerance: float) -> bool:
+    return abs(ratio / target - 1.0) <= tolerance
+
+
+def _note(category: str, budget: Budget, theory: int, measured: int, tolerance: float) -> str:
+    """The likely cause of a difference beyond the tolerance (empty when within it)."""
+    setup = budget.setup
+    all_params = budget.spec.n_params + budget.adapter_params
+    frozen = all_params - budget.trainable_params
+    if theory == 0:
+        if measured == 0:
+            return ""
+        if category == "gradients":
+            return "gradients present for a frozen base: the theory has none (requires_grad left on?)"
+        if category == "unknown":
+            return "memory the analyzer could not attribute to a category"
+        return f"{measured:,} B measured where the theory has none"
+    ratio = measured / theory
+    if _near(ratio, 1.0, tolerance):
+        return ""
+    if measured == 0:
+        return {
+            "gradients": "no gradients at the peak: it came in the forward pass, "
+            "or zero_grad(set_to_none) freed them",
+            "optimizer_state": "no optimizer state at the peak: before the first optimizer.step(), "
+            "or offloaded",
+            "activations": "no activations at the peak: it came outside the forward/backward pass",
+        }.get(category, "nothing measured")
+    # What the theory would say if every parameter trained (states and gradients for frozen ones).
+    frozen_ratio = all_params / budget.trainable_params if budget.trainable_params and frozen > 0 else None
+    if category == "parameters":
+        if _near(ratio, 2.0, tolerance) and setup.weight_bytes_per_param == 2:
+            return (
+                f"{ratio:.2f}x the theory: weights held in fp32 where 16-bit assumed "
+                "(autocast keeps fp32 parameters)"
+            )
+        if _near(ratio, 0.5, tolerance) and setup.weight_bytes_per_param == 4:
+            return f"{ratio:.2f}x the theory: weights held in 16-bit where fp32 assumed"
+        if setup.qlora and _near(ratio, 4.0, tolerance):
+            return f"{ratio:.2f}x the theory: the base is not quantised (16-bit, not 4-bit NF4)"
+        return (
+            f"{ratio:.2f}x the theory: another copy of the weights (EMA, reference model) or a different "
+            "parameter count"
+            if ratio > 1
+            else f"{ratio:.2f}x the theory: part of the model is elsewhere "
+            "(sharded, offloaded or on another device)"
+        )
+    if category in ("gradients", "optimizer_state"):
+        if frozen_ratio is not None and _near(ratio, frozen_ratio, tolerance):
+            what = (
+                "gradients present for a frozen base"
+                if category == "gradients"
+                else "states kept for frozen parameters"
+            )
+            return f"{ratio:.2f}x the theory: {what} ({frozen:,} parameters the budget treats as frozen)"
+        if _near(ratio, 2.0, tolerance):
+            if category == "gradients":
+                return (
+                    f"{ratio:.2f}x the theory: gradients kept in fp32 where 16-bit assumed, "
+                    "or for frozen layers"
+                )
+            return (
+                f"{ratio:.2f}x the theory: states kept for frozen parameters, or a state dtype twice the "
+                f"assumed {setup.optim_dtype}"
+            )
+        if ratio > 1:
+            return f"{ratio:.2f}x the theory: a heavier optimizer or dtype than assumed, or unsharded state"
+        return f"{ratio:.2f}x the theory: a lighter optimizer, sharding (ZeRO) or offload not in the budget"
+    if category == "activations":
+        if ratio > 1:
+            return (
+                f"{ratio:.2f}x the theory: checkpointing not in effect, attention scores materialised "
+                "(no FlashAttention), fp32 logits kept, or a larger batch/sequence than assumed"
+            )
+        return f"{ratio:.2f}x the theory: checkpointing in effect, or the peak fell outside forward/backward"
+    return f"{ratio:.2f}x the theory"
+
+
+def reconcile(
+    budget: Budget,
+    measured: Mapping[str, int] | Any,
+    tolerance: float | Mapping[str, float] = DEFAULT_TOLERANCE,
+) -> Reconciliation:
+    """Compare ``budget`` with the measured categories at the peak (see the module docstring).
+
+    ``tolerance`` is relative (0.10 = 10%), one number for all or per category.
+    """
+    values = _measured_mapping(measured)
+
+    def tolerance_of(category: str) -> float:
+        value = tolerance.get(category, DEFAULT_TOLERANCE) if isinstance(tolerance, Mapping) else tolerance
+        if value < 0:
+            raise MemlensUsageError(f"tolerance must be >= 0, not {value}")
+        return float(value)
+
+    rows: list[ReconciledRow] = []
+    for category, items in THEORY_ITEMS.items():
+        theory = sum(budget.bytes_of(name) for name in items)
+        if category == "activations" and ("activations" in values or "temporary" in values):
+            got: int | None = values.get("activations", 0) + values.get("temporary", 0)
+        else:
+            got = values.get(category)
+        tol = tolerance_of(category)
+        if got is None:
+            rows.append(ReconciledRow(category, theory, None, None, tol, None, items, ""))
+            continue
+        if category == "unknown":
+            total = sum(values.values())
+            share = got / total if total else 0.0
+            within = share <= tol
+            note = "" if within else f"{share:.0%} of the measured peak is unattributed"
+            rows.append(ReconciledRow(category, 0, got, None, tol, within, items, note))
+            continue
+        ratio = got / theory if theory else None
+        note = _note(category, budget, theory, got, tol)
+        rows.append(ReconciledRow(category, theory, got, ratio, tol, not note, items, note))
+    if values:
+        total = sum(values.values())
+        theory_total = budget.total_bytes
+        tol = tolerance_of("total")
+        ratio = total / theory_total if theory_total else None
+        within = ratio is not None and _near(ratio, 1.0, tol)
+        note = "" if within or ratio is None else f"{ratio:.2f}x the theory in all"
+        complete = all(category in values for category in MEASURED_CATEGORIES)
+        rows.append(
+            ReconciledRow(
+                "total",
+                theory_total,
+                total,
+                ratio,
+                tol,
+                within if complete else None,
+                tuple(line.name for line in budget.items),
+                note if complete else "",
+            )
+        )
+    return Reconciliation(tuple(rows))

@@ -1,0 +1,76 @@
+"""Plain-text rendering of a ``Budget`` (and of a ``Reconciliation``): shaping only, no analysis."""
+
+from __future__ import annotations
+
+from memlens.budget.estimate import BatchFit, Budget
+from memlens.budget.reconcile import Reconciliation
+from memlens.units import format_bytes
+
+
+def _size(n: int, binary: bool) -> str:
+    return format_bytes(n, binary=binary)
+
+
+def render_budget(
+    budget: Budget, *, binary: bool = False, capacity: int | None = None, fit: BatchFit | None = None
+) -> str:
+    """The line items, static and total, in GB (1e9 bytes) or, with ``binary``, GiB (2**30 bytes)."""
+    unit = "GiB = 2**30 bytes" if binary else "GB = 1e9 bytes"
+    spec, setup = budget.spec, budget.setup
+    lines = [f"theoretical training memory per device ({unit})"]
+    lines.append(
+        f"model: P = {spec.n_params:,} ({spec.source}); trainable {budget.trainable_params:,}"
+        + (f" incl. {budget.adapter_params:,} LoRA values" if budget.adapter_params else "")
+    )
+    optimizer = setup.optimizer + ("" if setup.optimizer == "adam-8bit" else f" ({setup.optim_dtype} state)")
+    batch = f"B={setup.micro_batch}" + (f" T={setup.seq_len}" if setup.seq_len else "")
+    lines.append(
+        f"setup: {setup.precision}, {optimizer}, {batch}, checkpointing {setup.checkpointing}"
+        + (f", ZeRO-{setup.zero_stage} x{setup.world_size}" if setup.zero_stage else "")
+    )
+    lines.append("")
+    name_width = 22
+    size_width = 12
+    for line in budget.items:
+        size = _size(line.bytes, binary) if line.estimated else "n/a"
+        host = f" [host {_size(line.host_bytes, binary)}]" if line.host_bytes else ""
+        lines.append(
+            f"{line.name:<{name_width}}{size:>{size_width}}  {line.formula:<14} {line.explanation}{host}"
+        )
+        if line.name == "optimizer_state":
+            lines.append(f"{'static total':<{name_width}}{_size(budget.static_bytes, binary):>{size_width}}")
+    missing = [line.name for line in budget.items if not line.estimated]
+    total = f"{'total':<{name_width}}{_size(budget.total_bytes, binary):>{size_width}}"
+    if missing:
+        total += f"  (leaves out {', '.join(missing)}: not estimated)"
+    lines.append(total)
+    if budget.host_bytes:
+        lines.append(
+            f"{'on the host':<{name_width}}{_size(budget.host_bytes, binary):>{size_width}}  (offloaded)"
+        )
+    if capacity is not None:
+        verdict = "yes" if budget.fits(capacity) else "no"
+        lines.append("")
+        lines.append(f"fits {_size(capacity, binary)}: {verdict} (needs {_size(budget.total_bytes, binary)})")
+    if fit is not None:
+        lines.append(
+            f"largest micro-batch on {_size(fit.capacity_bytes, binary)}: {fit.micro_batch} "
+            f"(limited by {fit.limiting_item}; {fit.explanation})"
+        )
+    if budget.notes:
+        lines.append("")
+        lines += [f"note: {note}" for note in budget.notes]
+    return "\n".join(lines) + "\n"
+
+
+def render_reconciliation(reconciliation: Reconciliation, *, binary: bool = False) -> str:
+    """Measured next to theory per category, with the ratio and a note beyond the tolerance."""
+    unit = "GiB" if binary else "GB"
+    lines = [f"category            theory ({unit})  measured ({unit})   ratio  note"]
+    for row in reconciliation.rows:
+        measured = _size(row.measured_bytes, binary) if row.measured_bytes is not None else "not measured"
+        ratio = f"{row.ratio:.2f}" if row.ratio is not None else "-"
+        lines.append(
+            f"{row.category:<18}{_size(row.theory_bytes, binary):>14}{measured:>18}{ratio:>8}  {row.note}"
+        )
+    return "\n".join(lines) + "\n"
