@@ -65,6 +65,26 @@ class BatchFit:
 
 
 @dataclass(frozen=True)
+class CapacityCheck:
+    """Whether a budget fits one device, and the largest micro-batch (None with the reason when unknown)."""
+
+    capacity_bytes: int
+    fits: bool
+    total_bytes: int
+    max_batch: BatchFit | None
+    max_batch_unknown: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "capacity_bytes": self.capacity_bytes,
+            "fits": self.fits,
+            "total_bytes": self.total_bytes,
+            "max_micro_batch": self.max_batch.to_json() if self.max_batch else None,
+            "max_micro_batch_unknown": self.max_batch_unknown,
+        }
+
+
+@dataclass(frozen=True)
 class Budget:
     """The estimate for one (spec, setup); items in the order of ``STATIC_ITEMS + BATCH_ITEMS``."""
 
@@ -113,6 +133,15 @@ class Budget:
     def max_micro_batch(self, capacity: int | float | str) -> BatchFit:
         """The largest micro-batch that fits ``capacity`` and the item that limits it."""
         return max_micro_batch(self.spec, self.setup, capacity)
+
+    def check(self, capacity: int | float | str) -> CapacityCheck:
+        """``fits`` and ``max_micro_batch`` together (the batch stays unknown, with why, if unsizable)."""
+        cap = parse_bytes(capacity)
+        try:
+            fit, why = self.max_micro_batch(cap), ""
+        except MemlensUsageError as exc:
+            fit, why = None, str(exc)
+        return CapacityCheck(cap, self.fits(cap), self.total_bytes, fit, why)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: the line items in bytes (with GB = 1e9 and GiB = 2**30 values) and totals."""

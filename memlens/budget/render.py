@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from memlens.budget.estimate import BatchFit, Budget
+from collections.abc import Sequence
+
+from memlens.budget.estimate import Budget, CapacityCheck
 from memlens.budget.reconcile import Reconciliation
 from memlens.units import format_bytes
 
@@ -11,9 +13,7 @@ def _size(n: int, binary: bool) -> str:
     return format_bytes(n, binary=binary)
 
 
-def render_budget(
-    budget: Budget, *, binary: bool = False, capacity: int | None = None, fit: BatchFit | None = None
-) -> str:
+def render_budget(budget: Budget, *, binary: bool = False, checks: Sequence[CapacityCheck] = ()) -> str:
     """The line items, static and total, in GB (1e9 bytes) or, with ``binary``, GiB (2**30 bytes)."""
     unit = "GiB = 2**30 bytes" if binary else "GB = 1e9 bytes"
     spec, setup = budget.spec, budget.setup
@@ -24,8 +24,9 @@ def render_budget(
     )
     optimizer = setup.optimizer + ("" if setup.optimizer == "adam-8bit" else f" ({setup.optim_dtype} state)")
     batch = f"B={setup.micro_batch}" + (f" T={setup.seq_len}" if setup.seq_len else "")
+    ckpt = setup.checkpointing + (f":{setup.checkpoint_every}" if setup.checkpointing == "every" else "")
     lines.append(
-        f"setup: {setup.precision}, {optimizer}, {batch}, checkpointing {setup.checkpointing}"
+        f"setup: {setup.precision}, {optimizer}, {batch}, checkpointing {ckpt}"
         + (f", ZeRO-{setup.zero_stage} x{setup.world_size}" if setup.zero_stage else "")
     )
     lines.append("")
@@ -48,15 +49,19 @@ def render_budget(
         lines.append(
             f"{'on the host':<{name_width}}{_size(budget.host_bytes, binary):>{size_width}}  (offloaded)"
         )
-    if capacity is not None:
-        verdict = "yes" if budget.fits(capacity) else "no"
+    for check in checks:
+        verdict = "yes" if check.fits else "no"
+        cap = _size(check.capacity_bytes, binary)
         lines.append("")
-        lines.append(f"fits {_size(capacity, binary)}: {verdict} (needs {_size(budget.total_bytes, binary)})")
-    if fit is not None:
-        lines.append(
-            f"largest micro-batch on {_size(fit.capacity_bytes, binary)}: {fit.micro_batch} "
-            f"(limited by {fit.limiting_item}; {fit.explanation})"
-        )
+        lines.append(f"fits {cap}: {verdict} (needs {_size(check.total_bytes, binary)})")
+        if check.max_batch is not None:
+            fit = check.max_batch
+            lines.append(
+                f"largest micro-batch on {cap}: {fit.micro_batch} "
+                f"(limited by {fit.limiting_item}; {fit.explanation})"
+            )
+        else:
+            lines.append(f"largest micro-batch on {cap}: unknown ({check.max_batch_unknown})")
     if budget.notes:
         lines.append("")
         lines += [f"note: {note}" for note in budget.notes]

@@ -1,0 +1,230 @@
+"""Estimate the memory a training step needs, line by line, before (or next to) measuring it.
+
+Prints weights, gradients, master weights, optimizer state, activations and logits in GB
+(1e9 bytes; --gib for GiB), the static total and the total. Give the model as --params, as
+sizes (--hidden --layers --heads --kv-heads --vocab --ffn) or as a transformers config.json
+(--config, read from disk). With --capacity (e.g. 80GB, 24GiB; a bare number means GB) it
+says whether the step fits and the largest micro-batch that does, and which item limits it.
+
+Examples:
+
+  memlens budget --params 7e9 --optimizer adamw --precision bf16-mixed
+
+  memlens budget --config llama/config.json --lora-rank 16 --lora-targets q,k,v,o --qlora
+  --batch 4 --seq 2048 --checkpointing full --capacity 24GB
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import click
+
+from memlens.errors import MemlensUsageError
+from memlens.units import parse_bytes
+
+_COUNT_SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+_COUNT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*$")
+
+
+def parse_count(text: str) -> int:
+    """``"7e9"``, ``"7B"``, ``"350M"``, ``"6738415616"`` -> a parameter count."""
+    match = _COUNT_RE.match(text)
+    if not match:
+        raise MemlensUsageError(f"not a parameter count: {text!r} (try 7e9, 7B or 350M)")
+    value = float(match.group(1)) * _COUNT_SUFFIXES[match.group(2).lower()]
+    if value < 1:
+        raise MemlensUsageError(f"the parameter count must be positive, not {text!r}")
+    return round(value)
+
+
+def parse_capacity(text: str) -> int:
+    """A device size; a bare number is GB (``80`` -> 80e9 bytes)."""
+    stripped = text.strip()
+    try:
+        return round(float(stripped) * 1e9)
+    except ValueError:
+        return parse_bytes(stripped)
+
+
+@click.command(help=__doc__)
+@click.option("--params", "params", default=None, help="Parameter count P: 7e9, 7B, 350M.")
+@click.option("--hidden", type=int, default=None, help="Hidden size d.")
+@click.option("--layers", type=int, default=None, help="Transformer layers L.")
+@click.option("--heads", type=int, default=None, help="Attention heads a.")
+@click.option("--kv-heads", type=int, default=None, help="Key/value heads (GQA); default: --heads.")
+@click.option("--vocab", type=int, default=None, help="Vocabulary size V.")
+@click.option("--ffn", type=int, default=None, help="MLP intermediate size.")
+@click.option("--tie-embeddings", is_flag=True, help="The output head shares the embedding matrix.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A transformers-style config.json (read locally, nothing downloaded).",
+)
+@click.option(
+    "--precision",
+    default="bf16-mixed",
+    show_default=True,
+    help="fp32, bf16-mixed, fp16-mixed (fp32 master weights), bf16, fp16 (pure).",
+)
+@click.option(
+    "--optimizer",
+    default="adamw",
+    show_default=True,
+    help="sgd, sgd-momentum, adam, adamw, adam-8bit, adafactor, muon, galore.",
+)
+@click.option(
+    "--optim-dtype", default="fp32", show_default=True, help="Optimizer-state dtype: fp32, bf16, fp16."
+)
+@click.option(
+    "--grad-dtype", default=None, help="Gradient dtype if not the weights' (e.g. fp32 accumulation)."
+)
+@click.option("--galore-rank", type=int, default=None, help="Projection rank for --optimizer galore.")
+@click.option("--lora-rank", type=int, default=None, help="Train LoRA adapters of this rank (base frozen).")
+@click.option(
+    "--lora-targets",
+    default="q_proj,v_proj",
+    show_default=True,
+    help="Comma-separated modules to adapt (q,k,v,o,gate,up,down or all-linear).",
+)
+@click.option("--qlora", is_flag=True, help="Keep the frozen base in 4-bit NF4 (needs --lora-rank).")
+@click.option("--frozen-layers", type=int, default=0, help="Freeze the first K transformer layers.")
+@click.option("--batch", type=int, default=1, show_default=True, help="Micro-batch size B.")
+@click.option("--seq", type=int, default=None, help="Sequence length T (needed for activations and logits).")
+@click.option("--grad-accum", type=int, default=1, show_default=True, help="Gradient-accumulation steps A.")
+@click.option(
+    "--checkpointing",
+    default="none",
+    show_default=True,
+    help="Activation checkpointing: none, full, selective, every:K.",
+)
+@click.option(
+    "--flash-attn/--no-flash-attn",
+    default=True,
+    show_default=True,
+    help="FlashAttention (no T x T score matrix).",
+)
+@click.option(
+    "--activations",
+    "activation_formula",
+    default="megatron",
+    show_default=True,
+    help="Activation formula: megatron (34*T*B*d per layer) or rule-of-thumb (24*B*T*d per layer).",
+)
+@click.option(
+    "--chunked-loss",
+    type=float,
+    default=None,
+    metavar="FACTOR",
+    help="Chunked cross-entropy: divide the fp32 logits by FACTOR.",
+)
+@click.option("--zero", "zero_stage", type=int, default=0, show_default=True, help="ZeRO stage 0-3.")
+@click.option("--world-size", type=int, default=1, show_default=True, help="Data-parallel ranks N.")
+@click.option(
+    "--offload-optimizer", is_flag=True, help="Keep master weights and optimizer state on the host."
+)
+@click.option("--offload-params", is_flag=True, help="Keep parameters on the host (ZeRO-3).")
+@click.option(
+    "--capacity", multiple=True, help="Device memory to fit, e.g. 80GB, 24GiB, 141 (GB). Repeatable."
+)
+@click.option("--gib", is_flag=True, help="Print GiB (2**30 bytes) instead of GB (1e9 bytes).")
+@click.option("--json", "as_json", is_flag=True, help="Print the line items and totals as JSON (bytes).")
+def budget(
+    params: str | None,
+    hidden: int | None,
+    layers: int | None,
+    heads: int | None,
+    kv_heads: int | None,
+    vocab: int | None,
+    ffn: int | None,
+    tie_embeddings: bool,
+    config_path: str | None,
+    precision: str,
+    optimizer: str,
+    optim_dtype: str,
+    grad_dtype: str | None,
+    galore_rank: int | None,
+    lora_rank: int | None,
+    lora_targets: str,
+    qlora: bool,
+    frozen_layers: int,
+    batch: int,
+    seq: int | None,
+    grad_accum: int,
+    checkpointing: str,
+    flash_attn: bool,
+    activation_formula: str,
+    chunked_loss: float | None,
+    zero_stage: int,
+    world_size: int,
+    offload_optimizer: bool,
+    offload_params: bool,
+    capacity: tuple[str, ...],
+    gib: bool,
+    as_json: bool,
+) -> None:
+    from memlens.budget import ModelSpec, TrainingSetup, estimate, render_budget
+    from memlens.budget.training import parse_checkpointing
+
+    n_params = parse_count(params) if params is not None else None
+    sizes = {
+        "--hidden": hidden,
+        "--layers": layers,
+        "--heads": heads,
+        "--kv-heads": kv_heads,
+        "--vocab": vocab,
+        "--ffn": ffn,
+    }
+    if config_path is not None:
+        given = [flag for flag, value in sizes.items() if value is not None]
+        if given or tie_embeddings:
+            raise MemlensUsageError(
+                f"--config gives the sizes; drop {', '.join(given) or '--tie-embeddings'}"
+            )
+        spec = ModelSpec.from_config_json(config_path, n_params=n_params)
+    else:
+        spec = ModelSpec.from_numbers(
+            n_params,
+            hidden_size=hidden,
+            n_layers=layers,
+            n_heads=heads,
+            n_kv_heads=kv_heads,
+            vocab_size=vocab,
+            ffn_size=ffn,
+            tie_embeddings=tie_embeddings,
+        )
+    mode, every = parse_checkpointing(checkpointing)
+    setup = TrainingSetup(
+        precision=precision,
+        optimizer=optimizer,
+        optim_dtype=optim_dtype,
+        grad_dtype=grad_dtype,
+        galore_rank=galore_rank,
+        lora_rank=lora_rank,
+        lora_targets=tuple(lora_targets.split(",")),
+        qlora=qlora,
+        frozen_layers=frozen_layers,
+        micro_batch=batch,
+        seq_len=seq,
+        grad_accum=grad_accum,
+        checkpointing=mode,
+        checkpoint_every=every,
+        flash_attention=flash_attn,
+        activation_formula=activation_formula,
+        chunked_loss=chunked_loss,
+        zero_stage=zero_stage,
+        world_size=world_size,
+        offload_optimizer=offload_optimizer,
+        offload_params=offload_params,
+    )
+    result = estimate(spec, setup)
+    checks = [result.check(parse_capacity(text)) for text in capacity]
+    if as_json:
+        payload = result.to_json()
+        payload["capacities"] = [check.to_json() for check in checks]
+        click.echo(json.dumps(payload, indent=2))
+    else:
+        click.echo(render_budget(result, binary=gib, checks=checks), nl=False)
