@@ -84,11 +84,12 @@ class AllocatorSettings:
     """
 
     max_split_size: int | None = None
-    roundup_power2_divisions: dict[int, int] | int | None = None
+    roundup_power2_divisions: dict[int, int] | int | None = field(default=None, compare=False)
     garbage_collection_threshold: float = 0.0
     expandable_segments: bool = False
     memory_fraction: float = 1.0
-    divisions: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    # The normalised form (one count per interval) is what equality compares.
+    divisions: tuple[int, ...] = field(init=False, repr=False, compare=True)
 
     def __post_init__(self) -> None:
         if self.max_split_size is not None and self.max_split_size <= MIN_MAX_SPLIT_SIZE_MB * MiB:

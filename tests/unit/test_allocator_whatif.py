@@ -1,0 +1,141 @@
+"""What-if replay on snapshots the simulator wrote itself (so the truth is known)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, whatif
+from memlens.errors import MemlensUsageError
+from memlens.snapshot.reader import parse
+from memlens.units import MiB
+
+
+def training_like(sim: CachingAllocatorSimulator, steps: int = 6, seed: int = 0) -> None:
+    """Weights kept alive, activations freed in reverse, varying batch sizes, an empty_cache."""
+    rng = random.Random(seed)
+    weights = [sim.malloc(rng.choice([4, 16, 64]) * MiB + rng.randrange(512)) for _ in range(6)]
+    for step in range(steps):
+        batch = rng.choice([7, 8, 9])
+        activations = [sim.malloc(batch * rng.choice([300_000, 1_500_000, 3 * MiB])) for _ in range(12)]
+        temps = [sim.malloc(rng.randrange(1, 200_000)) for _ in range(10)]
+        for address in temps:
+            sim.free(address)
+        for address in reversed(activations):
+            sim.request_free(address)
+            sim.complete_free(address)
+        if step == 3:
+            sim.empty_cache()
+    del weights
+
+
+def snapshot_of(sim: CachingAllocatorSimulator) -> Any:
+    return parse(sim.snapshot(), source="<simulated>")
+
+
+def test_replaying_a_complete_history_reproduces_it() -> None:
+    sim = CachingAllocatorSimulator()
+    training_like(sim)
+    result = whatif(snapshot_of(sim))
+    assert not result.seeded
+    assert (
+        result.simulated["peak_reserved_bytes"]
+        == result.recorded["peak_reserved_bytes"]
+        == sim.peak_reserved_bytes
+    )
+    assert result.simulated["segment_allocs"] == result.recorded["segment_allocs"] == sim.segment_alloc_count
+    assert result.simulated["segment_frees"] == result.recorded["segment_frees"]
+    assert result.simulated["final_reserved_bytes"] == sim.reserved_bytes
+    assert result.simulated["fragmentation_at_peak_bytes"] == result.recorded["fragmentation_at_peak_bytes"]
+    assert result.simulated["alloc_address_match"] == 1.0
+    assert not result.simulated["oom"] and not result.recorded["oom"]
+
+
+@pytest.mark.parametrize("fraction", [0.01, 0.2, 0.5, 0.8])
+def test_a_window_that_starts_mid_run_is_seeded_from_the_final_state(fraction: float) -> None:
+    sim = CachingAllocatorSimulator()
+    training_like(sim, steps=4)
+    raw = sim.snapshot()
+    trace = raw["device_traces"][0]
+    # Drop the oldest entries, as a wrapped ring buffer does (segment_alloc entries included).
+    raw["device_traces"][0] = trace[int(len(trace) * fraction) :]
+    snapshot = parse(raw, source="<window>")
+    result = whatif(snapshot)
+    assert result.seeded
+    assert result.simulated["peak_reserved_bytes"] == result.recorded["peak_reserved_bytes"]
+    assert result.simulated["segment_allocs"] == result.recorded["segment_allocs"]
+    assert result.simulated["final_reserved_bytes"] == sim.reserved_bytes
+    assert result.simulated["alloc_address_match"] == 1.0
+
+
+def test_ghost_frees_and_request_only_frees() -> None:
+    sim = CachingAllocatorSimulator()
+    a = sim.malloc(4 * MiB)
+    b = sim.malloc(4 * MiB)
+    sim.free(a)
+    raw = sim.snapshot()
+    entries = raw["device_traces"][0]
+    # A free of an address no segment holds, and a free_requested with no free_completed.
+    ghost = dict(entries[-1], addr=0x10, action="free_completed")
+    lonely = dict(entries[-2], addr=b, action="free_requested", size=4 * MiB)
+    raw["device_traces"][0] = [*entries, ghost, lonely]
+    raw["segments"][0]["blocks"] = [dict(blk, state="inactive") for blk in raw["segments"][0]["blocks"]]
+    result = whatif(parse(raw, source="<ghosts>"))
+    assert result.simulated["peak_reserved_bytes"] == 20 * MiB
+    assert result.simulated["segment_allocs"] == 1
+
+
+def fragmenting(sim: CachingAllocatorSimulator) -> None:
+    for step in range(8):
+        kept = []
+        for i in range(10):
+            big = sim.malloc((30 + 2 * step + i) * MiB)
+            kept.append(sim.malloc(8 * MiB))
+            sim.free(big)
+        for address in kept:
+            sim.free(address)
+
+
+def test_expandable_segments_what_if_and_capacity_oom() -> None:
+    sim = CachingAllocatorSimulator()
+    fragmenting(sim)
+    snapshot = snapshot_of(sim)
+    recorded_peak = sim.peak_reserved_bytes
+    expandable = whatif(snapshot, settings=AllocatorSettings(expandable_segments=True))
+    assert expandable.simulated["peak_reserved_bytes"] < recorded_peak
+    assert expandable.simulated["segment_allocs"] == 0 and expandable.simulated["segment_maps"] > 0
+
+    tight = whatif(snapshot, capacity=recorded_peak // 4)
+    assert tight.simulated["oom"] and not tight.recorded["oom"]
+    event = tight.simulated["oom_event"]
+    assert isinstance(event, int) and 0 < event < tight.recorded["events"]
+    assert tight.simulated["oom_size_bytes"] > 0
+    assert set(tight.to_json()) >= {"recorded", "simulated"}
+
+
+def test_recorded_oom_is_reported() -> None:
+    sim = CachingAllocatorSimulator(capacity=50 * MiB)
+    sim.malloc(30 * MiB)
+    with pytest.raises(Exception, match="out of memory"):
+        sim.malloc(30 * MiB)
+    result = whatif(snapshot_of(sim))
+    assert result.recorded["oom"] and result.recorded["oom_event"] == 2
+    assert result.recorded["oom_size_bytes"] == 30 * MiB
+
+
+def test_gc_threshold_needs_a_capacity() -> None:
+    sim = CachingAllocatorSimulator()
+    sim.malloc(10)
+    with pytest.raises(MemlensUsageError):
+        whatif(snapshot_of(sim), settings=AllocatorSettings(garbage_collection_threshold=0.5))
+    result = whatif(
+        snapshot_of(sim), settings=AllocatorSettings(garbage_collection_threshold=0.5), capacity=MiB * 100
+    )
+    assert result.simulated["peak_reserved_bytes"] == 2 * MiB
+
+
+def test_empty_snapshot() -> None:
+    result = whatif(parse({"segments": [], "device_traces": []}, source="<empty>"))
+    assert result.recorded["peak_reserved_bytes"] == result.simulated["peak_reserved_bytes"] == 0
