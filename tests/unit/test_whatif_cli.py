@@ -1,0 +1,109 @@
+"""``memlens whatif`` through click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from memlens.allocator import CachingAllocatorSimulator
+from memlens.cli.main import cli, main
+from memlens.errors import MemlensUsageError
+from memlens.units import MiB
+
+
+@pytest.fixture
+def snapshot_path(tmp_path: Path) -> Path:
+    sim = CachingAllocatorSimulator()
+    for step in range(6):
+        kept = []
+        for i in range(6):
+            big = sim.malloc((30 + 2 * step + i) * MiB)
+            kept.append(sim.malloc(8 * MiB))
+            sim.free(big)
+        for address in kept:
+            sim.free(address)
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(sim.snapshot(), protocol=4))
+    return path
+
+
+def test_text_report(snapshot_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["whatif", str(snapshot_path), "--expandable-segments"])
+    assert result.exit_code == 0, result.output
+    assert "simulated settings: expandable_segments:True" in result.output
+    for label in (
+        "peak reserved",
+        "fragmentation at peak",
+        "cudaMalloc calls (segment_alloc)",
+        "out of memory",
+    ):
+        assert label in result.output
+
+
+def test_json_keys(snapshot_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["whatif", str(snapshot_path), "--json", "--capacity", "100MiB"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    for side in ("recorded", "simulated"):
+        assert {
+            "peak_reserved_bytes",
+            "segment_allocs",
+            "oom",
+            "oom_event",
+            "fragmentation_at_peak_bytes",
+        } <= set(data[side])
+    assert data["recorded"]["oom"] is False
+    assert data["simulated"]["oom"] is True  # the recorded run needed more than 100 MiB
+    assert data["capacity_bytes"] == 100 * MiB
+
+
+def test_same_settings_reproduce_the_recorded_run(snapshot_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["whatif", str(snapshot_path), "--json"])
+    data = json.loads(result.output)
+    assert data["simulated"]["peak_reserved_bytes"] == data["recorded"]["peak_reserved_bytes"]
+    assert data["simulated"]["segment_allocs"] == data["recorded"]["segment_allocs"]
+
+
+def test_max_split_size_flag(snapshot_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["whatif", str(snapshot_path), "--json", "--max-split-size-mb", "32"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["simulated_settings"]["max_split_size"] == 32 * MiB
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--max-split-size-mb", "10"],
+        ["--capacity", "lots"],
+        ["--garbage-collection-threshold", "1.5", "--capacity", "1GiB"],
+        ["--garbage-collection-threshold", "0.5"],
+        ["--device", "3"],
+    ],
+)
+def test_bad_flag_values_are_usage_errors(snapshot_path: Path, flags: list[str]) -> None:
+    result = CliRunner().invoke(cli, ["whatif", str(snapshot_path), *flags])
+    assert isinstance(result.exception, MemlensUsageError)
+
+
+def test_main_prints_one_line_and_exits_2(snapshot_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["whatif", str(snapshot_path), "--max-split-size-mb", "10"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memlens: error:") and err.count("\n") == 1
+
+
+def test_non_integer_flag_is_a_click_error(snapshot_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["whatif", str(snapshot_path), "--max-split-size-mb", "big"])
+    assert result.exit_code == 2
+    assert "is not a valid integer" in result.output
+
+
+def test_help_is_the_module_docstring() -> None:
+    result = CliRunner().invoke(cli, ["whatif", "--help"])
+    assert result.exit_code == 0
+    assert "Replay a snapshot through the caching-allocator simulator" in result.output
