@@ -1,0 +1,147 @@
+"""Record the memory of an unmodified training script.
+
+    memlens record [--out DIR] [--capacity 16GiB] [--device cpu|cuda|auto] -- python train.py ARGS...
+
+The script runs in this process exactly as `python train.py ARGS...` would run it (same
+sys.argv, __main__, sys.path[0]; `-m package.module` works too), inside memlens.record(). A
+step ends at every optimizer.step() (any optimizer). On a GPU the CUDA allocator records its own
+history; without one every tensor is tracked on the CPU and replayed through memlens' caching
+allocator simulator, and --capacity makes it raise an out-of-memory error like a GPU of that
+size. The snapshot (DIR/snapshot.pickle, or DIR/rank{N}.pickle under torchrun) and its
+.memlens.json sidecar are written at the end, on an error and at an out-of-memory error.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Iterable
+
+import click
+
+from memlens.errors import MemlensUsageError
+from memlens.units import format_bytes
+
+
+def parse_steps(text: str | None) -> Iterable[int] | None:
+    """``"2:6"`` -> range(2, 6); ``"1,3,5"`` -> {1, 3, 5}; ``"4"`` -> {4}; None -> all steps."""
+    if text is None:
+        return None
+    try:
+        if ":" in text:
+            start, _, stop = text.partition(":")
+            return range(int(start or 0), int(stop))
+        return {int(part) for part in text.split(",") if part.strip()}
+    except ValueError:
+        raise MemlensUsageError(f"--steps takes START:STOP or a list like 1,3,5, got {text!r}") from None
+
+
+def split_command(command: tuple[str, ...]) -> tuple[str, str, list[str]]:
+    """``python train.py a b`` -> ("path", "train.py", ["a", "b"]); ``python -m pkg.mod`` -> ("module", ...)."""
+    args = list(command)
+    if args and os.path.basename(args[0]).startswith("python") and not args[0].endswith(".py"):
+        args = args[1:]
+    if not args:
+        raise MemlensUsageError("nothing to run: use `memlens record -- python train.py ARGS...`")
+    if args[0] == "-m":
+        if len(args) < 2:
+            raise MemlensUsageError("`-m` needs a module name")
+        return "module", args[1], args[2:]
+    if args[0].startswith("-"):
+        raise MemlensUsageError(f"unsupported python option {args[0]!r}: give a script or -m module")
+    if not os.path.isfile(args[0]):
+        raise MemlensUsageError(f"no such script: {args[0]}")
+    return "path", args[0], args[1:]
+
+
+def run_program(kind: str, target: str, argv: list[str]) -> None:
+    """Run a script or module as ``__main__`` in this process, restoring sys.argv and sys.path."""
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    try:
+        if kind == "module":
+            sys.argv = [target, *argv]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [target, *argv]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+            runpy.run_path(target, run_name="__main__")
+    finally:
+        sys.argv[:] = saved_argv
+        sys.path[:] = saved_path
+
+
+@click.command(
+    "record",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option("--out", "out", default="memlens_runs", show_default=True, help="Directory for the snapshot.")
+@click.option("--name", default=None, help="File stem instead of 'snapshot'.")
+@click.option("--capacity", default=None, help="Device memory to simulate on the CPU, e.g. 16GiB.")
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="cuda: the real allocator's history; cpu: tracked and simulated.",
+)
+@click.option("--steps", default=None, help="Steps to keep: START:STOP or 1,3,5 (default all).")
+@click.option("--dump-every", type=int, default=None, help="Also write the snapshot every N steps.")
+@click.option("--max-entries", type=int, default=None, help="Trace entries kept (a ring buffer).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def record(
+    out: str,
+    name: str | None,
+    capacity: str | None,
+    device: str,
+    steps: str | None,
+    dump_every: int | None,
+    max_entries: int | None,
+    command: tuple[str, ...],
+) -> int:
+    from memlens.recorder import DEFAULT_MAX_ENTRIES
+    from memlens.recorder import record as start_recording
+
+    kind, target, argv = split_command(command)
+    recorder = start_recording(
+        out,
+        name=name,
+        steps=parse_steps(steps),
+        device=device,
+        capacity=capacity,
+        dump_every=dump_every,
+        max_entries=max_entries or DEFAULT_MAX_ENTRIES,
+        record_optimizer_steps=True,
+    )
+    exit_code = 0
+    with recorder:
+        try:
+            run_program(kind, target, argv)
+        except SystemExit as exc:
+            code = exc.code
+            exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+        except Exception:
+            traceback.print_exc()
+            exit_code = 1
+            recorder.close(failed=True)
+    _report(recorder)
+    return exit_code
+
+
+def _report(recorder: object) -> None:
+    from memlens.recorder import Recorder
+
+    assert isinstance(recorder, Recorder)
+    if not recorder.paths:
+        click.echo("memlens: no step was recorded (no snapshot written)", err=True)
+        return
+    peak_allocated, peak_reserved = recorder.peak_bytes
+    line = (
+        f"memlens: wrote {recorder.paths[-1]} ({len(recorder.steps)} steps; peak allocated "
+        f"{format_bytes(peak_allocated)}, peak reserved {format_bytes(peak_reserved)})"
+    )
+    if recorder.oom is not None:
+        line += f"; out of memory asking for {format_bytes(recorder.oom['requested_bytes'])}"
+    click.echo(line, err=True)

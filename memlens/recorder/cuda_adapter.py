@@ -1,0 +1,207 @@
+"""Recording on a CUDA device: every CUDA call the recorder makes goes through ``CudaMemoryBackend``.
+
+``CudaMemoryBackend`` is a thin adapter over ``torch.cuda.memory`` (history, snapshot, memory
+metadata, peak counters), ``torch.cuda`` (device properties) and ``torch._C`` (the
+out-of-memory observer). Each of the three can be replaced by a stand-in with the same method
+names, which is how the tests exercise this path on machines without a GPU.
+
+``CudaBackend`` is the recorder's CUDA backend built on it: history on/off, step boundaries as
+``torch.profiler.record_function("memlens.step#N")`` scopes (PyTorch writes them into
+``external_annotations``) plus ``_set_memory_metadata("memlens.step#N")`` where the running torch
+has it, so every trace entry also carries its step in ``user_metadata``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any
+
+OomObserver = Callable[[int, int, int, int], None]  # (device, requested, device_allocated, device_free)
+
+
+class CudaMemoryBackend:
+    """The only place the recorder touches CUDA.
+
+    PyTorch has no call that removes an out-of-memory observer, so ``detach_oom_observer``
+    disarms ours: it stays registered but does nothing.
+    """
+
+    def __init__(self, memory: Any = None, cuda: Any = None, c_api: Any = None) -> None:
+        if memory is None or cuda is None or c_api is None:
+            import torch
+
+            memory = memory if memory is not None else torch.cuda.memory
+            cuda = cuda if cuda is not None else torch.cuda
+            c_api = c_api if c_api is not None else torch._C
+        self._memory = memory
+        self._cuda = cuda
+        self._c_api = c_api
+        self._observer: OomObserver | None = None
+        self._observer_registered = False
+        self.recording = False
+
+    def start(self, max_entries: int, stacks: str = "python") -> None:
+        """``_record_memory_history``: alloc/free/segment events with Python stacks."""
+        kwargs: dict[str, Any] = {"context": "all", "stacks": stacks, "max_entries": max_entries}
+        if _accepts(self._memory._record_memory_history, "global_record_annotations"):
+            # record_function scopes reach external_annotations without a profiler running.
+            kwargs["global_record_annotations"] = True
+        self._memory._record_memory_history("all", **kwargs)
+        self.recording = True
+
+    def stop(self) -> None:
+        self._memory._record_memory_history(None)
+        self.recording = False
+
+    def snapshot(self) -> dict[str, Any]:
+        snapshot = self._memory._snapshot()
+        return snapshot if isinstance(snapshot, dict) else {"segments": snapshot, "device_traces": []}
+
+    def attach_oom_observer(self, callback: OomObserver) -> None:
+        self._observer = callback
+        if not self._observer_registered:
+            self._c_api._cuda_attach_out_of_memory_observer(self._on_oom)
+            self._observer_registered = True
+
+    def detach_oom_observer(self) -> None:
+        self._observer = None
+
+    def _on_oom(self, device: int, requested: int, device_allocated: int, device_free: int) -> None:
+        if self._observer is not None:
+            self._observer(device, requested, device_allocated, device_free)
+
+    def set_metadata(self, text: str) -> bool:
+        """``_set_memory_metadata`` where this torch has it; False where it does not."""
+        setter = getattr(self._memory, "_set_memory_metadata", None)
+        if setter is None:
+            return False
+        setter(text)
+        return True
+
+    def current_device(self) -> int:
+        return int(self._cuda.current_device())
+
+    def device_properties(self) -> dict[str, Any]:
+        index = self.current_device()
+        props = self._cuda.get_device_properties(index)
+        return {
+            "type": "cuda",
+            "index": index,
+            "name": str(props.name),
+            "total_memory_bytes": int(props.total_memory),
+            "compute_capability": f"{props.major}.{props.minor}",
+            "simulated": False,
+        }
+
+    def peak_bytes(self) -> tuple[int, int]:
+        return int(self._memory.max_memory_allocated()), int(self._memory.max_memory_reserved())
+
+    def limit_capacity(self, capacity: int) -> None:
+        """Cap this process's caching allocator at ``capacity`` bytes (a memory fraction)."""
+        index = self.current_device()
+        total = int(self._cuda.get_device_properties(index).total_memory)
+        self._cuda.set_per_process_memory_fraction(min(1.0, capacity / total), index)
+
+    def reset_peak(self) -> None:
+        self._memory.reset_peak_memory_stats()
+
+
+def _accepts(function: Any, parameter: str) -> bool:
+    try:
+        return parameter in inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class CudaBackend:
+    """The recorder's backend for a real GPU (see the module docstring)."""
+
+    kind = "cuda"
+
+    def __init__(
+        self,
+        adapter: CudaMemoryBackend | None = None,
+        max_entries: int = 200_000,
+        stacks: str = "python",
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self.adapter = adapter if adapter is not None else CudaMemoryBackend()
+        self.max_entries = max_entries
+        self.stacks = stacks
+        self.clock = clock if clock is not None else (lambda: time.time_ns() // 1000)
+        self._scopes: dict[int, Any] = {}
+        self._oom_handler: Callable[[Any], None] | None = None
+        self._stop_pending = False
+
+    def install(self) -> None:
+        self.adapter.reset_peak()
+
+    def uninstall(self) -> None:
+        self.adapter.detach_oom_observer()
+        for scope in self._scopes.values():
+            scope.__exit__(None, None, None)
+        self._scopes.clear()
+        if self.adapter.recording:
+            self.adapter.stop()
+
+    def start_history(self) -> None:
+        self.adapter.start(self.max_entries, self.stacks)
+        if self._oom_handler is not None:
+            self.adapter.attach_oom_observer(self._on_oom)
+
+    def stop_history(self, in_oom_callback: bool = False) -> None:
+        self.adapter.detach_oom_observer()
+        self.adapter.set_metadata("")
+        if in_oom_callback:
+            # Turning history off takes the allocator's locks; inside its OOM path that is not
+            # safe, so the session stops it at the next step boundary or on exit.
+            self._stop_pending = True
+        elif self.adapter.recording:
+            self.adapter.stop()
+
+    def set_oom_handler(self, handler: Callable[[Any], None]) -> None:
+        self._oom_handler = handler
+
+    def _on_oom(self, device: int, requested: int, device_allocated: int, device_free: int) -> None:
+        if self._oom_handler is not None:
+            self._oom_handler({"device": device, "requested": requested, "device_free": device_free})
+
+    def begin_step(self, index: int, provisional: bool = False) -> int:
+        if provisional:
+            # Step 0 opened on entering the session may be cancelled; its annotations are added
+            # to the snapshot at dump time only if it turns out to be a step.
+            return self.clock()
+        from torch.profiler import record_function
+
+        name = f"memlens.step#{index}"
+        scope = record_function(name)
+        scope.__enter__()
+        self._scopes[index] = scope
+        self.adapter.set_metadata(name)
+        return self.clock()
+
+    def end_step(self, index: int) -> int:
+        scope = self._scopes.pop(index, None)
+        if scope is not None:
+            scope.__exit__(None, None, None)
+        self.adapter.set_metadata("")
+        if self._stop_pending and self.adapter.recording:
+            self.adapter.stop()
+        return self.clock()
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.adapter.snapshot()
+
+    def device_info(self) -> dict[str, Any]:
+        return self.adapter.device_properties()
+
+    def allocator_settings(self) -> dict[str, Any]:
+        return {}  # the snapshot itself carries them (PyTorch >= 2.3)
+
+    def peak_bytes(self) -> tuple[int, int]:
+        return self.adapter.peak_bytes()
+
+
+__all__ = ["CudaBackend", "CudaMemoryBackend"]

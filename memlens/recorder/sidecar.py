@@ -1,0 +1,182 @@
+"""What the recorder writes next to each snapshot, and how it writes files.
+
+Files are written atomically: a temporary name in the same directory, ``fsync``, then
+``os.replace``. A crash (or an OOM kill) mid-write leaves the previous file or none, never a
+0-byte or half-written pickle. Snapshots use pickle protocol 4, which PyTorch's web viewer reads.
+
+The sidecar, ``<name>.memlens.json`` next to ``<name>.pickle`` (keys, all always present):
+
+``memlens_sidecar_version``  1.
+``memlens_version``          the recorder that wrote it.
+``backend``                  ``"cuda"`` (real allocator history) or ``"cpu"`` (storages tracked on
+                             the CPU and replayed through memlens' caching-allocator simulator).
+``reason``                   why this dump happened: ``"exit"``, ``"exception"``, ``"oom"``,
+                             ``"periodic"`` (``dump_every``) or ``"steps_done"`` (last selected step).
+``torch_version``, ``python_version``.
+``device``                   ``{type, index, name, total_memory_bytes, simulated}``; CUDA adds
+                             ``compute_capability``. ``total_memory_bytes`` is the simulated
+                             capacity on the CPU (``null`` = unlimited).
+``allocator_settings``       the settings in force (the snapshot's own key on CUDA >= 2.3).
+``rank``, ``world_size``, ``local_rank``   from torch.distributed or the torchrun environment.
+``steps``                    ``[{index, start_us, end_us}]``: the recorded steps, on the trace's
+                             clock (``end_us`` null for a step still open at the dump).
+``steps_selected``           the ``steps=`` filter as a list of ints, or ``null`` (all steps).
+``peak_allocated_bytes``, ``peak_reserved_bytes``   over the recording.
+``oom``                      ``null``, or ``{requested_bytes, device_free_bytes}`` of the OOM that
+                             ended the recording.
+``model``                    ``null``, or ``{parameters_total, parameters_trainable,
+                             parameter_bytes_total, parameter_bytes_by_dtype: {"torch.float32": n},
+                             buffer_bytes_total}`` for ``record(..., model=model)``.
+``optimizer``                ``null``, or ``{class: "AdamW", param_groups: n}``.
+``recorder``                 ``{stacks, max_entries, max_stack_depth, dump_every}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SIDECAR_VERSION = 1
+PICKLE_PROTOCOL = 4  # protocol 5 (the default) is not readable by the pytorch.org viewer
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a snapshot is a normal file
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp_name)
+        raise
+    _fsync_directory(path.parent)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # not every platform can open a directory
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_snapshot(path: Path, snapshot: dict[str, Any]) -> None:
+    write_atomic(path, pickle.dumps(snapshot, protocol=PICKLE_PROTOCOL))
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    write_atomic(path, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
+
+
+def sidecar_path(snapshot_path: Path) -> Path:
+    return snapshot_path.with_name(snapshot_path.name.removesuffix(".pickle") + ".memlens.json")
+
+
+def model_stats(model: Any) -> dict[str, Any] | None:
+    """Parameter counts and bytes by dtype of an ``nn.Module`` (shared parameters counted once)."""
+    if model is None:
+        return None
+    total = trainable = total_bytes = 0
+    by_dtype: dict[str, int] = {}
+    for param in model.parameters():  # parameters() already skips duplicates
+        count = param.numel()
+        size = count * param.element_size()
+        total += count
+        if param.requires_grad:
+            trainable += count
+        total_bytes += size
+        by_dtype[str(param.dtype)] = by_dtype.get(str(param.dtype), 0) + size
+    buffer_bytes = sum(buf.numel() * buf.element_size() for buf in model.buffers())
+    return {
+        "parameters_total": total,
+        "parameters_trainable": trainable,
+        "parameter_bytes_total": total_bytes,
+        "parameter_bytes_by_dtype": dict(sorted(by_dtype.items())),
+        "buffer_bytes_total": buffer_bytes,
+    }
+
+
+def optimizer_stats(optimizer: Any) -> dict[str, Any] | None:
+    if optimizer is None:
+        return None
+    return {"class": type(optimizer).__name__, "param_groups": len(getattr(optimizer, "param_groups", []))}
+
+
+def build_sidecar(
+    *,
+    backend: str,
+    reason: str,
+    device: dict[str, Any],
+    allocator_settings: dict[str, Any],
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    steps: list[dict[str, Any]],
+    steps_selected: list[int] | None,
+    peak_allocated_bytes: int,
+    peak_reserved_bytes: int,
+    oom: dict[str, Any] | None,
+    model: dict[str, Any] | None,
+    optimizer: dict[str, Any] | None,
+    recorder: dict[str, Any],
+) -> dict[str, Any]:
+    import torch
+
+    from memlens import __version__
+
+    return {
+        "memlens_sidecar_version": SIDECAR_VERSION,
+        "memlens_version": __version__,
+        "backend": backend,
+        "reason": reason,
+        "torch_version": str(torch.__version__),
+        "python_version": platform.python_version(),
+        "device": device,
+        "allocator_settings": allocator_settings,
+        "rank": rank,
+        "world_size": world_size,
+        "local_rank": local_rank,
+        "steps": steps,
+        "steps_selected": steps_selected,
+        "peak_allocated_bytes": peak_allocated_bytes,
+        "peak_reserved_bytes": peak_reserved_bytes,
+        "oom": oom,
+        "model": model,
+        "optimizer": optimizer,
+        "recorder": recorder,
+    }
+
+
+__all__ = [
+    "PICKLE_PROTOCOL",
+    "build_sidecar",
+    "model_stats",
+    "optimizer_stats",
+    "sidecar_path",
+    "write_atomic",
+    "write_json",
+    "write_snapshot",
+]
