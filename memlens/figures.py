@@ -150,10 +150,12 @@ def _resolve_device(report_or_device_report: Any, device: int | None, trace: Dev
 
 
 def primary_device(report: Any) -> int:
-    """The device to show first: the one with the highest allocated peak (ties: lowest id)."""
+    """The device to show first: the report's own choice (most events), else the highest peak."""
     devices: Mapping[int, Any] = report.devices
     if not devices:
         raise ValueError("the report has no devices")
+    if callable(getattr(report, "device", None)):
+        return int(report.device(None).device)
     return max(devices, key=lambda d: (devices[d].peak_allocated_bytes, devices[d].events, -d))
 
 

@@ -1,0 +1,476 @@
+"""Thin callbacks: look up the analysed report by id, hand it to a figure builder or a library call.
+
+No analysis happens here. Numbers come from ``memlens.analyze`` (through ``Library``),
+``memlens.budget`` and ``memlens.allocator.whatif``; figures from ``memlens.figures``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import plotly.graph_objects as go
+from dash import ALL, Dash, Input, Output, State, ctx, html, no_update
+from dash.exceptions import PreventUpdate
+from memlens_app.layout import source_options
+from memlens_app.library import Library
+
+from memlens import figures
+from memlens.errors import MemlensError
+from memlens.units import format_bytes, parse_bytes
+
+log = logging.getLogger("memlens.app")
+
+SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
+# Padding around a finding when the timeline zooms to it, as a share of its width.
+ZOOM_MARGIN = 0.15
+_COUNT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT]?)\s*$")
+_COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+_OPTIMIZER_CLASSES = {"adamw": "adamw", "adam": "adam", "sgd": "sgd", "adafactor": "adafactor",
+                      "adamw8bit": "adam-8bit", "adam8bit": "adam-8bit", "muon": "muon"}
+
+
+def alert(text: str, kind: str = "error") -> html.Div:
+    return html.Div(text, className=f"alert alert-{kind}", role="alert")
+
+
+def empty_figure(text: str = "Open a snapshot to begin.") -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font={"size": 14, "color": "#777"})
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.update_layout(template="plotly_white", height=300, margin={"l": 10, "r": 10, "t": 10, "b": 10})
+    return fig
+
+
+def parse_count(text: str | None) -> int | None:
+    """``"7B"`` -> 7_000_000_000, ``"124M"``, ``"1.3e9"``; blank -> None."""
+    if text is None or not str(text).strip():
+        return None
+    match = _COUNT_RE.match(str(text))
+    if not match:
+        raise MemlensError(f"not a parameter count: {text!r} (try 7B, 124M or 1.3e9)")
+    return round(float(match.group(1)) * _COUNT_SUFFIX[match.group(2).lower()])
+
+
+def register_callbacks(app: Dash, library: Library) -> None:
+    def report_of(source_id: str | None) -> Any:
+        if not source_id:
+            raise PreventUpdate
+        return library.report(source_id)
+
+    def device_of(report: Any, device: int | None) -> int:
+        return device if device is not None and device in report.devices else figures.primary_device(report)
+
+    # ------------------------------------------------------------- uploads and picking
+
+    @app.callback(
+        Output("source-picker", "options"),
+        Output("source-picker", "value"),
+        Output("compare-picker", "options"),
+        Output("message", "children", allow_duplicate=True),
+        Input("upload-event", "data"),
+        prevent_initial_call=True,
+    )
+    def on_upload(event: dict[str, Any] | None) -> Any:
+        if not event:
+            raise PreventUpdate
+        options = source_options(library)
+        if event.get("error"):
+            return options, no_update, options, alert(str(event["error"]))
+        return options, event["id"], options, alert(f"Loaded {event.get('name', 'the upload')}.", "ok")
+
+    @app.callback(
+        Output("device-picker", "options"),
+        Output("device-picker", "value"),
+        Output("message", "children"),
+        Output("card-peak", "children"),
+        Output("card-reserved", "children"),
+        Output("card-capacity", "children"),
+        Output("card-events", "children"),
+        Output("card-findings", "children"),
+        Input("source-picker", "value"),
+        Input("device-picker", "value"),
+    )
+    def load_source(source_id: str | None, device: int | None) -> Any:
+        if not source_id:
+            return [], None, alert("Drop a snapshot above or pick one to begin.", "info"), *(["–"] * 5)
+        try:
+            report = library.report(source_id)
+        except MemlensError as exc:
+            return [], None, alert(str(exc)), *(["–"] * 5)
+        device_id = device_of(report, device if ctx.triggered_id == "device-picker" else None)
+        dr = report.devices[device_id]
+        options = [{"label": f"cuda:{d} ({report.devices[d].events:,} events)", "value": d}
+                   for d in sorted(report.devices)]
+        notes = list(getattr(dr, "notes", [])) + list(report.snapshot.device(device_id).curve_warnings)
+        message = html.Div([alert(n, "info") for n in notes[:4]]) if notes else None
+        peak_at = ("before the window" if dr.peak_allocated_event is None
+                   else f"event {dr.peak_allocated_event:,}")
+        step_text = f"{len(dr.steps):,} steps ({dr.step_source})" if dr.steps else "no steps found"
+        high = sum(1 for f in dr.findings if f.severity == "high")
+        return (
+            options, device_id, message,
+            [format_bytes(dr.peak_allocated_bytes), html.Div(peak_at, className="card-sub")],
+            [format_bytes(dr.peak_reserved_bytes),
+             html.Div(f"{format_bytes(dr.peak_reserved_bytes - dr.peak_allocated_bytes)} above the "
+                      "allocated peak", className="card-sub")],
+            [format_bytes(dr.capacity_bytes) if dr.capacity_bytes else "unknown",
+             html.Div(f"snapshot format {report.format_guess}", className="card-sub")],
+            [f"{dr.events:,}", html.Div(step_text, className="card-sub")],
+            [f"{len(dr.findings)}", html.Div(f"{high} high severity" if dr.findings else "nothing flagged",
+                                             className="card-sub")],
+        )
+
+    # ------------------------------------------------------------- timeline and findings
+
+    @app.callback(
+        Output("view", "data"),
+        Input("source-picker", "value"),
+        Input("device-picker", "value"),
+        Input("timeline", "relayoutData"),
+        Input({"type": "finding", "index": ALL}, "n_clicks"),
+        Input("timeline", "clickData"),
+        State("view", "data"),
+        State("x-axis", "value"),
+    )
+    def update_view(source_id: str | None, device: int | None, relayout: dict[str, Any] | None,
+                    clicks: list[int | None], click: dict[str, Any] | None, view: dict[str, Any] | None,
+                    x_axis: str) -> dict[str, Any]:
+        trigger = ctx.triggered_id
+        view = dict(view or {})
+        if trigger in ("source-picker", "device-picker") or trigger is None:
+            return {}
+        report = report_of(source_id)
+        device_id = device_of(report, device)
+        trace = report.snapshot.device(device_id)
+        if isinstance(trigger, dict) and trigger.get("type") == "finding":
+            index = int(trigger["index"])
+            if not any(clicks) or index >= len(report.devices[device_id].findings):
+                raise PreventUpdate
+            finding = report.devices[device_id].findings[index]
+            margin = max(1, int((finding.end_event - finding.start_event) * ZOOM_MARGIN))
+            return {"start": max(0, finding.start_event - margin),
+                    "end": min(len(trace), finding.end_event + margin), "highlight": index}
+        if trigger == "timeline" and ctx.triggered_prop_ids and any(
+                p.endswith("clickData") for p in ctx.triggered_prop_ids):
+            points = (click or {}).get("points") or []
+            event = points[0].get("customdata") if points else None
+            if isinstance(event, int):
+                view["marker"] = event
+                return view
+            raise PreventUpdate
+        relayout = relayout or {}
+        if "xaxis.range[0]" not in relayout and (relayout.get("xaxis.autorange") or relayout.get("autosize")):
+            return {"highlight": view.get("highlight")} if relayout.get("xaxis.autorange") else view
+        x0 = relayout.get("xaxis.range[0]")
+        x1 = relayout.get("xaxis.range[1]")
+        if x0 is None and isinstance(relayout.get("xaxis.range"), list):
+            x0, x1 = relayout["xaxis.range"]
+        if x0 is None or x1 is None:
+            raise PreventUpdate
+        start, end = figures.event_range(trace, float(x0), float(x1), x_axis)
+        view.update({"start": start, "end": end})
+        return view
+
+    @app.callback(
+        Output("timeline", "figure"),
+        Input("view", "data"),
+        Input("x-axis", "value"),
+        State("source-picker", "value"),
+        State("device-picker", "value"),
+    )
+    def draw_timeline(view: dict[str, Any] | None, x_axis: str, source_id: str | None,
+                      device: int | None) -> go.Figure:
+        if not source_id:
+            return empty_figure()
+        try:
+            report = library.report(source_id)
+        except MemlensError:
+            return empty_figure("This snapshot could not be loaded (see the message above).")
+        view = view or {}
+        device_id = device_of(report, device)
+        if ctx.triggered_id == "x-axis":
+            view = {k: v for k, v in view.items() if k not in ("start", "end")}
+        return figures.timeline_figure(report, view.get("start"), view.get("end"), device=device_id,
+                                       x_axis=x_axis, highlight=view.get("highlight"),
+                                       marker_event=view.get("marker"))
+
+    @app.callback(
+        Output("findings", "children"),
+        Input("source-picker", "value"),
+        Input("device-picker", "value"),
+    )
+    def list_findings(source_id: str | None, device: int | None) -> Any:
+        try:
+            report = report_of(source_id)
+        except MemlensError:
+            return None
+        dr = report.devices[device_of(report, device)]
+        if not dr.findings:
+            return html.P("No leak, plateau, spike, fragmentation or OOM was flagged on this device.",
+                          className="muted")
+        return [finding_card(i, f, dr) for i, f in enumerate(dr.findings)]
+
+    # ------------------------------------------------------------- at the peak
+
+    @app.callback(
+        Output("categories", "figure"),
+        Output("segments", "figure"),
+        Input("source-picker", "value"),
+        Input("device-picker", "value"),
+    )
+    def draw_peak(source_id: str | None, device: int | None) -> Any:
+        try:
+            report = report_of(source_id)
+        except MemlensError:
+            return empty_figure(""), empty_figure("")
+        device_id = device_of(report, device)
+        return (figures.categories_figure(report.devices[device_id]),
+                figures.segment_map_figure(report.snapshot, device_id))
+
+    # ------------------------------------------------------------- budget
+
+    @app.callback(
+        Output("b-params", "value"),
+        Output("b-optimizer", "value"),
+        Output("b-capacity", "value"),
+        Input("source-picker", "value"),
+        State("device-picker", "value"),
+    )
+    def prefill_budget(source_id: str | None, device: int | None) -> Any:
+        try:
+            report = report_of(source_id)
+        except MemlensError:
+            raise PreventUpdate from None
+        sidecar = report.sidecar or getattr(report.snapshot, "sidecar", {}) or {}
+        model = sidecar.get("model") or {}
+        params = model.get("parameters_total")
+        optimizer = ((sidecar.get("optimizer") or {}).get("class") or "").lower()
+        capacity = report.devices[device_of(report, device)].capacity_bytes or (
+            (sidecar.get("device") or {}).get("total_memory_bytes"))
+        return (f"{params / 1e6:.3f}M" if params else no_update,
+                _OPTIMIZER_CLASSES.get(optimizer, no_update),
+                format_bytes(capacity) .replace(" ", "") if capacity else no_update)
+
+    @app.callback(
+        Output("budget-graph", "figure"),
+        Output("budget-verdict", "children"),
+        Input("source-picker", "value"),
+        Input("device-picker", "value"),
+        Input("b-params", "value"),
+        Input("b-hidden", "value"),
+        Input("b-layers", "value"),
+        Input("b-heads", "value"),
+        Input("b-vocab", "value"),
+        Input("b-precision", "value"),
+        Input("b-optimizer", "value"),
+        Input("b-batch", "value"),
+        Input("b-seq", "value"),
+        Input("b-accum", "value"),
+        Input("b-checkpointing", "value"),
+        Input("b-lora", "value"),
+        Input("b-flags", "value"),
+        Input("b-capacity", "value"),
+    )
+    def draw_budget(source_id: str | None, device: int | None, params: str | None, hidden: int | None,
+                    layers: int | None, heads: int | None, vocab: int | None, precision: str, optimizer: str,
+                    batch: int | None, seq: int | None, accum: int | None, checkpointing: str,
+                    lora: int | None, flags: list[str] | None, capacity_text: str | None) -> Any:
+        from memlens import budget as budget_api
+
+        try:
+            report = report_of(source_id)
+        except MemlensError:
+            return empty_figure(""), None
+        dr = report.devices[device_of(report, device)]
+        try:
+            n_params = parse_count(params)
+            if n_params is None:
+                return (empty_figure("Enter the parameter count (and, for activations, the model shape) "
+                                     "to compare theory with what was measured."), None)
+            capacity = parse_bytes(capacity_text) if capacity_text else dr.capacity_bytes
+            spec = budget_api.ModelSpec.from_numbers(
+                n_params, hidden_size=_int(hidden), n_layers=_int(layers), n_heads=_int(heads),
+                vocab_size=_int(vocab))
+            setup = budget_api.TrainingSetup(
+                precision=precision, optimizer=optimizer, micro_batch=_int(batch) or 1, seq_len=_int(seq),
+                grad_accum=_int(accum) or 1, checkpointing=checkpointing, lora_rank=_int(lora),
+                flash_attention="flash" in (flags or []))
+            estimate = budget_api.estimate(spec, setup)
+            reconciliation = budget_api.reconcile(estimate, dr)
+        except MemlensError as exc:
+            return empty_figure(str(exc)), alert(str(exc))
+        fig = figures.budget_figure(reconciliation, capacity=capacity)
+        return fig, budget_verdict(estimate, reconciliation, capacity)
+
+    @app.callback(
+        Output("whatif-result", "children"),
+        Input("w-run", "n_clicks"),
+        State("w-extra", "value"),
+        State("source-picker", "value"),
+        State("device-picker", "value"),
+        prevent_initial_call=True,
+    )
+    def run_whatif(_: int, extra_text: str | None, source_id: str | None, device: int | None) -> Any:
+        from memlens.allocator import AllocatorSettings, whatif
+
+        report = report_of(source_id)
+        device_id = device_of(report, device)
+        dr = report.devices[device_id]
+        try:
+            extra = parse_bytes(extra_text or "0")
+            recorded_settings = AllocatorSettings.from_snapshot_dict(report.snapshot.allocator_settings)
+            expandable = whatif(report.snapshot, AllocatorSettings(expandable_segments=True),
+                                capacity=dr.capacity_bytes, device=device_id)
+            more = None
+            if dr.capacity_bytes:
+                more = whatif(report.snapshot, recorded_settings, capacity=dr.capacity_bytes + extra,
+                              device=device_id)
+        except MemlensError as exc:
+            return alert(str(exc))
+        columns = [("recorded", expandable.recorded), ("expandable_segments", expandable.simulated)]
+        if more is not None:
+            columns.append((f"+{format_bytes(extra)} memory", more.simulated))
+        return whatif_table(columns, expandable.notes)
+
+    # ------------------------------------------------------------- compare
+
+    @app.callback(
+        Output("compare-device", "options"),
+        Output("compare-device", "value"),
+        Input("compare-picker", "value"),
+    )
+    def compare_devices(source_id: str | None) -> Any:
+        if not source_id:
+            return [], None
+        try:
+            report = library.report(source_id)
+        except MemlensError:
+            return [], None
+        return ([{"label": f"cuda:{d}", "value": d} for d in sorted(report.devices)],
+                figures.primary_device(report))
+
+    @app.callback(
+        Output("compare-graph", "figure"),
+        Output("compare-table", "children"),
+        Input("compare-device", "value"),
+        Input("source-picker", "value"),
+        Input("device-picker", "value"),
+        Input("x-axis", "value"),
+        State("compare-picker", "value"),
+    )
+    def draw_compare(device_b: int | None, source_a: str | None, device_a: int | None, x_axis: str,
+                     source_b: str | None) -> Any:
+        if not source_a or not source_b:
+            return empty_figure("Pick a second snapshot (another run or another rank) to compare."), None
+        try:
+            a, b = library.report(source_a), library.report(source_b)
+        except MemlensError as exc:
+            return empty_figure(""), alert(str(exc))
+        da, db = device_of(a, device_a), device_of(b, device_b)
+        names = (f"A: {figures._source_name(a, da)}", f"B: {figures._source_name(b, db)}")
+        fig = figures.compare_figure(a, b, device_a=da, device_b=db, names=names, x_axis=x_axis)
+        rows = figures.compare_rows(a, b, da, db)
+        table = html.Table(className="table", children=[
+            html.Thead(html.Tr([html.Th(""), html.Th(names[0]), html.Th(names[1]), html.Th("B − A")])),
+            html.Tbody([html.Tr([html.Td(r["metric"]), html.Td(r["a"]), html.Td(r["b"]), html.Td(r["delta"])])
+                        for r in rows]),
+        ])
+        return fig, table
+
+
+def _int(value: Any) -> int | None:
+    if value is None or value == "":
+        return None
+    return int(value)
+
+
+def finding_card(index: int, finding: Any, device_report: Any) -> html.Div:
+    color = figures.FINDING_COLORS.get(finding.kind, "#999")
+    step = f"step {finding.step}" if finding.step is not None else f"events {finding.start_event:,}–" \
+        f"{finding.end_event:,}"
+    evidence = html.Table(className="evidence", children=[
+        html.Tr([html.Td(str(k).replace("_", " ")), html.Td(_evidence_value(k, v))])
+        for k, v in finding.evidence.items()])
+    stacks = [html.Details(className="stack", children=[
+        html.Summary(f"{format_bytes(s.bytes)} in {s.count} allocation(s): "
+                     f"{s.frames[0] if s.frames else '?'}"),
+        html.Pre("\n".join(s.frames[:20]) or "(no stack recorded)")]) for s in finding.top_stacks[:5]]
+    saving = (f" Estimated saving: {format_bytes(finding.estimated_saving_bytes)}."
+              if finding.estimated_saving_bytes else "")
+    return html.Div(
+        id={"type": "finding", "index": index}, n_clicks=0, className=f"finding severity-{finding.severity}",
+        style={"borderLeftColor": color}, title="click to zoom the timeline to this finding",
+        children=[
+            html.Div(className="finding-head", children=[
+                html.Span(figures.finding_title(finding.kind), className="finding-kind",
+                          style={"color": color}),
+                html.Span(finding.severity, className=f"badge badge-{finding.severity}"),
+                html.Span(format_bytes(finding.bytes), className="finding-bytes"),
+            ]),
+            html.Div(finding.summary, className="finding-summary"),
+            html.Div(className="finding-fix", children=[html.B("Fix: "), finding.recommendation, saving]),
+            html.Details(className="finding-details", children=[
+                html.Summary(f"evidence and stacks ({step})"), evidence, *stacks]),
+        ])
+
+
+def _evidence_value(key: str, value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and ("bytes" in key or key.endswith("_b")):
+        return format_bytes(value)
+    if isinstance(value, float):
+        return f"{value:,.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def budget_verdict(estimate: Any, reconciliation: Any, capacity: int | None) -> html.Div:
+    parts: list[Any] = [html.P([html.B("Theory: "), f"{format_bytes(estimate.total_bytes)} in total "
+                               f"({format_bytes(estimate.static_bytes)} static, "
+                               f"{format_bytes(estimate.batch_bytes)} per micro-batch)."])]
+    if capacity:
+        fits = estimate.fits(capacity)
+        text = (f"fits in {format_bytes(capacity)}" if fits else
+                f"does NOT fit in {format_bytes(capacity)}")
+        parts.append(html.P([html.B("Verdict: "), html.Span(text, className="ok" if fits else "bad")]))
+        try:
+            best = estimate.max_micro_batch(capacity)
+            parts.append(html.P(f"Largest micro-batch that fits: {best.micro_batch} "
+                                f"({best.explanation})" if best.explanation else
+                                f"Largest micro-batch that fits: {best.micro_batch}"))
+        except MemlensError as exc:
+            parts.append(html.P(str(exc), className="muted"))
+    notes = list(getattr(reconciliation, "notes", []))
+    if notes:
+        parts.append(html.Ul([html.Li(n) for n in notes], className="notes"))
+    return html.Div(parts)
+
+
+WHATIF_ROWS = (
+    ("peak reserved", "peak_reserved_bytes", True),
+    ("peak allocated", "peak_allocated_bytes", True),
+    ("fragmentation at the peak", "fragmentation_at_peak_bytes", True),
+    ("cudaMalloc calls (segments)", "segment_allocs", False),
+    ("out of memory", "oom", False),
+)
+
+
+def whatif_table(columns: list[tuple[str, dict[str, Any]]], notes: list[str]) -> html.Div:
+    def cell(value: Any, as_bytes: bool) -> str:
+        if value is None:
+            return "n/a"
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        return format_bytes(value) if as_bytes else f"{value:,}"
+
+    table = html.Table(className="table whatif", children=[
+        html.Thead(html.Tr([html.Th("")] + [html.Th(name.replace("_", " ")) for name, _ in columns])),
+        html.Tbody([html.Tr([html.Td(label)] + [html.Td(cell(data.get(key), as_bytes))
+                                                 for _, data in columns])
+                    for label, key, as_bytes in WHATIF_ROWS]),
+    ])
+    return html.Div([table, html.Ul([html.Li(n) for n in notes], className="notes") if notes else None])

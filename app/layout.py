@@ -1,0 +1,178 @@
+"""The page: a toolbar (drop zone, snapshot picker, device), headline cards and four tabs.
+
+Only structure lives here; every number is filled in by ``callbacks``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dash import dcc, html
+from memlens_app.library import Library, Source
+
+from memlens.units import format_bytes
+
+KIND_LABELS = {"cli": "command line", "sample": "sample", "upload": "uploaded"}
+
+PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafactor", "muon")
+CHECKPOINTING = ("none", "selective", "full")
+
+
+def source_options(library: Library) -> list[dict[str, str]]:
+    return [{"label": f"{s.name}  ({KIND_LABELS.get(s.kind, s.kind)})", "value": s.id}
+            for s in library.sources()]
+
+
+def default_source(library: Library) -> Source | None:
+    sources = library.sources()
+    for kind in ("cli", "upload", "sample"):
+        for source in sources:
+            if source.kind == kind:
+                return source
+    return None
+
+
+def _card(label: str, value_id: str) -> html.Div:
+    return html.Div(className="card", children=[html.Div(label, className="card-label"),
+                                                html.Div("–", id=value_id, className="card-value")])
+
+
+def _field(label: str, component: Any, hint: str = "") -> html.Label:
+    return html.Label(className="field", children=[
+        html.Span(label, className="field-label"), component,
+        html.Span(hint, className="field-hint") if hint else None,
+    ])
+
+
+def _number(input_id: str, value: float | None = None, placeholder: str = "", step: float = 1) -> dcc.Input:
+    return dcc.Input(id=input_id, type="number", value=value, placeholder=placeholder, min=0, step=step,
+                     debounce=True, className="input")
+
+
+def _text(input_id: str, value: str = "", placeholder: str = "") -> dcc.Input:
+    return dcc.Input(id=input_id, type="text", value=value, placeholder=placeholder, debounce=True,
+                     className="input")
+
+
+def budget_form() -> html.Div:
+    return html.Div(className="budget-form", children=[
+        html.H3("Model"),
+        _field("parameters", _text("b-params", placeholder="e.g. 7B, 124M"), "total count; K/M/B suffixes"),
+        _field("hidden size", _number("b-hidden", placeholder="d")),
+        _field("layers", _number("b-layers", placeholder="L")),
+        _field("attention heads", _number("b-heads", placeholder="a")),
+        _field("vocabulary", _number("b-vocab", placeholder="V")),
+        html.H3("Training setup"),
+        _field("precision", dcc.Dropdown(id="b-precision", options=list(PRECISIONS), value="bf16-mixed",
+                                         clearable=False)),
+        _field("optimizer", dcc.Dropdown(id="b-optimizer", options=list(OPTIMIZERS), value="adamw",
+                                         clearable=False)),
+        _field("micro-batch", _number("b-batch", 1)),
+        _field("sequence length", _number("b-seq", placeholder="T")),
+        _field("gradient accumulation", _number("b-accum", 1)),
+        _field("activation checkpointing", dcc.Dropdown(id="b-checkpointing", options=list(CHECKPOINTING),
+                                                        value="none", clearable=False)),
+        _field("LoRA rank", _number("b-lora", placeholder="none"), "blank = full fine-tuning"),
+        dcc.Checklist(id="b-flags", options=[{"label": " FlashAttention", "value": "flash"}],
+                      value=["flash"], className="checklist"),
+        html.H3("Device"),
+        _field("capacity", _text("b-capacity", placeholder="e.g. 80GiB"), "GB = 1e9 B, GiB = 2^30 B"),
+    ])
+
+
+def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
+    """The page; called per page load so the picker lists uploads made since the server started."""
+    first = default_source(library)
+    return html.Div(className="page", children=[
+        dcc.Store(id="upload-event"),
+        dcc.Store(id="view", data={}),
+        html.Header(className="header", children=[
+            html.Div(className="brand", children=[
+                html.Span("memlens", className="logo"),
+                html.Span("where did the GPU memory go?", className="tagline"),
+            ]),
+        ]),
+        html.Div(className="toolbar", children=[
+            html.Div(id="dropzone", className="dropzone", **{"data-max-upload": str(max_upload_bytes)},
+                     children=[
+                         html.Span("⇪", className="dropzone-icon"),
+                         html.Div([html.B("Drop snapshot pickles here"), html.Br(),
+                                   html.Span(f"or click to choose (up to {format_bytes(max_upload_bytes)})",
+                                             className="muted")]),
+                     ]),
+            html.Div(className="pickers", children=[
+                _field("snapshot", dcc.Dropdown(id="source-picker", options=source_options(library),
+                                                value=first.id if first else None,
+                                                placeholder="Open a snapshot…", clearable=False)),
+                html.Div(className="picker-row", children=[
+                    _field("device", dcc.Dropdown(id="device-picker", clearable=False, searchable=False)),
+                    _field("x axis", dcc.RadioItems(id="x-axis", options=[
+                        {"label": " event", "value": "event"}, {"label": " time", "value": "time"}],
+                        value="event", inline=True, className="radio")),
+                ]),
+            ]),
+        ]),
+        html.Div(id="upload-progress", className="upload-progress"),
+        html.Div(id="message", className="message-area"),
+        html.Div(className="cards", children=[
+            _card("peak allocated", "card-peak"),
+            _card("peak reserved", "card-reserved"),
+            _card("capacity", "card-capacity"),
+            _card("events / steps", "card-events"),
+            _card("findings", "card-findings"),
+        ]),
+        dcc.Tabs(id="tabs", value="timeline", className="tabs", children=[
+            dcc.Tab(label="Timeline & findings", value="timeline", children=[
+                html.Div(className="grid-timeline", children=[
+                    html.Div(className="panel", children=[
+                        dcc.Loading(dcc.Graph(id="timeline", config={"displaylogo": False,
+                                                                     "scrollZoom": False}),
+                                    type="dot", delay_show=300),
+                        html.Div("Drag to zoom: the zoomed range is redrawn with every event. "
+                                 "Double-click to zoom out. Click a finding to jump to it.",
+                                 className="hint"),
+                    ]),
+                    html.Div(className="panel findings-panel", children=[
+                        html.H2("Findings"), html.Div(id="findings", className="findings")]),
+                ]),
+            ]),
+            dcc.Tab(label="At the peak", value="peak", children=[
+                html.Div(className="grid-two", children=[
+                    html.Div(className="panel", children=[dcc.Graph(id="categories")]),
+                    html.Div(className="panel", children=[dcc.Graph(id="segments")]),
+                ]),
+            ]),
+            dcc.Tab(label="Budget & what-if", value="budget", children=[
+                html.Div(className="grid-budget", children=[
+                    html.Div(className="panel", children=[budget_form()]),
+                    html.Div(className="panel", children=[
+                        dcc.Graph(id="budget-graph"),
+                        html.Div(id="budget-verdict", className="verdict"),
+                        html.H2("What if…"),
+                        html.P("Replay this run's allocations through memlens' caching-allocator simulator.",
+                               className="muted"),
+                        html.Div(className="whatif-controls", children=[
+                            _field("extra memory", _text("w-extra", "8GiB")),
+                            html.Button("Simulate", id="w-run", n_clicks=0, className="button"),
+                        ]),
+                        dcc.Loading(html.Div(id="whatif-result"), type="dot"),
+                    ]),
+                ]),
+            ]),
+            dcc.Tab(label="Compare", value="compare", children=[
+                html.Div(className="panel", children=[
+                    html.Div(className="picker-row", children=[
+                        _field("compare with", dcc.Dropdown(
+                            id="compare-picker", options=source_options(library),
+                            placeholder="another snapshot or rank…")),
+                        _field("its device", dcc.Dropdown(id="compare-device", clearable=False)),
+                    ]),
+                    dcc.Loading(dcc.Graph(id="compare-graph"), type="dot"),
+                    html.Div(id="compare-table"),
+                ]),
+            ]),
+        ]),
+        html.Footer("memlens: snapshots are read with a loader that refuses any code in the pickle.",
+                    className="footer"),
+    ])

@@ -1,0 +1,51 @@
+"""Build the memlens Dash app: ``create_app(paths, sample_dir=..., max_upload_bytes=...)``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from dash import Dash
+from memlens_app.callbacks import register_callbacks
+from memlens_app.layout import build_layout
+from memlens_app.library import DEFAULT_REPORT_CACHE, Library
+from memlens_app.upload import register_upload_route
+
+from memlens.units import GiB
+
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+DEFAULT_MAX_UPLOAD = 2 * GiB
+# The bundled samples: <repo>/sample_snapshots when running from a checkout.
+DEFAULT_SAMPLE_DIR = Path(__file__).resolve().parent.parent / "sample_snapshots"
+
+
+def create_app(
+    paths: Iterable[str | os.PathLike[str]] = (),
+    *,
+    sample_dir: str | os.PathLike[str] | None = DEFAULT_SAMPLE_DIR,
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD,
+    report_cache: int = DEFAULT_REPORT_CACHE,
+    library: Library | None = None,
+) -> Dash:
+    """The app, with ``paths`` (and the samples in ``sample_dir``) listed in the picker.
+
+    Files are analysed on first use, not here, so the server starts at once.
+    """
+    library = library or Library(report_cache=report_cache)
+    for path in paths:
+        library.add_path(path, "cli")
+    if sample_dir is not None:
+        library.add_directory(sample_dir, "sample")
+    app = Dash(
+        "memlens_app",
+        title="memlens",
+        assets_folder=str(ASSETS_DIR),
+        suppress_callback_exceptions=True,
+        update_title=None,
+    )
+    app.layout = lambda: build_layout(library, max_upload_bytes)
+    register_callbacks(app, library)
+    register_upload_route(app.server, library, max_upload_bytes)
+    app.server.config["MEMLENS_LIBRARY"] = library
+    return app
