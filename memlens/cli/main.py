@@ -15,16 +15,17 @@ import click
 
 from memlens.errors import MemlensError
 
-# name -> "module:attribute"; each module's docstring is its help text.
-SUBCOMMANDS: dict[str, str] = {
-    "triage": "memlens.cli.triage:triage",
-    "diff": "memlens.cli.diff:diff",
-    "budget": "memlens.cli.budget:budget",
-    "whatif": "memlens.cli.whatif:whatif",
-    "record": "memlens.cli.record:record",
-    "serve": "memlens.cli.serve:serve",
-    "demo": "memlens.cli.demo:demo",
-    "export": "memlens.cli.export:export",
+# name -> ("module:attribute", one-line help). Each module's docstring is its full help; the
+# one-liners here let ``memlens --help`` list everything without importing torch or dash.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "triage": ("memlens.cli.triage:triage", "One-screen OOM triage of one or more snapshots."),
+    "diff": ("memlens.cli.diff:diff", "What grew between two snapshots, by category and by stack."),
+    "budget": ("memlens.cli.budget:budget", "Theoretical training memory: weights, grads, optimizer, activations."),
+    "whatif": ("memlens.cli.whatif:whatif", "Replay a snapshot through the allocator simulator with other settings."),
+    "record": ("memlens.cli.record:record", "Run a training script unmodified and record its memory."),
+    "serve": ("memlens.cli.serve:serve", "Start the web dashboard (upload snapshots, see findings)."),
+    "demo": ("memlens.cli.demo:demo", "Triage the bundled sample snapshots (the README's first command)."),
+    "export": ("memlens.cli.export:export", "Write a self-contained HTML report with the figures."),
 }
 
 
@@ -35,13 +36,18 @@ class LazyGroup(click.Group):
         return sorted(SUBCOMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = SUBCOMMANDS.get(cmd_name)
-        if target is None:
+        entry = SUBCOMMANDS.get(cmd_name)
+        if entry is None:
             return None
-        module_name, attribute = target.split(":")
+        module_name, attribute = entry[0].split(":")
         command = getattr(importlib.import_module(module_name), attribute)
         assert isinstance(command, click.Command)
         return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, SUBCOMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -68,8 +68,9 @@ def write(source: str, snapshot: Snapshot) -> Path | None:
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".memlens-cache-", suffix=".tmp")
             try:
                 with os.fdopen(fd, "wb") as handle:
-                    np.savez(handle, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-                             **arrays)
+                    members: dict[str, Any] = dict(arrays)
+                    members["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+                    np.savez(handle, **members)
                 os.replace(tmp, path)
             finally:
                 if os.path.exists(tmp):

@@ -1,0 +1,75 @@
+"""Pieces several subcommands share: loading with a progress bar, size options, consoles."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from memlens.errors import MemlensUsageError
+from memlens.units import parse_bytes
+
+if TYPE_CHECKING:
+    from memlens.analysis.report import Report
+    from memlens.snapshot import Snapshot
+
+
+class ByteSize(click.ParamType):
+    """A click type for sizes such as 80GiB, 24GB or 1.5e9."""
+
+    name = "SIZE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_bytes(value)
+        except MemlensUsageError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+BYTE_SIZE = ByteSize()
+
+
+@contextmanager
+def progress_bar(label: str, enabled: bool | None = None) -> Iterator[Any]:
+    """A stderr progress bar, drawn only when stderr is a terminal (never in pipes or logs)."""
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        yield lambda stage, fraction: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=1.0)
+
+        def update(stage: str, fraction: float) -> None:
+            bar.update(task, completed=fraction, description=f"{label}: {stage}")
+
+        yield update
+
+
+def load_with_progress(path: str, progress: bool | None = None) -> Snapshot:
+    import memlens
+
+    with progress_bar(path.rsplit("/", 1)[-1], progress) as update:
+        return memlens.load(path, progress=update)
+
+
+def analyze_paths(paths: list[str], capacity: int | None, device: int | None,
+                  progress: bool | None = None) -> list[Report]:
+    from memlens.analysis import analyze
+
+    reports = []
+    for path in paths:
+        snapshot = load_with_progress(path, progress)
+        with progress_bar("analysing", progress) as update:
+            update("analysing", 0.5)
+            reports.append(analyze(snapshot, capacity=capacity, device=device))
+    return reports

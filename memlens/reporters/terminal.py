@@ -1,0 +1,275 @@
+"""The one-screen triage report for the terminal (``memlens triage``).
+
+A reporter only shapes and prints what the analysis computed; it never analyses. It writes
+through a ``rich.console.Console``: colour on a terminal, plain text when piped, and a
+pinned width in tests so the golden files compare line by line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from rich.console import Console
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
+
+from memlens.units import format_bytes
+
+if TYPE_CHECKING:
+    from memlens.analysis.report import DeviceReport, Finding, Report
+    from memlens.budget import Reconciliation
+
+SPARK_LEVELS = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 48
+MAX_STEP_ROWS = 12  # more steps than this are summarised: the screen is the budget
+MAX_FINDINGS = 6
+MAX_STACK_FRAMES = 3
+SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
+KIND_LABEL = {
+    "leak": "LEAK",
+    "activation_plateau": "ACTIVATIONS",
+    "optimizer_spike": "OPTIMIZER",
+    "fragmentation": "FRAGMENTATION",
+    "oom": "OOM",
+}
+
+
+def make_console(file: object | None = None, width: int | None = None, color: bool | None = None) -> Console:
+    """Colour only on a real terminal (and never with ``NO_COLOR``); ``width`` pins the layout."""
+    if color is None:
+        color = None if not os.environ.get("NO_COLOR") else False
+    return Console(
+        file=file,  # type: ignore[arg-type]
+        width=width,
+        color_system="auto" if color is not False else None,
+        force_terminal=color if color else None,
+        no_color=color is False,
+        highlight=False,
+        soft_wrap=False,
+    )
+
+
+def _time(report: DeviceReport, event: int | None, origin_us: int | None) -> str:
+    if event is None:
+        return ""
+    if origin_us is None or report.peak_time_us is None:
+        return f"event {event:,}"
+    return f"event {event:,}, +{(report.peak_time_us - origin_us) / 1e6:.3f} s"
+
+
+def sparkline(values: np.ndarray, low: float, top: float, width: int = SPARK_WIDTH) -> str:
+    """Max per bucket (a spike inside a bucket still shows), scaled from ``low`` to ``top``."""
+    if values.size == 0:
+        return ""
+    buckets = np.array_split(values, min(width, values.size))
+    highs = np.array([b.max() for b in buckets], dtype=float)
+    span = max(top - low, 1.0)
+    scaled = ((highs - low) / span * (len(SPARK_LEVELS) - 1)).round().astype(int)
+    return "".join(SPARK_LEVELS[i] for i in np.clip(scaled, 0, len(SPARK_LEVELS) - 1))
+
+
+def _indented(console: Console, text: Text | str, indent: int = 5) -> None:
+    console.print(Padding(text, (0, 0, 0, indent), expand=False))
+
+
+def step_of_event(report: DeviceReport, event: int | None) -> int | None:
+    if event is None:
+        return None
+    for step in report.steps:
+        if step.start_event <= event < step.end_event:
+            return step.index
+    return None
+
+
+def render_header(console: Console, report: Report, device: DeviceReport) -> None:
+    console.print(Text(f"memlens triage  {report.source}", style="bold"))
+    steps = f"{len(device.steps)} steps ({device.step_source})" if device.steps else "no steps found"
+    capacity = f"capacity {format_bytes(device.capacity_bytes)}" if device.capacity_bytes else "capacity unknown"
+    window = "complete history" if device.window_complete else "history starts mid-run"
+    console.print(f"  torch {report.format_guess} format · device {device.device} · {capacity}")
+    console.print(f"  {device.events:,} events ({window}) · {steps}")
+    origin = None
+    trace = report.snapshot.devices.get(device.device)
+    if trace is not None and trace.has_time and trace.events:
+        origin = int(trace.time_us[0])
+    peak_step = step_of_event(device, device.peak_allocated_event)
+    where = _time(device, device.peak_allocated_event, origin)
+    if peak_step is not None:
+        where += f", step {peak_step}"
+    console.print(
+        Text.assemble(
+            "  peak allocated ", (format_bytes(device.peak_allocated_bytes), "bold"),
+            f" ({where})" if where else "",
+            " · peak reserved ", (format_bytes(device.peak_reserved_bytes), "bold"),
+        )
+    )
+    if device.baseline_allocated_bytes:
+        console.print(f"  {format_bytes(device.baseline_allocated_bytes)} was already live when the history began")
+    for note in device.notes:
+        console.print(Text(f"  note: {note}", style="dim"))
+
+
+def render_timeline(console: Console, report: Report, device: DeviceReport) -> None:
+    trace = report.snapshot.devices.get(device.device)
+    if trace is None or trace.events == 0:
+        console.print("\n  (no recorded history: only the state at dump time)")
+        return
+    allocated = trace.allocated
+    # Scaled between the lowest and highest allocated level, not from zero: a baseline of
+    # parameters would otherwise flatten every step's shape into the top rows.
+    low, top = float(allocated.min()), float(allocated.max())
+    console.print(Text("\nTimeline", style="bold")
+                  + Text(f"  allocated per step, ▁ = {format_bytes(low)}, █ = {format_bytes(top)}"))
+    rows: list[tuple[str, int, int]] = []
+    if device.steps:
+        steps = device.steps
+        if len(steps) > MAX_STEP_ROWS:
+            keep = [*steps[: MAX_STEP_ROWS // 2], *steps[-MAX_STEP_ROWS // 2:]]
+            peak_step = step_of_event(device, device.peak_allocated_event)
+            if peak_step is not None and all(s.index != peak_step for s in keep):
+                keep[-1] = next(s for s in steps if s.index == peak_step)
+            steps = sorted(keep, key=lambda s: s.index)
+        if steps[0].start_event > 0:
+            rows.append(("before", 0, steps[0].start_event))
+        rows += [(f"step {s.index}" + ("*" if s.partial else ""), s.start_event, s.end_event) for s in steps]
+        if steps[-1].end_event < trace.events and steps[-1] is device.steps[-1]:
+            rows.append(("after", steps[-1].end_event, trace.events))
+    else:
+        rows.append(("all", 0, trace.events))
+    for label, start, end in rows:
+        if end <= start:
+            continue
+        segment = allocated[start:end]
+        peak = device.peak_allocated_event
+        marker = " ▲ peak" if peak is not None and start <= peak < end else ""
+        console.print(
+            f"  {label:>9} {sparkline(segment, low, top):<{SPARK_WIDTH}} "
+            f"{format_bytes(int(segment.max())):>10} max{marker}"
+        )
+    if device.steps and any(s.partial for s in device.steps):
+        console.print(Text("  * partial step (the window cut it): not compared", style="dim"))
+
+
+_PATH_IN_FRAME = re.compile(r"\((?:[^()]*[/\\])?([^/\\()]+:\d+)\)")
+
+
+def short_frame(frame: str) -> str:
+    """``step (/home/me/project/optim.py:75)`` -> ``step (optim.py:75)``: the screen is narrow."""
+    return _PATH_IN_FRAME.sub(r"(\1)", frame)
+
+
+def _stack_line(frames: Sequence[str]) -> str:
+    shown = [short_frame(f) for f in frames[:MAX_STACK_FRAMES]]
+    more = len(frames) - len(shown)
+    return " ← ".join(shown) + (f" ← … {more} more" if more > 0 else "")
+
+
+def render_finding(console: Console, rank: int, finding: Finding) -> None:
+    label = KIND_LABEL.get(finding.kind, finding.kind.upper())
+    style = SEVERITY_STYLE.get(finding.severity, "")
+    step = f" · step {finding.step}" if finding.step is not None else ""
+    console.print(
+        Text.assemble(
+            f"  {rank}. ", (f"{label}", style), (f" {finding.severity}", style),
+            f" · {format_bytes(finding.bytes)} · events {finding.start_event:,}-{finding.end_event:,}{step}",
+        )
+    )
+    _indented(console, finding.summary)
+    evidence = ", ".join(f"{k}={_evidence_value(k, v)}" for k, v in list(finding.evidence.items())[:6])
+    if evidence:
+        _indented(console, Text(f"evidence: {evidence}", style="dim"))
+    for stack in finding.top_stacks[:2]:
+        console.print(f"     {format_bytes(stack.bytes):>10} × {stack.count:<4} {_stack_line(stack.frames)}",
+                      overflow="ellipsis", no_wrap=True)
+    _indented(console, Text.assemble("fix: ", (finding.recommendation, "green")))
+    if finding.estimated_saving_bytes:
+        _indented(console, Text.assemble("would save: ", (f"~{format_bytes(finding.estimated_saving_bytes)}", "green")))
+
+
+def _evidence_value(key: str, value: int | float | str) -> str:
+    if isinstance(value, bool | str):
+        return str(value)
+    if key.endswith("bytes") or key.endswith("_bytes_per_step"):
+        return format_bytes(value)
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return f"{value:,}"
+
+
+def render_findings(console: Console, device: DeviceReport) -> None:
+    console.print(Text("\nFindings", style="bold") + Text("  ranked by bytes"))
+    if not device.findings:
+        console.print("  none: no leak, activation plateau, optimizer spike, fragmentation or OOM stood out")
+        return
+    ranked = sorted(device.findings, key=lambda f: f.bytes, reverse=True)
+    for rank, finding in enumerate(ranked[:MAX_FINDINGS], start=1):
+        render_finding(console, rank, finding)
+    if len(ranked) > MAX_FINDINGS:
+        console.print(Text(f"  … and {len(ranked) - MAX_FINDINGS} more (see --json)", style="dim"))
+
+
+def render_categories(console: Console, device: DeviceReport) -> None:
+    total = sum(device.categories_at_peak.values())
+    console.print(Text("\nLive at the peak", style="bold") + Text(f"  by category, {format_bytes(total)} in all"))
+    if total <= 0:
+        console.print("  nothing live")
+        return
+    for name, value in sorted(device.categories_at_peak.items(), key=lambda kv: kv[1], reverse=True):
+        if value <= 0:
+            continue
+        share = value / total
+        bar = "█" * max(1, round(share * 30))
+        top = device.top_stacks_by_category.get(name) or []
+        where = f"  {_stack_line(top[0].frames[:2])}" if top and top[0].frames else ""
+        console.print(f"  {name:<16}{format_bytes(value):>11} {share:5.0%} {bar:<30}{where}",
+                      overflow="ellipsis", no_wrap=True)
+
+
+def render_reconciliation(console: Console, reconciliation: Reconciliation) -> None:
+    console.print(Text("\nBudget", style="bold") + Text("  theory next to what was measured at the peak"))
+    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+    for column in ("category", "theory", "measured", "ratio", "note"):
+        table.add_column(column, justify="right" if column in ("theory", "measured", "ratio") else "left")
+    for row in reconciliation.rows:
+        ratio = "" if row.ratio is None else f"{row.ratio:.2f}x"
+        measured = "-" if row.measured_bytes is None else format_bytes(row.measured_bytes)
+        table.add_row(row.category, format_bytes(row.theory_bytes), measured, ratio, row.note or "")
+    console.print(table)
+
+
+def render_triage(
+    console: Console,
+    report: Report,
+    device: int | None = None,
+    reconciliation: Reconciliation | None = None,
+) -> None:
+    """The whole one-screen report for one snapshot and device."""
+    device_report = report.device(device)
+    render_header(console, report, device_report)
+    render_timeline(console, report, device_report)
+    render_findings(console, device_report)
+    render_categories(console, device_report)
+    if reconciliation is not None:
+        render_reconciliation(console, reconciliation)
+
+
+def render_ranks(console: Console, reports: Sequence[Report]) -> None:
+    """Several files (one per rank): a table first, the outlier rank is the one to read."""
+    table = Table(title="Ranks", title_justify="left", box=None, header_style="bold")
+    for column in ("file", "device", "events", "steps", "peak allocated", "peak reserved", "findings"):
+        table.add_column(column, justify="left" if column == "file" else "right")
+    peaks = [r.device().peak_allocated_bytes for r in reports]
+    highest = max(peaks) if peaks else 0
+    for report in reports:
+        dev = report.device()
+        kinds = ", ".join(sorted({f.kind for f in dev.findings})) or "-"
+        style = "bold" if dev.peak_allocated_bytes == highest and len(reports) > 1 else ""
+        table.add_row(os.path.basename(report.source), str(dev.device), f"{dev.events:,}", str(len(dev.steps)),
+                      format_bytes(dev.peak_allocated_bytes), format_bytes(dev.peak_reserved_bytes), kinds,
+                      style=style)
+    console.print(table)
