@@ -1,0 +1,142 @@
+"""Snapshot analysis: steps, categories at the peak, and findings (leak, activation plateau,
+optimizer spike, fragmentation, OOM).
+
+``analyze(path_or_snapshot, capacity=None, device=None) -> Report`` is the one entry point the
+CLI and the web app call. Each finder is a stateless ``find(ctx) -> list[Finding]`` run from
+``FINDERS`` in order; nothing here prints.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from memlens.analysis import activations, fragmentation, leak, oom, optimizer
+from memlens.analysis.categories import bytes_by_category
+from memlens.analysis.context import DeviceContext, build_context
+from memlens.analysis.report import (
+    CATEGORIES,
+    FINDING_KINDS,
+    SCHEMA_VERSION,
+    DeviceReport,
+    Finding,
+    Report,
+    StackBytes,
+    Step,
+)
+from memlens.analysis.settings import AnalysisSettings
+from memlens.analysis.stacks import StackFacts
+from memlens.snapshot.model import Snapshot
+
+Finder = Callable[[DeviceContext], list[Finding]]
+
+# Order matters only for OOM, which runs last and names the finding that explains it.
+FINDERS: tuple[tuple[str, Finder], ...] = (
+    ("leak", leak.find),
+    ("activation_plateau", activations.find),
+    ("optimizer_spike", optimizer.find),
+    ("fragmentation", fragmentation.find),
+    ("oom", oom.find),
+)
+
+
+def analyze(source: str | os.PathLike[str] | Snapshot, **settings: Any) -> Report:
+    """Analyse a snapshot file or a loaded ``Snapshot``.
+
+    Settings: ``capacity`` (bytes or "80GiB"; else the recorder's sidecar), ``device`` (one
+    device; default all), ``bytes_per_param`` (to turn parameter bytes into a count), ``top_stacks``.
+    """
+    options = AnalysisSettings.from_kwargs(**settings)
+    if isinstance(source, Snapshot):
+        snapshot = source
+    else:
+        from memlens.snapshot.reader import load
+
+        snapshot = load(source)
+    if options.device is not None:
+        traces = [snapshot.device(options.device)]  # raises MemlensUsageError when absent
+    else:
+        traces = [snapshot.devices[d] for d in snapshot.device_ids]
+    facts = StackFacts.build(snapshot.stacks)
+    devices: dict[int, DeviceReport] = {}
+    for trace in traces:
+        ctx = build_context(snapshot, trace, options, facts)
+        for _, find in FINDERS:
+            ctx.findings.extend(find(ctx))
+        devices[trace.device] = _device_report(ctx)
+    findings = sorted((f for d in devices.values() for f in d.findings), key=lambda f: -f.bytes)
+    return Report(
+        source=snapshot.source,
+        snapshot=snapshot,
+        devices=devices,
+        findings=findings,
+        format_guess=snapshot.format_guess,
+        sidecar=dict(snapshot.sidecar),
+    )
+
+
+def _device_report(ctx: DeviceContext) -> DeviceReport:
+    trace = ctx.trace
+    lt = ctx.lifetimes
+    n = ctx.events
+    if n:
+        peak = int(ctx.peak_event or 0)
+        live = lt.live_at(peak)
+        peak_reserved_event: int | None = int(np.argmax(trace.reserved))
+        peak_reserved = int(trace.reserved[peak_reserved_event])
+        peak_allocated = int(trace.allocated[peak])
+    else:
+        live = np.ones(len(lt), dtype=bool)
+        peak_reserved_event = None
+        peak_reserved = trace.baseline_reserved
+        peak_allocated = trace.baseline_allocated
+    categories = bytes_by_category(ctx.category, lt.size, live)
+    # What the lifetimes cannot account for (a curve lifted over a wrapped ring buffer) is unknown.
+    categories["unknown"] += max(peak_allocated - sum(categories.values()), 0)
+    top = {
+        name: ctx.top_stacks(live & (ctx.category == code)) for code, name in enumerate(CATEGORIES)
+    }
+    category_of_event = np.full(n, -1, dtype=np.int8)
+    made = lt.alloc_event >= 0
+    category_of_event[lt.alloc_event[made]] = ctx.category[made]
+    return DeviceReport(
+        device=ctx.device,
+        events=n,
+        steps=ctx.steps,
+        step_source=ctx.step_source,
+        peak_allocated_bytes=peak_allocated,
+        peak_allocated_event=ctx.peak_event,
+        peak_reserved_bytes=peak_reserved,
+        peak_reserved_event=peak_reserved_event,
+        peak_time_us=ctx.time_at(ctx.peak_event) if ctx.peak_event is not None else None,
+        baseline_allocated_bytes=trace.baseline_allocated,
+        final_allocated_bytes=trace.final_allocated,
+        final_reserved_bytes=trace.final_reserved,
+        capacity_bytes=ctx.capacity,
+        categories_at_peak=categories,
+        top_stacks_by_category=top,
+        findings=sorted(ctx.findings, key=lambda f: -f.bytes),
+        optimizer_windows=ctx.optimizer_windows,
+        optimizer_window_source=ctx.optimizer_window_source,
+        window_complete=trace.window_complete,
+        notes=ctx.notes,
+        category_of_event=category_of_event,
+    )
+
+
+__all__ = [
+    "CATEGORIES",
+    "FINDERS",
+    "FINDING_KINDS",
+    "SCHEMA_VERSION",
+    "AnalysisSettings",
+    "DeviceReport",
+    "Finding",
+    "Report",
+    "StackBytes",
+    "Step",
+    "analyze",
+]

@@ -1,0 +1,162 @@
+"""What each allocation is: parameters, gradients, optimizer state, activations, temporaries.
+
+Inferred from lifetime, phase and stack, per allocation (vectorised over all lifetimes):
+- live at the window's start and never freed, or made before the first step and kept across
+  it: ``parameters`` (and other model state);
+- made inside optimizer.step and kept after it: ``optimizer_state``; freed inside it: ``temporary``;
+- made in the forward part of a step (up to its forward peak) and freed later in the step:
+  ``activations``; freed before the forward peak: ``temporary``;
+- made in backward (after the forward peak, or under autograd's ``backward`` frames) and kept
+  past the end of backward (into optimizer.step or the next step): ``gradients``;
+- anything else (e.g. forward outputs kept across steps): ``unknown``.
+
+The forward peak of a step is the peak of its *step-local* memory (allocations freed inside
+the same step), so gradients and optimizer state never move it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from memlens.analysis.lifetimes import Lifetimes
+from memlens.analysis.report import CATEGORIES, Step
+from memlens.analysis.stacks import StackFacts
+
+I64 = npt.NDArray[np.int64]
+PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARY, UNKNOWN = range(len(CATEGORIES))
+
+
+@dataclass
+class Phases:
+    """Per phase-step arrays (steps, or the whole window as one pseudo-step)."""
+
+    start: I64
+    end: I64
+    forward_peak: I64  # row where step-local memory peaks: the end of forward
+    backward_end: I64  # first optimizer row inside the step, else the step's end
+    opt_start: I64  # optimizer windows, sorted
+    opt_end: I64
+
+    def step_of(self, events: I64) -> I64:
+        """Index of the phase-step holding each row, -1 where none does."""
+        k = np.searchsorted(self.start, events, side="right") - 1
+        valid = (k >= 0) & (events >= 0)
+        k_safe = np.where(valid, k, 0)
+        inside = valid & (events < self.end[k_safe]) if self.end.size else np.zeros(events.shape, dtype=bool)
+        return np.where(inside, k, -1)
+
+    def optimizer_window_of(self, events: I64) -> I64:
+        if self.opt_start.size == 0:
+            return np.full(events.shape, -1, dtype=np.int64)
+        k = np.searchsorted(self.opt_start, events, side="right") - 1
+        valid = (k >= 0) & (events >= 0)
+        k_safe = np.where(valid, k, 0)
+        return np.where(valid & (events < self.opt_end[k_safe]), k, -1)
+
+
+def build_phases(
+    steps: list[Step], events: int, windows: list[tuple[int, int]], lifetimes: Lifetimes
+) -> Phases:
+    if not steps and events:
+        steps = [Step(0, 0, events, None, None, True)]
+    start = np.array([s.start_event for s in steps], dtype=np.int64)
+    end = np.array([s.end_event for s in steps], dtype=np.int64)
+    order = np.argsort(start, kind="stable")
+    start, end = start[order], end[order]
+    windows = sorted(windows)
+    opt_start = np.array([w[0] for w in windows], dtype=np.int64)
+    opt_end = np.array([w[1] for w in windows], dtype=np.int64)
+    backward_end = end.copy()
+    if opt_start.size:
+        first_opt = np.searchsorted(opt_start, start, side="left")
+        has = first_opt < opt_start.size
+        candidate = np.where(has, opt_start[np.minimum(first_opt, opt_start.size - 1)], end)
+        use = has & (candidate < end) & (candidate > start)
+        backward_end = np.where(use, candidate, end)
+    phases = Phases(start, end, start.copy(), backward_end, opt_start, opt_end)
+    if events == 0 or start.size == 0:
+        return phases
+    # Step-local memory: lifetimes made and freed inside one step, outside optimizer.step.
+    a, f = lifetimes.alloc_event, lifetimes.free_event
+    step_a = phases.step_of(a)
+    local = (step_a >= 0) & (phases.step_of(np.minimum(f, events - 1)) == step_a) & (f < events)
+    local &= phases.optimizer_window_of(a) < 0
+    delta = np.bincount(a[local], weights=lifetimes.size[local], minlength=events + 1)
+    delta -= np.bincount(f[local], weights=lifetimes.size[local], minlength=events + 1)
+    curve = np.cumsum(delta[:events])
+    peaks = start.copy()
+    for k in range(start.size):  # one argmax per step, not per row
+        lo, hi = int(start[k]), int(backward_end[k])
+        if hi <= lo:
+            hi = int(end[k])
+        if hi > lo:
+            peaks[k] = lo + int(np.argmax(curve[lo:hi]))
+    phases.forward_peak = peaks
+    return phases
+
+
+def classify(lifetimes: Lifetimes, phases: Phases, facts: StackFacts, has_history: bool) -> npt.NDArray[np.int8]:
+    """Category code (index into ``CATEGORIES``) of every lifetime."""
+    n = lifetimes.events
+    a, f = lifetimes.alloc_event, lifetimes.free_event
+    category = np.full(a.size, UNKNOWN, dtype=np.int8)
+    if a.size == 0:
+        return category
+    ghost = a < 0
+    if not has_history:
+        return category  # a state-only snapshot: nothing tells what a block is
+    category[ghost & (f >= n)] = PARAMETERS
+    # Blocks made before the window under optimizer frames are its state (e.g. Adam moments).
+    category[ghost & (f >= n) & facts.optimizer[lifetimes.stack_id]] = OPTIMIZER_STATE
+    # A ghost freed during a step's backward was an activation of a step the window cut.
+    ghost_freed = ghost & (f < n)
+    k_free = phases.step_of(np.where(ghost_freed, f, -1))
+    kf = np.maximum(k_free, 0)
+    if phases.start.size:
+        in_backward = ghost_freed & (k_free >= 0) & (f > phases.forward_peak[kf]) & (f <= phases.backward_end[kf])
+        category[in_backward] = ACTIVATIONS
+
+    made = ~ghost
+    window = phases.optimizer_window_of(np.where(made, a, -1))
+    in_opt = made & (window >= 0)
+    if phases.opt_end.size:
+        kept = f >= phases.opt_end[np.maximum(window, 0)]
+        category[in_opt & kept] = OPTIMIZER_STATE
+        category[in_opt & ~kept] = TEMPORARY
+
+    rest = made & ~in_opt
+    if phases.start.size == 0:
+        return category
+    k = phases.step_of(np.where(rest, a, -1))
+    first_start = int(phases.start[0])
+    before = rest & (k < 0) & (a < first_start)
+    category[before & (f >= phases.end[0])] = PARAMETERS
+    category[before & (f < phases.end[0])] = TEMPORARY
+    between = rest & (k < 0) & (a >= first_start)
+    next_start_idx = np.searchsorted(phases.start, a, side="right")
+    next_start = np.where(next_start_idx < phases.start.size,
+                          phases.start[np.minimum(next_start_idx, phases.start.size - 1)], n)
+    category[between & (f <= next_start)] = TEMPORARY
+
+    in_step = rest & (k >= 0)
+    ks = np.maximum(k, 0)
+    peak = phases.forward_peak[ks]
+    end = phases.end[ks]
+    backward_end = phases.backward_end[ks]
+    backward_stack = facts.backward[lifetimes.stack_id]
+    forward = in_step & (a <= peak) & ~backward_stack
+    backward = in_step & ~forward
+    category[forward & (f <= peak)] = TEMPORARY
+    category[forward & (f > peak) & (f < end)] = ACTIVATIONS
+    category[backward & (f <= backward_end)] = TEMPORARY
+    category[backward & (f > backward_end)] = GRADIENTS
+    return category
+
+
+def bytes_by_category(category: npt.NDArray[np.int8], size: I64, mask: npt.NDArray[np.bool_]) -> dict[str, int]:
+    totals = np.bincount(category[mask].astype(np.int64), weights=size[mask].astype(np.float64),
+                         minlength=len(CATEGORIES))
+    return {name: round(totals[i]) for i, name in enumerate(CATEGORIES)}

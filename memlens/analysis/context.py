@@ -1,0 +1,130 @@
+"""Everything the finders share about one device, computed once: steps, phases, lifetimes,
+categories, the peak. Finders read it and return findings; none of them mutates it except
+``findings`` (so the OOM finder can say which earlier finding explains the failure).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from memlens.analysis.categories import Phases, build_phases, classify
+from memlens.analysis.lifetimes import Lifetimes, build_lifetimes
+from memlens.analysis.report import Finding, StackBytes, Step
+from memlens.analysis.settings import AnalysisSettings
+from memlens.analysis.stacks import StackFacts
+from memlens.analysis.steps import detect_steps, device_annotations, optimizer_windows
+from memlens.snapshot.model import Action, DeviceTrace, Segment, Snapshot
+
+
+@dataclass
+class DeviceContext:
+    snapshot: Snapshot
+    trace: DeviceTrace
+    settings: AnalysisSettings
+    segments: list[Segment]
+    facts: StackFacts
+    capacity: int | None
+    steps: list[Step]
+    step_source: str
+    optimizer_windows: list[tuple[int, int]]
+    optimizer_window_source: str
+    lifetimes: Lifetimes
+    phases: Phases
+    category: npt.NDArray[np.int8]
+    peak_event: int | None
+    peak_allocated: int
+    notes: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def device(self) -> int:
+        return self.trace.device
+
+    @property
+    def events(self) -> int:
+        return len(self.trace)
+
+    def time_at(self, event: int) -> int | None:
+        if not self.trace.has_time or self.events == 0:
+            return None
+        return int(self.trace.time_us[min(max(event, 0), self.events - 1)])
+
+    def step_at(self, event: int) -> int | None:
+        for step in self.steps:
+            if step.start_event <= event < step.end_event:
+                return step.index
+        return None
+
+    def top_stacks(self, mask: npt.NDArray[np.bool_]) -> list[StackBytes]:
+        lt = self.lifetimes
+        return self.facts.top_stacks(lt.stack_id[mask], lt.size[mask], self.settings.top_stacks)
+
+
+def sidecar_number(sidecar: dict[str, Any], device: int, *keys: str) -> int | None:
+    """The first positive integer found under ``keys`` in the recorder's sidecar.
+
+    Looks at the top level, at ``sidecar["device"]``, at ``sidecar["devices"][str(device)]``
+    (or the list entry ``device``) and at ``sidecar["model"]``: the recorder is still settling
+    its layout, so the analysis accepts each of them.
+    """
+    places: list[Any] = [sidecar, sidecar.get("device"), sidecar.get("model")]
+    devices = sidecar.get("devices")
+    if isinstance(devices, dict):
+        places.append(devices.get(str(device), devices.get(device)))
+    elif isinstance(devices, list) and 0 <= device < len(devices):
+        places.append(devices[device])
+    for place in places:
+        if not isinstance(place, dict):
+            continue
+        for key in keys:
+            value = place.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                return int(value)
+    return None
+
+
+def build_context(
+    snapshot: Snapshot, trace: DeviceTrace, settings: AnalysisSettings, facts: StackFacts | None = None
+) -> DeviceContext:
+    segments = snapshot.segments_on(trace.device)
+    facts = facts or StackFacts.build(snapshot.stacks)
+    annotations = device_annotations(snapshot.annotations, trace.device)
+    detection = detect_steps(trace, annotations, facts)
+    windows, window_source = optimizer_windows(trace, annotations, facts)
+    lifetimes = build_lifetimes(trace, segments)
+    phases = build_phases(detection.steps, len(trace), windows, lifetimes)
+    has_history = bool((trace.action == Action.ALLOC).any())
+    category = classify(lifetimes, phases, facts, has_history)
+    capacity = settings.capacity or sidecar_number(
+        snapshot.sidecar, trace.device, "total_memory", "capacity_bytes", "capacity", "total_memory_bytes"
+    )
+    if len(trace):
+        peak_event: int | None = int(np.argmax(trace.allocated))
+        peak_allocated = int(trace.allocated[peak_event])
+    else:
+        peak_event, peak_allocated = None, trace.baseline_allocated
+    notes = list(detection.notes) + list(trace.curve_warnings)
+    if not has_history:
+        notes.append("no allocations recorded: categories and time-based findings need a trace")
+    return DeviceContext(
+        snapshot=snapshot,
+        trace=trace,
+        settings=settings,
+        segments=segments,
+        facts=facts,
+        capacity=capacity,
+        steps=detection.steps,
+        step_source=detection.source,
+        optimizer_windows=windows,
+        optimizer_window_source=window_source,
+        lifetimes=lifetimes,
+        phases=phases,
+        category=category,
+        peak_event=peak_event,
+        peak_allocated=peak_allocated,
+        notes=notes,
+    )

@@ -1,0 +1,99 @@
+"""Allocation lifetimes: every alloc row paired with the free that ends it, vectorised.
+
+Rows are sorted by (address, row); inside one address an alloc followed by a free is one
+lifetime. A free with no alloc before it is memory that was live when the window began (a
+"ghost" free); a block live at dump time that the window never allocated is a ghost block,
+live throughout. Both get ``alloc_event = -1``. Never-freed allocations get ``free_event = n``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from memlens.snapshot.model import Action, DeviceTrace, Segment
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass
+class Lifetimes:
+    alloc_event: I64  # row of the alloc, -1 when it happened before the window
+    free_event: I64  # row of the free, n (= len(trace)) when still live at the end
+    size: I64  # requested bytes
+    stack_id: npt.NDArray[np.int32]
+    address: I64
+    events: int
+
+    def __len__(self) -> int:
+        return int(self.size.shape[0])
+
+    def live_at(self, event: int) -> npt.NDArray[np.bool_]:
+        """Mask of lifetimes live *after* row ``event`` (as ``DeviceTrace.allocated`` counts)."""
+        return (self.alloc_event <= event) & (self.free_event > event)
+
+    @property
+    def ghost(self) -> npt.NDArray[np.bool_]:
+        return self.alloc_event < 0
+
+
+def free_action(trace: DeviceTrace) -> int:
+    """Frees count at ``free_completed``; writers that never emit it count at the request."""
+    if bool((trace.action == Action.FREE_COMPLETED).any()):
+        return int(Action.FREE_COMPLETED)
+    return int(Action.FREE_REQUESTED)
+
+
+def build_lifetimes(trace: DeviceTrace, segments: list[Segment]) -> Lifetimes:
+    n = len(trace)
+    action = trace.action
+    is_alloc_row = action == Action.ALLOC
+    rows = np.flatnonzero(is_alloc_row | (action == free_action(trace))).astype(np.int64)
+    addresses = trace.address[rows]
+    order = np.lexsort((rows, addresses))
+    rows = rows[order]
+    addresses = addresses[order]
+    is_alloc = is_alloc_row[rows]
+    same_as_next = np.zeros(rows.size, dtype=bool)
+    same_as_next[:-1] = addresses[1:] == addresses[:-1]
+
+    alloc_pos = np.flatnonzero(is_alloc)
+    alloc_event = rows[alloc_pos]
+    free_event = np.full(alloc_pos.size, n, dtype=np.int64)
+    followed = same_as_next[alloc_pos]
+    # The next row at the same address ends the lifetime; when it is another alloc (the
+    # ring buffer lost the free) the lifetime ends there, the best bound the trace gives.
+    free_event[followed] = rows[alloc_pos[followed] + 1]
+
+    free_pos = np.flatnonzero(~is_alloc)
+    preceded = np.zeros(free_pos.size, dtype=bool)
+    has_prev = free_pos > 0
+    prev = free_pos[has_prev] - 1
+    preceded[has_prev] = same_as_next[prev] & is_alloc[prev]
+    ghost_free_rows = rows[free_pos[~preceded]]
+
+    # Blocks live at dump time whose address the window never left allocated: ghosts too.
+    live_at_end = {int(a) for a in trace.address[alloc_event[free_event == n]]}
+    ghost_blocks = [
+        b for s in segments for b in s.blocks if b.is_active and b.address not in live_at_end
+    ]
+    block_address = np.array([b.address for b in ghost_blocks], dtype=np.int64)
+    block_size = np.array([b.requested_size for b in ghost_blocks], dtype=np.int64)
+    block_stack = np.array([b.stack_id for b in ghost_blocks], dtype=np.int32)
+
+    return Lifetimes(
+        alloc_event=np.concatenate(
+            [alloc_event, np.full(ghost_free_rows.size + len(ghost_blocks), -1, dtype=np.int64)]
+        ),
+        free_event=np.concatenate(
+            [free_event, ghost_free_rows, np.full(len(ghost_blocks), n, dtype=np.int64)]
+        ),
+        size=np.concatenate([trace.size[alloc_event], trace.size[ghost_free_rows], block_size]),
+        stack_id=np.concatenate(
+            [trace.stack_id[alloc_event], trace.stack_id[ghost_free_rows], block_stack]
+        ).astype(np.int32),
+        address=np.concatenate([trace.address[alloc_event], trace.address[ghost_free_rows], block_address]),
+        events=n,
+    )

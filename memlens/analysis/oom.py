@@ -1,0 +1,110 @@
+"""Out of memory: from ``oom`` trace rows, or a state-only snapshot dumped at the failure.
+
+Says what was requested, what was free and where, what was live by category, and which other
+finding explains it. Runs last: it reads the findings the other finders made.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from memlens.analysis.categories import bytes_by_category
+from memlens.analysis.context import DeviceContext
+from memlens.analysis.report import Finding
+from memlens.analysis.settings import OOM_NEAR_CAPACITY_FRACTION
+from memlens.snapshot.model import Action
+from memlens.units import format_bytes
+
+_ADVICE = {
+    "fragmentation": "enough memory was cached but not in one piece: see the fragmentation finding",
+    "leak": "memory grew step after step until it ran out: see the leak finding",
+    "optimizer_spike": "it failed inside optimizer.step: see the optimizer finding",
+    "activation_plateau": "activations fill most of the device: see the activation finding",
+}
+
+
+def _explain(ctx: DeviceContext, event: int | None, requested: int, cached_free: int,
+             live: dict[str, int]) -> str:
+    kinds = {f.kind for f in ctx.findings}
+    if cached_free >= requested > 0 and "fragmentation" in kinds:
+        return "fragmentation"
+    if "leak" in kinds:
+        return "leak"
+    for f in ctx.findings:
+        if f.kind == "optimizer_spike" and event is not None and f.start_event <= event < f.end_event:
+            return "optimizer_spike"
+    if "activation_plateau" in kinds and live.get("activations", 0) >= max(live.values(), default=0):
+        return "activation_plateau"
+    if "fragmentation" in kinds:
+        return "fragmentation"
+    return "none"
+
+
+def find(ctx: DeviceContext) -> list[Finding]:
+    trace = ctx.trace
+    lt = ctx.lifetimes
+    rows = np.flatnonzero(trace.action == Action.OOM) if ctx.events else np.zeros(0, dtype=np.int64)
+    largest_free = max((s.largest_free_block for s in ctx.segments), default=0)
+    if rows.size:
+        at = int(rows[-1])
+        requested = int(trace.size[at])
+        device_free = int(trace.device_free[at])
+        allocated, reserved = int(trace.allocated[at]), int(trace.reserved[at])
+        live = bytes_by_category(ctx.category, lt.size, lt.live_at(at))
+        source = "oom trace entry"
+        event: int | None = at
+    else:
+        reserved = sum(s.total_size for s in ctx.segments)
+        if not ctx.capacity or reserved < OOM_NEAR_CAPACITY_FRACTION * ctx.capacity:
+            return []
+        at = max(ctx.events - 1, 0)
+        requested = 0
+        device_free = ctx.capacity - reserved
+        allocated = sum(b.requested_size for s in ctx.segments for b in s.blocks if b.is_active)
+        live = bytes_by_category(ctx.category, lt.size, lt.free_event >= ctx.events)
+        snapshots = int((trace.action == Action.SNAPSHOT).sum()) if ctx.events else 0
+        source = f"state near capacity at dump ({reserved / ctx.capacity:.0%})" + (
+            "; the trace holds a snapshot entry" if snapshots else ""
+        )
+        event = None
+    cached_free = max(reserved - allocated, 0)
+    live["unknown"] = live.get("unknown", 0) + max(allocated - sum(live.values()), 0)
+    cause = _explain(ctx, event, requested, cached_free, live)
+    evidence: dict[str, int | float | str] = {
+        "source": source,
+        "requested_bytes": requested,
+        "device_free_bytes": device_free,
+        "allocated_bytes": allocated,
+        "reserved_bytes": reserved,
+        "cached_free_bytes": cached_free,
+        "largest_free_block_at_dump_bytes": largest_free,
+        "oom_events": int(rows.size),
+        "explained_by": cause,
+    }
+    evidence.update({f"live_{name}_bytes": value for name, value in live.items()})
+    if ctx.capacity:
+        evidence["capacity_bytes"] = ctx.capacity
+    asked = f"asked for {format_bytes(requested)} with " if requested else ""
+    summary = (
+        f"Out of memory: {asked}{format_bytes(device_free)} free on the device and "
+        f"{format_bytes(cached_free)} cached but unused (largest cached piece {format_bytes(largest_free)})."
+    )
+    recommendation = _ADVICE.get(cause, "lower the batch size, or see the categories live at the failure")
+    return [
+        Finding(
+            kind="oom",
+            device=ctx.device,
+            severity="high",
+            bytes=requested or allocated,
+            start_event=at,
+            end_event=at + 1 if ctx.events else 0,
+            start_us=ctx.time_at(at),
+            end_us=ctx.time_at(at),
+            step=ctx.step_at(at) if ctx.events else None,
+            top_stacks=ctx.top_stacks(lt.live_at(at) if event is not None else lt.free_event >= ctx.events),
+            evidence=evidence,
+            summary=summary,
+            recommendation=recommendation[0].upper() + recommendation[1:] + ".",
+            estimated_saving_bytes=None,
+        )
+    ]

@@ -1,0 +1,189 @@
+"""What an analysis returns: plain dataclasses, and their JSON form (see ``schema.py``).
+
+Reporters (terminal, JSON, HTML) and the web app read these; none of them re-analyses.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from memlens.snapshot.model import Snapshot
+
+SCHEMA_VERSION = 1
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporary", "unknown")
+FINDING_KINDS = ("leak", "activation_plateau", "optimizer_spike", "fragmentation", "oom")
+SEVERITIES = ("high", "medium", "low")
+STEP_SOURCES = (
+    "memlens",
+    "profiler",
+    "optimizer_annotations",
+    "user_metadata",
+    "periodic",
+    "optimizer_frames",
+    "none",
+)
+
+Evidence = dict[str, int | float | str]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One training step as a half-open range of trace rows ``[start_event, end_event)``.
+
+    ``partial`` steps (the window began or ended inside them) are shown but never compared.
+    """
+
+    index: int
+    start_event: int
+    end_event: int
+    start_us: int | None
+    end_us: int | None
+    partial: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "start_event": self.start_event,
+            "end_event": self.end_event,
+            "start_us": self.start_us,
+            "end_us": self.end_us,
+            "partial": self.partial,
+        }
+
+
+@dataclass(frozen=True)
+class StackBytes:
+    """Bytes held by allocations made from one call stack; ``frames`` innermost first."""
+
+    frames: list[str]
+    bytes: int
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"frames": list(self.frames), "bytes": self.bytes, "count": self.count}
+
+
+@dataclass
+class Finding:
+    kind: str
+    device: int
+    severity: str
+    bytes: int
+    start_event: int
+    end_event: int
+    start_us: int | None
+    end_us: int | None
+    step: int | None
+    top_stacks: list[StackBytes]
+    evidence: Evidence
+    summary: str
+    recommendation: str
+    estimated_saving_bytes: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "device": self.device,
+            "severity": self.severity,
+            "bytes": self.bytes,
+            "start_event": self.start_event,
+            "end_event": self.end_event,
+            "start_us": self.start_us,
+            "end_us": self.end_us,
+            "step": self.step,
+            "top_stacks": [s.to_json() for s in self.top_stacks],
+            "evidence": dict(self.evidence),
+            "summary": self.summary,
+            "recommendation": self.recommendation,
+            "estimated_saving_bytes": self.estimated_saving_bytes,
+        }
+
+
+@dataclass
+class DeviceReport:
+    device: int
+    events: int
+    steps: list[Step]
+    step_source: str
+    peak_allocated_bytes: int
+    peak_allocated_event: int | None
+    peak_reserved_bytes: int
+    peak_reserved_event: int | None
+    peak_time_us: int | None
+    baseline_allocated_bytes: int
+    final_allocated_bytes: int
+    final_reserved_bytes: int
+    capacity_bytes: int | None
+    categories_at_peak: dict[str, int]
+    top_stacks_by_category: dict[str, list[StackBytes]]
+    findings: list[Finding]
+    # Optimizer.step windows as [start_event, end_event) and where they came from.
+    optimizer_windows: list[tuple[int, int]] = field(default_factory=list)
+    optimizer_window_source: str = "none"
+    window_complete: bool = True
+    notes: list[str] = field(default_factory=list)
+    # Category code (index into CATEGORIES) of every trace row that is an alloc, -1 elsewhere.
+    category_of_event: npt.NDArray[np.int8] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "events": self.events,
+            "window_complete": self.window_complete,
+            "step_source": self.step_source,
+            "steps": [s.to_json() for s in self.steps],
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_allocated_event": self.peak_allocated_event,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "peak_reserved_event": self.peak_reserved_event,
+            "peak_time_us": self.peak_time_us,
+            "baseline_allocated_bytes": self.baseline_allocated_bytes,
+            "final_allocated_bytes": self.final_allocated_bytes,
+            "final_reserved_bytes": self.final_reserved_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "categories_at_peak": {name: int(self.categories_at_peak.get(name, 0)) for name in CATEGORIES},
+            "top_stacks_by_category": {
+                name: [s.to_json() for s in self.top_stacks_by_category.get(name, [])] for name in CATEGORIES
+            },
+            "optimizer_windows": [[int(a), int(b)] for a, b in self.optimizer_windows],
+            "optimizer_window_source": self.optimizer_window_source,
+            "notes": list(self.notes),
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+
+@dataclass
+class Report:
+    source: str
+    snapshot: Snapshot
+    devices: dict[int, DeviceReport]
+    findings: list[Finding]
+    format_guess: str
+    sidecar: dict[str, Any] = field(default_factory=dict)
+
+    def device(self, device: int | None = None) -> DeviceReport:
+        """The report of ``device``; with ``None`` the device with the most events."""
+        if device is None:
+            if not self.devices:
+                raise KeyError("the report has no devices")
+            return max(self.devices.values(), key=lambda d: (d.events, -d.device))
+        return self.devices[device]
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented, stable JSON form (``memlens.analysis.schema.REPORT_SCHEMA``)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "source": self.source,
+            "format_guess": self.format_guess,
+            "devices": {str(d): report.to_json() for d, report in sorted(self.devices.items())},
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+    def to_json_str(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_json(), indent=indent)

@@ -1,0 +1,118 @@
+"""Analysis settings and the thresholds every finding uses, each with the reason for its value.
+
+Thresholds are module constants so the CLI, the app and the tests can quote them; the few a
+user may want to change per run live on ``AnalysisSettings``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from memlens.units import MiB, parse_bytes
+
+# --------------------------------------------------------------------------- steps
+
+# Periodic step inference works on the allocated curve resampled to this many bins: enough to
+# resolve ~1000 steps in a window, small enough that the FFT autocorrelation costs microseconds.
+PERIODIC_BINS = 4096
+# The autocorrelation peak must reach this (1.0 = identical periods). Training steps repeat the
+# same kernels with the same sizes, so real loops score > 0.8; a single forward/backward (one
+# triangle) or per-layer ripples on a ramp stay well below 0.5.
+PERIODIC_MIN_AUTOCORR = 0.6
+# Fewer than three repetitions is not evidence of a loop (two bumps can be anything).
+PERIODIC_MIN_STEPS = 3
+
+# --------------------------------------------------------------------------- leak
+
+# Step 1 creates gradients and optimizer state (and the caching allocator warms up), so it is
+# never compared: leaks are judged on the steps after it.
+LEAK_WARMUP_STEPS = 1
+# At least this many comparable steps: two points make a line, three make a trend.
+LEAK_MIN_COMPARABLE_STEPS = 3
+# The per-step rise must exceed this in absolute terms: allocator-rounded noise between steps
+# (a few odd-sized temporaries alive at the step's low point) stays under 1 MiB.
+LEAK_MIN_BYTES_PER_STEP = 1 * MiB
+# ... and relative to the peak, so a 2 MiB wobble on an 80 GB job is not a leak.
+LEAK_MIN_FRACTION_OF_PEAK_PER_STEP = 0.0005
+# A staircase rises in most steps; a flat run with noise goes up about half the time.
+LEAK_MIN_RISING_FRACTION = 0.75
+# A leak that fills the device within this many steps is urgent (minutes of training).
+LEAK_HIGH_SEVERITY_STEPS_LEFT = 1000
+
+# --------------------------------------------------------------------------- activations
+
+# The plateau must hold this share of the peak to be worth checkpointing: below ~20% the
+# recompute cost (+33% compute) buys too little.
+ACTIVATION_MIN_FRACTION_OF_PEAK = 0.2
+ACTIVATION_MIN_BYTES = 16 * MiB
+# Above this share of the peak the plateau is the thing to fix first.
+ACTIVATION_HIGH_SEVERITY_FRACTION = 0.5
+# memory-budget.md: the rule of thumb stores 24*B*T*d bytes per layer (12 elements, 16-bit);
+# full checkpointing keeps only each block's input, 2*B*T*d bytes: 1/12 of it.
+FULL_CHECKPOINT_KEEP_FRACTION = 1 / 12
+# Selective checkpointing recomputes elementwise and normalisation outputs and keeps matmul and
+# attention outputs. In Megatron's 34*s*b*h per-layer count the elementwise/normalisation part
+# (GeLU input 8, layer-norm inputs 4, dropout masks 2) is ~14/34, so ~60% stays. An estimate.
+SELECTIVE_CHECKPOINT_KEEP_FRACTION = 0.6
+
+# --------------------------------------------------------------------------- optimizer
+
+# Below this the optimizer's bytes are not worth a finding (a few scalar step counters).
+OPTIMIZER_MIN_BYTES = 16 * MiB
+OPTIMIZER_MIN_FRACTION_OF_PEAK = 0.05
+# When the global peak falls inside optimizer.step the spike *is* the peak: high severity.
+# Adam keeps two fp32 moments per parameter (memory-budget.md): 8 bytes per parameter.
+ADAM_STATE_BYTES_PER_PARAM = 8
+# Parameters are fp32 unless told otherwise (torch's default dtype); used only to turn the
+# parameters category's bytes into a parameter count when the sidecar has none.
+DEFAULT_BYTES_PER_PARAM = 4
+
+# --------------------------------------------------------------------------- fragmentation
+
+# Reserved-but-unallocated memory must be at least this share of reserved and this large:
+# the caching allocator normally keeps 5-15% cached, and under 128 MiB no job is blocked.
+FRAGMENTATION_MIN_FRACTION = 0.2
+FRAGMENTATION_MIN_BYTES = 128 * MiB
+FRAGMENTATION_HIGH_FRACTION = 0.4
+# The caching allocator rounds every request up to a multiple of 512 bytes.
+ALLOCATOR_ROUNDING = 512
+# Free pieces smaller than this cannot hold a typical large (> 1 MiB) tensor.
+SMALL_FREE_PIECE = 1 * MiB
+
+# --------------------------------------------------------------------------- oom
+
+# A state-only snapshot whose reserved memory is this close to the device's capacity was most
+# likely dumped at (or just before) an out-of-memory error.
+OOM_NEAR_CAPACITY_FRACTION = 0.95
+
+# --------------------------------------------------------------------------- display
+
+TOP_STACKS = 5
+MAX_FRAMES_PER_STACK = 8
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """What a user can set per run (``memlens.analyze(path, capacity="80GiB", device=0)``)."""
+
+    capacity: int | None = None
+    device: int | None = None
+    bytes_per_param: int = DEFAULT_BYTES_PER_PARAM
+    top_stacks: int = TOP_STACKS
+
+    @classmethod
+    def from_kwargs(cls, **settings: Any) -> AnalysisSettings:
+        from memlens.errors import MemlensUsageError
+
+        known = {"capacity", "device", "bytes_per_param", "top_stacks"}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise MemlensUsageError(f"unknown analysis setting(s): {', '.join(unknown)}")
+        capacity = settings.get("capacity")
+        return cls(
+            capacity=None if capacity is None else parse_bytes(capacity),
+            device=settings.get("device"),
+            bytes_per_param=int(settings.get("bytes_per_param") or DEFAULT_BYTES_PER_PARAM),
+            top_stacks=int(settings.get("top_stacks") or TOP_STACKS),
+        )
