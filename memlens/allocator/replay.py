@@ -82,8 +82,14 @@ def whatif(
     settings: AllocatorSettings | None = None,
     capacity: int | None = None,
     device: int | None = None,
+    use_recorded_addresses: bool = True,
 ) -> WhatIfResult:
-    """Replay one device's recorded history with ``settings`` (default: the recorded ones)."""
+    """Replay one device's recorded history with ``settings`` (default: the recorded ones).
+
+    ``use_recorded_addresses=False`` places new segments at fresh addresses instead of where
+    the recorded cudaMalloc put them (the fidelity tests use it to show the figures do not
+    depend on copying addresses).
+    """
     if isinstance(snapshot_or_path, str | Path):
         from memlens.snapshot.reader import load
 
@@ -99,7 +105,7 @@ def whatif(
         )
     segments = snapshot.segments_on(trace.device)
     recorded = recorded_figures(trace, segments)
-    replay = _Replay(trace, segments, recorded_settings, settings, capacity)
+    replay = _Replay(trace, segments, recorded_settings, settings, capacity, use_recorded_addresses)
     simulated = replay.run()
     return WhatIfResult(
         source=snapshot.source,
@@ -184,8 +190,10 @@ class _Replay:
         recorded_settings: AllocatorSettings,
         settings: AllocatorSettings,
         capacity: int | None,
+        use_recorded_addresses: bool = True,
     ) -> None:
         self.trace = trace
+        self.use_recorded_addresses = use_recorded_addresses
         self.segments = segments
         self.recorded_settings = recorded_settings
         self.settings = settings
@@ -197,9 +205,7 @@ class _Replay:
         self.sizes: list[int] = np.asarray(trace.size).tolist()
         self.streams: list[int] = np.asarray(trace.stream).tolist()
         self._hints: list[tuple[int, int]] = [
-            (a, s)
-            for act, a, s in zip(self.actions, self.addresses, self.sizes, strict=True)
-            if act == _SEGMENT_ALLOC
+            (a, s) for act, a, s in zip(self.actions, self.addresses, self.sizes, strict=True) if act == _SEGMENT_ALLOC
         ]
 
     # ------------------------------------------------------------------ address hints
@@ -239,9 +245,7 @@ class _Replay:
             initial[segment.address] = _InitialSegment(
                 segment.address, segment.total_size, segment.stream, segment.segment_type == "small"
             )
-            final_live.extend(
-                (b.address, b.size, b.requested_size) for b in segment.blocks if b.state != "inactive"
-            )
+            final_live.extend((b.address, b.size, b.requested_size) for b in segment.blocks if b.state != "inactive")
         if has_map_events and any(s.is_expandable for s in self.segments):
             self.notes.append("expandable segments mapped during the window are rebuilt by the replay")
         if not initial:
@@ -277,9 +281,7 @@ class _Replay:
             initial_segment.live = self._block_sizes(initial_segment, rounder)
         return ordered
 
-    def _block_sizes(
-        self, segment: _InitialSegment, rounder: CachingAllocatorSimulator
-    ) -> list[tuple[int, int, int]]:
+    def _block_sizes(self, segment: _InitialSegment, rounder: CachingAllocatorSimulator) -> list[tuple[int, int, int]]:
         """Give blocks known only by their requested size a block size, in address order.
 
         A large-pool block keeps the tail it was carved from when the remainder would have
@@ -311,14 +313,12 @@ class _Replay:
             capacity=self.capacity,
             device=self.trace.device,
             record_history=False,
-            segment_addresses=self._segment_address,
+            segment_addresses=self._segment_address if self.use_recorded_addresses else None,
         )
         mapping: dict[int, int] = {}
         for segment in self._initial_segments():
             try:
-                sim.restore_segment(
-                    segment.address, segment.size, segment.stream, segment.is_small, segment.live
-                )
+                sim.restore_segment(segment.address, segment.size, segment.stream, segment.is_small, segment.live)
             except MemlensUsageError as exc:
                 self.notes.append(f"initial segment {segment.address:#x} skipped: {exc}")
                 continue

@@ -66,9 +66,7 @@ def render_whatif(result: WhatIfResult) -> list[str]:
         if figures["oom"]:
             lines.append(f"{name} OOM: {_oom_detail(figures, result)}")
     if result.seeded:
-        lines.append(
-            "note: the recording began mid-run; the replay starts from the state live at its first event"
-        )
+        lines.append("note: the recording began mid-run; the replay starts from the state live at its first event")
     lines.extend(f"note: {note}" for note in result.notes)
     return lines
 

@@ -152,9 +152,7 @@ class AllocatorSettings:
                 try:
                     threshold = float(value)
                 except ValueError:
-                    raise MemlensUsageError(
-                        f"garbage_collection_threshold: not a number: {value!r}"
-                    ) from None
+                    raise MemlensUsageError(f"garbage_collection_threshold: not a number: {value!r}") from None
                 if not 0.0 < threshold < 1.0:
                     raise MemlensUsageError(f"garbage_collection_threshold must be in (0, 1), got {value}")
                 values["garbage_collection_threshold"] = threshold
@@ -191,9 +189,7 @@ class AllocatorSettings:
             "release_lock_on_cudamalloc": False,
             "pinned_use_cuda_host_register": False,
             "graph_capture_record_stream_reuse": False,
-            "roundup_power2_divisions": {
-                str(k): v for k, v in zip(ROUNDUP_KEYS_MB, self.divisions, strict=True)
-            },
+            "roundup_power2_divisions": {str(k): v for k, v in zip(ROUNDUP_KEYS_MB, self.divisions, strict=True)},
         }
 
 

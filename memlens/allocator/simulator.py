@@ -616,9 +616,7 @@ class CachingAllocatorSimulator:
         self.segment_free_count += 1
         self._record("segment_free", block.address, block.size, block.stream, frames or block.segment_frames)
 
-    def _release_available_cached_blocks(
-        self, pool: _Pool, size: int, stream: int, frames: Frames | None
-    ) -> bool:
+    def _release_available_cached_blocks(self, pool: _Pool, size: int, stream: int, frames: Frames | None) -> bool:
         """Free oversize cached blocks, only as many as the request needs (max_split_size set)."""
         if self.settings.max_split_size is None:
             return False
@@ -668,9 +666,7 @@ class CachingAllocatorSimulator:
             return
         target = self.reserved_bytes - gc_threshold
         pool = self._large
-        candidates = [
-            self._free[key & _ADDRESS_MASK] for stream in sorted(pool.keys) for key in pool.keys[stream]
-        ]
+        candidates = [self._free[key & _ADDRESS_MASK] for stream in sorted(pool.keys) for key in pool.keys[stream]]
         freeable = [b for b in candidates if not b.is_split]
         if not freeable:
             return

@@ -58,9 +58,7 @@ def whatif(
         overrides["max_split_size"] = max_split_size_mb * MiB
     if garbage_collection_threshold is not None:
         overrides["garbage_collection_threshold"] = garbage_collection_threshold
-    settings = dataclasses.replace(
-        AllocatorSettings.from_snapshot_dict(loaded.allocator_settings), **overrides
-    )
+    settings = dataclasses.replace(AllocatorSettings.from_snapshot_dict(loaded.allocator_settings), **overrides)
     result = run_whatif(loaded, settings=settings, capacity=capacity_bytes, device=device)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))

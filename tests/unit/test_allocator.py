@@ -245,9 +245,7 @@ def test_memory_fraction_limits_reserved() -> None:
 
 def test_garbage_collection_threshold_frees_old_cached_blocks() -> None:
     def run(threshold: float) -> int:
-        sim = CachingAllocatorSimulator(
-            AllocatorSettings(garbage_collection_threshold=threshold), capacity=100 * MiB
-        )
+        sim = CachingAllocatorSimulator(AllocatorSettings(garbage_collection_threshold=threshold), capacity=100 * MiB)
         a, b = sim.malloc(30 * MiB), sim.malloc(30 * MiB)
         sim.free(a)
         sim.free(b)

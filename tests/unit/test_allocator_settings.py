@@ -38,9 +38,7 @@ def test_snapshot_dict_round_trip() -> None:
     assert written["max_split_size"] == 128 * MiB
     assert written["roundup_power2_divisions"]["1024"] == 8
     assert AllocatorSettings.from_snapshot_dict(written) == settings
-    uniform = AllocatorSettings(
-        max_split_size=128 * MiB, roundup_power2_divisions=4, expandable_segments=True
-    )
+    uniform = AllocatorSettings(max_split_size=128 * MiB, roundup_power2_divisions=4, expandable_segments=True)
     assert AllocatorSettings.from_alloc_conf(uniform.to_alloc_conf()) == uniform
 
 
@@ -51,10 +49,7 @@ def test_alloc_conf() -> None:
     bracketed = AllocatorSettings.from_alloc_conf("roundup_power2_divisions:[256:1,512:2,>:8]")
     assert bracketed.divisions[:8] == (1,) * 8  # the first entry also fills the intervals below it
     assert bracketed.divisions[8] == 1 and bracketed.divisions[9:] == (8,) * 7
-    assert (
-        AllocatorSettings.from_alloc_conf("garbage_collection_threshold:0.8").garbage_collection_threshold
-        == 0.8
-    )
+    assert AllocatorSettings.from_alloc_conf("garbage_collection_threshold:0.8").garbage_collection_threshold == 0.8
     assert AllocatorSettings.from_alloc_conf("backend:native,pinned_use_cuda_host_register:True") == (
         AllocatorSettings()
     )

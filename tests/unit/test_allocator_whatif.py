@@ -40,11 +40,7 @@ def test_replaying_a_complete_history_reproduces_it() -> None:
     training_like(sim)
     result = whatif(snapshot_of(sim))
     assert not result.seeded
-    assert (
-        result.simulated["peak_reserved_bytes"]
-        == result.recorded["peak_reserved_bytes"]
-        == sim.peak_reserved_bytes
-    )
+    assert result.simulated["peak_reserved_bytes"] == result.recorded["peak_reserved_bytes"] == sim.peak_reserved_bytes
     assert result.simulated["segment_allocs"] == result.recorded["segment_allocs"] == sim.segment_alloc_count
     assert result.simulated["segment_frees"] == result.recorded["segment_frees"]
     assert result.simulated["final_reserved_bytes"] == sim.reserved_bytes
@@ -130,9 +126,7 @@ def test_gc_threshold_needs_a_capacity() -> None:
     sim.malloc(10)
     with pytest.raises(MemlensUsageError):
         whatif(snapshot_of(sim), settings=AllocatorSettings(garbage_collection_threshold=0.5))
-    result = whatif(
-        snapshot_of(sim), settings=AllocatorSettings(garbage_collection_threshold=0.5), capacity=MiB * 100
-    )
+    result = whatif(snapshot_of(sim), settings=AllocatorSettings(garbage_collection_threshold=0.5), capacity=MiB * 100)
     assert result.simulated["peak_reserved_bytes"] == 2 * MiB
 
 
