@@ -214,9 +214,7 @@ def _trainable_inventory(
         count = rest // (d * d)
         if count:
             matrices.append(Matrix("assumed_square", d, d, count))
-            notes.append(
-                f"{count * d * d:,} trainable parameters of unknown shape counted as {d} x {d} matrices"
-            )
+            notes.append(f"{count * d * d:,} trainable parameters of unknown shape counted as {d} x {d} matrices")
             rest -= count * d * d
     return matrices, rest
 
@@ -258,9 +256,7 @@ def _optimizer_state(
         )
     rank = setup.galore_rank
     assert rank is not None  # checked by TrainingSetup
-    galore = sum(
-        formulas.galore_state_values(m.rows, m.cols, rank) * m.count for m in matrices if m.in_blocks
-    )
+    galore = sum(formulas.galore_state_values(m.rows, m.cols, rank) * m.count for m in matrices if m.in_blocks)
     return (
         int((galore + adam_values) * sb),
         f"{sb:g}(2 r n + m r) per block matrix + {2 * sb:g}N_rest",
@@ -288,9 +284,7 @@ def estimate(spec: ModelSpec, setup: TrainingSetup | None = None) -> Budget:
         base_trainable = 0
     elif setup.frozen_layers:
         if spec.params_per_layer is None or spec.n_layers is None:
-            raise MemlensUsageError(
-                "frozen layers need the per-layer size: give --hidden, --layers and --ffn"
-            )
+            raise MemlensUsageError("frozen layers need the per-layer size: give --hidden, --layers and --ffn")
         if setup.frozen_layers > spec.n_layers:
             raise MemlensUsageError(f"cannot freeze {setup.frozen_layers} of {spec.n_layers} layers")
         base_trainable = max(0, spec.trainable_base_params - setup.frozen_layers * spec.params_per_layer)
@@ -309,9 +303,7 @@ def estimate(spec: ModelSpec, setup: TrainingSetup | None = None) -> Budget:
         base_formula, base_text = "P/2", "4-bit NF4 base"
         if setup.count_quant_constants:
             base_formula += " + constants"
-            base_text += " with quantisation constants" + (
-                " (double-quantised)" if setup.qlora_double_quant else ""
-            )
+            base_text += " with quantisation constants" + (" (double-quantised)" if setup.qlora_double_quant else "")
     else:
         base_bytes = formulas.weight_bytes(p, wb)
         base_formula, base_text = f"{wb}P", f"{'fp32' if wb == 4 else '16-bit'} weights"
@@ -367,9 +359,7 @@ def estimate(spec: ModelSpec, setup: TrainingSetup | None = None) -> Budget:
             notes.append(f"{line.name} not estimated: {line.explanation}")
     if setup.grad_accum > 1 or world > 1:
         effective = setup.micro_batch * setup.grad_accum * world
-        notes.append(
-            f"effective batch B*A*N = {effective}; activations follow the micro-batch B = {setup.micro_batch}"
-        )
+        notes.append(f"effective batch B*A*N = {effective}; activations follow the micro-batch B = {setup.micro_batch}")
     return Budget(spec, setup, tuple(items), trainable, n_adapter, tuple(notes))
 
 
@@ -377,12 +367,8 @@ def _batch_items(spec: ModelSpec, setup: TrainingSetup) -> list[LineItem]:
     """Activations (and the recompute working set under checkpointing) and the logits."""
     b, t, d = setup.micro_batch, setup.seq_len, spec.hidden_size
     items: list[LineItem] = []
-    missing = [
-        flag for flag, value in (("--hidden", d), ("--layers", spec.n_layers), ("--seq", t)) if value is None
-    ]
-    heads_needed = (
-        setup.activation_formula == "megatron" and not setup.flash_attention and spec.n_heads is None
-    )
+    missing = [flag for flag, value in (("--hidden", d), ("--layers", spec.n_layers), ("--seq", t)) if value is None]
+    heads_needed = setup.activation_formula == "megatron" and not setup.flash_attention and spec.n_heads is None
     if heads_needed:
         missing.append("--heads (attention scores without FlashAttention)")
     if missing:
@@ -391,9 +377,7 @@ def _batch_items(spec: ModelSpec, setup: TrainingSetup) -> list[LineItem]:
         assert t is not None and d is not None and spec.n_layers is not None
         items += _activation_items(spec, setup, b, t, d, spec.n_layers)
     if t is None or spec.vocab_size is None:
-        need = ", ".join(
-            flag for flag, value in (("--vocab", spec.vocab_size), ("--seq", t)) if value is None
-        )
+        need = ", ".join(flag for flag, value in (("--vocab", spec.vocab_size), ("--seq", t)) if value is None)
         items.append(LineItem("logits", 0, "-", "needs " + need, estimated=False))
     else:
         factor = setup.chunked_loss
@@ -404,9 +388,7 @@ def _batch_items(spec: ModelSpec, setup: TrainingSetup) -> list[LineItem]:
     return items
 
 
-def _activation_items(
-    spec: ModelSpec, setup: TrainingSetup, b: int, t: int, d: int, n_layers: int
-) -> list[LineItem]:
+def _activation_items(spec: ModelSpec, setup: TrainingSetup, b: int, t: int, d: int, n_layers: int) -> list[LineItem]:
     scale = setup.activation_bytes_scale
     element = 2 * scale
     # Frozen bottom blocks have no trainable parameter below them, so autograd saves nothing there.

@@ -152,9 +152,7 @@ def zero_static_bytes(n_params: int, stage: int, world_size: int) -> float:
     raise ValueError(f"ZeRO stage must be 0-3, not {stage}")
 
 
-def activation_rule_of_thumb_bytes(
-    batch: int, seq: int, hidden: int, layers: int, bytes_per_element: float = 2
-) -> int:
+def activation_rule_of_thumb_bytes(batch: int, seq: int, hidden: int, layers: int, bytes_per_element: float = 2) -> int:
     """12 stored elements per token per layer: M_act ~ 24 * B * T * d * L in 16-bit.
 
     Reference, "Activations" (L=32, d=4096, B=2, T=4096 -> 25,769,803,776 B).
@@ -200,9 +198,7 @@ def selective_layer_activation_bytes(
     return round(kept * seq * batch * hidden * bytes_scale)
 
 
-def checkpointed_block_input_bytes(
-    batch: int, seq: int, hidden: int, layers: int, bytes_per_element: float = 2
-) -> int:
+def checkpointed_block_input_bytes(batch: int, seq: int, hidden: int, layers: int, bytes_per_element: float = 2) -> int:
     """Full activation checkpointing keeps only each block's input: L * B * T * d * 2 bytes.
 
     Reference, "Activations" (L=32, d=4096, B=2, T=4096 -> 2,147,483,648 B).

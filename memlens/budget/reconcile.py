@@ -95,8 +95,7 @@ def _measured_mapping(measured: Mapping[str, int] | Any) -> dict[str, int]:
     source = getattr(measured, "categories_at_peak", measured)
     if not isinstance(source, Mapping):
         raise MemlensUsageError(
-            "measured must be a mapping of category -> bytes or have categories_at_peak, "
-            f"not {type(measured).__name__}"
+            f"measured must be a mapping of category -> bytes or have categories_at_peak, not {type(measured).__name__}"
         )
     unknown = sorted(str(key) for key in source if key not in MEASURED_CATEGORIES)
     if unknown:
@@ -134,10 +133,8 @@ def _note(category: str, budget: Budget, theory: int, measured: int, tolerance: 
         return ""
     if measured == 0:
         return {
-            "gradients": "no gradients at the peak: it came in the forward pass, "
-            "or zero_grad(set_to_none) freed them",
-            "optimizer_state": "no optimizer state at the peak: before the first optimizer.step(), "
-            "or offloaded",
+            "gradients": "no gradients at the peak: it came in the forward pass, or zero_grad(set_to_none) freed them",
+            "optimizer_state": "no optimizer state at the peak: before the first optimizer.step(), or offloaded",
             "activations": "no activations at the peak: it came outside the forward/backward pass",
         }.get(category, "nothing measured")
     # What the theory would say if every parameter trained (states and gradients for frozen ones).
@@ -145,8 +142,7 @@ def _note(category: str, budget: Budget, theory: int, measured: int, tolerance: 
     if category == "parameters":
         if _near(ratio, 2.0, tolerance) and setup.weight_bytes_per_param == 2:
             return (
-                f"{ratio:.2f}x the theory: weights held in fp32 where 16-bit assumed "
-                "(autocast keeps fp32 parameters)"
+                f"{ratio:.2f}x the theory: weights held in fp32 where 16-bit assumed (autocast keeps fp32 parameters)"
             )
         if _near(ratio, 0.5, tolerance) and setup.weight_bytes_per_param == 4:
             return f"{ratio:.2f}x the theory: weights held in 16-bit where fp32 assumed"
@@ -156,8 +152,7 @@ def _note(category: str, budget: Budget, theory: int, measured: int, tolerance: 
             f"{ratio:.2f}x the theory: another copy of the weights (EMA, reference model) or a different "
             "parameter count"
             if ratio > 1
-            else f"{ratio:.2f}x the theory: part of the model is elsewhere "
-            "(sharded, offloaded or on another device)"
+            else f"{ratio:.2f}x the theory: part of the model is elsewhere (sharded, offloaded or on another device)"
         )
     if category in ("gradients", "optimizer_state"):
         if frozen_ratio is not None and _near(ratio, frozen_ratio, tolerance):
@@ -169,10 +164,7 @@ def _note(category: str, budget: Budget, theory: int, measured: int, tolerance: 
             return f"{ratio:.2f}x the theory: {what} ({frozen:,} parameters the budget treats as frozen)"
         if _near(ratio, 2.0, tolerance):
             if category == "gradients":
-                return (
-                    f"{ratio:.2f}x the theory: gradients kept in fp32 where 16-bit assumed, "
-                    "or for frozen layers"
-                )
+                return f"{ratio:.2f}x the theory: gradients kept in fp32 where 16-bit assumed, or for frozen layers"
             return (
                 f"{ratio:.2f}x the theory: states kept for frozen parameters, or a state dtype twice the "
                 f"assumed {setup.optim_dtype}"

@@ -35,9 +35,7 @@ def render_budget(budget: Budget, *, binary: bool = False, checks: Sequence[Capa
     for line in budget.items:
         size = _size(line.bytes, binary) if line.estimated else "n/a"
         host = f" [host {_size(line.host_bytes, binary)}]" if line.host_bytes else ""
-        lines.append(
-            f"{line.name:<{name_width}}{size:>{size_width}}  {line.formula:<14} {line.explanation}{host}"
-        )
+        lines.append(f"{line.name:<{name_width}}{size:>{size_width}}  {line.formula:<14} {line.explanation}{host}")
         if line.name == "optimizer_state":
             lines.append(f"{'static total':<{name_width}}{_size(budget.static_bytes, binary):>{size_width}}")
     missing = [line.name for line in budget.items if not line.estimated]
@@ -46,9 +44,7 @@ def render_budget(budget: Budget, *, binary: bool = False, checks: Sequence[Capa
         total += f"  (leaves out {', '.join(missing)}: not estimated)"
     lines.append(total)
     if budget.host_bytes:
-        lines.append(
-            f"{'on the host':<{name_width}}{_size(budget.host_bytes, binary):>{size_width}}  (offloaded)"
-        )
+        lines.append(f"{'on the host':<{name_width}}{_size(budget.host_bytes, binary):>{size_width}}  (offloaded)")
     for check in checks:
         verdict = "yes" if check.fits else "no"
         cap = _size(check.capacity_bytes, binary)
@@ -57,8 +53,7 @@ def render_budget(budget: Budget, *, binary: bool = False, checks: Sequence[Capa
         if check.max_batch is not None:
             fit = check.max_batch
             lines.append(
-                f"largest micro-batch on {cap}: {fit.micro_batch} "
-                f"(limited by {fit.limiting_item}; {fit.explanation})"
+                f"largest micro-batch on {cap}: {fit.micro_batch} (limited by {fit.limiting_item}; {fit.explanation})"
             )
         else:
             lines.append(f"largest micro-batch on {cap}: unknown ({check.max_batch_unknown})")
@@ -75,7 +70,5 @@ def render_reconciliation(reconciliation: Reconciliation, *, binary: bool = Fals
     for row in reconciliation.rows:
         measured = _size(row.measured_bytes, binary) if row.measured_bytes is not None else "not measured"
         ratio = f"{row.ratio:.2f}" if row.ratio is not None else "-"
-        lines.append(
-            f"{row.category:<18}{_size(row.theory_bytes, binary):>14}{measured:>18}{ratio:>8}  {row.note}"
-        )
+        lines.append(f"{row.category:<18}{_size(row.theory_bytes, binary):>14}{measured:>18}{ratio:>8}  {row.note}")
     return "\n".join(lines) + "\n"

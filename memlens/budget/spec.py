@@ -126,9 +126,7 @@ class ModelSpec:
         if ALL_LINEAR in wanted:
             return blocks
         chosen = [m for m in blocks if m.name.rsplit(".", 1)[-1] in wanted or m.name in wanted]
-        unmatched = sorted(
-            t for t in wanted if not any(m.name.rsplit(".", 1)[-1] == t or m.name == t for m in chosen)
-        )
+        unmatched = sorted(t for t in wanted if not any(m.name.rsplit(".", 1)[-1] == t or m.name == t for m in chosen))
         if unmatched:
             known = sorted({m.name.rsplit(".", 1)[-1] for m in blocks})
             raise MemlensUsageError(
@@ -316,12 +314,15 @@ class ModelSpec:
         if not isinstance(module, nn.Module):
             raise MemlensUsageError(f"from_module needs a torch.nn.Module, not {type(module).__name__}")
         n_base = n_base_trainable = n_adapters = 0
+        adapter_matrices: list[Matrix] = []
         by_dtype: Counter[str] = Counter()
         for name, param in module.named_parameters():
             numel = param.numel()
             by_dtype[str(param.dtype).removeprefix("torch.")] += numel * param.element_size()
             if _LORA_NAME.search(name):
                 n_adapters += numel
+                if param.dim() == 2:
+                    adapter_matrices.append(Matrix(name, int(param.shape[0]), int(param.shape[1])))
             else:
                 n_base += numel
                 n_base_trainable += numel if param.requires_grad else 0
@@ -329,7 +330,6 @@ class ModelSpec:
             raise MemlensUsageError(f"{type(module).__name__} has no parameters")
 
         matrices: list[Matrix] = []
-        adapter_matrices: list[Matrix] = []
         in_features: Counter[int] = Counter()
         found_heads: int | None = None
         found_ffn: int | None = None
@@ -344,8 +344,6 @@ class ModelSpec:
                     continue
                 seen_weights.add(id(weight))
             if _LORA_NAME.search(name):
-                if isinstance(child, nn.Linear):
-                    adapter_matrices.append(Matrix(name, child.out_features, child.in_features))
                 continue
             if isinstance(child, nn.Embedding):
                 matrices.append(
@@ -362,9 +360,7 @@ class ModelSpec:
                     found_vocab, found_hidden = child.num_embeddings, child.embedding_dim
             elif isinstance(child, nn.Linear):
                 matrices.append(
-                    Matrix(
-                        name, child.out_features, child.in_features, 1, trainable=child.weight.requires_grad
-                    )
+                    Matrix(name, child.out_features, child.in_features, 1, trainable=child.weight.requires_grad)
                 )
                 in_features[child.in_features] += 1
             elif isinstance(child, nn.MultiheadAttention):
@@ -392,9 +388,7 @@ class ModelSpec:
                     found_heads = value
         # A Linear whose output is the vocabulary is the head, not a block projection.
         matrices = [
-            replace(m, in_blocks=False)
-            if m.in_blocks and found_vocab is not None and m.rows == found_vocab
-            else m
+            replace(m, in_blocks=False) if m.in_blocks and found_vocab is not None and m.rows == found_vocab else m
             for m in matrices
         ]
         config = getattr(module, "config", None)

@@ -192,6 +192,4 @@ def parse_checkpointing(text: str) -> tuple[str, int]:
             return "every", int(rest)
     if value == "every":
         raise MemlensUsageError("checkpointing every:K needs K (e.g. every:4)")
-    return cast(
-        str, _choice(value, ("none", "full", "selective"), {"off": "none", "no": "none"}, "checkpointing")
-    ), 1
+    return cast(str, _choice(value, ("none", "full", "selective"), {"off": "none", "no": "none"}, "checkpointing")), 1

@@ -76,12 +76,8 @@ def parse_capacity(text: str) -> int:
     show_default=True,
     help="sgd, sgd-momentum, adam, adamw, adam-8bit, adafactor, muon, galore.",
 )
-@click.option(
-    "--optim-dtype", default="fp32", show_default=True, help="Optimizer-state dtype: fp32, bf16, fp16."
-)
-@click.option(
-    "--grad-dtype", default=None, help="Gradient dtype if not the weights' (e.g. fp32 accumulation)."
-)
+@click.option("--optim-dtype", default="fp32", show_default=True, help="Optimizer-state dtype: fp32, bf16, fp16.")
+@click.option("--grad-dtype", default=None, help="Gradient dtype if not the weights' (e.g. fp32 accumulation).")
 @click.option("--galore-rank", type=int, default=None, help="Projection rank for --optimizer galore.")
 @click.option("--lora-rank", type=int, default=None, help="Train LoRA adapters of this rank (base frozen).")
 @click.option(
@@ -123,13 +119,9 @@ def parse_capacity(text: str) -> int:
 )
 @click.option("--zero", "zero_stage", type=int, default=0, show_default=True, help="ZeRO stage 0-3.")
 @click.option("--world-size", type=int, default=1, show_default=True, help="Data-parallel ranks N.")
-@click.option(
-    "--offload-optimizer", is_flag=True, help="Keep master weights and optimizer state on the host."
-)
+@click.option("--offload-optimizer", is_flag=True, help="Keep master weights and optimizer state on the host.")
 @click.option("--offload-params", is_flag=True, help="Keep parameters on the host (ZeRO-3).")
-@click.option(
-    "--capacity", multiple=True, help="Device memory to fit, e.g. 80GB, 24GiB, 141 (GB). Repeatable."
-)
+@click.option("--capacity", multiple=True, help="Device memory to fit, e.g. 80GB, 24GiB, 141 (GB). Repeatable.")
 @click.option("--gib", is_flag=True, help="Print GiB (2**30 bytes) instead of GB (1e9 bytes).")
 @click.option("--json", "as_json", is_flag=True, help="Print the line items and totals as JSON (bytes).")
 def budget(
@@ -181,9 +173,7 @@ def budget(
     if config_path is not None:
         given = [flag for flag, value in sizes.items() if value is not None]
         if given or tie_embeddings:
-            raise MemlensUsageError(
-                f"--config gives the sizes; drop {', '.join(given) or '--tie-embeddings'}"
-            )
+            raise MemlensUsageError(f"--config gives the sizes; drop {', '.join(given) or '--tie-embeddings'}")
         spec = ModelSpec.from_config_json(config_path, n_params=n_params)
     else:
         spec = ModelSpec.from_numbers(

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from memlens.budget import (
+    Budget,
     ModelSpec,
     TrainingSetup,
     estimate,
@@ -41,9 +42,7 @@ def test_ref_7b_mixed_precision_adam_static_is_112_gb() -> None:
 
 def test_ref_3b_line_items_and_optimizer_share() -> None:
     budget = estimate(ModelSpec.from_numbers(3e9), adamw_mixed())
-    assert [
-        budget.bytes_of(name) for name in ("weights", "gradients", "master_weights", "optimizer_state")
-    ] == [
+    assert [budget.bytes_of(name) for name in ("weights", "gradients", "master_weights", "optimizer_state")] == [
         6 * GB,
         6 * GB,
         12 * GB,
@@ -91,7 +90,7 @@ def test_ref_lora_r8_qkvo_on_5120_by_40() -> None:
     assert full.bytes_of("optimizer_state") == 104 * GB
 
 
-def _lora_7b(qlora: bool):  # type: ignore[no-untyped-def]
+def _lora_7b(qlora: bool) -> Budget:
     spec = ModelSpec.from_numbers(7e9, hidden_size=4096, n_layers=32)
     # Pure bf16 adapters with fp32 Adam: the reference's "2|theta| (bf16 adapters) + 8|theta| (fp32 Adam)".
     setup = TrainingSetup(precision="bf16", lora_rank=16, lora_targets=("q", "k", "v", "o"), qlora=qlora)
@@ -170,9 +169,7 @@ def test_megatron_activations_and_flash_attention() -> None:
     b, t, d, a, n_layers = 1, 2048, 4096, 32, 32
     spec = ModelSpec.from_numbers(7e9, hidden_size=d, n_layers=n_layers, n_heads=a)
     flash = estimate(spec, TrainingSetup(micro_batch=b, seq_len=t)).bytes_of("activations")
-    plain = estimate(spec, TrainingSetup(micro_batch=b, seq_len=t, flash_attention=False)).bytes_of(
-        "activations"
-    )
+    plain = estimate(spec, TrainingSetup(micro_batch=b, seq_len=t, flash_attention=False)).bytes_of("activations")
     assert flash == n_layers * 34 * t * b * d
     assert plain == n_layers * (34 * t * b * d + 5 * a * t * t * b)
 
@@ -416,9 +413,11 @@ class PeftStyleLoraLinear(nn.Module):
 def test_from_module_finds_peft_style_adapters() -> None:
     model = LlamaLike(64, 2, 4, 100, 128).requires_grad_(False)
     for block in model.layers:
-        attention = block.self_attn
-        attention.q_proj = PeftStyleLoraLinear(attention.q_proj, 4)
-        attention.v_proj = PeftStyleLoraLinear(attention.v_proj, 4)
+        attention = block.get_submodule("self_attn")
+        for name in ("q_proj", "v_proj"):
+            base = attention.get_submodule(name)
+            assert isinstance(base, nn.Linear)
+            setattr(attention, name, PeftStyleLoraLinear(base, 4))
     spec = ModelSpec.from_module(model)
     assert spec.adapter_params == 2 * 2 * 4 * (64 + 64)
     assert spec.n_trainable == 0
@@ -429,6 +428,33 @@ def test_from_module_finds_peft_style_adapters() -> None:
     with pytest.raises(MemlensUsageError, match="already has LoRA"):
         estimate(spec, TrainingSetup(lora_rank=8))
     assert estimate(spec, TrainingSetup(optimizer="adafactor")).bytes_of("optimizer_state") > 0
+
+
+class SimpleLoRALinear(nn.Module):
+    """A hand-written LoRA wrapper: frozen base weight, lora_A / lora_B parameters."""
+
+    def __init__(self, base: nn.Linear, r: int) -> None:
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        self.lora_A = nn.Parameter(torch.zeros(r, base.in_features))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, r))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + x @ self.lora_A.T @ self.lora_B.T
+
+
+def test_from_module_finds_a_simple_lora_wrapper() -> None:
+    model = LlamaLike(64, 2, 4, 100, 128).requires_grad_(False)
+    for block in model.layers:
+        mlp = block.get_submodule("mlp")
+        base = mlp.get_submodule("down_proj")
+        assert isinstance(base, nn.Linear)
+        mlp.down_proj = SimpleLoRALinear(base, 8)
+    spec = ModelSpec.from_module(model)
+    assert spec.adapter_params == 2 * 8 * (128 + 64)
+    assert sorted((m.rows, m.cols) for m in spec.adapter_matrices) == [(8, 128), (8, 128), (64, 8), (64, 8)]
+    adafactor = estimate(spec, TrainingSetup(optimizer="adafactor")).bytes_of("optimizer_state")
+    assert adafactor == 4 * 2 * ((8 + 128) + (64 + 8))
 
 
 def test_from_module_counts_trainable_and_tied_weights_once() -> None:
@@ -490,7 +516,7 @@ class FakeDeviceReport:
     categories_at_peak: dict[str, int]
 
 
-def _theory_as_measured(budget) -> dict[str, int]:  # type: ignore[no-untyped-def]
+def _theory_as_measured(budget: Budget) -> dict[str, int]:
     return {
         "parameters": budget.bytes_of("weights"),
         "gradients": budget.bytes_of("gradients"),
@@ -552,9 +578,7 @@ def test_reconcile_tolerance_missing_categories_and_errors() -> None:
 )
 def test_invariants(batch: int, seq: int, stage: int, world: int, mode: str) -> None:
     spec = ModelSpec.from_numbers(**LLAMA_7B)  # type: ignore[arg-type]
-    setup = TrainingSetup(
-        micro_batch=batch, seq_len=seq, zero_stage=stage, world_size=world, checkpointing=mode
-    )
+    setup = TrainingSetup(micro_batch=batch, seq_len=seq, zero_stage=stage, world_size=world, checkpointing=mode)
     budget = estimate(spec, setup)
     bigger = estimate(spec, setup.with_batch(batch + 1))
     unsharded = estimate(spec, TrainingSetup(micro_batch=batch, seq_len=seq, checkpointing=mode))

@@ -37,9 +37,7 @@ def test_7b_adamw_bf16_mixed_prints_112_gb_static_total() -> None:
 
 
 def test_json_gives_the_line_items() -> None:
-    payload = json.loads(
-        run("--params", "7e9", "--optimizer", "adamw", "--precision", "bf16-mixed", "--json")
-    )
+    payload = json.loads(run("--params", "7e9", "--optimizer", "adamw", "--precision", "bf16-mixed", "--json"))
     items = {item["name"]: item["bytes"] for item in payload["items"]}
     assert items["weights"] == 14 * 10**9 and items["optimizer_state"] == 56 * 10**9
     assert payload["static_bytes"] == 112 * 10**9
@@ -166,9 +164,7 @@ def test_every_input_flag_is_accepted(tmp_path: Path) -> None:
         (["--config", "x.json", "--hidden", "8"], "--config gives the sizes"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(
-    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     result = CliRunner().invoke(budget, args)
     assert isinstance(result.exception, MemlensUsageError)
     assert message in str(result.exception)
