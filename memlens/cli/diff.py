@@ -1,0 +1,70 @@
+"""What grew between two snapshots: the peak, each category at the peak, and which code.
+
+Stacks are matched by their Python frames, so the same line of code lines up across runs.
+
+  memlens diff before.pickle after.pickle
+  memlens diff rank0.pickle rank1.pickle --json
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from memlens.cli.common import analyze_paths
+from memlens.units import format_bytes
+
+
+def _delta(before: int, after: int) -> Text:
+    change = after - before
+    if change == 0:
+        return Text("0", style="dim")
+    style = "red" if change > 0 else "green"
+    return Text(("+" if change > 0 else "-") + format_bytes(abs(change)), style=style)
+
+
+@click.command(help=__doc__)
+@click.argument("before", type=click.Path(dir_okay=False))
+@click.argument("after", type=click.Path(dir_okay=False))
+@click.option("--device", type=int, default=None, help="Device index in both files.")
+@click.option("--top", type=click.IntRange(1, 100), default=10, show_default=True, help="Stacks to show.")
+@click.option("--json", "as_json", is_flag=True, help="Print the diff as JSON.")
+@click.option("--width", type=int, default=None, help="Terminal width (default: detected).")
+@click.option("--color/--no-color", default=None, help="Force colour on or off.")
+def diff(before: str, after: str, device: int | None, top: int, as_json: bool, width: int | None,
+         color: bool | None) -> None:
+    from memlens.compare import diff_reports
+    from memlens.reporters.terminal import make_console, short_frame
+
+    report_before, report_after = analyze_paths([before, after], capacity=None, device=device)
+    result = diff_reports(report_before, report_after, device, device, top=top)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return
+    console = make_console(width=width, color=color)
+    console.print(Text("memlens diff", style="bold") + Text(f"  {before} -> {after}"))
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("", "before", "after", "change"):
+        table.add_column(column, justify="left" if not column else "right")
+    table.add_row("peak allocated", format_bytes(result.peak_allocated[0]), format_bytes(result.peak_allocated[1]),
+                  _delta(*result.peak_allocated))
+    table.add_row("peak reserved", format_bytes(result.peak_reserved[0]), format_bytes(result.peak_reserved[1]),
+                  _delta(*result.peak_reserved))
+    for name, (a, b) in result.categories.items():
+        if a or b:
+            table.add_row(f"  {name}", format_bytes(a), format_bytes(b), _delta(a, b))
+    console.print(table)
+    console.print(Text("\nStacks live at the peak that changed most", style="bold"))
+    if not result.stacks:
+        console.print("  none: the same code holds the same bytes at both peaks")
+    for change in result.stacks:
+        where = " ← ".join(short_frame(f) for f in change.frames[:3])
+        console.print(Text.assemble("  ", _delta(change.before_bytes, change.after_bytes),
+                                    f"  ({format_bytes(change.before_bytes)} -> {format_bytes(change.after_bytes)})  ",
+                                    where), overflow="ellipsis", no_wrap=True)
+    if result.findings_before != result.findings_after:
+        console.print(f"\nfindings: {', '.join(result.findings_before) or 'none'} -> "
+                      f"{', '.join(result.findings_after) or 'none'}")
