@@ -1,0 +1,379 @@
+"""The recorder on the CPU: storage tracking, steps, files, OOM, sidecar."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from memlens.errors import MemlensUsageError
+from memlens.recorder import record
+from memlens.recorder.cpu_tracker import StorageTracker, live_tensors
+from memlens.recorder.sidecar import model_stats, sidecar_path, write_atomic
+from memlens.recorder.stacks import StackCapture, relative_filename_map
+
+
+def fake_clock() -> Any:
+    return itertools.count(1_000_000).__next__
+
+
+def load_raw(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as handle:
+        return pickle.load(handle)
+
+
+def trace_of(path: Path) -> list[dict[str, Any]]:
+    return load_raw(path)["device_traces"][0]
+
+
+def actions(trace: list[dict[str, Any]]) -> list[str]:
+    return [entry["action"] for entry in trace]
+
+
+# ------------------------------------------------------------------------- stacks
+def _inner(capture: StackCapture) -> list[dict[str, object]]:
+    return capture.capture()
+
+
+def test_stack_is_innermost_first_and_interned() -> None:
+    capture = StackCapture()
+    stacks = []
+    for _ in range(2):
+        stacks.append(_inner(capture))
+    first, second = stacks
+    assert first[0]["name"] == "_inner"
+    assert first[1]["name"] == "test_stack_is_innermost_first_and_interned"
+    assert set(first[0]) == {"filename", "line", "name"}
+    assert first is second  # the same stack is one list object: pickled once
+
+
+def test_stack_depth_cap_and_filename_map() -> None:
+    capture = StackCapture(max_depth=2, filename_map=relative_filename_map({os.path.dirname(__file__): "T"}))
+    frames = _inner(capture)
+    assert len(frames) == 2
+    assert str(frames[0]["filename"]).startswith("T/")
+
+
+# ------------------------------------------------------------------------- tracking
+class FakeSimulator:
+    """Records malloc/free calls; addresses count up."""
+
+    def __init__(self) -> None:
+        self.record_history = True
+        self.calls: list[tuple[str, int, bool]] = []
+        self.allocated_bytes = 0
+        self._next = 0x1000
+
+    def malloc(self, size: int, stream: int = 0, frames: Any = None) -> int:
+        self._next += 1 << 20
+        self.calls.append(("malloc", size, self.record_history))
+        return self._next
+
+    def free(self, address: int, frames: Any = None) -> None:
+        self.calls.append(("free", address, self.record_history))
+
+
+def tracked(fn: Any) -> tuple[FakeSimulator, Any]:
+    from memlens.recorder.cpu_tracker import TrackingMode
+
+    simulator = FakeSimulator()
+    tracker = StorageTracker(simulator, StackCapture())  # type: ignore[arg-type]
+    tracker.active = True
+    with TrackingMode(tracker):
+        result = fn()
+        tracker.drain()
+    tracker.close()
+    return simulator, result
+
+
+def test_views_share_one_storage_and_free_is_reported_once() -> None:
+    def body() -> None:
+        base = torch.zeros(1024)
+        view = base[10:]
+        view2 = base.view(32, 32)
+        del base, view, view2
+
+    simulator, _ = tracked(body)
+    assert [call[0] for call in simulator.calls] == ["malloc", "free"]
+    assert simulator.calls[0][1] == 4096
+
+
+def test_inplace_ops_are_not_new_allocations() -> None:
+    def body() -> torch.Tensor:
+        x = torch.ones(256)
+        x.add_(1).mul_(2)
+        return x
+
+    simulator, _ = tracked(body)
+    assert [call[0] for call in simulator.calls] == ["malloc"]
+
+
+def test_backward_gradients_are_tracked() -> None:
+    layer = torch.nn.Linear(64, 64)
+
+    def body() -> None:
+        layer(torch.randn(8, 64)).sum().backward()
+
+    simulator, _ = tracked(body)
+    sizes = [size for kind, size, _ in simulator.calls if kind == "malloc"]
+    assert 64 * 64 * 4 in sizes  # weight.grad was born inside backward
+
+
+def test_seed_mallocs_without_history_and_skips_duplicates() -> None:
+    simulator = FakeSimulator()
+    tracker = StorageTracker(simulator, None)  # type: ignore[arg-type]
+    weight = torch.zeros(100)
+    assert tracker.seed([weight, weight[1:], torch.empty(0)]) == 1
+    assert simulator.calls == [("malloc", 400, False)]
+    assert simulator.record_history is True
+    tracker.close()
+
+
+def test_live_tensors_finds_model_and_optimizer_state_first() -> None:
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    found = live_tensors([model, optimizer])
+    ids = [id(t) for t in found]
+    assert ids[0] == id(model.weight)
+    state = optimizer.state[model.weight]
+    assert id(state["exp_avg"]) in ids and id(model.weight.grad) in ids
+
+
+# ------------------------------------------------------------------------- sessions
+def small_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    loss = model(torch.randn(16, 32)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss
+
+
+@pytest.fixture
+def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
+    return model, torch.optim.AdamW(model.parameters())
+
+
+def step_annotations(path: Path) -> list[tuple[str, str]]:
+    return [(a["name"], a["stage"]) for a in load_raw(path)["external_annotations"]]
+
+
+def test_scoped_steps_write_annotations_metadata_and_sidecar(
+    tmp_path: Path, model_and_optimizer: Any
+) -> None:
+    model, optimizer = model_and_optimizer
+    with record(tmp_path, model=model, optimizer=optimizer, clock=fake_clock()) as rec:
+        for _ in range(3):
+            with rec.step():
+                small_step(model, optimizer)
+    path = tmp_path / "snapshot.pickle"
+    assert rec.paths == [path]
+    assert step_annotations(path) == [
+        (f"memlens.step#{i}", stage) for i in range(3) for stage in ("START", "END")
+    ]
+    raw = load_raw(path)
+    assert {a["device"] for a in raw["external_annotations"]} == {0}
+    trace = raw["device_traces"][0]
+    assert {e["user_metadata"] for e in trace} == {"memlens.step#0", "memlens.step#1", "memlens.step#2"}
+    times = [e["time_us"] for e in trace]
+    assert times == sorted(times)
+    # parameters existed before recording: live blocks with no alloc event (a "ghost")
+    allocated_addresses = {e["addr"] for e in trace if e["action"] == "alloc"}
+    live = [b for s in raw["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    assert any(b["address"] not in allocated_addresses for b in live)
+
+    sidecar = json.loads(sidecar_path(path).read_text())
+    assert sidecar["backend"] == "cpu" and sidecar["reason"] == "exit"
+    assert sidecar["model"]["parameters_total"] == sum(p.numel() for p in model.parameters())
+    assert sidecar["model"]["parameter_bytes_by_dtype"] == {
+        "torch.float32": 4 * sidecar["model"]["parameters_total"]
+    }
+    assert sidecar["optimizer"]["class"] == "AdamW"
+    assert [s["index"] for s in sidecar["steps"]] == [0, 1, 2]
+    assert all(s["start_us"] < s["end_us"] for s in sidecar["steps"])
+    assert sidecar["rank"] == 0 and sidecar["world_size"] == 1
+    assert sidecar["peak_reserved_bytes"] >= sidecar["peak_allocated_bytes"] > 0
+
+
+def test_mark_step_numbers_steps_from_entering(tmp_path: Path, model_and_optimizer: Any) -> None:
+    model, optimizer = model_and_optimizer
+    with record(tmp_path, clock=fake_clock()) as rec:
+        for _ in range(2):
+            small_step(model, optimizer)
+            rec.mark_step()
+    names = step_annotations(rec.paths[-1])
+    assert names[:4] == [
+        ("memlens.step#0", "START"),
+        ("memlens.step#0", "END"),
+        ("memlens.step#1", "START"),
+        ("memlens.step#1", "END"),
+    ]
+
+
+def test_step_fn_decorator(tmp_path: Path, model_and_optimizer: Any) -> None:
+    model, optimizer = model_and_optimizer
+    with record(tmp_path, clock=fake_clock()) as rec:
+        step = rec.step_fn(lambda: small_step(model, optimizer))
+        for _ in range(2):
+            step()
+    assert [s["index"] for s in rec.steps] == [0, 1]
+
+
+def test_steps_filter_starts_late_and_stops_after_last(tmp_path: Path, model_and_optimizer: Any) -> None:
+    model, optimizer = model_and_optimizer
+    with record(tmp_path, steps=range(2, 4), model=model, clock=fake_clock()) as rec:
+        for _ in range(6):
+            with rec.step():
+                small_step(model, optimizer)
+    assert [s["index"] for s in rec.steps] == [2, 3]
+    sidecar = json.loads(sidecar_path(rec.paths[-1]).read_text())
+    assert sidecar["reason"] == "steps_done" and sidecar["steps_selected"] == [2, 3]
+    assert len(rec.paths) == 1  # nothing written after the last chosen step
+    raw = load_raw(rec.paths[-1])
+    trace = raw["device_traces"][0]
+    assert {e["user_metadata"] for e in trace} <= {"memlens.step#2", "memlens.step#3", ""}
+    # parameters and AdamW state existed before step 2: live blocks with no alloc event
+    allocated = {e["addr"] for e in trace if e["action"] == "alloc"}
+    ghosts = [
+        b["requested_size"]
+        for segment in raw["segments"]
+        for b in segment["blocks"]
+        if b["state"] == "active_allocated" and b["address"] not in allocated
+    ]
+    parameter_bytes = 4 * sum(p.numel() for p in model.parameters())
+    assert sum(ghosts) >= 3 * parameter_bytes
+
+
+def test_mixing_styles_is_an_error(tmp_path: Path) -> None:
+    with record(tmp_path, clock=fake_clock()) as rec:
+        rec.mark_step()
+        with pytest.raises(MemlensUsageError), rec.step():
+            pass
+
+
+def test_dump_every_writes_periodically(tmp_path: Path, model_and_optimizer: Any) -> None:
+    model, optimizer = model_and_optimizer
+    with record(tmp_path, dump_every=2, clock=fake_clock()) as rec:
+        for _ in range(4):
+            with rec.step():
+                small_step(model, optimizer)
+    reasons = []
+    assert len(rec.paths) == 3  # after steps 1 and 3, then on exit
+    reasons.append(json.loads(sidecar_path(rec.paths[-1]).read_text())["reason"])
+    assert reasons == ["exit"]
+
+
+def test_exception_dumps_and_reraises(tmp_path: Path, model_and_optimizer: Any) -> None:
+    model, optimizer = model_and_optimizer
+    with pytest.raises(ValueError), record(tmp_path, clock=fake_clock()) as rec, rec.step():
+        small_step(model, optimizer)
+        raise ValueError("boom")
+    assert json.loads(sidecar_path(rec.paths[-1]).read_text())["reason"] == "exception"
+
+
+def test_simulated_oom_raises_dumps_and_stops(tmp_path: Path) -> None:
+    keep = []
+    with pytest.raises(torch.OutOfMemoryError), record(tmp_path, capacity="8MiB", clock=fake_clock()) as rec:
+        for _ in range(10):
+            with rec.step():
+                keep.append(torch.empty(1 << 20))  # 4 MiB each: the third does not fit
+    assert rec.oom is not None and rec.oom["requested_bytes"] == 4 << 20
+    raw = load_raw(rec.paths[-1])
+    assert actions(raw["device_traces"][0])[-1] == "oom"
+    sidecar = json.loads(sidecar_path(rec.paths[-1]).read_text())
+    assert sidecar["reason"] == "oom" and sidecar["oom"]["requested_bytes"] == 4 << 20
+    assert len(rec.paths) == 1  # not written again on the way out
+    assert rec.backend.tracker.active is False  # type: ignore[attr-defined]
+    # recording is off: further work is not tracked and raises nothing
+    keep.append(torch.empty(1 << 22))
+
+
+def test_max_entries_keeps_the_newest(tmp_path: Path) -> None:
+    with record(tmp_path, max_entries=10, clock=fake_clock()) as rec:
+        for _ in range(20):
+            torch.ones(100)
+    trace = trace_of(rec.paths[-1])
+    assert len(trace) == 10
+
+
+def test_out_ending_in_pickle_is_the_file(tmp_path: Path) -> None:
+    target = tmp_path / "nested" / "run.pickle"
+    with record(target, clock=fake_clock()):
+        torch.ones(10)
+    assert target.exists() and (tmp_path / "nested" / "run.memlens.json").exists()
+
+
+def test_bad_options() -> None:
+    with pytest.raises(MemlensUsageError):
+        record("x", dump_every=0)
+    with pytest.raises(MemlensUsageError):
+        record("x", device="tpu")
+    with pytest.raises(MemlensUsageError):
+        record("x", steps=[])
+    if not torch.cuda.is_available():
+        with pytest.raises(MemlensUsageError):
+            record("x", device="cuda")
+
+
+# ------------------------------------------------------------------------- files
+def test_atomic_write_never_leaves_a_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "snap.pickle"
+    write_atomic(target, b"old")
+
+    def crash(fd: int) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", crash)
+    with pytest.raises(OSError):
+        write_atomic(target, b"new contents")
+    monkeypatch.undo()
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["snap.pickle"]
+
+
+def test_snapshot_uses_protocol_4(tmp_path: Path) -> None:
+    with record(tmp_path, clock=fake_clock()) as rec:
+        torch.ones(10)
+    data = rec.paths[0].read_bytes()
+    assert data[:2] == b"\x80\x04"
+
+
+def test_model_stats_counts_trainable_and_dtypes() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    model[0].weight.requires_grad_(False)
+    model[1].half()
+    stats = model_stats(model)
+    assert stats is not None
+    assert stats["parameters_total"] == 16 + 4 + 8
+    assert stats["parameters_trainable"] == 4 + 8
+    assert stats["parameter_bytes_by_dtype"] == {"torch.float16": 16, "torch.float32": 80}
+    assert stats["buffer_bytes_total"] > 0
+
+
+# ------------------------------------------------------------------------- CLI helpers
+def test_parse_steps_and_split_command(tmp_path: Path) -> None:
+    from memlens.cli.record import parse_steps, split_command
+
+    assert parse_steps("2:6") == range(2, 6)
+    assert parse_steps("1,3") == {1, 3}
+    assert parse_steps(None) is None
+    with pytest.raises(MemlensUsageError):
+        parse_steps("a:b")
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert split_command((sys.executable, str(script), "--x", "1")) == ("path", str(script), ["--x", "1"])
+    assert split_command(("python", "-m", "pkg.mod", "a")) == ("module", "pkg.mod", ["a"])
+    with pytest.raises(MemlensUsageError):
+        split_command(("python", str(tmp_path / "missing.py")))
+    with pytest.raises(MemlensUsageError):
+        split_command(("python", "-c", "print(1)"))
