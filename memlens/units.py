@@ -56,10 +56,10 @@ def format_bytes(n: float, binary: bool = True, precision: int = 2) -> str:
     """``format_bytes(3 * 2**30) == '3.00 GiB'``; ``binary=False`` prints GB/MB (powers of 1000)."""
     sign = "-" if n < 0 else ""
     n = abs(float(n))
-    if binary:
-        steps = ((TiB, "TiB"), (GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB"))
-    else:
-        steps = ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB"))
+    steps: tuple[tuple[float, str], ...] = (
+        ((TiB, "TiB"), (GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")) if binary
+        else ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB"))
+    )
     for factor, name in steps:
         if n >= factor:
             return f"{sign}{n / factor:.{precision}f} {name}"

@@ -24,7 +24,8 @@ _RANK_FILE = re.compile(r"rank\d+\.pickle$")
 
 def sample_groups(folder: Path) -> list[list[str]]:
     """One group per run: the files of a multi-rank run (``*rank0.pickle`` ...) go together."""
-    singles, ranks = [], {}
+    singles: list[list[str]] = []
+    ranks: dict[str, list[str]] = {}
     for path in sorted(folder.rglob("*.pickle")):
         if _RANK_FILE.search(path.name):
             ranks.setdefault(str(path.parent) + "/" + _RANK_FILE.sub("", path.name), []).append(str(path))

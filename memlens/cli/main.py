@@ -7,8 +7,6 @@ runs, so ``memlens triage`` never pays for importing dash or torch.
 from __future__ import annotations
 
 import importlib
-import sys
-import traceback
 from typing import Any
 
 import click
@@ -44,6 +42,16 @@ class LazyGroup(click.Group):
         assert isinstance(command, click.Command)
         return command
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """User mistakes (``MemlensError``) become one line on stderr and exit code 2."""
+        try:
+            return super().invoke(ctx)
+        except MemlensError as exc:
+            if (ctx.obj or {}).get("debug"):
+                raise
+            click.echo(f"memlens: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, SUBCOMMANDS[name][1]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
@@ -60,31 +68,9 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
-def main(argv: list[str] | None = None) -> Any:
-    """Entry point: user mistakes become one line on stderr and exit code 2."""
-    args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args
-    try:
-        result = cli.main(args=args, prog_name="memlens", standalone_mode=False)
-    except click.exceptions.Exit as exc:  # --help, --version
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("memlens: aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except MemlensError as exc:
-        if debug:
-            traceback.print_exc()
-        click.echo(f"memlens: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo("memlens: interrupted", err=True)
-        sys.exit(130)
-    if isinstance(result, int) and result:
-        sys.exit(result)
-    return result
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``memlens`` console script."""
+    cli.main(args=argv, prog_name="memlens")
 
 
 if __name__ == "__main__":
