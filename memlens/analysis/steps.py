@@ -100,13 +100,15 @@ def _steps_from_boundaries(trace: DeviceTrace, boundaries: list[int]) -> list[St
     """Segments between boundaries; the head and the tail are partial (the window cut them)."""
     n = len(trace)
     cuts = sorted({b for b in boundaries if 0 < b < n})
+    # A trace that ends exactly on a boundary has a whole last step; otherwise the tail is cut.
+    ends_on_boundary = any(b >= n for b in boundaries)
     edges = [0, *cuts, n]
     steps: list[Step] = []
     for i in range(len(edges) - 1):
         start, end = edges[i], edges[i + 1]
         if end <= start:
             continue
-        partial = i == 0 or i == len(edges) - 2
+        partial = i == 0 or (i == len(edges) - 2 and not ends_on_boundary)
         steps.append(Step(len(steps), start, end, _time_of(trace, start), _time_of(trace, end - 1), partial))
     return steps
 

@@ -1,0 +1,58 @@
+"""The report's JSON form, its schema, and the entry point's settings."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+
+import memlens
+from memlens.analysis import FINDING_KINDS, analyze
+from memlens.analysis.schema import REPORT_SCHEMA, validate
+from memlens.errors import MemlensUsageError
+from tests.unit.tracebuilder import MiB, training_run
+
+
+def test_json_matches_the_schema_and_round_trips() -> None:
+    report = analyze(training_run(6, leak=8 * MiB).snapshot(), capacity="8GiB")
+    data = json.loads(report.to_json_str())
+    assert validate(data) == []
+    assert data["schema_version"] == 1
+    device = data["devices"]["0"]
+    assert device["steps"][0]["start_us"] is not None
+    assert {f["kind"] for f in data["findings"]} <= set(FINDING_KINDS)
+    assert {"leak", "activation_plateau", "optimizer_spike"} <= {f["kind"] for f in data["findings"]}
+    assert [f["bytes"] for f in data["findings"]] == sorted((f["bytes"] for f in data["findings"]), reverse=True)
+
+
+def test_validator_catches_mistakes() -> None:
+    data = analyze(training_run(2).snapshot()).to_json()
+    del data["devices"]["0"]["steps"]
+    data["findings"].append({"kind": "nonsense"})
+    errors = validate(data)
+    assert any("missing 'steps'" in e for e in errors)
+    assert any("nonsense" in e for e in errors)
+
+
+def test_schema_agrees_with_jsonschema_when_installed() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(analyze(training_run(3).snapshot()).to_json(), REPORT_SCHEMA)
+
+
+def test_analyze_a_path(tmp_path: Path) -> None:
+    path = tmp_path / "run.pickle"
+    path.write_bytes(pickle.dumps(training_run(2).raw(), protocol=4))
+    report = memlens.analyze(path)
+    assert report.source == str(path)
+    assert report.device().events > 0
+
+
+def test_settings_are_checked() -> None:
+    snapshot = training_run(2).snapshot()
+    with pytest.raises(MemlensUsageError):
+        analyze(snapshot, device=3)
+    with pytest.raises(MemlensUsageError):
+        analyze(snapshot, nonsense=1)
+    assert analyze(snapshot, device=0, capacity="1GiB").device(0).capacity_bytes == 1 << 30
