@@ -127,6 +127,8 @@ def record(
             exit_code = 1
             recorder.close(failed=True)
     _report(recorder)
+    if exit_code:
+        click.get_current_context().exit(exit_code)  # the script's own exit status
     return exit_code
 
 

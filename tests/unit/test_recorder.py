@@ -168,9 +168,7 @@ def step_annotations(path: Path) -> list[tuple[str, str]]:
     return [(a["name"], a["stage"]) for a in load_raw(path)["external_annotations"]]
 
 
-def test_scoped_steps_write_annotations_metadata_and_sidecar(
-    tmp_path: Path, model_and_optimizer: Any
-) -> None:
+def test_scoped_steps_write_annotations_metadata_and_sidecar(tmp_path: Path, model_and_optimizer: Any) -> None:
     model, optimizer = model_and_optimizer
     with record(tmp_path, model=model, optimizer=optimizer, clock=fake_clock()) as rec:
         for _ in range(3):
@@ -178,9 +176,7 @@ def test_scoped_steps_write_annotations_metadata_and_sidecar(
                 small_step(model, optimizer)
     path = tmp_path / "snapshot.pickle"
     assert rec.paths == [path]
-    assert step_annotations(path) == [
-        (f"memlens.step#{i}", stage) for i in range(3) for stage in ("START", "END")
-    ]
+    assert step_annotations(path) == [(f"memlens.step#{i}", stage) for i in range(3) for stage in ("START", "END")]
     raw = load_raw(path)
     assert {a["device"] for a in raw["external_annotations"]} == {0}
     trace = raw["device_traces"][0]
@@ -195,9 +191,7 @@ def test_scoped_steps_write_annotations_metadata_and_sidecar(
     sidecar = json.loads(sidecar_path(path).read_text())
     assert sidecar["backend"] == "cpu" and sidecar["reason"] == "exit"
     assert sidecar["model"]["parameters_total"] == sum(p.numel() for p in model.parameters())
-    assert sidecar["model"]["parameter_bytes_by_dtype"] == {
-        "torch.float32": 4 * sidecar["model"]["parameters_total"]
-    }
+    assert sidecar["model"]["parameter_bytes_by_dtype"] == {"torch.float32": 4 * sidecar["model"]["parameters_total"]}
     assert sidecar["optimizer"]["class"] == "AdamW"
     assert [s["index"] for s in sidecar["steps"]] == [0, 1, 2]
     assert all(s["start_us"] < s["end_us"] for s in sidecar["steps"])
