@@ -61,6 +61,19 @@ def _scopes(annotations: list[Annotation], pattern: re.Pattern[str]) -> list[tup
     return sorted(out, key=lambda s: s[1] if s[1] is not None else (s[2] or 0))
 
 
+def _rows_of_scopes(
+    times: npt.NDArray[np.int64], scopes: list[tuple[str, int | None, int | None]], n: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """First row at/after each START and one past the last row at/before each END (one search each)."""
+    start_us = np.array([-1 if s is None else s for _, s, _ in scopes], dtype=np.int64)
+    end_us = np.array([-1 if e is None else e for _, _, e in scopes], dtype=np.int64)
+    starts = np.searchsorted(times, start_us, side="left").astype(np.int64)
+    ends = np.searchsorted(times, end_us, side="right").astype(np.int64)
+    starts[[s is None for _, s, _ in scopes]] = 0
+    ends[[e is None for _, _, e in scopes]] = n
+    return starts, ends
+
+
 def _time_of(trace: DeviceTrace, event: int) -> int | None:
     if not trace.has_time or len(trace) == 0:
         return None
@@ -73,11 +86,11 @@ def _steps_from_scopes(
     times = _search_times(trace)
     n = len(trace)
     raw: list[tuple[int, int, int, int | None, int | None, bool]] = []
+    starts, ends = _rows_of_scopes(times, scopes, n)
     for position, (name, start_us, end_us) in enumerate(scopes):
         match = pattern.search(name)
         index = int(match.group(1)) if match and match.groups() else position
-        start = 0 if start_us is None else int(np.searchsorted(times, start_us, side="left"))
-        end = n if end_us is None else int(np.searchsorted(times, end_us, side="right"))
+        start, end = int(starts[position]), int(ends[position])
         if end <= start:
             continue
         cut_start = start_us is None or (n > 0 and start_us < int(times[0]))
@@ -150,13 +163,8 @@ def optimizer_windows(
     if trace.has_time:
         scopes = _scopes(annotations, OPTIMIZER_STEP)
         if scopes:
-            times = _search_times(trace)
-            windows = []
-            for _, start_us, end_us in scopes:
-                start = 0 if start_us is None else int(np.searchsorted(times, start_us, side="left"))
-                end = n if end_us is None else int(np.searchsorted(times, end_us, side="right"))
-                if end > start:
-                    windows.append((start, end))
+            starts, ends = _rows_of_scopes(_search_times(trace), scopes, n)
+            windows = [(a, b) for a, b in zip(starts.tolist(), ends.tolist(), strict=True) if b > a]
             if windows:
                 return windows, "annotations"
     with_stack = np.flatnonzero(trace.stack_id >= 0)
