@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import gc
 import time
+from collections.abc import Callable
+from typing import Any
 
 import memlens
 from memlens.snapshot.reader import parse
@@ -21,7 +23,7 @@ from memlens.synthetic import synthetic_snapshot
 BUDGET_RATIO = 0.5
 
 
-def _best(fn, repeat: int) -> tuple[float, object]:  # type: ignore[no-untyped-def]
+def _best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     best, result = float("inf"), None
     for _ in range(repeat):
         gc.collect()
@@ -42,7 +44,7 @@ def main() -> int:
     print(f"built {len(raw['device_traces'][0]):,} trace entries in {time.perf_counter() - start:.1f}s")
     parse_s, snapshot = _best(lambda: parse(raw, source="<synthetic>"), args.repeat)
     analyze_s, report = _best(lambda: memlens.analyze(snapshot), args.repeat)
-    device = report.device()  # type: ignore[attr-defined]
+    device = report.device()
     print(f"parse   {parse_s:7.3f}s")
     print(f"analyze {analyze_s:7.3f}s  ({device.step_source} steps: {len(device.steps)}, "
           f"findings: {', '.join(f.kind for f in device.findings) or 'none'})")
