@@ -55,20 +55,20 @@ def progress_bar(label: str, enabled: bool | None = None) -> Iterator[Any]:
         yield update
 
 
-def load_with_progress(path: str, progress: bool | None = None) -> Snapshot:
+def load_with_progress(path: str, progress: bool | None = None, cache: bool | None = None) -> Snapshot:
     import memlens
 
     with progress_bar(path.rsplit("/", 1)[-1], progress) as update:
-        return memlens.load(path, progress=update)
+        return memlens.load(path, progress=update, cache=cache)
 
 
 def analyze_paths(paths: list[str], capacity: int | None, device: int | None,
-                  progress: bool | None = None) -> list[Report]:
+                  progress: bool | None = None, cache: bool | None = None) -> list[Report]:
     from memlens.analysis import analyze
 
     reports = []
     for path in paths:
-        snapshot = load_with_progress(path, progress)
+        snapshot = load_with_progress(path, progress, cache)
         with progress_bar("analysing", progress) as update:
             update("analysing", 0.5)
             reports.append(analyze(snapshot, capacity=capacity, device=device))

@@ -72,15 +72,17 @@ def budget_reconciliation(report: Report, device: int | None, params: float | No
 @click.option("--params", type=float, default=None, help="Parameter count for the budget, e.g. 7e9.")
 @click.option("--optimizer", default=None, help="Optimizer for the budget (adamw, sgd, adam-8bit, ...).")
 @click.option("--precision", default=None, help="Precision for the budget (fp32, bf16-mixed, bf16, ...).")
+@click.option("--cache/--no-cache", default=None,
+              help="Keep a fast .npz copy for the next open (default: for files of 8 MiB or more).")
 @click.option("--width", type=int, default=None, help="Terminal width (default: detected).")
 @click.option("--color/--no-color", default=None, help="Force colour on or off (default: only on a terminal).")
 def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None, as_json: bool,
            fail_on: tuple[str, ...], params: float | None, optimizer: str | None, precision: str | None,
-           width: int | None, color: bool | None) -> None:
+           cache: bool | None, width: int | None, color: bool | None) -> None:
     from memlens.reporters.terminal import make_console, render_ranks, render_triage
 
     kinds = _split_kinds(fail_on)
-    reports = analyze_paths(list(snapshots), capacity, device)
+    reports = analyze_paths(list(snapshots), capacity, device, cache=cache)
     if as_json:
         payload: Any = reports[0].to_json() if len(reports) == 1 else {"reports": [r.to_json() for r in reports]}
         click.echo(json.dumps(payload, indent=2))
