@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from memlens.analysis import analyze
+from memlens.analysis import Finding, Report, analyze
 from tests.unit.tracebuilder import MiB, TraceBuilder
 
 
-def _frag(report):  # type: ignore[no-untyped-def]
+def _frag(report: Report) -> list[Finding]:
     return [f for f in report.findings if f.kind == "fragmentation"]
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from memlens.analysis import analyze
+from memlens.analysis import Finding, Report, analyze
 from memlens.units import GiB
 from tests.unit.tracebuilder import MiB, training_run
 
 
-def _leaks(report):  # type: ignore[no-untyped-def]
+def _leaks(report: Report) -> list[Finding]:
     return [f for f in report.findings if f.kind == "leak"]
 
 

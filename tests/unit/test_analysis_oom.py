@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from memlens.analysis import analyze
+from memlens.analysis import Finding, Report, analyze
 from memlens.units import GiB
 from tests.unit.tracebuilder import MODEL, MiB, TraceBuilder
 
 
-def _oom(report):  # type: ignore[no-untyped-def]
+def _oom(report: Report) -> list[Finding]:
     return [f for f in report.findings if f.kind == "oom"]
 
 
@@ -23,7 +23,8 @@ def test_oom_row_reports_request_free_and_cause() -> None:
     assert oom.evidence["device_free_bytes"] == 50 * MiB
     assert oom.evidence["cached_free_bytes"] >= 200 * MiB
     assert oom.evidence["explained_by"] == "fragmentation"
-    assert oom.evidence["live_unknown_bytes"] + oom.evidence["live_temporary_bytes"] >= 0
+    live = sum(int(v) for k, v in oom.evidence.items() if k.startswith("live_"))
+    assert live == oom.evidence["allocated_bytes"] == 300 * MiB
     assert oom.severity == "high"
 
 

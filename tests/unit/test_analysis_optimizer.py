@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from memlens.analysis import analyze
+from memlens.analysis import Finding, Report, analyze
 from tests.unit.tracebuilder import OPTIM_WINDOWS, MiB, TraceBuilder, training_run
 
 
-def _spike(report):  # type: ignore[no-untyped-def]
+def _spike(report: Report) -> Finding | None:
     found = [f for f in report.findings if f.kind == "optimizer_spike"]
     assert len(found) <= 1
     return found[0] if found else None
