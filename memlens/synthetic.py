@@ -152,7 +152,7 @@ def synthetic_snapshot(
 
     segments = []
     for address, size, used in heap.segments:
-        blocks = []
+        blocks: list[dict[str, Any]] = []
         cursor = address
         for slot in sorted(a for a in heap.slots if address <= a < address + used):
             slot_size = heap.slots[slot]

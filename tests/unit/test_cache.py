@@ -60,7 +60,7 @@ def test_read_only_folder_falls_back_to_user_cache(snapshot_file: Path, monkeypa
     beside, user = cache.candidate_paths(str(snapshot_file))
     real_mkstemp = cache.tempfile.mkstemp
 
-    def refuse_beside(dir: str, **kwargs: str) -> tuple[int, str]:  # noqa: A002
+    def refuse_beside(dir: str, **kwargs: str) -> tuple[int, str]:
         if Path(dir) == beside.parent:
             raise PermissionError("read-only")
         return real_mkstemp(dir=dir, **kwargs)
