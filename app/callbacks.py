@@ -310,11 +310,13 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Output("whatif-result", "children"),
         Input("w-run", "n_clicks"),
         State("w-extra", "value"),
+        State("b-capacity", "value"),
         State("source-picker", "value"),
         State("device-picker", "value"),
         prevent_initial_call=True,
     )
-    def run_whatif(_: int, extra_text: str | None, source_id: str | None, device: int | None) -> Any:
+    def run_whatif(_: int, extra_text: str | None, capacity_text: str | None, source_id: str | None,
+                   device: int | None) -> Any:
         from memlens.allocator import AllocatorSettings, whatif
 
         report = report_of(source_id)
@@ -322,19 +324,22 @@ def register_callbacks(app: Dash, library: Library) -> None:
         dr = report.devices[device_id]
         try:
             extra = parse_bytes(extra_text or "0")
+            capacity = dr.capacity_bytes or (parse_bytes(capacity_text) if capacity_text else None)
             recorded_settings = AllocatorSettings.from_snapshot_dict(report.snapshot.allocator_settings)
             expandable = whatif(report.snapshot, AllocatorSettings(expandable_segments=True),
-                                capacity=dr.capacity_bytes, device=device_id)
+                                capacity=capacity, device=device_id)
             more = None
-            if dr.capacity_bytes:
-                more = whatif(report.snapshot, recorded_settings, capacity=dr.capacity_bytes + extra,
-                              device=device_id)
+            if capacity:
+                more = whatif(report.snapshot, recorded_settings, capacity=capacity + extra, device=device_id)
         except MemlensError as exc:
             return alert(str(exc))
         columns = [("recorded", expandable.recorded), ("expandable_segments", expandable.simulated)]
+        notes = list(expandable.notes)
         if more is not None:
-            columns.append((f"+{format_bytes(extra)} memory", more.simulated))
-        return whatif_table(columns, expandable.notes)
+            columns.append((f"{format_bytes(capacity + extra)} device (+{format_bytes(extra)})", more.simulated))
+        else:
+            notes.append("The device capacity is unknown: enter it in the budget form to simulate more memory.")
+        return whatif_table(columns, notes)
 
     # ------------------------------------------------------------- compare
 

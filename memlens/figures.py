@@ -29,7 +29,7 @@ DEFAULT_MAX_POINTS = 4000
 # Step boundaries drawn at most; past that they become a grey comb that hides the curve.
 MAX_STEP_LINES = 200
 # Segments drawn in the segment map; a snapshot can hold thousands of 2 MiB small-pool segments.
-MAX_SEGMENTS_SHOWN = 120
+MAX_SEGMENTS_SHOWN = 48
 # Stacks per category in the treemap; the rest is summed into one "other stacks" tile.
 MAX_STACKS_PER_CATEGORY = 12
 
@@ -276,7 +276,7 @@ def timeline_figure(
         fig.add_trace(go.Scatter(
             x=xs_all[keep], y=scale(values[keep]), name=name, mode="lines",
             line={"color": color, "width": 1.2 if name == "reserved" else 1.6, "shape": "hv"},
-            fill=fill, fillcolor="rgba(127,127,127,0.12)" if fill else None,
+            fill=fill, fillcolor="rgba(127,127,127,0.08)" if fill else None,
             customdata=keep,
             hovertemplate=f"{name}: %{{y:.3f}} {scale.unit}<br>event %{{customdata}}<extra></extra>",
         ))
@@ -344,7 +344,7 @@ def _add_findings(fig: go.Figure, device_report: Any, xs: np.ndarray, lo: int, h
         # A filled polygon on the hidden 0..1 axis: a shape cannot carry hover text, a trace can.
         fig.add_trace(go.Scatter(
             x=[x0, x1, x1, x0, x0], y=[0, 0, 1, 1, 0], yaxis="y2", mode="lines", fill="toself",
-            fillcolor=_rgba(color, 0.30 if strong else 0.13),
+            fillcolor=_rgba(color, 0.22 if strong else 0.12),
             line={"color": _rgba(color, 0.9 if strong else 0.35), "width": 2 if strong else 0.5},
             hoveron="fills", hoverinfo="text", text=text, name=finding_title(finding.kind),
             legendgroup=finding.kind, showlegend=index == _first_of_kind(findings, finding.kind),
@@ -495,9 +495,9 @@ def segment_map_figure(snapshot: Snapshot, device: int | None = None,
     reserved = sum(s.total_size for s in segments)
     free = sum(s.free_size for s in segments)
     largest_free = max((s.largest_free_block for s in segments), default=0)
-    title = (f"Segments at snapshot time, device {device}: {len(segments)} segments, "
-             f"{format_bytes(reserved)} reserved, {format_bytes(free)} free in pieces "
-             f"(largest {format_bytes(largest_free)})")
+    title = (f"Segments when the snapshot was taken, device {device}<br><span style='font-size:12px;"
+             f"color:#5f6b76'>{len(segments)} segments, {format_bytes(reserved)} reserved, "
+             f"{format_bytes(free)} free in pieces (largest {format_bytes(largest_free)})</span>")
     if not segments:
         return _message_figure(title, "No segments on this device when the snapshot was taken.")
     shown = segments[:max_segments]
@@ -532,9 +532,11 @@ def segment_map_figure(snapshot: Snapshot, device: int | None = None,
     if hidden:
         rest = sum(s.total_size for s in segments[max_segments:])
         fig.add_annotation(text=f"+ {hidden} smaller segments ({format_bytes(rest)}) not drawn",
-                           xref="paper", yref="paper", x=1, y=0, showarrow=False, font={"size": 11})
-    height = min(max(260, 22 * len(shown) + 110), 1400)
-    _layout(fig, _wrap(title, 120), height=height, barmode="overlay", bargap=0.25)
+                           xref="paper", yref="paper", x=1, y=0, xanchor="right", yanchor="bottom",
+                           showarrow=False, font={"size": 11}, bgcolor="rgba(255,255,255,0.8)")
+    height = min(max(280, 20 * len(shown) + 130), 1400)
+    _layout(fig, title, height=height, barmode="overlay", bargap=0.25,
+            margin={"l": 60, "r": 20, "t": 84, "b": 44})
     fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(labels)), automargin=True,
                      tickfont={"size": 10})
     fig.update_xaxes(title_text=f"offset in segment ({scale.unit})")

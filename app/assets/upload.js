@@ -55,6 +55,7 @@
 
   function finish(ui, ok, text) {
     ui.status.textContent = text;
+    ui.bar.value = ok ? 100 : 0;
     ui.row.className = "upload-row " + (ok ? "upload-ok" : "upload-failed");
     if (ok) {
       setTimeout(function () { if (ui.row.parentNode) { ui.row.parentNode.removeChild(ui.row); } }, 4000);

@@ -1,0 +1,178 @@
+"""End to end in headless Chromium: upload real and hostile snapshots, read the page, click, type."""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from memlens_app.main import create_app
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+
+from tests.browser.conftest import RealSnapshot
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+TIMEOUT = 30
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = TIMEOUT, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = condition()
+        except Exception:  # the DOM is being re-rendered: try again
+            last = None
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last value {last!r})")
+
+
+def upload(dash_duo: Any, path: Path) -> None:
+    """What a drop does: the file goes to the page's file chooser, the asset streams it to /upload."""
+    chooser = wait_until(lambda: dash_duo.driver.find_element(By.ID, "file-input"), what="the file chooser")
+    chooser.send_keys(str(path))
+
+
+def graph_data(dash_duo: Any, graph_id: str) -> Any:
+    return dash_duo.driver.execute_script(
+        f"var gd = document.querySelector('#{graph_id} .js-plotly-plot');"
+        # _fullData holds the decoded arrays (the JSON carries numpy arrays base64-encoded).
+        "return gd && gd._fullData ? gd._fullData.map(t => ({name: t.name, n: t._length,"
+        " y: t.y ? Array.from(t.y) : null, type: t.type})) : null;")
+
+
+def x_range(dash_duo: Any, graph_id: str = "timeline") -> Any:
+    return dash_duo.driver.execute_script(
+        f"var gd = document.querySelector('#{graph_id} .js-plotly-plot');"
+        "return gd && gd._fullLayout ? gd._fullLayout.xaxis.range : null;")
+
+
+def open_tab(dash_duo: Any, label: str) -> None:
+    tab = next(t for t in dash_duo.driver.find_elements(By.CSS_SELECTOR, ".tab") if t.text.strip() == label)
+    tab.click()
+
+
+def set_input(dash_duo: Any, element_id: str, value: str) -> None:
+    box = dash_duo.driver.find_element(By.ID, element_id)
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(Keys.BACKSPACE)
+    box.send_keys(value, Keys.ENTER)
+
+
+def test_upload_real_snapshot_then_explore(dash_duo: Any, real_snapshot: RealSnapshot, artifacts_dir: Path
+                                           ) -> None:
+    app = create_app(sample_dir=None)
+    dash_duo.start_server(app)
+    dash_duo.wait_for_contains_text("#message", "Drop a snapshot", timeout=TIMEOUT)
+
+    upload(dash_duo, real_snapshot.path)
+    dash_duo.wait_for_contains_text("#card-events", f"{real_snapshot.events:,}", timeout=TIMEOUT)
+    picker = dash_duo.find_element("#source-picker")
+    assert real_snapshot.path.name in picker.text
+
+    # The timeline: allocated and reserved drawn, each within the point budget, the peak marked.
+    traces = wait_until(lambda: graph_data(dash_duo, "timeline"), what="the timeline")
+    wait_until(lambda: {"allocated", "reserved", "peak"} <= {t["name"] for t in graph_data(dash_duo, "timeline")},
+               what="the allocated/reserved curves and the peak")
+    traces = graph_data(dash_duo, "timeline")
+    curves = {t["name"]: t for t in traces}
+    assert 0 < curves["allocated"]["n"] <= 4000 and 0 < curves["reserved"]["n"] <= 4000
+
+    # The findings: at least one card, with a fix.
+    cards = wait_until(lambda: dash_duo.driver.find_elements(By.CSS_SELECTOR, ".finding"), what="findings")
+    assert len(cards) == real_snapshot.findings
+    assert "Fix:" in cards[0].text
+    dash_duo.driver.save_screenshot(str(artifacts_dir / "app-timeline.png"))
+
+    # Clicking a finding zooms the timeline to it (and redraws the range in full detail).
+    full_range = x_range(dash_duo)
+    cards[0].click()
+    wait_until(lambda: x_range(dash_duo) and x_range(dash_duo) != full_range, what="the zoom to the finding")
+    zoomed = x_range(dash_duo)
+    assert zoomed[1] - zoomed[0] < full_range[1] - full_range[0]
+    dash_duo.driver.save_screenshot(str(artifacts_dir / "app-finding-zoom.png"))
+
+    # At the peak: categories treemap and segment map.
+    open_tab(dash_duo, "At the peak")
+    dash_duo.driver.execute_script("document.querySelector('.tabs').scrollIntoView()")
+    wait_until(lambda: graph_data(dash_duo, "categories"), what="the categories treemap")
+    wait_until(lambda: graph_data(dash_duo, "segments"), what="the segment map")
+    assert graph_data(dash_duo, "categories")[0]["type"] == "treemap"
+    dash_duo.driver.save_screenshot(str(artifacts_dir / "app-peak.png"))
+
+    # Budget: type a model, see theory bars; change the micro-batch and see them move.
+    open_tab(dash_duo, "Budget & what-if")
+    set_input(dash_duo, "b-params", "350M")
+    set_input(dash_duo, "b-hidden", "1024")
+    set_input(dash_duo, "b-layers", "24")
+    set_input(dash_duo, "b-heads", "16")
+    set_input(dash_duo, "b-seq", "1024")
+
+    def theory() -> Any:
+        data = graph_data(dash_duo, "budget-graph")
+        bars = [t for t in data or [] if t["name"] == "theory"]
+        return bars[0]["y"] if bars else None
+
+    before = wait_until(theory, what="the theory bars")
+    assert any(v for v in before if v)
+    set_input(dash_duo, "b-batch", "8")
+    after = wait_until(lambda: theory() if theory() != before else None, what="the bars to change")
+    assert sum(v or 0 for v in after) > sum(v or 0 for v in before)
+    dash_duo.wait_for_contains_text("#budget-verdict", "Theory", timeout=TIMEOUT)
+
+    # What-if: replay through the allocator simulator with expandable segments.
+    dash_duo.find_element("#w-run").click()
+    dash_duo.wait_for_contains_text("#whatif-result", "peak reserved", timeout=120)
+    assert "expandable segments" in dash_duo.find_element("#whatif-result").text
+    dash_duo.driver.execute_script("document.querySelector('.tabs').scrollIntoView()")
+    dash_duo.driver.save_screenshot(str(artifacts_dir / "app-budget.png"))
+
+
+class _Hostile:
+    """Unpickling this runs ``os.system`` (what a malicious 'snapshot' would do)."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        import os
+
+        return (os.system, (self.command,))
+
+
+def test_hostile_pickle_is_refused_and_the_app_keeps_working(
+    dash_duo: Any, tmp_path: Path, real_snapshot: RealSnapshot, artifacts_dir: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    hostile = tmp_path / "evil_snapshot.pickle"
+    hostile.write_bytes(pickle.dumps({"segments": [], "device_traces": [_Hostile(f"touch {marker}")]}))
+
+    app = create_app(sample_dir=None)
+    dash_duo.start_server(app)
+    dash_duo.wait_for_contains_text("#message", "Drop a snapshot", timeout=TIMEOUT)
+    upload(dash_duo, hostile)
+    dash_duo.wait_for_contains_text("#message .alert-error", "refused to load", timeout=TIMEOUT)
+    assert "evil_snapshot.pickle" in dash_duo.find_element("#message").text
+    assert not marker.exists(), "the pickle's code ran"
+    dash_duo.driver.save_screenshot(str(artifacts_dir / "app-hostile.png"))
+
+    # The server is still serving: a real snapshot loads afterwards.
+    upload(dash_duo, real_snapshot.path)
+    dash_duo.wait_for_contains_text("#card-events", f"{real_snapshot.events:,}", timeout=TIMEOUT)
+    wait_until(lambda: graph_data(dash_duo, "timeline"), what="the timeline after the hostile upload")
+    assert not marker.exists()
+
+
+def test_upload_over_the_limit_is_refused(dash_duo: Any, real_snapshot: RealSnapshot) -> None:
+    app = create_app(sample_dir=None, max_upload_bytes=1024)
+    dash_duo.start_server(app)
+    dash_duo.wait_for_contains_text("#message", "Drop a snapshot", timeout=TIMEOUT)
+    upload(dash_duo, real_snapshot.path)
+    dash_duo.wait_for_contains_text("#message .alert-error", "upload limit", timeout=TIMEOUT)
