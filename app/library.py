@@ -7,6 +7,7 @@ LRU maps, so a long-running server's memory returns to its resting level as sess
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import gc
@@ -68,6 +69,17 @@ class Library:
         self._lock = threading.RLock()
         self._building: dict[str, threading.Lock] = {}
         self._analysis_slots = threading.BoundedSemaphore(max(1, concurrent_analyses))
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Delete every uploaded file (called at exit): uploads never outlive the server."""
+        with self._lock:
+            uploads = [s for s in self._sources.values() if s.kind == "upload"]
+            for source in uploads:
+                del self._sources[source.id]
+                self._reports.pop(source.id, None)
+        for source in uploads:
+            self._remove_upload_files(source)
 
     # ----------------------------------------------------------------- sources
 

@@ -8,6 +8,8 @@ more can be dragged onto the page (streamed to a temporary file, at most --max-u
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 from pathlib import Path
 
 import click
@@ -52,4 +54,6 @@ def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, re
     click.echo(f"memlens dashboard on http://{'[' + host + ']' if ':' in host else host}:{port}/ "
                f"(uploads up to {format_bytes(max_upload_bytes)}; Ctrl-C to stop)")
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    # A plain exit on SIGTERM runs the atexit hooks that delete uploaded files.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     app.run(host=host, port=port, debug=False, threaded=True)

@@ -1,0 +1,144 @@
+"""From upload to a drawn timeline for a 1,000,000-event snapshot, against ``memlens triage``.
+
+Target (issue 8): upload -> analysed -> timeline figure at most 2x the CLI triage time on the
+same file. The app side runs against ``memlens serve`` in another process, over HTTP, as a
+browser would: ``POST /upload`` (stream + safe load + analyse) then the Dash callback that draws
+the timeline (``POST /_dash-update-component``). The triage side is the console script in a
+fresh process, first open (no cache), best of N. Also printed: the timeline JSON's size and the
+number of points per trace the browser receives, and the figure builder alone, in-process.
+
+    python benchmarks/bench_app.py [--events 1000000] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import requests
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(workdir: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    env = dict(os.environ, TMPDIR=workdir)
+    process = subprocess.Popen([sys.executable, "-m", "memlens", "serve", "--port", str(port), "--no-samples"],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url + "/", timeout=2).status_code == 200:
+                requests.get(url + "/_dash-layout", timeout=10)
+                return process, url
+        except requests.ConnectionError:
+            time.sleep(0.2)
+    process.kill()
+    raise SystemExit("memlens serve did not start")
+
+
+def timeline_callback(url: str, source_id: str) -> requests.Response:
+    """The request the page makes to draw the timeline (what ``draw_timeline`` answers)."""
+    payload = {
+        "output": "timeline.figure",
+        "outputs": {"id": "timeline", "property": "figure"},
+        "inputs": [{"id": "view", "property": "data", "value": {}},
+                   {"id": "x-axis", "property": "value", "value": "event"}],
+        "state": [{"id": "source-picker", "property": "value", "value": source_id},
+                  {"id": "device-picker", "property": "value", "value": None}],
+        "changedPropIds": ["view.data"],
+    }
+    response = requests.post(url + "/_dash-update-component", json=payload, timeout=600)
+    response.raise_for_status()
+    return response
+
+
+def app_round_trip(url: str, path: str) -> tuple[float, float, float, bytes]:
+    started = time.perf_counter()
+    with open(path, "rb") as handle:
+        upload = requests.post(url + "/upload", params={"name": os.path.basename(path)}, data=handle, timeout=600)
+    upload.raise_for_status()
+    uploaded = time.perf_counter()
+    figure = timeline_callback(url, upload.json()["id"])
+    done = time.perf_counter()
+    return done - started, uploaded - started, done - uploaded, figure.content
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+
+    from memlens.synthetic import synthetic_snapshot, write_pickle
+
+    workdir = tempfile.mkdtemp(prefix="memlens-bench-app-")
+    try:
+        path = os.path.join(workdir, "large.pickle")
+        # Many alloc/free pairs whose frames are shared dicts, as in real PyTorch files.
+        write_pickle(synthetic_snapshot(args.events, seed=1), path)
+        env = dict(os.environ, XDG_CACHE_HOME=os.path.join(workdir, "cache"))
+        memlens = shutil.which("memlens") or "memlens"
+        triage_cmd = [memlens, "triage", path, "--no-color", "--no-cache", "--width", "100"]
+
+        server, url = start_server(workdir)
+        try:
+            triage, totals, uploads, draws = [], [], [], []
+            content = b""
+            for _ in range(args.runs):  # interleaved, so machine noise hits both alike
+                started = time.perf_counter()
+                subprocess.run(triage_cmd, check=True, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+                triage.append(time.perf_counter() - started)
+                total, upload, draw, content = app_round_trip(url, path)
+                totals.append(total)
+                uploads.append(upload)
+                draws.append(draw)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+        figure = json.loads(content)["response"]["timeline"]["figure"]
+        meta = figure["layout"]["meta"]
+        names = [trace.get("name") for trace in figure["data"]]
+
+        # The figure builder alone, in-process, on the analysed report.
+        import memlens
+        from memlens import figures
+
+        report = memlens.analyze(memlens.load(path, cache=False))
+        started = time.perf_counter()
+        fig = figures.timeline_figure(report)
+        built = fig.to_json()
+        build_s = time.perf_counter() - started
+
+        size_mib = os.path.getsize(path) / 2**20
+        print(f"{meta['events']:,} events, {size_mib:.1f} MiB pickle, best of {args.runs}")
+        print(f"  memlens triage, fresh process, no cache      {min(triage):6.2f} s")
+        print(f"  app: POST /upload (stream, load, analyse)     {min(uploads):6.2f} s")
+        print(f"  app: timeline callback (figure JSON)          {min(draws):6.2f} s")
+        print(f"  app: upload -> timeline figure, total         {min(totals):6.2f} s   "
+              f"ratio {min(totals) / min(triage):.2f}x triage   target <= 2x")
+        print(f"  timeline_figure + to_json in-process          {build_s:6.2f} s")
+        print(f"  timeline JSON sent to the browser: {len(content) / 1024:.0f} KiB "
+              f"(builder alone: {len(built) / 1024:.0f} KiB)")
+        print(f"  points per trace: {dict(zip(names[:2], meta['points_per_trace'], strict=True))} "
+              f"(of {meta['events']:,} events)")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
