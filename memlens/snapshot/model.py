@@ -56,8 +56,9 @@ class Frame:
 
     @property
     def is_python(self) -> bool:
-        """C++ frames (``stacks="all"``) have no source file: PyTorch writes ``??``."""
-        return self.filename not in ("??", "") and not self.filename.startswith("/usr/lib")
+        """Python frames name a ``.py`` file (or ``<string>``-style code); C++ frames from
+        ``stacks="all"`` say ``??`` or a ``.cpp`` file such as ``memory_snapshot.cpp``."""
+        return self.filename.endswith(".py") or (self.filename.startswith("<") and self.filename != "<unknown>")
 
     def __str__(self) -> str:
         if self.filename in ("??", ""):

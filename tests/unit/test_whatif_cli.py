@@ -86,7 +86,11 @@ def test_max_split_size_flag(snapshot_path: Path) -> None:
 )
 def test_bad_flag_values_are_usage_errors(snapshot_path: Path, flags: list[str]) -> None:
     result = CliRunner().invoke(cli, ["whatif", str(snapshot_path), *flags])
-    assert isinstance(result.exception, MemlensUsageError)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("memlens: error: ") and len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr
+    with pytest.raises(MemlensUsageError):  # --debug lets the error through with its traceback
+        CliRunner().invoke(cli, ["--debug", "whatif", str(snapshot_path), *flags], catch_exceptions=False)
 
 
 def test_main_prints_one_line_and_exits_2(snapshot_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
