@@ -179,8 +179,9 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Output("timeline", "figure"),
         Input("view", "data"),
         Input("x-axis", "value"),
-        State("source-picker", "value"),
-        State("device-picker", "value"),
+        # Inputs, not State: a new snapshot must redraw even if the view store did not change.
+        Input("source-picker", "value"),
+        Input("device-picker", "value"),
     )
     def draw_timeline(view: dict[str, Any] | None, x_axis: str, source_id: str | None,
                       device: int | None) -> go.Figure:
@@ -192,7 +193,9 @@ def register_callbacks(app: Dash, library: Library) -> None:
             return empty_figure("This snapshot could not be loaded (see the message above).")
         view = view or {}
         device_id = device_of(report, device)
-        if ctx.triggered_id == "x-axis":
+        if ctx.triggered_id in ("source-picker", "device-picker"):
+            view = {}  # the old view belongs to the previous snapshot
+        elif ctx.triggered_id == "x-axis":
             view = {k: v for k, v in view.items() if k not in ("start", "end")}
         return figures.timeline_figure(report, view.get("start"), view.get("end"), device=device_id,
                                        x_axis=x_axis, highlight=view.get("highlight"),

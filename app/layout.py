@@ -162,7 +162,7 @@ def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
             ]),
             dcc.Tab(label="Compare", value="compare", children=[
                 html.Div(className="panel", children=[
-                    html.Div(className="picker-row", children=[
+                    html.Div(className="picker-row compare-row", children=[
                         _field("compare with", dcc.Dropdown(
                             id="compare-picker", options=source_options(library),
                             placeholder="another snapshot or rank…")),

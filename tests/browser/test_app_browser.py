@@ -78,7 +78,7 @@ def test_upload_real_snapshot_then_explore(dash_duo: Any, real_snapshot: RealSna
     assert real_snapshot.path.name in picker.text
 
     # The timeline: allocated and reserved drawn, each within the point budget, the peak marked.
-    traces = wait_until(lambda: graph_data(dash_duo, "timeline"), what="the timeline")
+    wait_until(lambda: graph_data(dash_duo, "timeline"), what="the timeline")
     wait_until(lambda: {"allocated", "reserved", "peak"} <= {t["name"] for t in graph_data(dash_duo, "timeline")},
                what="the allocated/reserved curves and the peak")
     traces = graph_data(dash_duo, "timeline")
@@ -133,6 +133,14 @@ def test_upload_real_snapshot_then_explore(dash_duo: Any, real_snapshot: RealSna
     assert "expandable segments" in dash_duo.find_element("#whatif-result").text
     dash_duo.driver.execute_script("document.querySelector('.tabs').scrollIntoView()")
     dash_duo.driver.save_screenshot(str(artifacts_dir / "app-budget.png"))
+
+    # Compare: the same run against itself, overlaid, with the diff table.
+    open_tab(dash_duo, "Compare")
+    dash_duo.select_dcc_dropdown("#compare-picker", index=0)
+    wait_until(lambda: len(graph_data(dash_duo, "compare-graph") or []) == 2, what="the overlaid timelines")
+    dash_duo.wait_for_contains_text("#compare-table", "peak allocated", timeout=TIMEOUT)
+    dash_duo.driver.execute_script("document.querySelector('.tabs').scrollIntoView()")
+    dash_duo.driver.save_screenshot(str(artifacts_dir / "app-compare.png"))
 
 
 class _Hostile:
