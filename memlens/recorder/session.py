@@ -24,7 +24,7 @@ A snapshot is written on leaving the ``with`` block (also when it raises), every
 ``<out>/snapshot.pickle`` (``<out>/rank{N}.pickle`` under torch.distributed; ``name=`` replaces
 ``snapshot``; an ``out`` ending in ``.pickle`` is the file itself), each with a
 ``.memlens.json`` sidecar (keys in ``memlens.recorder.sidecar``). With more than one rank, rank 0
-also writes ``<out>/ranks.json`` with every rank's peak.
+also writes ``<out>/ranks.json`` (``<stem>_ranks.json`` beside an ``out`` file) with every rank's peak.
 
 On a GPU the CUDA caching allocator records its own history (``memlens.recorder.cuda_adapter``);
 elsewhere every tensor storage is tracked on the CPU and replayed through memlens' allocator
@@ -369,9 +369,11 @@ class Recorder:
         if ranks.rank != 0:
             return
         summary = summarize_ranks(gathered if gathered is not None else [local], ranks.world_size)
-        directory = self.out.parent if self.out.suffix == ".pickle" else self.out
-        stem = f"{self.name}_ranks" if self.name else "ranks"
-        write_json(directory / f"{stem}.json", summary)
+        if self.out.suffix == ".pickle":
+            target = self.out.with_name(f"{self.out.stem}_ranks.json")
+        else:
+            target = self.out / (f"{self.name}_ranks.json" if self.name else "ranks.json")
+        write_json(target, summary)
 
     @property
     def peak_bytes(self) -> tuple[int, int]:
