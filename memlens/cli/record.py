@@ -75,6 +75,7 @@ def run_program(kind: str, target: str, argv: list[str]) -> None:
 
 @click.command(
     "record",
+    help=__doc__,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @click.option("--out", "out", default="memlens_runs", show_default=True, help="Directory for the snapshot.")
