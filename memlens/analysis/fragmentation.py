@@ -73,7 +73,10 @@ def find(ctx: DeviceContext) -> list[Finding]:
         gap_curve = np.zeros(0, dtype=np.int64)
         where = "at dump time"
     share = external / reserved if reserved else 0.0
-    if external < FRAGMENTATION_MIN_BYTES or share < FRAGMENTATION_MIN_FRACTION:
+    # At an OOM the size thresholds do not apply: if the cached free pieces plus what the device
+    # still had would have held the request, fragmentation is what made it fail.
+    blocked = bool(oom_rows.size) and external + int(trace.device_free[at]) >= typical > 0
+    if not blocked and (external < FRAGMENTATION_MIN_BYTES or share < FRAGMENTATION_MIN_FRACTION):
         return []
 
     expandable = bool(ctx.snapshot.allocator_settings.get("expandable_segments"))
@@ -108,6 +111,8 @@ def find(ctx: DeviceContext) -> list[Finding]:
     if gap_curve.size:
         evidence["max_gap_bytes"] = int(gap_curve[worst])
         evidence["max_gap_event"] = worst
+    if blocked:
+        evidence["device_free_at_oom_bytes"] = int(trace.device_free[at])
     severity = "high" if oom_rows.size or share >= FRAGMENTATION_HIGH_FRACTION else "medium"
     return [
         Finding(
@@ -123,9 +128,12 @@ def find(ctx: DeviceContext) -> list[Finding]:
             top_stacks=[],
             evidence=evidence,
             summary=(
-                f"{format_bytes(external)} ({share:.0%} of reserved) sits in cached free pieces {where}; "
-                f"the largest free block at dump time is {format_bytes(largest_free)} vs a typical request of "
-                f"{format_bytes(typical)}."
+                f"{format_bytes(external)} ({share:.0%} of reserved) sits in cached free pieces {where}"
+                + (f"; with the {format_bytes(int(trace.device_free[at]))} the device still had, that would have "
+                   f"held the failed {format_bytes(typical)} request, but no piece was large enough "
+                   f"(largest at dump: {format_bytes(largest_free)})." if blocked else
+                   f"; the largest free block at dump time is {format_bytes(largest_free)} vs a typical request "
+                   f"of {format_bytes(typical)}.")
             ),
             recommendation=recommendation,
             estimated_saving_bytes=external,

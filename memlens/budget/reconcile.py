@@ -15,6 +15,7 @@ from typing import Any
 
 from memlens.budget.estimate import Budget
 from memlens.errors import MemlensUsageError
+from memlens.units import format_bytes
 
 MEASURED_CATEGORIES: tuple[str, ...] = (
     "parameters",
@@ -54,9 +55,13 @@ class ReconciledRow:
     within_tolerance: bool | None
     theory_items: tuple[str, ...]
     note: str = ""
+    # False when the budget could not estimate one of the theory items (e.g. activations
+    # without the architecture): the theory column is then not a number to compare with.
+    estimated: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "estimated": self.estimated,
             "category": self.category,
             "theory_bytes": self.theory_bytes,
             "measured_bytes": self.measured_bytes,
@@ -127,7 +132,7 @@ def _note(category: str, budget: Budget, theory: int, measured: int, tolerance: 
             return "gradients present for a frozen base: the theory has none (requires_grad left on?)"
         if category == "unknown":
             return "memory the analyzer could not attribute to a category"
-        return f"{measured:,} B measured where the theory has none"
+        return f"{format_bytes(measured)} measured where the theory has none"
     ratio = measured / theory
     if _near(ratio, 1.0, tolerance):
         return ""
@@ -210,6 +215,12 @@ def reconcile(
         if got is None:
             rows.append(ReconciledRow(category, theory, None, None, tol, None, items, ""))
             continue
+        missing = [line for line in budget.items if line.name in items and not line.estimated]
+        if missing:
+            names = ", ".join(line.name for line in missing)
+            note = f"{names} not estimated: the budget needs hidden size, layers and sequence length"
+            rows.append(ReconciledRow(category, theory, got, None, tol, None, items, note, estimated=False))
+            continue
         if category == "unknown":
             total = sum(values.values())
             share = got / total if total else 0.0
@@ -224,10 +235,10 @@ def reconcile(
         total = sum(values.values())
         theory_total = budget.total_bytes
         tol = tolerance_of("total")
-        ratio = total / theory_total if theory_total else None
+        ratio = total / theory_total if theory_total and budget.complete else None
         within = ratio is not None and _near(ratio, 1.0, tol)
         note = "" if within or ratio is None else f"{ratio:.2f}x the theory in all"
-        complete = all(category in values for category in MEASURED_CATEGORIES)
+        complete = all(category in values for category in MEASURED_CATEGORIES) and budget.complete
         rows.append(
             ReconciledRow(
                 "total",
@@ -237,7 +248,8 @@ def reconcile(
                 tol,
                 within if complete else None,
                 tuple(line.name for line in budget.items),
-                note if complete else "",
+                note if complete else "the theory leaves out what it could not estimate",
+                estimated=budget.complete,
             )
         )
     return Reconciliation(tuple(rows))

@@ -7,14 +7,15 @@ pinned width in tests so the golden files compare line by line.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
+import click
 import numpy as np
 from rich.console import Console
-from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -39,12 +40,41 @@ KIND_LABEL = {
 }
 
 
-def make_console(file: object | None = None, width: int | None = None, color: bool | None = None) -> Console:
+class _TrimmedLines(io.TextIOBase):
+    """Drops the spaces rich pads table cells with at line ends: piped output and golden files
+    stay clean, and nothing changes on screen."""
+
+    def __init__(self, target: IO[str]) -> None:
+        self._target = target
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        lines = (self._pending + text).split("\n")
+        self._pending = lines.pop()
+        if lines:
+            self._target.write("\n".join(line.rstrip(" ") for line in lines) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._target.write(self._pending)
+            self._pending = ""
+        self._target.flush()
+
+    def isatty(self) -> bool:
+        return self._target.isatty()
+
+    def fileno(self) -> int:
+        return self._target.fileno()
+
+
+def make_console(file: IO[str] | None = None, width: int | None = None, color: bool | None = None) -> Console:
     """Colour only on a real terminal (and never with ``NO_COLOR``); ``width`` pins the layout."""
     if color is None:
         color = None if not os.environ.get("NO_COLOR") else False
+    target = file if file is not None else click.get_text_stream("stdout")
     return Console(
-        file=file,  # type: ignore[arg-type]
+        file=cast(IO[str], _TrimmedLines(target)),
         width=width,
         color_system="auto" if color is not False else None,
         force_terminal=color if color else None,
@@ -74,7 +104,11 @@ def sparkline(values: np.ndarray, low: float, top: float, width: int = SPARK_WID
 
 
 def _indented(console: Console, text: Text | str, indent: int = 5) -> None:
-    console.print(Padding(text, (0, 0, 0, indent), expand=False))
+    """Wrap to the console width with a hanging indent, and no trailing padding (for pipes)."""
+    body = text if isinstance(text, Text) else Text(text)
+    for line in body.wrap(console, max(console.width - indent, 20)):
+        line.rstrip()
+        console.print(Text(" " * indent) + line, soft_wrap=True)
 
 
 def step_of_event(report: DeviceReport, event: int | None) -> int | None:
@@ -238,7 +272,8 @@ def render_reconciliation(console: Console, reconciliation: Reconciliation) -> N
     for row in reconciliation.rows:
         ratio = "" if row.ratio is None else f"{row.ratio:.2f}x"
         measured = "-" if row.measured_bytes is None else format_bytes(row.measured_bytes)
-        table.add_row(row.category, format_bytes(row.theory_bytes), measured, ratio, row.note or "")
+        theory = format_bytes(row.theory_bytes) if row.estimated else "n/a"
+        table.add_row(row.category, theory, measured, ratio, row.note or "")
     console.print(table)
 
 
