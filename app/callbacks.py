@@ -440,6 +440,9 @@ def budget_verdict(estimate: Any, reconciliation: Any, capacity: int | None) -> 
     parts: list[Any] = [html.P([html.B("Theory: "), f"{format_bytes(estimate.total_bytes)} in total "
                                f"({format_bytes(estimate.static_bytes)} static, "
                                f"{format_bytes(estimate.batch_bytes)} per micro-batch)."])]
+    if not estimate.batch_bytes:
+        parts.append(html.P("The theory has no activations yet: give the hidden size, layers and sequence "
+                            "length for them.", className="muted"))
     if capacity:
         fits = estimate.fits(capacity)
         text = (f"fits in {format_bytes(capacity)}" if fits else
