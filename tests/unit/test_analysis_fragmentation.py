@@ -46,3 +46,31 @@ def test_state_only_snapshot_uses_the_dump_state() -> None:
     b.add_free_space(400 * MiB)
     (frag,) = _frag(analyze(b.snapshot()))
     assert frag.evidence["where"] == "at dump time"
+
+
+def test_small_fragmentation_that_blocked_an_oom_is_reported() -> None:
+    """Under the usual size threshold, but the cached pieces plus the device's free memory would
+    have held the failed request: that OOM is fragmentation's doing."""
+    b = TraceBuilder()
+    for _ in range(4):
+        b.alloc(10 * MiB)
+    b.add_free_space(*([8 * MiB] * 4))  # 32 MiB cached, no piece larger than 8 MiB
+    b.oom(24 * MiB, device_free=20 * MiB)
+    report = analyze(b.snapshot())
+    (frag,) = _frag(report)
+    assert frag.severity == "high"
+    assert frag.evidence["device_free_at_oom_bytes"] == 20 * MiB
+    assert "would have held the failed" in frag.summary
+    (oom,) = [f for f in report.findings if f.kind == "oom"]
+    assert "fragmentation" in oom.recommendation
+
+
+def test_oom_that_no_defragmentation_could_have_avoided_is_not_fragmentation() -> None:
+    b = TraceBuilder()
+    for _ in range(4):
+        b.alloc(10 * MiB)
+    b.add_free_space(*([1 * MiB] * 4))  # 4 MiB cached + 2 MiB free: far from the 64 MiB asked
+    b.oom(64 * MiB, device_free=2 * MiB)
+    report = analyze(b.snapshot())
+    assert _frag(report) == []
+    assert [f.kind for f in report.findings if f.kind == "oom"] == ["oom"]
