@@ -6,8 +6,15 @@ Inferred from lifetime, phase and stack, per allocation (vectorised over all lif
 - made inside optimizer.step and kept after it: ``optimizer_state``; freed inside it: ``temporary``;
 - made in the forward part of a step (up to its forward peak) and freed later in the step:
   ``activations``; freed before the forward peak: ``temporary``;
-- made in backward (after the forward peak, or under autograd's ``backward`` frames) and kept
-  past the end of backward (into optimizer.step or the next step): ``gradients``;
+- made in backward (under autograd's ``backward`` frames, or between the forward peak and the
+  first optimizer.step row of the step) and kept past the end of backward (into optimizer.step
+  or the next step): ``gradients``; freed by then: ``temporary``;
+- made after backward ended (after optimizer.step began, outside it, with no backward frames,
+  e.g. a held-out forward pass at the end of the step): freed inside the step ``temporary``,
+  kept past the step ``unknown``. Such blocks are often activations kept alive by a retained
+  graph (``losses.append(loss)``), but the trace cannot tell them from logged outputs or caches
+  made at the same point, and they are not the gradients of the step: calling them gradients
+  would inflate the budget's gradient line. The leak finding names their stacks;
 - anything else (e.g. forward outputs kept across steps): ``unknown``.
 
 The forward peak of a step is the peak of its *step-local* memory (allocations freed inside
@@ -148,11 +155,17 @@ def classify(lifetimes: Lifetimes, phases: Phases, facts: StackFacts, has_histor
     backward_end = phases.backward_end[ks]
     backward_stack = facts.backward[lifetimes.stack_id]
     forward = in_step & (a <= peak) & ~backward_stack
-    backward = in_step & ~forward
+    # Backward: under autograd's frames, or (stacks or not) between the forward peak and the
+    # first optimizer row. Rows after optimizer.step began (outside it) are not backward.
+    backward = in_step & (backward_stack | ((a > peak) & (a < backward_end)))
+    after_backward = in_step & ~forward & ~backward
     category[forward & (f <= peak)] = TEMPORARY
     category[forward & (f > peak) & (f < end)] = ACTIVATIONS
     category[backward & (f <= backward_end)] = TEMPORARY
     category[backward & (f > backward_end)] = GRADIENTS
+    # Made after backward (e.g. an evaluation forward after optimizer.step): freed inside the
+    # step it is a temporary; kept past the step it stays unknown (see the module docstring).
+    category[after_backward & (f < end)] = TEMPORARY
     return category
 
 

@@ -28,3 +28,25 @@ def test_state_only_snapshot_is_all_unknown() -> None:
     assert device.events == 0
     assert device.categories_at_peak["unknown"] == 10 * MiB
     assert device.peak_allocated_bytes == 10 * MiB
+
+
+def test_forward_after_optimizer_kept_across_steps_is_not_gradients() -> None:
+    """A held-out forward after optimizer.step whose outputs are kept (``losses.append(loss)``):
+    made outside backward, no backward frames, outliving the step: unknown, never gradients."""
+    from tests.unit.tracebuilder import MODEL, TEMP, TraceBuilder
+
+    b = TraceBuilder()
+    params = [b.ghost(32 * MiB, MODEL) for _ in range(4)]
+    grads: list[int] = []
+    state: list[int] = []
+    for step in range(1, 4):
+        with b.scope(f"memlens.step#{step}"):
+            b.train_step([64 * MiB] * 8, params, grads, state, 16 * MiB)
+            b.alloc(8 * MiB, MODEL)  # kept: the held-out graph's activations
+            b.free(b.alloc(4 * MiB, TEMP))  # a temporary of the held-out forward
+    device = analyze(b.snapshot()).device(0)
+    assert device.category_of_event is not None
+    rows = [i for i, e in enumerate(b.trace) if e["action"] == "alloc" and e["size"] in (8 * MiB, 4 * MiB)]
+    names = [CATEGORIES[device.category_of_event[i]] for i in rows]
+    assert names == ["unknown", "temporary"] * 3
+    assert device.categories_at_peak["gradients"] == 4 * 32 * MiB  # the real ones are still found
