@@ -34,6 +34,7 @@ from memlens.allocator.simulator import (
     SimulatedOOM,
 )
 from memlens.errors import MemlensUsageError
+from memlens.units import format_bytes
 
 if TYPE_CHECKING:
     from memlens.snapshot.model import DeviceTrace, Segment, Snapshot
@@ -77,6 +78,24 @@ class WhatIfResult:
         }
 
 
+def recorded_capacity(snapshot: Snapshot, trace: DeviceTrace) -> tuple[int | None, str | None]:
+    """The device memory the recorded run had, when the files tell: the recorder's sidecar, or
+    else a recorded OOM (what was reserved then plus what CUDA still reported free). Without it a
+    replay cannot run out of memory, and "would it fit?" has no answer."""
+    device = snapshot.sidecar.get("device") if isinstance(snapshot.sidecar, dict) else None
+    total = device.get("total_memory_bytes") if isinstance(device, dict) else None
+    if isinstance(total, int) and total > 0:
+        return total, f"capacity {format_bytes(total)} from the recorder's sidecar"
+    oom_rows = np.flatnonzero(trace.action == _OOM) if len(trace) else np.zeros(0, dtype=np.int64)
+    if oom_rows.size:
+        row = int(oom_rows[0])
+        # At the OOM the allocator had already released its cached blocks and retried.
+        total = int(trace.reserved[row]) + int(trace.device_free[row])
+        return total, (f"capacity {format_bytes(total)} inferred from the recorded OOM "
+                       "(reserved then + what the device still had free)")
+    return None, None
+
+
 def whatif(
     snapshot_or_path: Snapshot | str | Path,
     settings: AllocatorSettings | None = None,
@@ -99,6 +118,9 @@ def whatif(
     trace = snapshot.device(device)
     recorded_settings = AllocatorSettings.from_snapshot_dict(snapshot.allocator_settings)
     settings = settings or recorded_settings
+    capacity_note = None
+    if capacity is None:
+        capacity, capacity_note = recorded_capacity(snapshot, trace)
     if settings.garbage_collection_threshold > 0 and capacity is None:
         raise MemlensUsageError(
             "garbage_collection_threshold acts relative to the device capacity: give a capacity too"
@@ -107,6 +129,8 @@ def whatif(
     recorded = recorded_figures(trace, segments)
     replay = _Replay(trace, segments, recorded_settings, settings, capacity, use_recorded_addresses)
     simulated = replay.run()
+    if capacity_note:
+        replay.notes.insert(0, capacity_note)
     return WhatIfResult(
         source=snapshot.source,
         device=trace.device,
@@ -376,6 +400,18 @@ class _Replay:
                 sim_address = mapping.pop(addresses[i], -1)
                 if sim_address >= 0 and sim.is_allocated(sim_address):
                     sim.complete_free(sim_address)
+            elif act == _OOM:
+                # The request that failed in the recorded run is not an alloc row: try it here,
+                # so "would it fit with these settings?" is answered by the simulation itself.
+                try:
+                    trial = sim.malloc(sizes[i], streams[i])
+                except SimulatedOOM:
+                    oom_event, oom_size = i, sizes[i]
+                    break
+                self.notes.append(
+                    f"the request that failed at event {i} ({format_bytes(int(sizes[i]))}) fits in the simulation"
+                )
+                sim.free(trial)  # the recorded program never got it: keep the rest of the replay aligned
             elif act in _RELEASES and previous not in _RELEASES:
                 sim.empty_cache()
             previous = act

@@ -56,10 +56,13 @@ def test_fragmentation_run_ends_in_an_oom_explained_by_fragmentation() -> None:
 
 def test_expandable_segments_would_have_avoided_the_oom() -> None:
     path = SAMPLE_SNAPSHOTS_DIR / "fragmentation_oom.pickle"
-    same = memlens.whatif(path, capacity=112 << 20)  # the recorded settings: it fails again
+    same = memlens.whatif(path)  # the recorded settings and capacity (from the sidecar): it fails again
+    assert same.capacity == 112 << 20
     assert same.recorded["oom"] and same.simulated["oom"]
-    expandable = memlens.whatif(path, settings=AllocatorSettings(expandable_segments=True), capacity=112 << 20)
+    assert same.simulated["oom_event"] == same.recorded["oom_event"]
+    expandable = memlens.whatif(path, settings=AllocatorSettings(expandable_segments=True))
     assert not expandable.simulated["oom"]
+    assert any("fits in the simulation" in note for note in expandable.notes)
 
 
 def test_two_ranks_rank1_is_the_heavier() -> None:

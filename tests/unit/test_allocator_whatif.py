@@ -133,3 +133,43 @@ def test_gc_threshold_needs_a_capacity() -> None:
 def test_empty_snapshot() -> None:
     result = whatif(parse({"segments": [], "device_traces": []}, source="<empty>"))
     assert result.recorded["peak_reserved_bytes"] == result.simulated["peak_reserved_bytes"] == 0
+
+
+def _oom_after_fragmentation() -> dict[str, Any]:
+    """Two 20 MiB segments, each holding two 8 MiB tensors of which the first is freed: 24 MiB
+    free in all, in 8 and 4 MiB pieces. Then a 16 MiB request fails with 4 MiB left on the device."""
+    mib = 1 << 20
+    bases = (0x7F00_0000_0000, 0x7F00_1000_0000)
+    trace: list[dict[str, Any]] = []
+    for base in bases:
+        trace += [
+            {"action": "segment_alloc", "addr": base, "size": 20 * mib, "stream": 0},
+            {"action": "alloc", "addr": base, "size": 8 * mib, "stream": 0},
+            {"action": "alloc", "addr": base + 8 * mib, "size": 8 * mib, "stream": 0},
+        ]
+    for base in bases:
+        trace += [
+            {"action": "free_requested", "addr": base, "size": 8 * mib, "stream": 0},
+            {"action": "free_completed", "addr": base, "size": 8 * mib, "stream": 0},
+        ]
+    trace.append({"action": "oom", "size": 16 * mib, "device_free": 4 * mib, "stream": 0})
+
+    def segment(base: int) -> dict[str, Any]:
+        return {"device": 0, "address": base, "total_size": 20 * mib, "stream": 0, "segment_type": "large",
+                "blocks": [{"address": base, "size": 8 * mib, "requested_size": 8 * mib, "state": "inactive"},
+                           {"address": base + 8 * mib, "size": 8 * mib, "requested_size": 8 * mib,
+                            "state": "active_allocated"},
+                           {"address": base + 16 * mib, "size": 4 * mib, "requested_size": 0, "state": "inactive"}]}
+
+    return {"segments": [segment(base) for base in bases], "device_traces": [trace]}
+
+
+def test_the_failed_request_is_retried_in_the_replay() -> None:
+    snapshot = parse(_oom_after_fragmentation())
+    same = whatif(snapshot)
+    assert same.capacity == 44 << 20  # inferred: reserved at the OOM + what the device had free
+    assert same.simulated["segment_allocs"] == 2 and same.simulated["alloc_address_match"] == 1.0
+    assert same.simulated["oom"] and same.simulated["oom_event"] == 10
+    roomier = whatif(snapshot, capacity=64 << 20)
+    assert not roomier.simulated["oom"]
+    assert any("fits in the simulation" in note for note in roomier.notes)
