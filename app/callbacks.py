@@ -17,6 +17,7 @@ from memlens_app.layout import source_options
 from memlens_app.library import Library
 
 from memlens import figures
+from memlens.analysis import live_at
 from memlens.errors import MemlensError
 from memlens.units import format_bytes, parse_bytes
 
@@ -133,16 +134,20 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Input("timeline", "relayoutData"),
         Input({"type": "finding", "index": ALL}, "n_clicks"),
         Input("timeline", "clickData"),
+        Input("live-reset", "n_clicks"),
         State("view", "data"),
         State("x-axis", "value"),
     )
     def update_view(source_id: str | None, device: int | None, relayout: dict[str, Any] | None,
-                    clicks: list[int | None], click: dict[str, Any] | None, view: dict[str, Any] | None,
-                    x_axis: str) -> dict[str, Any]:
+                    clicks: list[int | None], click: dict[str, Any] | None, _reset: int,
+                    view: dict[str, Any] | None, x_axis: str) -> dict[str, Any]:
         trigger = ctx.triggered_id
         view = dict(view or {})
         if trigger in ("source-picker", "device-picker") or trigger is None:
             return {}
+        if trigger == "live-reset":
+            view.pop("marker", None)
+            return view
         report = report_of(source_id)
         device_id = device_of(report, device)
         trace = report.snapshot.device(device_id)
@@ -217,22 +222,58 @@ def register_callbacks(app: Dash, library: Library) -> None:
                           className="muted")
         return [finding_card(i, f, dr) for i, f in enumerate(dr.findings)]
 
-    # ------------------------------------------------------------- at the peak
+    # ------------------------------------------------------------- at the peak (or a clicked moment)
+
+    @app.callback(
+        Output("moment", "data"),
+        Input("view", "data"),
+        State("moment", "data"),
+    )
+    def pick_moment(view: dict[str, Any] | None, current: int | None) -> int | None:
+        marker = (view or {}).get("marker")
+        if marker == current:
+            raise PreventUpdate  # a zoom: the treemap stays as it is
+        return marker
 
     @app.callback(
         Output("categories", "figure"),
+        Output("tab-peak", "label"),
+        Output("live-label", "children"),
+        Output("live-reset", "disabled"),
+        Input("source-picker", "value"),
+        Input("device-picker", "value"),
+        Input("moment", "data"),
+    )
+    def draw_live(source_id: str | None, device: int | None, moment: int | None) -> Any:
+        try:
+            report = report_of(source_id)
+        except MemlensError:
+            return empty_figure(""), "At the peak", None, True
+        device_id = device_of(report, device)
+        # A new snapshot or device starts at its peak (the moment belongs to the old one).
+        event = None if ctx.triggered_id in ("source-picker", "device-picker") else moment
+        try:
+            live = live_at(report, device_id, event)
+        except MemlensError:
+            live = live_at(report, device_id)
+        heading = f"Live {live.label}: {format_bytes(live.total_bytes)}"
+        fig = figures.categories_figure(report.devices[device_id], live.categories, live.top_stacks_by_category,
+                                        title=f"{heading} by category and stack")
+        hint = " · click the timeline's curve to see another moment"
+        return (fig, live.label[0].upper() + live.label[1:],
+                [html.B(heading), html.Span(hint, className="muted")], live.is_peak)
+
+    @app.callback(
         Output("segments", "figure"),
         Input("source-picker", "value"),
         Input("device-picker", "value"),
     )
-    def draw_peak(source_id: str | None, device: int | None) -> Any:
+    def draw_segments(source_id: str | None, device: int | None) -> Any:
         try:
             report = report_of(source_id)
         except MemlensError:
-            return empty_figure(""), empty_figure("")
-        device_id = device_of(report, device)
-        return (figures.categories_figure(report.devices[device_id]),
-                figures.segment_map_figure(report.snapshot, device_id))
+            return empty_figure("")
+        return figures.segment_map_figure(report.snapshot, device_of(report, device))
 
     # ------------------------------------------------------------- budget
 

@@ -87,6 +87,7 @@ def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
     return html.Div(className="page", children=[
         dcc.Store(id="upload-event"),
         dcc.Store(id="view", data={}),
+        dcc.Store(id="moment"),  # the clicked trace row the "At the peak" tab shows; None = the peak
         html.Header(className="header", children=[
             html.Div(className="brand", children=[
                 html.Span("memlens", className="logo"),
@@ -130,14 +131,20 @@ def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
                                                                      "scrollZoom": False}),
                                     type="dot", delay_show=300),
                         html.Div("Drag to zoom: the zoomed range is redrawn with every event. "
-                                 "Double-click to zoom out. Click a finding to jump to it.",
+                                 "Double-click to zoom out. Click a finding to jump to it. Click the "
+                                 "curve to see what was live at that moment (next tab).",
                                  className="hint"),
                     ]),
                     html.Div(className="panel findings-panel", children=[
                         html.H2("Findings"), html.Div(id="findings", className="findings")]),
                 ]),
             ]),
-            dcc.Tab(label="At the peak", value="peak", children=[
+            dcc.Tab(id="tab-peak", label="At the peak", value="peak", children=[
+                html.Div(className="live-bar", children=[
+                    html.Div(id="live-label", className="live-label"),
+                    html.Button("Back to the peak", id="live-reset", n_clicks=0, className="button",
+                                disabled=True),
+                ]),
                 html.Div(className="grid-two", children=[
                     html.Div(className="panel", children=[dcc.Graph(id="categories")]),
                     html.Div(className="panel", children=[dcc.Graph(id="segments")]),

@@ -277,7 +277,9 @@ def timeline_figure(
             x=xs_all[keep], y=scale(values[keep]), name=name, mode="lines",
             line={"color": color, "width": 1.2 if name == "reserved" else 1.6, "shape": "hv"},
             fill=fill, fillcolor="rgba(127,127,127,0.08)" if fill else None,
-            customdata=keep,
+            # A plain list: dcc.Graph reads clickData's customdata from the figure's data, where a
+            # numpy array stays base64-encoded (``{dtype, bdata}``) and cannot be indexed.
+            customdata=keep.tolist(),
             hovertemplate=f"{name}: %{{y:.3f}} {scale.unit}<br>event %{{customdata}}<extra></extra>",
         ))
 

@@ -3,7 +3,8 @@ optimizer spike, fragmentation, OOM).
 
 ``analyze(path_or_snapshot, capacity=None, device=None) -> Report`` is the one entry point the
 CLI and the web app call. Each finder is a stateless ``find(ctx) -> list[Finding]`` run from
-``FINDERS`` in order; nothing here prints.
+``FINDERS`` in order; nothing here prints. ``live_at(report, device, event)`` tells what was
+live after any trace row (by category and stack), from the same per-allocation categories.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from memlens.analysis import activations, fragmentation, leak, oom, optimizer
-from memlens.analysis.categories import bytes_by_category
 from memlens.analysis.context import DeviceContext, build_context
+from memlens.analysis.live import LiveBreakdown, LiveIndex, breakdown, live_at
 from memlens.analysis.report import (
     CATEGORIES,
     FINDING_KINDS,
@@ -82,23 +83,18 @@ def _device_report(ctx: DeviceContext) -> DeviceReport:
     trace = ctx.trace
     lt = ctx.lifetimes
     n = ctx.events
+    index = LiveIndex.build(lt, ctx.category, ctx.facts, ctx.settings.top_stacks)
     if n:
-        peak = int(ctx.peak_event or 0)
-        live = lt.live_at(peak)
+        peak: int | None = int(ctx.peak_event or 0)
         peak_reserved_event: int | None = int(np.argmax(trace.reserved))
         peak_reserved = int(trace.reserved[peak_reserved_event])
         peak_allocated = int(trace.allocated[peak])
     else:
-        live = np.ones(len(lt), dtype=bool)
+        peak = None  # no rows: what the dump holds
         peak_reserved_event = None
         peak_reserved = trace.baseline_reserved
         peak_allocated = trace.baseline_allocated
-    categories = bytes_by_category(ctx.category, lt.size, live)
-    # What the lifetimes cannot account for (a curve lifted over a wrapped ring buffer) is unknown.
-    categories["unknown"] += max(peak_allocated - sum(categories.values()), 0)
-    top = {
-        name: ctx.top_stacks(live & (ctx.category == code)) for code, name in enumerate(CATEGORIES)
-    }
+    categories, top = breakdown(index, trace, peak)
     category_of_event = np.full(n, -1, dtype=np.int8)
     made = lt.alloc_event >= 0
     category_of_event[lt.alloc_event[made]] = ctx.category[made]
@@ -124,6 +120,7 @@ def _device_report(ctx: DeviceContext) -> DeviceReport:
         window_complete=trace.window_complete,
         notes=ctx.notes,
         category_of_event=category_of_event,
+        live_index=index,
     )
 
 
@@ -135,8 +132,10 @@ __all__ = [
     "AnalysisSettings",
     "DeviceReport",
     "Finding",
+    "LiveBreakdown",
     "Report",
     "StackBytes",
     "Step",
     "analyze",
+    "live_at",
 ]

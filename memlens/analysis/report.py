@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from memlens.snapshot.model import Snapshot
+
+if TYPE_CHECKING:
+    from memlens.analysis.live import LiveIndex
 
 SCHEMA_VERSION = 1
 
@@ -130,6 +133,9 @@ class DeviceReport:
     notes: list[str] = field(default_factory=list)
     # Category code (index into CATEGORIES) of every trace row that is an alloc, -1 elsewhere.
     category_of_event: npt.NDArray[np.int8] | None = None
+    # Every lifetime with the category analyze() gave it, for ``memlens.analysis.live_at`` (what
+    # was live at any row). In memory only: not part of the JSON.
+    live_index: LiveIndex | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -184,3 +184,66 @@ def test_upload_over_the_limit_is_refused(dash_duo: Any, real_snapshot: RealSnap
     dash_duo.wait_for_contains_text("#message", "Drop a snapshot", timeout=TIMEOUT)
     upload(dash_duo, real_snapshot.path)
     dash_duo.wait_for_contains_text("#message .alert-error", "upload limit", timeout=TIMEOUT)
+
+
+SAMPLE_LEAK = Path(__file__).resolve().parents[2] / "sample_snapshots" / "leak.pickle"
+
+
+def click_timeline(dash_duo: Any, fraction: float) -> int:
+    """Click the allocated curve ``fraction`` of the way along; returns the clicked trace row.
+
+    A real mouse click on a plotly point depends on pixel-exact hover hit-testing (and the
+    findings' hover-filled polygons lie over the curve), which is flaky in headless Chromium. So
+    this emits, on the graph div, the ``plotly_click`` event plotly raises for a click on a point:
+    dcc.Graph's own listener turns it into ``clickData`` as it would for a mouse click.
+    """
+    return dash_duo.driver.execute_script(
+        "var gd = document.querySelector('#timeline .js-plotly-plot');"
+        "var c = gd._fullData.findIndex(t => t.name === 'allocated');"
+        "var t = gd._fullData[c]; var i = Math.floor((t._length - 1) * arguments[0]);"
+        "gd.emit('plotly_click', {points: [{curveNumber: c, pointNumber: i, x: t.x[i], y: t.y[i],"
+        " data: gd.data[c], fullData: t}]});"
+        "return t.customdata[i];", fraction)
+
+
+def treemap_title(dash_duo: Any) -> Any:
+    return dash_duo.driver.execute_script(
+        "var gd = document.querySelector('#categories .js-plotly-plot');"
+        "return gd && gd._fullLayout && gd._fullLayout.title ? gd._fullLayout.title.text : null;")
+
+
+def tab_labels(dash_duo: Any) -> list[str]:
+    return [t.text.strip() for t in dash_duo.driver.find_elements(By.CSS_SELECTOR, ".tab")]
+
+
+@pytest.mark.skipif(not SAMPLE_LEAK.is_file(), reason=f"{SAMPLE_LEAK} missing")
+def test_click_the_timeline_shows_what_was_live_then(dash_duo: Any, artifacts_dir: Path) -> None:
+    app = create_app([SAMPLE_LEAK], sample_dir=None)
+    dash_duo.start_server(app)
+    wait_until(lambda: {"allocated", "peak"} <= {t["name"] for t in graph_data(dash_duo, "timeline") or []},
+               what="the timeline")
+    assert "At the peak" in tab_labels(dash_duo)
+    open_tab(dash_duo, "At the peak")
+    dash_duo.wait_for_contains_text("#live-label", "Live at the peak", timeout=TIMEOUT)
+    wait_until(lambda: (treemap_title(dash_duo) or "").startswith("Live at the peak"), what="the treemap at the peak")
+
+    open_tab(dash_duo, "Timeline & findings")
+    event = click_timeline(dash_duo, 0.25)
+    assert isinstance(event, int) and event > 0
+    label = wait_until(lambda: next((t for t in tab_labels(dash_duo) if t.startswith("At event")), None),
+                       what="the tab label to name the clicked event")
+    assert label.startswith(f"At event {event:,} (t = ") and label.endswith(" s)")
+    wait_until(lambda: any(t["name"] == "allocated" for t in graph_data(dash_duo, "timeline") or []),
+               what="the timeline redrawn with the marker")
+
+    open_tab(dash_duo, label)
+    dash_duo.wait_for_contains_text("#live-label", f"Live at event {event:,} (t = ", timeout=TIMEOUT)
+    wait_until(lambda: (treemap_title(dash_duo) or "").startswith(f"Live at event {event:,} (t = "),
+               what="the treemap of the clicked moment")
+    dash_duo.driver.save_screenshot(str(artifacts_dir / "app-live-at-event.png"))
+
+    # Back to the peak.
+    dash_duo.find_element("#live-reset").click()
+    dash_duo.wait_for_contains_text("#live-label", "Live at the peak", timeout=TIMEOUT)
+    wait_until(lambda: "At the peak" in tab_labels(dash_duo), what="the tab label back at the peak")
+    wait_until(lambda: (treemap_title(dash_duo) or "").startswith("Live at the peak"), what="the peak's treemap")
