@@ -13,13 +13,13 @@ from typing import Any
 import plotly.graph_objects as go
 from dash import ALL, Dash, Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
-from memlens_app.layout import source_options
-from memlens_app.library import Library
 
 from memlens import figures
 from memlens.analysis import live_at
 from memlens.errors import MemlensError
 from memlens.units import format_bytes, parse_bytes
+from memlens_app.layout import source_options
+from memlens_app.library import Library
 
 log = logging.getLogger("memlens.app")
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from dash import dcc, html
-from memlens_app.library import Library, Source
 
 from memlens.units import format_bytes
+from memlens_app.library import Library, Source
 
 KIND_LABELS = {"cli": "command line", "sample": "sample", "upload": "uploaded"}
 

@@ -7,12 +7,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dash import Dash
+
+from memlens.units import GiB
 from memlens_app.callbacks import register_callbacks
 from memlens_app.layout import build_layout
 from memlens_app.library import DEFAULT_REPORT_CACHE, Library
 from memlens_app.upload import register_upload_route
-
-from memlens.units import GiB
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 DEFAULT_MAX_UPLOAD = 2 * GiB

@@ -17,10 +17,10 @@ import uuid
 from typing import Any
 
 from flask import Flask, jsonify, request
-from memlens_app.library import Library
 
 from memlens.errors import MemlensError
 from memlens.units import format_bytes
+from memlens_app.library import Library
 
 CHUNK_BYTES = 1 << 20
 log = logging.getLogger("memlens.app")

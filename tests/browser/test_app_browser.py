@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from memlens_app.main import create_app
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
+from memlens_app.main import create_app
 from tests.browser.conftest import RealSnapshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

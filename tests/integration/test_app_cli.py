@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from memlens_app.main import create_app
 
 from memlens.cli.main import main
+from memlens_app.main import create_app
 
 
 def test_missing_snapshot_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
