@@ -121,8 +121,8 @@ def _jsonable(value: Any) -> Any:
     try:
         json.dumps(value)
         return value
-    except (TypeError, ValueError):
-        return {str(k): repr(v) for k, v in value.items()} if isinstance(value, dict) else repr(value)
+    except (TypeError, ValueError, RecursionError):
+        return {str(k): repr(v)[:1000] for k, v in value.items()} if isinstance(value, dict) else repr(value)[:1000]
 
 
 def _read(path: Path, source: str) -> Snapshot:

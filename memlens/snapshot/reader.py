@@ -84,6 +84,8 @@ def _unpickle(stream: IO[bytes], source: str) -> Any:
         raise MemlensFormatError(source, "the pickle is too large to load in this machine's memory") from None
     except (OSError, gzip.BadGzipFile) as exc:
         raise MemlensFormatError(source, f"could not read the file ({exc})") from None
+    except Exception as exc:  # globals are refused, so anything else is a damaged stream
+        raise MemlensFormatError(source, f"not a readable pickle ({type(exc).__name__}: {exc})") from None
 
 
 @contextlib.contextmanager
