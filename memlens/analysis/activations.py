@@ -11,6 +11,7 @@ import numpy as np
 
 from memlens.analysis.categories import ACTIVATIONS
 from memlens.analysis.context import DeviceContext
+from memlens.analysis.lifetimes import byte_counts
 from memlens.analysis.report import Finding
 from memlens.analysis.settings import (
     ACTIVATION_HIGH_SEVERITY_FRACTION,
@@ -34,8 +35,8 @@ def find(ctx: DeviceContext) -> list[Finding]:
     lt = ctx.lifetimes
     act = (ctx.category == ACTIVATIONS) & (lt.alloc_event >= 0)
     ghost_act = (ctx.category == ACTIVATIONS) & (lt.alloc_event < 0)
-    delta = np.bincount(lt.alloc_event[act], weights=lt.size[act], minlength=n + 1)
-    delta -= np.bincount(lt.free_event[act | ghost_act], weights=lt.size[act | ghost_act], minlength=n + 1)
+    delta = byte_counts(lt.alloc_event[act], lt.size[act], n + 1)
+    delta -= byte_counts(lt.free_event[act | ghost_act], lt.size[act | ghost_act], n + 1)
     curve = np.cumsum(delta[:n]) + float(lt.size[ghost_act].sum())
     heights = curve[phases.forward_peak]
     # Prefer whole steps: a partial head step is often setup (model copies), not a forward pass.

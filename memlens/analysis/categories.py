@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from memlens.analysis.lifetimes import Lifetimes
+from memlens.analysis.lifetimes import Lifetimes, byte_counts
 from memlens.analysis.report import CATEGORIES, Step
 from memlens.analysis.stacks import StackFacts
 
@@ -91,8 +91,8 @@ def build_phases(
     step_a = phases.step_of(a)
     local = (step_a >= 0) & (phases.step_of(np.minimum(f, events - 1)) == step_a) & (f < events)
     local &= phases.optimizer_window_of(a) < 0
-    delta = np.bincount(a[local], weights=lifetimes.size[local], minlength=events + 1)
-    delta -= np.bincount(f[local], weights=lifetimes.size[local], minlength=events + 1)
+    delta = byte_counts(a[local], lifetimes.size[local], events + 1)
+    delta -= byte_counts(f[local], lifetimes.size[local], events + 1)
     curve = np.cumsum(delta[:events])
     peaks = start.copy()
     for k in range(start.size):  # one argmax per step, not per row

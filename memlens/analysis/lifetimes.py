@@ -39,6 +39,16 @@ class Lifetimes:
         return self.alloc_event < 0
 
 
+def byte_counts(positions: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64], length: int) -> npt.NDArray[np.float64]:
+    """Bytes summed per position (``np.bincount`` with weights), always float64 and ``length`` long.
+
+    ``np.bincount`` returns int64 for an empty input, which would break the in-place arithmetic
+    the callers do on its result.
+    """
+    counts = np.bincount(positions, weights=sizes.astype(np.float64), minlength=length)
+    return counts.astype(np.float64, copy=False)
+
+
 def free_action(trace: DeviceTrace) -> int:
     """Frees count at ``free_completed``; writers that never emit it count at the request."""
     if bool((trace.action == Action.FREE_COMPLETED).any()):

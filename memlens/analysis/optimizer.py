@@ -11,6 +11,7 @@ import numpy as np
 
 from memlens.analysis.categories import OPTIMIZER_STATE, PARAMETERS, TEMPORARY
 from memlens.analysis.context import DeviceContext, sidecar_number
+from memlens.analysis.lifetimes import byte_counts
 from memlens.analysis.report import Finding
 from memlens.analysis.settings import (
     ADAM_STATE_BYTES_PER_PARAM,
@@ -33,10 +34,10 @@ def find(ctx: DeviceContext) -> list[Finding]:
     window_of = phases.optimizer_window_of(np.where(lt.alloc_event >= 0, lt.alloc_event, -1))
     count = phases.opt_start.size
     persistent_mask = (window_of >= 0) & (ctx.category == OPTIMIZER_STATE)
-    persistent = np.bincount(window_of[persistent_mask], weights=lt.size[persistent_mask], minlength=count)
+    persistent = byte_counts(window_of[persistent_mask], lt.size[persistent_mask], count)
     transient_mask = (window_of >= 0) & (ctx.category == TEMPORARY)
-    delta = np.bincount(lt.alloc_event[transient_mask], weights=lt.size[transient_mask], minlength=n + 1)
-    delta -= np.bincount(lt.free_event[transient_mask], weights=lt.size[transient_mask], minlength=n + 1)
+    delta = byte_counts(lt.alloc_event[transient_mask], lt.size[transient_mask], n + 1)
+    delta -= byte_counts(lt.free_event[transient_mask], lt.size[transient_mask], n + 1)
     transient_curve = np.cumsum(delta[:n])
     allocated = ctx.trace.allocated
     spikes = np.zeros(count)
@@ -54,7 +55,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
     replaced_mask = (freed_in >= 0) & old
     made_in_same = replaced_mask & (window_of == freed_in)
     replaced_mask &= ~made_in_same
-    replaced = np.bincount(freed_in[replaced_mask], weights=lt.size[replaced_mask], minlength=count)
+    replaced = byte_counts(freed_in[replaced_mask], lt.size[replaced_mask], count)
     net_persistent = np.maximum(persistent - replaced, 0)
     score = np.maximum(spikes, net_persistent)
     w = int(np.argmax(score))
