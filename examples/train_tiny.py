@@ -75,20 +75,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--leak", action="store_true", help="log a held-out loss without no_grad and keep it (a leak)")
     parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing per block")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (auto: cuda when available)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> list[float]:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    model = TinyLM(d_model=args.d_model, n_layers=args.layers, max_seq=max(512, args.seq))
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    model = TinyLM(d_model=args.d_model, n_layers=args.layers, max_seq=max(512, args.seq)).to(device)
     model.checkpointing = args.checkpoint
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    held_out = torch.randint(0, 256, (args.batch, args.seq + 1))
+    held_out = torch.randint(0, 256, (args.batch, args.seq + 1), device=device)
     losses: list[torch.Tensor] = []
     history: list[float] = []
     for _ in range(args.steps):
-        tokens = torch.randint(0, 256, (args.batch, args.seq + 1))
+        tokens = torch.randint(0, 256, (args.batch, args.seq + 1), device=device)
         loss = train_step(model, optimizer, tokens)
         if args.leak:
             # The classic leak: a logged loss computed outside torch.no_grad() and kept as a
