@@ -16,6 +16,7 @@ from dash.exceptions import PreventUpdate
 
 from memlens import figures
 from memlens.analysis import live_at
+from memlens.analysis.report import format_evidence
 from memlens.errors import MemlensError
 from memlens.units import format_bytes, parse_bytes
 from memlens_app.layout import source_options
@@ -442,7 +443,7 @@ def finding_card(index: int, finding: Any, device_report: Any) -> html.Div:
     step = f"step {finding.step}" if finding.step is not None else f"events {finding.start_event:,}–" \
         f"{finding.end_event:,}"
     evidence = html.Table(className="evidence", children=[
-        html.Tr([html.Td(str(k).replace("_", " ")), html.Td(_evidence_value(k, v))])
+        html.Tr([html.Td(str(k).replace("_", " ")), html.Td(format_evidence(k, v))])
         for k, v in finding.evidence.items()])
     stacks = [html.Details(className="stack", children=[
         html.Summary(f"{format_bytes(s.bytes)} in {s.count} allocation(s): "
@@ -465,16 +466,6 @@ def finding_card(index: int, finding: Any, device_report: Any) -> html.Div:
             html.Details(className="finding-details", children=[
                 html.Summary(f"evidence and stacks ({step})"), evidence, *stacks]),
         ])
-
-
-def _evidence_value(key: str, value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and ("bytes" in key or key.endswith("_b")):
-        return format_bytes(value)
-    if isinstance(value, float):
-        return f"{value:,.3g}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
 
 
 def budget_verdict(estimate: Any, reconciliation: Any, capacity: int | None) -> html.Div:

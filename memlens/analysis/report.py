@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memlens.snapshot.model import Snapshot
+from memlens.units import format_bytes
 
 if TYPE_CHECKING:
     from memlens.analysis.live import LiveIndex
@@ -33,6 +34,18 @@ STEP_SOURCES = (
 )
 
 Evidence = dict[str, int | float | str]
+
+
+def format_evidence(key: str, value: int | float | str) -> str:
+    """One evidence value as people read it: keys that name bytes (``*_bytes``, ``bytes_per_step``)
+    in KiB/MiB/GiB, other numbers with thousands separators, text as it is."""
+    if isinstance(value, bool | str):
+        return str(value)
+    if isinstance(value, int) and "bytes" in key:
+        return format_bytes(value)
+    if isinstance(value, float):
+        return f"{value:,.3g}"
+    return f"{value:,}"
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from memlens.analysis.report import format_evidence
 from memlens.units import format_bytes
 
 if TYPE_CHECKING:
@@ -214,7 +215,7 @@ def render_finding(console: Console, rank: int, finding: Finding) -> None:
         )
     )
     _indented(console, finding.summary)
-    evidence = ", ".join(f"{k}={_evidence_value(k, v)}" for k, v in list(finding.evidence.items())[:6])
+    evidence = ", ".join(f"{k}={format_evidence(k, v)}" for k, v in list(finding.evidence.items())[:6])
     if evidence:
         _indented(console, Text(f"evidence: {evidence}", style="dim"))
     for stack in finding.top_stacks[:2]:
@@ -223,16 +224,6 @@ def render_finding(console: Console, rank: int, finding: Finding) -> None:
     _indented(console, Text.assemble("fix: ", (finding.recommendation, "green")))
     if finding.estimated_saving_bytes:
         _indented(console, Text.assemble("would save: ", (f"~{format_bytes(finding.estimated_saving_bytes)}", "green")))
-
-
-def _evidence_value(key: str, value: int | float | str) -> str:
-    if isinstance(value, bool | str):
-        return str(value)
-    if key.endswith("bytes") or key.endswith("_bytes_per_step"):
-        return format_bytes(value)
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return f"{value:,}"
 
 
 def render_findings(console: Console, device: DeviceReport) -> None:
