@@ -85,12 +85,18 @@ def make_console(file: IO[str] | None = None, width: int | None = None, color: b
     )
 
 
-def _time(report: DeviceReport, event: int | None, origin_us: int | None) -> str:
-    if event is None:
+def when(report: Report, device: DeviceReport, event: int | None) -> str:
+    """``event 1,145, +0.001 s, step 1``: where an event sits in the trace, its time and its step."""
+    if event is None or event < 0:
         return ""
-    if origin_us is None or report.peak_time_us is None:
-        return f"event {event:,}"
-    return f"event {event:,}, +{(report.peak_time_us - origin_us) / 1e6:.3f} s"
+    text = f"event {event:,}"
+    trace = report.snapshot.devices.get(device.device)
+    if trace is not None and trace.has_time and event < trace.events:
+        text += f", +{(int(trace.time_us[event]) - int(trace.time_us[0])) / 1e6:.3f} s"
+    step = step_of_event(device, event)
+    if step is not None:
+        text += f", step {step}"
+    return text
 
 
 def sparkline(values: np.ndarray, low: float, top: float, width: int = SPARK_WIDTH) -> str:
@@ -127,23 +133,16 @@ def render_header(console: Console, report: Report, device: DeviceReport) -> Non
     capacity = f"capacity {format_bytes(device.capacity_bytes)}" if device.capacity_bytes else "capacity unknown"
     window = "complete history" if device.window_complete else "history starts mid-run"
     console.print(f"  torch {report.format_guess} format · device {device.device} · {capacity}")
-    console.print(f"  {device.events:,} events ({window}) · {steps}")
-    origin = None
-    trace = report.snapshot.devices.get(device.device)
-    if trace is not None and trace.has_time and trace.events:
-        origin = int(trace.time_us[0])
-    peak_step = step_of_event(device, device.peak_allocated_event)
-    where = _time(device, device.peak_allocated_event, origin)
-    if peak_step is not None:
-        where += f", step {peak_step}"
-    console.print(
-        Text.assemble(
-            "  peak allocated ", (format_bytes(device.peak_allocated_bytes), "bold"),
-            f" ({where})" if where else "",
-            " · peak reserved ", (format_bytes(device.peak_reserved_bytes), "bold"),
-        )
-    )
-    if device.baseline_allocated_bytes:
+    if device.events:
+        console.print(f"  {device.events:,} events ({window}) · {steps}")
+    else:
+        console.print("  no recorded history: only the state at dump time")
+    for label, size, event in (("allocated", device.peak_allocated_bytes, device.peak_allocated_event),
+                               ("reserved ", device.peak_reserved_bytes, device.peak_reserved_event)):
+        where = when(report, device, event)
+        console.print(Text.assemble(f"  peak {label} ", (f"{format_bytes(size):>10}", "bold"),
+                                    f"  ({where})" if where else ""))
+    if device.baseline_allocated_bytes and device.events:
         console.print(f"  {format_bytes(device.baseline_allocated_bytes)} was already live when the history began")
     for note in device.notes:
         console.print(Text(f"  note: {note}", style="dim"))
