@@ -134,7 +134,8 @@ def render_header(console: Console, report: Report, device: DeviceReport) -> Non
     window = "complete history" if device.window_complete else "history starts mid-run"
     console.print(f"  torch {report.format_guess} format · device {device.device} · {capacity}")
     if device.events:
-        console.print(f"  {device.events:,} events ({window}) · {steps}")
+        events = f"{device.events:,} event" + ("s" if device.events != 1 else "")
+        console.print(f"  {events} ({window}) · {steps}")
     else:
         console.print("  no recorded history: only the state at dump time")
     for label, size, event in (("allocated", device.peak_allocated_bytes, device.peak_allocated_event),
@@ -150,8 +151,8 @@ def render_header(console: Console, report: Report, device: DeviceReport) -> Non
 
 def render_timeline(console: Console, report: Report, device: DeviceReport) -> None:
     trace = report.snapshot.devices.get(device.device)
-    if trace is None or trace.events == 0:
-        console.print("\n  (no recorded history: only the state at dump time)")
+    if trace is None or trace.events < 2:
+        console.print("\n  (no timeline: the snapshot has no recorded history to draw)")
         return
     allocated = trace.allocated
     # Scaled between the lowest and highest allocated level, not from zero: a baseline of
