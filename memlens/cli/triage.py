@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -40,25 +41,56 @@ def _split_kinds(values: tuple[str, ...]) -> list[str]:
     return kinds
 
 
-def budget_reconciliation(report: Report, device: int | None, params: float | None, optimizer: str | None,
-                          precision: str | None) -> Reconciliation | None:
+@dataclass(frozen=True)
+class BudgetFlags:
+    """What ``memlens triage`` was told about the model and the run, for the budget section."""
+
+    params: float | None = None
+    optimizer: str | None = None
+    precision: str | None = None
+    hidden: int | None = None
+    layers: int | None = None
+    heads: int | None = None
+    vocab: int | None = None
+    batch: int | None = None
+    seq: int | None = None
+    checkpointing: str | None = None
+    config: str | None = None
+
+    @property
+    def given(self) -> bool:
+        return any(value is not None for value in vars(self).values())
+
+
+def budget_reconciliation(report: Report, device: int | None, flags: BudgetFlags) -> Reconciliation | None:
     """The budget next to the measurement, from flags or else from the recorder's sidecar."""
     from memlens.budget import ModelSpec, TrainingSetup, estimate, reconcile
+    from memlens.budget.training import parse_checkpointing
 
     sidecar: dict[str, Any] = report.sidecar or {}
     model = sidecar.get("model") or {}
+    params = flags.params
     if params is None and model.get("parameters_trainable"):
         params = float(model["parameters_trainable"])
-    if params is None:
+    if params is None and flags.config is None and flags.hidden is None:
         return None
+    optimizer = flags.optimizer
     if optimizer is None:
         optimizer_class = str((sidecar.get("optimizer") or {}).get("class", "adamw")).lower()
         optimizer = optimizer_class if optimizer_class in ("sgd", "adam", "adamw", "adafactor") else "adamw"
+    precision = flags.precision
     if precision is None:
         dtypes = model.get("parameter_bytes_by_dtype") or {}
         precision = "fp32" if not dtypes or set(dtypes) == {"torch.float32"} else "bf16-mixed"
-    budget = estimate(ModelSpec.from_numbers(params), TrainingSetup(precision=precision, optimizer=optimizer))
-    return reconcile(budget, report.device(device))
+    if flags.config is not None:
+        spec = ModelSpec.from_config_json(flags.config, n_params=params)
+    else:
+        spec = ModelSpec.from_numbers(params, hidden_size=flags.hidden, n_layers=flags.layers,
+                                      n_heads=flags.heads, vocab_size=flags.vocab)
+    checkpointing, every = parse_checkpointing(flags.checkpointing or "none")
+    setup = TrainingSetup(precision=precision, optimizer=optimizer, micro_batch=flags.batch or 1,
+                          seq_len=flags.seq, checkpointing=checkpointing, checkpoint_every=every)
+    return reconcile(estimate(spec, setup), report.device(device))
 
 
 @click.command(help=__doc__)
@@ -69,19 +101,32 @@ def budget_reconciliation(report: Report, device: int | None, params: float | No
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema: memlens.analysis.schema).")
 @click.option("--fail-on", "fail_on", multiple=True, metavar="KIND",
               help="Exit 1 if a finding of this kind is present (repeat or comma-separate).")
-@click.option("--params", type=float, default=None, help="Parameter count for the budget, e.g. 7e9.")
-@click.option("--optimizer", default=None, help="Optimizer for the budget (adamw, sgd, adam-8bit, ...).")
-@click.option("--precision", default=None, help="Precision for the budget (fp32, bf16-mixed, bf16, ...).")
+@click.option("--params", type=float, default=None, help="Budget: parameter count, e.g. 7e9.")
+@click.option("--optimizer", default=None, help="Budget: optimizer (adamw, sgd, adam-8bit, ...).")
+@click.option("--precision", default=None, help="Budget: precision (fp32, bf16-mixed, bf16, ...).")
+@click.option("--hidden", type=int, default=None, help="Budget: hidden size (for activations).")
+@click.option("--layers", type=int, default=None, help="Budget: transformer layers (for activations).")
+@click.option("--heads", type=int, default=None, help="Budget: attention heads.")
+@click.option("--vocab", type=int, default=None, help="Budget: vocabulary size (for the logits).")
+@click.option("--batch", type=int, default=None, help="Budget: micro-batch size.")
+@click.option("--seq", type=int, default=None, help="Budget: sequence length.")
+@click.option("--checkpointing", default=None, help="Budget: none, full, selective or every:K.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Budget: a transformers-style config.json for the model's shape.")
 @click.option("--cache/--no-cache", default=None,
               help="Keep a fast .npz copy for the next open (default: for files of 8 MiB or more).")
 @click.option("--width", type=int, default=None, help="Terminal width (default: detected).")
 @click.option("--color/--no-color", default=None, help="Force colour on or off (default: only on a terminal).")
 def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None, as_json: bool,
            fail_on: tuple[str, ...], params: float | None, optimizer: str | None, precision: str | None,
+           hidden: int | None, layers: int | None, heads: int | None, vocab: int | None, batch: int | None,
+           seq: int | None, checkpointing: str | None, config_path: str | None,
            cache: bool | None, width: int | None, color: bool | None) -> None:
     from memlens.reporters.terminal import make_console, render_ranks, render_triage
 
     kinds = _split_kinds(fail_on)
+    flags = BudgetFlags(params, optimizer, precision, hidden, layers, heads, vocab, batch, seq, checkpointing,
+                        config_path)
     reports = analyze_paths(list(snapshots), capacity, device, cache=cache)
     if as_json:
         payload: Any = reports[0].to_json() if len(reports) == 1 else {"reports": [r.to_json() for r in reports]}
@@ -94,9 +139,9 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
             if index or len(reports) > 1:
                 console.rule()
             try:
-                reconciliation = budget_reconciliation(report, device, params, optimizer, precision)
+                reconciliation = budget_reconciliation(report, device, flags)
             except MemlensUsageError:
-                if params is not None or optimizer is not None or precision is not None:
+                if flags.given:
                     raise
                 reconciliation = None  # a sidecar we cannot turn into a budget only loses that section
             render_triage(console, report, device, reconciliation)

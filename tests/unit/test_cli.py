@@ -185,3 +185,17 @@ def test_demo_without_samples_says_where(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     result = CliRunner().invoke(cli, ["demo", "--samples", str(tmp_path / "empty")])
     assert result.exit_code == 2 and "no *.pickle files" in result.stderr
+
+
+def test_triage_budget_with_the_architecture_estimates_activations() -> None:
+    sample = Path(__file__).resolve().parents[2] / "sample_snapshots" / "activations.pickle"
+    if not sample.exists():
+        pytest.skip("sample_snapshots/ missing")
+    args = ["--hidden", "64", "--layers", "4", "--heads", "4", "--vocab", "256", "--batch", "16", "--seq", "256"]
+    result = run("triage", str(sample), *args, "--width", "120")
+    assert result.exit_code == 0
+    budget = result.output.split("Budget")[1]
+    activations = next(line for line in budget.splitlines() if line.startswith("activations"))
+    assert "n/a" not in activations and "x" in activations  # a theory and a ratio, not "not estimated"
+    bad = CliRunner().invoke(cli, ["triage", str(sample), "--checkpointing", "sometimes"])
+    assert bad.exit_code == 2 and "checkpointing" in bad.stderr
