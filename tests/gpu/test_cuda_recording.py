@@ -8,35 +8,23 @@ markers, and a recorded OOM (a per-process memory cap) leaves a snapshot with an
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
 import memlens
+from tests.examples import load_train_tiny
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-TRAIN_TINY = Path(__file__).resolve().parents[2] / "examples" / "train_tiny.py"
-
-
-def _tiny() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_tiny_gpu", TRAIN_TINY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("train_tiny_gpu", module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_cuda_recording_has_steps_and_analyses(tmp_path: Path) -> None:
-    tiny = _tiny()
+    tiny = load_train_tiny()
     device = torch.device("cuda")
     model = tiny.TinyLM(d_model=256, n_layers=4).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -57,7 +45,7 @@ def test_cuda_recording_has_steps_and_analyses(tmp_path: Path) -> None:
 
 
 def test_cuda_oom_is_captured(tmp_path: Path) -> None:
-    tiny = _tiny()
+    tiny = load_train_tiny()
     device = torch.device("cuda")
     model = tiny.TinyLM(d_model=256, n_layers=2).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

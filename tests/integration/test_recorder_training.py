@@ -3,13 +3,11 @@ own consumer (torch.cuda._memory_viz), and shows what happened (a leak's stairca
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import pickle
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -19,21 +17,12 @@ from click.testing import CliRunner
 
 import memlens
 from memlens.recorder import record
+from tests.examples import TRAIN_TINY, load_train_tiny
 
 REPO = Path(__file__).resolve().parents[2]
-TRAIN_TINY = REPO / "examples" / "train_tiny.py"
 
 
-def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_tiny", TRAIN_TINY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("train_tiny", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-tiny = load_example()
+tiny = load_train_tiny()
 
 
 def step_end_levels(path: Path) -> list[int]:
