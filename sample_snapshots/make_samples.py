@@ -205,6 +205,12 @@ def main() -> None:
     torch.set_num_threads(1)
     started = time.perf_counter()
     for name in args.only.split(","):
+        # Regenerating replaces the samples on purpose (the recorder itself never overwrites an
+        # earlier run's files: it would write NAME-2.pickle beside them).
+        patterns = (f"{name}.pickle", f"{name}.memlens.json", f"{name}_rank*.pickle", f"{name}_rank*.memlens.json",
+                    f"{name}_ranks.json")
+        for old in [path for pattern in patterns for path in args.out.glob(pattern)]:
+            old.unlink()
         gc.collect()  # tensors of the previous sample must not be seeded into this one
         began = time.perf_counter()
         SAMPLES[name](args.out)

@@ -22,7 +22,8 @@ at full speed. Steps between chosen ones inside that window are recorded, unanno
 A snapshot is written on leaving the ``with`` block (also when it raises), every
 ``dump_every`` chosen steps, after the last chosen step, and at an out-of-memory error. Files:
 ``<out>/snapshot.pickle`` (``<out>/rank{N}.pickle`` under torch.distributed; ``name=`` replaces
-``snapshot``; an ``out`` ending in ``.pickle`` is the file itself), each with a
+``snapshot``; an ``out`` ending in ``.pickle`` is the file itself; files an earlier run left there
+are kept and this run writes ``snapshot-2.pickle``, ``-3`` ...), each with a
 ``.memlens.json`` sidecar (keys in ``memlens.recorder.sidecar``). With more than one rank, rank 0
 also writes ``<out>/ranks.json`` (``<stem>_ranks.json`` beside an ``out`` file) with every rank's peak.
 
@@ -35,6 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import sys
 from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -106,6 +109,9 @@ class Recorder:
         if stacks not in ("python", "all", "none"):
             raise MemlensUsageError(f"stacks must be 'python', 'all' or 'none', got {stacks!r}")
         self.out = Path(out)
+        # "-2", "-3", ... when an earlier run's files are where this one would write: set at
+        # start, so the dumps of one session replace each other but never an earlier run's.
+        self._run_suffix = ""
         self.name = name
         self._steps, self._first_step, self._last_step = _step_filter(steps)
         self._model_stats = model_stats(model)
@@ -155,6 +161,12 @@ class Recorder:
         """Begin the session (what entering the ``with`` block does)."""
         if self._state != "new":
             raise MemlensUsageError("this recorder was already started; call memlens.record() again")
+        self._run_suffix = self._free_run_suffix(rank_info())
+        if self._run_suffix:
+            sys.stderr.write(
+                f"memlens: {self._snapshot_path(rank_info(), '')} is from an earlier run; keeping it and "
+                f"writing {self._snapshot_path(rank_info()).name} instead\n"
+            )
         self.backend.install()
         self._state = "waiting"
         if self.record_optimizer_steps:
@@ -294,14 +306,23 @@ class Recorder:
         """Where this rank's snapshot is (or will be) written."""
         return self._snapshot_path(rank_info())
 
-    def _snapshot_path(self, ranks: RankInfo) -> Path:
+    def _snapshot_path(self, ranks: RankInfo, run_suffix: str | None = None) -> Path:
+        run = self._run_suffix if run_suffix is None else run_suffix
         suffix = f"rank{ranks.rank}" if ranks.distributed else ""
         if self.out.suffix == ".pickle":
-            if not suffix:
-                return self.out
-            return self.out.with_name(f"{self.out.stem}_{suffix}.pickle")
+            stem = "_".join(part for part in (self.out.stem, suffix) if part)
+            return self.out.with_name(f"{stem}{run}.pickle")
         stem = "_".join(part for part in (self.name, suffix) if part) or "snapshot"
-        return self.out / f"{stem}.pickle"
+        return self.out / f"{stem}{run}.pickle"
+
+    def _free_run_suffix(self, ranks: RankInfo) -> str:
+        """The first of "", "-2", "-3", ... whose snapshot and sidecar do not exist yet."""
+        for number in itertools.count(1):
+            run = "" if number == 1 else f"-{number}"
+            path = self._snapshot_path(ranks, run)
+            if not path.exists() and not sidecar_path(path).exists():
+                return run
+        raise AssertionError("unreachable")
 
     def dump(self, reason: str = "manual") -> Path:
         """Write the snapshot and its sidecar now; returns the snapshot's path."""
@@ -370,9 +391,10 @@ class Recorder:
             return
         summary = summarize_ranks(gathered if gathered is not None else [local], ranks.world_size)
         if self.out.suffix == ".pickle":
-            target = self.out.with_name(f"{self.out.stem}_ranks.json")
+            target = self.out.with_name(f"{self.out.stem}_ranks{self._run_suffix}.json")
         else:
-            target = self.out / (f"{self.name}_ranks.json" if self.name else "ranks.json")
+            target = self.out / (f"{self.name}_ranks{self._run_suffix}.json" if self.name
+                                 else f"ranks{self._run_suffix}.json")
         write_json(target, summary)
 
     @property

@@ -371,3 +371,21 @@ def test_parse_steps_and_split_command(tmp_path: Path) -> None:
         split_command(("python", str(tmp_path / "missing.py")))
     with pytest.raises(MemlensUsageError):
         split_command(("python", "-c", "print(1)"))
+
+
+def test_an_earlier_runs_files_are_never_overwritten(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def run_once() -> Path:
+        with record(tmp_path / "run") as rec:
+            for _ in range(2):
+                with rec.step():
+                    torch.ones(256, 256).sum()
+        return rec.path
+
+    first = run_once()
+    first_bytes = first.read_bytes()
+    second = run_once()
+    assert first.name == "snapshot.pickle" and second.name == "snapshot-2.pickle"
+    assert first.read_bytes() == first_bytes  # untouched
+    assert sidecar_path(second).exists()
+    assert "is from an earlier run; keeping it" in capsys.readouterr().err
+    assert run_once().name == "snapshot-3.pickle"
