@@ -7,14 +7,13 @@ No analysis happens here. Numbers come from ``memlens.analyze`` (through ``Libra
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 import plotly.graph_objects as go
 from dash import ALL, Dash, Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
-from memlens import figures
+from memlens import figures, units
 from memlens.analysis import live_at
 from memlens.analysis.report import format_evidence
 from memlens.errors import MemlensError
@@ -27,8 +26,6 @@ log = logging.getLogger("memlens.app")
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
 # Padding around a finding when the timeline zooms to it, as a share of its width.
 ZOOM_MARGIN = 0.15
-_COUNT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT]?)\s*$")
-_COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
 _OPTIMIZER_CLASSES = {"adamw": "adamw", "adam": "adam", "sgd": "sgd", "adafactor": "adafactor",
                       "adamw8bit": "adam-8bit", "adam8bit": "adam-8bit", "muon": "muon"}
 
@@ -51,10 +48,7 @@ def parse_count(text: str | None) -> int | None:
     """``"7B"`` -> 7_000_000_000, ``"124M"``, ``"1.3e9"``; blank -> None."""
     if text is None or not str(text).strip():
         return None
-    match = _COUNT_RE.match(str(text))
-    if not match:
-        raise MemlensError(f"not a parameter count: {text!r} (try 7B, 124M or 1.3e9)")
-    return round(float(match.group(1)) * _COUNT_SUFFIX[match.group(2).lower()])
+    return units.parse_count(str(text))
 
 
 def register_callbacks(app: Dash, library: Library) -> None:

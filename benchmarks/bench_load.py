@@ -59,9 +59,7 @@ def main() -> None:
     started = time.perf_counter()
     # Generated in a child: Linux keeps a process's peak RSS across fork+exec, so a parent that
     # held the snapshot would inflate every child's measurement.
-    subprocess.run([sys.executable, "-c", "import sys; from memlens.synthetic import synthetic_snapshot, "
-                    "write_pickle; write_pickle(synthetic_snapshot(int(sys.argv[1]), seed=1), sys.argv[2])",
-                    str(args.events), path], check=True)
+    subprocess.run([sys.executable, "-m", "memlens.synthetic", str(args.events), path], check=True)
     print(f"generated {path}: {os.path.getsize(path) / 2**20:.1f} MiB in {time.perf_counter() - started:.1f} s")
     env = dict(os.environ, XDG_CACHE_HOME=os.path.join(workdir, "cache"))
 

@@ -34,9 +34,7 @@ def main() -> None:
     args = parser.parse_args()
     workdir = tempfile.mkdtemp(prefix="memlens-bench-")
     path = os.path.join(workdir, "large.pickle")
-    subprocess.run([sys.executable, "-c", "import sys; from memlens.synthetic import synthetic_snapshot, "
-                    "write_pickle; write_pickle(synthetic_snapshot(int(sys.argv[1]), seed=1), sys.argv[2])",
-                    str(args.events), path], check=True)
+    subprocess.run([sys.executable, "-m", "memlens.synthetic", str(args.events), path], check=True)
     # No cache: the first open of a file is what someone triaging an OOM waits for.
     env = dict(os.environ, XDG_CACHE_HOME=os.path.join(workdir, "cache"))
     memlens = shutil.which("memlens") or "memlens"

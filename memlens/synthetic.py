@@ -197,3 +197,20 @@ def write_pickle(obj: Any, path: str | os.PathLike[str]) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m memlens.synthetic EVENTS PATH [--seed N]``: write one snapshot. The benchmarks
+    run it in a child process so the parent's peak RSS never inflates what they measure."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("events", type=int)
+    parser.add_argument("path")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    write_pickle(synthetic_snapshot(args.events, seed=args.seed), args.path)
+
+
+if __name__ == "__main__":
+    main()

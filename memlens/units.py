@@ -52,6 +52,21 @@ def parse_bytes(text: str | int | float) -> int:
     return round(value * _UNITS[unit])
 
 
+_COUNT_SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+_COUNT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*$")
+
+
+def parse_count(text: str) -> int:
+    """A parameter count as people write it: ``"7e9"``, ``"7B"``, ``"350M"``, ``"6738415616"``."""
+    match = _COUNT_RE.match(str(text))
+    if not match:
+        raise MemlensUsageError(f"not a parameter count: {text!r} (try 7e9, 7B or 350M)")
+    value = float(match.group(1)) * _COUNT_SUFFIXES[match.group(2).lower()]
+    if value < 1:
+        raise MemlensUsageError(f"the parameter count must be positive, not {text!r}")
+    return round(value)
+
+
 def format_bytes(n: float, binary: bool = True, precision: int = 2) -> str:
     """``format_bytes(3 * 2**30) == '3.00 GiB'``; ``binary=False`` prints GB/MB (powers of 1000)."""
     sign = "-" if n < 0 else ""

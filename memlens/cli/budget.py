@@ -17,26 +17,11 @@ Examples:
 from __future__ import annotations
 
 import json
-import re
 
 import click
 
 from memlens.errors import MemlensUsageError
-from memlens.units import parse_bytes
-
-_COUNT_SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-_COUNT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*$")
-
-
-def parse_count(text: str) -> int:
-    """``"7e9"``, ``"7B"``, ``"350M"``, ``"6738415616"`` -> a parameter count."""
-    match = _COUNT_RE.match(text)
-    if not match:
-        raise MemlensUsageError(f"not a parameter count: {text!r} (try 7e9, 7B or 350M)")
-    value = float(match.group(1)) * _COUNT_SUFFIXES[match.group(2).lower()]
-    if value < 1:
-        raise MemlensUsageError(f"the parameter count must be positive, not {text!r}")
-    return round(value)
+from memlens.units import parse_bytes, parse_count
 
 
 def parse_capacity(text: str) -> int:

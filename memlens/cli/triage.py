@@ -21,14 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from memlens.analysis.report import FINDING_KINDS
 from memlens.cli.common import BYTE_SIZE, analyze_paths
 from memlens.errors import MemlensUsageError
+from memlens.units import parse_count
 
 if TYPE_CHECKING:
     from memlens.analysis.report import Report
     from memlens.budget import Reconciliation
 
-FINDING_KINDS = ("leak", "activation_plateau", "optimizer_spike", "fragmentation", "oom")
 EXIT_FINDING = 1
 
 
@@ -101,7 +102,8 @@ def budget_reconciliation(report: Report, device: int | None, flags: BudgetFlags
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema: memlens.analysis.schema).")
 @click.option("--fail-on", "fail_on", multiple=True, metavar="KIND",
               help="Exit 1 if a finding of this kind is present (repeat or comma-separate).")
-@click.option("--params", type=float, default=None, help="Budget: parameter count, e.g. 7e9.")
+@click.option("--params", default=None, callback=lambda _c, _p, text: None if text is None else parse_count(text),
+              help="Budget: parameter count, e.g. 7e9, 7B or 350M.")
 @click.option("--optimizer", default=None, help="Budget: optimizer (adamw, sgd, adam-8bit, ...).")
 @click.option("--precision", default=None, help="Budget: precision (fp32, bf16-mixed, bf16, ...).")
 @click.option("--hidden", type=int, default=None, help="Budget: hidden size (for activations).")
