@@ -1,14 +1,25 @@
-"""Shared fixtures: where the real CUDA snapshots live (``../shared`` beside the checkout)."""
+"""Shared fixtures: where the real CUDA snapshots live.
+
+They are read from ``../shared/real_snapshots`` beside the checkout (where CI lays them), or from
+the folder named by ``MEMLENS_REAL_SNAPSHOTS`` for a checkout cloned elsewhere. Tests that need
+them skip with a reason that names where they looked and the variable to set, never silently.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-REAL_SNAPSHOTS_DIR = REPO_ROOT.parent / "shared" / "real_snapshots"
+REAL_SNAPSHOTS_ENV = "MEMLENS_REAL_SNAPSHOTS"
+REAL_SNAPSHOTS_DIR = Path(os.environ.get(REAL_SNAPSHOTS_ENV) or REPO_ROOT.parent / "shared" / "real_snapshots")
 SAMPLE_SNAPSHOTS_DIR = REPO_ROOT / "sample_snapshots"
+REAL_SNAPSHOTS_MISSING = (
+    f"real snapshots not found at {REAL_SNAPSHOTS_DIR} (set {REAL_SNAPSHOTS_ENV} to the folder that holds them)"
+)
+needs_real_snapshots = pytest.mark.skipif(not REAL_SNAPSHOTS_DIR.is_dir(), reason=REAL_SNAPSHOTS_MISSING)
 
 
 def real_snapshot_paths() -> list[Path]:
@@ -18,5 +29,5 @@ def real_snapshot_paths() -> list[Path]:
 @pytest.fixture(scope="session")
 def real_snapshots_dir() -> Path:
     if not REAL_SNAPSHOTS_DIR.is_dir():
-        pytest.skip(f"real snapshots not found at {REAL_SNAPSHOTS_DIR}")
+        pytest.skip(REAL_SNAPSHOTS_MISSING)
     return REAL_SNAPSHOTS_DIR

@@ -10,10 +10,10 @@ from __future__ import annotations
 import io
 import os
 import re
+import sys
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, cast
 
-import click
 import numpy as np
 from rich.console import Console
 from rich.table import Table
@@ -73,7 +73,7 @@ def make_console(file: IO[str] | None = None, width: int | None = None, color: b
     """Colour only on a real terminal (and never with ``NO_COLOR``); ``width`` pins the layout."""
     if color is None:
         color = None if not os.environ.get("NO_COLOR") else False
-    target = file if file is not None else click.get_text_stream("stdout")
+    target = file if file is not None else sys.stdout
     return Console(
         file=cast(IO[str], _TrimmedLines(target)),
         width=width,

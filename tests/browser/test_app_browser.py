@@ -13,7 +13,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
 from memlens_app.main import create_app
-from tests.browser.conftest import RealSnapshot
+from tests.browser.conftest import DashPage, RealSnapshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -34,113 +34,113 @@ def wait_until(condition: Callable[[], Any], timeout: float = TIMEOUT, what: str
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last value {last!r})")
 
 
-def upload(dash_duo: Any, path: Path) -> None:
+def upload(page: DashPage, path: Path) -> None:
     """What a drop does: the file goes to the page's file chooser, the asset streams it to /upload."""
-    chooser = wait_until(lambda: dash_duo.driver.find_element(By.ID, "file-input"), what="the file chooser")
+    chooser = wait_until(lambda: page.driver.find_element(By.ID, "file-input"), what="the file chooser")
     chooser.send_keys(str(path))
 
 
-def graph_data(dash_duo: Any, graph_id: str) -> Any:
-    return dash_duo.driver.execute_script(
+def graph_data(page: DashPage, graph_id: str) -> Any:
+    return page.driver.execute_script(
         f"var gd = document.querySelector('#{graph_id} .js-plotly-plot');"
         # _fullData holds the decoded arrays (the JSON carries numpy arrays base64-encoded).
         "return gd && gd._fullData ? gd._fullData.map(t => ({name: t.name, n: t._length,"
         " y: t.y ? Array.from(t.y) : null, type: t.type})) : null;")
 
 
-def x_range(dash_duo: Any, graph_id: str = "timeline") -> Any:
-    return dash_duo.driver.execute_script(
+def x_range(page: DashPage, graph_id: str = "timeline") -> Any:
+    return page.driver.execute_script(
         f"var gd = document.querySelector('#{graph_id} .js-plotly-plot');"
         "return gd && gd._fullLayout ? gd._fullLayout.xaxis.range : null;")
 
 
-def open_tab(dash_duo: Any, label: str) -> None:
-    tab = next(t for t in dash_duo.driver.find_elements(By.CSS_SELECTOR, ".tab") if t.text.strip() == label)
+def open_tab(page: DashPage, label: str) -> None:
+    tab = next(t for t in page.driver.find_elements(By.CSS_SELECTOR, ".tab") if t.text.strip() == label)
     tab.click()
 
 
-def set_input(dash_duo: Any, element_id: str, value: str) -> None:
-    box = dash_duo.driver.find_element(By.ID, element_id)
+def set_input(page: DashPage, element_id: str, value: str) -> None:
+    box = page.driver.find_element(By.ID, element_id)
     box.send_keys(Keys.CONTROL, "a")
     box.send_keys(Keys.BACKSPACE)
     box.send_keys(value, Keys.ENTER)
 
 
-def test_upload_real_snapshot_then_explore(dash_duo: Any, real_snapshot: RealSnapshot, artifacts_dir: Path
+def test_upload_real_snapshot_then_explore(page: DashPage, real_snapshot: RealSnapshot, artifacts_dir: Path
                                            ) -> None:
     app = create_app(sample_dir=None)
-    dash_duo.start_server(app)
-    dash_duo.wait_for_contains_text("#message", "Drop a snapshot", timeout=TIMEOUT)
+    page.start_server(app)
+    page.wait_for_contains_text("#message", "Drop a snapshot", timeout=TIMEOUT)
 
-    upload(dash_duo, real_snapshot.path)
-    dash_duo.wait_for_contains_text("#card-events", f"{real_snapshot.events:,}", timeout=TIMEOUT)
-    picker = dash_duo.find_element("#source-picker")
+    upload(page, real_snapshot.path)
+    page.wait_for_contains_text("#card-events", f"{real_snapshot.events:,}", timeout=TIMEOUT)
+    picker = page.find_element("#source-picker")
     assert real_snapshot.path.name in picker.text
 
     # The timeline: allocated and reserved drawn, each within the point budget, the peak marked.
-    wait_until(lambda: graph_data(dash_duo, "timeline"), what="the timeline")
-    wait_until(lambda: {"allocated", "reserved", "peak"} <= {t["name"] for t in graph_data(dash_duo, "timeline")},
+    wait_until(lambda: graph_data(page, "timeline"), what="the timeline")
+    wait_until(lambda: {"allocated", "reserved", "peak"} <= {t["name"] for t in graph_data(page, "timeline")},
                what="the allocated/reserved curves and the peak")
-    traces = graph_data(dash_duo, "timeline")
+    traces = graph_data(page, "timeline")
     curves = {t["name"]: t for t in traces}
     assert 0 < curves["allocated"]["n"] <= 4000 and 0 < curves["reserved"]["n"] <= 4000
 
     # The findings: at least one card, with a fix.
-    cards = wait_until(lambda: dash_duo.driver.find_elements(By.CSS_SELECTOR, ".finding"), what="findings")
+    cards = wait_until(lambda: page.driver.find_elements(By.CSS_SELECTOR, ".finding"), what="findings")
     assert len(cards) == real_snapshot.findings
     assert "Fix:" in cards[0].text
-    dash_duo.driver.save_screenshot(str(artifacts_dir / "app-timeline.png"))
+    page.driver.save_screenshot(str(artifacts_dir / "app-timeline.png"))
 
     # Clicking a finding zooms the timeline to it (and redraws the range in full detail).
-    full_range = x_range(dash_duo)
+    full_range = x_range(page)
     cards[0].click()
-    wait_until(lambda: x_range(dash_duo) and x_range(dash_duo) != full_range, what="the zoom to the finding")
-    zoomed = x_range(dash_duo)
+    wait_until(lambda: x_range(page) and x_range(page) != full_range, what="the zoom to the finding")
+    zoomed = x_range(page)
     assert zoomed[1] - zoomed[0] < full_range[1] - full_range[0]
-    dash_duo.driver.save_screenshot(str(artifacts_dir / "app-finding-zoom.png"))
+    page.driver.save_screenshot(str(artifacts_dir / "app-finding-zoom.png"))
 
     # At the peak: categories treemap and segment map.
-    open_tab(dash_duo, "At the peak")
-    dash_duo.driver.execute_script("document.querySelector('.tabs').scrollIntoView()")
-    wait_until(lambda: graph_data(dash_duo, "categories"), what="the categories treemap")
-    wait_until(lambda: graph_data(dash_duo, "segments"), what="the segment map")
-    assert graph_data(dash_duo, "categories")[0]["type"] == "treemap"
-    dash_duo.driver.save_screenshot(str(artifacts_dir / "app-peak.png"))
+    open_tab(page, "At the peak")
+    page.driver.execute_script("document.querySelector('.tabs').scrollIntoView()")
+    wait_until(lambda: graph_data(page, "categories"), what="the categories treemap")
+    wait_until(lambda: graph_data(page, "segments"), what="the segment map")
+    assert graph_data(page, "categories")[0]["type"] == "treemap"
+    page.driver.save_screenshot(str(artifacts_dir / "app-peak.png"))
 
     # Budget: type a model, see theory bars; change the micro-batch and see them move.
-    open_tab(dash_duo, "Budget & what-if")
-    set_input(dash_duo, "b-params", "350M")
-    set_input(dash_duo, "b-hidden", "1024")
-    set_input(dash_duo, "b-layers", "24")
-    set_input(dash_duo, "b-heads", "16")
-    set_input(dash_duo, "b-seq", "1024")
+    open_tab(page, "Budget & what-if")
+    set_input(page, "b-params", "350M")
+    set_input(page, "b-hidden", "1024")
+    set_input(page, "b-layers", "24")
+    set_input(page, "b-heads", "16")
+    set_input(page, "b-seq", "1024")
 
     def theory() -> Any:
-        data = graph_data(dash_duo, "budget-graph")
+        data = graph_data(page, "budget-graph")
         bars = [t for t in data or [] if t["name"] == "theory"]
         return bars[0]["y"] if bars else None
 
     before = wait_until(theory, what="the theory bars")
     assert any(v for v in before if v)
-    set_input(dash_duo, "b-batch", "8")
+    set_input(page, "b-batch", "8")
     after = wait_until(lambda: theory() if theory() != before else None, what="the bars to change")
     assert sum(v or 0 for v in after) > sum(v or 0 for v in before)
-    dash_duo.wait_for_contains_text("#budget-verdict", "Theory", timeout=TIMEOUT)
+    page.wait_for_contains_text("#budget-verdict", "Theory", timeout=TIMEOUT)
 
     # What-if: replay through the allocator simulator with expandable segments.
-    dash_duo.find_element("#w-run").click()
-    dash_duo.wait_for_contains_text("#whatif-result", "peak reserved", timeout=120)
-    assert "expandable segments" in dash_duo.find_element("#whatif-result").text
-    dash_duo.driver.execute_script("document.querySelector('.tabs').scrollIntoView()")
-    dash_duo.driver.save_screenshot(str(artifacts_dir / "app-budget.png"))
+    page.find_element("#w-run").click()
+    page.wait_for_contains_text("#whatif-result", "peak reserved", timeout=120)
+    assert "expandable segments" in page.find_element("#whatif-result").text
+    page.driver.execute_script("document.querySelector('.tabs').scrollIntoView()")
+    page.driver.save_screenshot(str(artifacts_dir / "app-budget.png"))
 
     # Compare: the same run against itself, overlaid, with the diff table.
-    open_tab(dash_duo, "Compare")
-    dash_duo.select_dcc_dropdown("#compare-picker", index=0)
-    wait_until(lambda: len(graph_data(dash_duo, "compare-graph") or []) == 2, what="the overlaid timelines")
-    dash_duo.wait_for_contains_text("#compare-table", "peak allocated", timeout=TIMEOUT)
-    dash_duo.driver.execute_script("document.querySelector('.tabs').scrollIntoView()")
-    dash_duo.driver.save_screenshot(str(artifacts_dir / "app-compare.png"))
+    open_tab(page, "Compare")
+    page.select_dcc_dropdown("#compare-picker", index=0)
+    wait_until(lambda: len(graph_data(page, "compare-graph") or []) == 2, what="the overlaid timelines")
+    page.wait_for_contains_text("#compare-table", "peak allocated", timeout=TIMEOUT)
+    page.driver.execute_script("document.querySelector('.tabs').scrollIntoView()")
+    page.driver.save_screenshot(str(artifacts_dir / "app-compare.png"))
 
 
 class _Hostile:
@@ -156,40 +156,40 @@ class _Hostile:
 
 
 def test_hostile_pickle_is_refused_and_the_app_keeps_working(
-    dash_duo: Any, tmp_path: Path, real_snapshot: RealSnapshot, artifacts_dir: Path
+    page: DashPage, tmp_path: Path, real_snapshot: RealSnapshot, artifacts_dir: Path
 ) -> None:
     marker = tmp_path / "pwned"
     hostile = tmp_path / "evil_snapshot.pickle"
     hostile.write_bytes(pickle.dumps({"segments": [], "device_traces": [_Hostile(f"touch {marker}")]}))
 
     app = create_app(sample_dir=None)
-    dash_duo.start_server(app)
-    dash_duo.wait_for_contains_text("#message", "Drop a snapshot", timeout=TIMEOUT)
-    upload(dash_duo, hostile)
-    dash_duo.wait_for_contains_text("#message .alert-error", "refused to load", timeout=TIMEOUT)
-    assert "evil_snapshot.pickle" in dash_duo.find_element("#message").text
+    page.start_server(app)
+    page.wait_for_contains_text("#message", "Drop a snapshot", timeout=TIMEOUT)
+    upload(page, hostile)
+    page.wait_for_contains_text("#message .alert-error", "refused to load", timeout=TIMEOUT)
+    assert "evil_snapshot.pickle" in page.find_element("#message").text
     assert not marker.exists(), "the pickle's code ran"
-    dash_duo.driver.save_screenshot(str(artifacts_dir / "app-hostile.png"))
+    page.driver.save_screenshot(str(artifacts_dir / "app-hostile.png"))
 
     # The server is still serving: a real snapshot loads afterwards.
-    upload(dash_duo, real_snapshot.path)
-    dash_duo.wait_for_contains_text("#card-events", f"{real_snapshot.events:,}", timeout=TIMEOUT)
-    wait_until(lambda: graph_data(dash_duo, "timeline"), what="the timeline after the hostile upload")
+    upload(page, real_snapshot.path)
+    page.wait_for_contains_text("#card-events", f"{real_snapshot.events:,}", timeout=TIMEOUT)
+    wait_until(lambda: graph_data(page, "timeline"), what="the timeline after the hostile upload")
     assert not marker.exists()
 
 
-def test_upload_over_the_limit_is_refused(dash_duo: Any, real_snapshot: RealSnapshot) -> None:
+def test_upload_over_the_limit_is_refused(page: DashPage, real_snapshot: RealSnapshot) -> None:
     app = create_app(sample_dir=None, max_upload_bytes=1024)
-    dash_duo.start_server(app)
-    dash_duo.wait_for_contains_text("#message", "Drop a snapshot", timeout=TIMEOUT)
-    upload(dash_duo, real_snapshot.path)
-    dash_duo.wait_for_contains_text("#message .alert-error", "upload limit", timeout=TIMEOUT)
+    page.start_server(app)
+    page.wait_for_contains_text("#message", "Drop a snapshot", timeout=TIMEOUT)
+    upload(page, real_snapshot.path)
+    page.wait_for_contains_text("#message .alert-error", "upload limit", timeout=TIMEOUT)
 
 
 SAMPLE_LEAK = Path(__file__).resolve().parents[2] / "sample_snapshots" / "leak.pickle"
 
 
-def click_timeline(dash_duo: Any, fraction: float) -> int:
+def click_timeline(page: DashPage, fraction: float) -> int:
     """Click the allocated curve ``fraction`` of the way along; returns the clicked trace row.
 
     A real mouse click on a plotly point depends on pixel-exact hover hit-testing (and the
@@ -197,7 +197,7 @@ def click_timeline(dash_duo: Any, fraction: float) -> int:
     this emits, on the graph div, the ``plotly_click`` event plotly raises for a click on a point:
     dcc.Graph's own listener turns it into ``clickData`` as it would for a mouse click.
     """
-    return dash_duo.driver.execute_script(
+    return page.driver.execute_script(
         "var gd = document.querySelector('#timeline .js-plotly-plot');"
         "var c = gd._fullData.findIndex(t => t.name === 'allocated');"
         "var t = gd._fullData[c]; var i = Math.floor((t._length - 1) * arguments[0]);"
@@ -206,44 +206,44 @@ def click_timeline(dash_duo: Any, fraction: float) -> int:
         "return t.customdata[i];", fraction)
 
 
-def treemap_title(dash_duo: Any) -> Any:
-    return dash_duo.driver.execute_script(
+def treemap_title(page: DashPage) -> Any:
+    return page.driver.execute_script(
         "var gd = document.querySelector('#categories .js-plotly-plot');"
         "return gd && gd._fullLayout && gd._fullLayout.title ? gd._fullLayout.title.text : null;")
 
 
-def tab_labels(dash_duo: Any) -> list[str]:
-    return [t.text.strip() for t in dash_duo.driver.find_elements(By.CSS_SELECTOR, ".tab")]
+def tab_labels(page: DashPage) -> list[str]:
+    return [t.text.strip() for t in page.driver.find_elements(By.CSS_SELECTOR, ".tab")]
 
 
 @pytest.mark.skipif(not SAMPLE_LEAK.is_file(), reason=f"{SAMPLE_LEAK} missing")
-def test_click_the_timeline_shows_what_was_live_then(dash_duo: Any, artifacts_dir: Path) -> None:
+def test_click_the_timeline_shows_what_was_live_then(page: DashPage, artifacts_dir: Path) -> None:
     app = create_app([SAMPLE_LEAK], sample_dir=None)
-    dash_duo.start_server(app)
-    wait_until(lambda: {"allocated", "peak"} <= {t["name"] for t in graph_data(dash_duo, "timeline") or []},
+    page.start_server(app)
+    wait_until(lambda: {"allocated", "peak"} <= {t["name"] for t in graph_data(page, "timeline") or []},
                what="the timeline")
-    assert "At the peak" in tab_labels(dash_duo)
-    open_tab(dash_duo, "At the peak")
-    dash_duo.wait_for_contains_text("#live-label", "Live at the peak", timeout=TIMEOUT)
-    wait_until(lambda: (treemap_title(dash_duo) or "").startswith("Live at the peak"), what="the treemap at the peak")
+    assert "At the peak" in tab_labels(page)
+    open_tab(page, "At the peak")
+    page.wait_for_contains_text("#live-label", "Live at the peak", timeout=TIMEOUT)
+    wait_until(lambda: (treemap_title(page) or "").startswith("Live at the peak"), what="the treemap at the peak")
 
-    open_tab(dash_duo, "Timeline & findings")
-    event = click_timeline(dash_duo, 0.25)
+    open_tab(page, "Timeline & findings")
+    event = click_timeline(page, 0.25)
     assert isinstance(event, int) and event > 0
-    label = wait_until(lambda: next((t for t in tab_labels(dash_duo) if t.startswith("At event")), None),
+    label = wait_until(lambda: next((t for t in tab_labels(page) if t.startswith("At event")), None),
                        what="the tab label to name the clicked event")
     assert label.startswith(f"At event {event:,} (t = ") and label.endswith(" s)")
-    wait_until(lambda: any(t["name"] == "allocated" for t in graph_data(dash_duo, "timeline") or []),
+    wait_until(lambda: any(t["name"] == "allocated" for t in graph_data(page, "timeline") or []),
                what="the timeline redrawn with the marker")
 
-    open_tab(dash_duo, label)
-    dash_duo.wait_for_contains_text("#live-label", f"Live at event {event:,} (t = ", timeout=TIMEOUT)
-    wait_until(lambda: (treemap_title(dash_duo) or "").startswith(f"Live at event {event:,} (t = "),
+    open_tab(page, label)
+    page.wait_for_contains_text("#live-label", f"Live at event {event:,} (t = ", timeout=TIMEOUT)
+    wait_until(lambda: (treemap_title(page) or "").startswith(f"Live at event {event:,} (t = "),
                what="the treemap of the clicked moment")
-    dash_duo.driver.save_screenshot(str(artifacts_dir / "app-live-at-event.png"))
+    page.driver.save_screenshot(str(artifacts_dir / "app-live-at-event.png"))
 
     # Back to the peak.
-    dash_duo.find_element("#live-reset").click()
-    dash_duo.wait_for_contains_text("#live-label", "Live at the peak", timeout=TIMEOUT)
-    wait_until(lambda: "At the peak" in tab_labels(dash_duo), what="the tab label back at the peak")
-    wait_until(lambda: (treemap_title(dash_duo) or "").startswith("Live at the peak"), what="the peak's treemap")
+    page.find_element("#live-reset").click()
+    page.wait_for_contains_text("#live-label", "Live at the peak", timeout=TIMEOUT)
+    wait_until(lambda: "At the peak" in tab_labels(page), what="the tab label back at the peak")
+    wait_until(lambda: (treemap_title(page) or "").startswith("Live at the peak"), what="the peak's treemap")

@@ -9,9 +9,9 @@ import pytest
 from memlens.allocator import AllocatorSettings, whatif
 from memlens.allocator.fidelity import PEAK_RESERVED_TOLERANCE, SEGMENT_ALLOC_TOLERANCE, fidelity
 from memlens.units import GiB
-from tests.conftest import REAL_SNAPSHOTS_DIR, real_snapshot_paths
+from tests.conftest import REAL_SNAPSHOTS_DIR, needs_real_snapshots, real_snapshot_paths
 
-pytestmark = pytest.mark.skipif(not REAL_SNAPSHOTS_DIR.is_dir(), reason="../shared/real_snapshots missing")
+pytestmark = needs_real_snapshots
 
 # History recorded from before the first segment_alloc: replayed from an empty allocator.
 COMPLETE = {"ZidongLiu__DeComFL__memory.pickle", "silmont2000__assignment2-systems__mem_snapshot.pickle"}

@@ -11,10 +11,10 @@ import memlens
 from memlens.analysis import CATEGORIES, analyze
 from memlens.analysis.schema import validate
 from memlens.snapshot.model import Snapshot
+from tests.conftest import REAL_SNAPSHOTS_MISSING, real_snapshot_paths
 
-REAL = Path(__file__).parents[2].parent / "shared" / "real_snapshots"
-PATHS = sorted(REAL.glob("*.pickle")) if REAL.is_dir() else []
-pytestmark = pytest.mark.skipif(not PATHS, reason=f"real snapshots not found at {REAL}")
+PATHS = real_snapshot_paths()
+pytestmark = pytest.mark.skipif(not PATHS, reason=REAL_SNAPSHOTS_MISSING)
 
 _loaded: dict[str, Snapshot] = {}
 

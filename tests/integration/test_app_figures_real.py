@@ -9,12 +9,12 @@ import pytest
 import memlens
 from memlens import figures
 from memlens.budget import ModelSpec, TrainingSetup, estimate, reconcile
+from tests.conftest import REAL_SNAPSHOTS_MISSING, real_snapshot_paths
 
-REAL_SNAPSHOTS_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "real_snapshots"
-PATHS = sorted(REAL_SNAPSHOTS_DIR.glob("*.pickle"))
+PATHS = real_snapshot_paths()
 
 
-@pytest.mark.skipif(not PATHS, reason=f"no real snapshots in {REAL_SNAPSHOTS_DIR}")
+@pytest.mark.skipif(not PATHS, reason=REAL_SNAPSHOTS_MISSING)
 @pytest.mark.parametrize("path", PATHS, ids=[p.name for p in PATHS])
 def test_every_figure_builds(path: Path) -> None:
     report = memlens.analyze(path)

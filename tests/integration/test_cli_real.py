@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from memlens.analysis.schema import REPORT_SCHEMA
 from memlens.cli.main import cli
-from tests.conftest import REAL_SNAPSHOTS_DIR, real_snapshot_paths
+from tests.conftest import needs_real_snapshots, real_snapshot_paths
 
-pytestmark = pytest.mark.skipif(not REAL_SNAPSHOTS_DIR.is_dir(), reason="../shared/real_snapshots missing")
+pytestmark = needs_real_snapshots
 
 
 @pytest.mark.parametrize("path", real_snapshot_paths(), ids=lambda p: p.name[:40])

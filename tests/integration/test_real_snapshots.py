@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import memlens
-from tests.conftest import REAL_SNAPSHOTS_DIR, real_snapshot_paths
+from tests.conftest import REAL_SNAPSHOTS_DIR, needs_real_snapshots, real_snapshot_paths
 
-pytestmark = pytest.mark.skipif(not REAL_SNAPSHOTS_DIR.is_dir(), reason="../shared/real_snapshots missing")
+pytestmark = needs_real_snapshots
 
 # From SOURCES.md: trace entries per device and the torch release each was written by.
 EXPECTED_EVENTS = {

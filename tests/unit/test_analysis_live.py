@@ -14,7 +14,7 @@ from memlens.analysis.context import build_context
 from memlens.analysis.settings import AnalysisSettings
 from memlens.analysis.stacks import StackFacts
 from memlens.errors import MemlensUsageError
-from tests.conftest import REAL_SNAPSHOTS_DIR
+from tests.conftest import REAL_SNAPSHOTS_DIR, REAL_SNAPSHOTS_MISSING
 from tests.unit.tracebuilder import MODEL, MiB, TraceBuilder, training_run
 
 PARAMS = 4 * 32 * MiB
@@ -123,7 +123,7 @@ def test_state_only_snapshot() -> None:
 REAL = sorted(REAL_SNAPSHOTS_DIR.glob("*.pickle")) if REAL_SNAPSHOTS_DIR.is_dir() else []
 
 
-@pytest.mark.skipif(not REAL, reason=f"real snapshots not found at {REAL_SNAPSHOTS_DIR}")
+@pytest.mark.skipif(not REAL, reason=REAL_SNAPSHOTS_MISSING)
 @pytest.mark.parametrize("path", REAL, ids=[p.name.split("__")[0] for p in REAL])
 def test_real_snapshot_peak_matches(path: Path) -> None:
     """At the peak, live_at equals categories_at_peak and what the analysis context says
