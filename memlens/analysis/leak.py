@@ -1,95 +1,202 @@
-"""Leak: the allocated level at the low point of successive steps keeps rising.
+"""Leak: allocations that outlive their step, from the same stack, step after step, and pile up.
 
-Step 1 (warm-up) is skipped: gradients and optimizer state created there are not a leak.
-Partial steps (cut by the window) are never compared.
+The evidence is in the lifetimes, not in the slope of a curve. For every comparable step (whole
+steps after the warm-up step, which creates gradients and optimizer state) an allocation made
+in it and still alive at its end *survives* the step. Gradients and handed-over tensors
+(``prev = out``) survive one step and are freed in the next; a leak's survivors are kept, so
+survivors of one stack from several steps are alive *at the same time*. A stack leaks when
+survivors from at least ``LEAK_MIN_KEPT_STEPS`` of its steps are alive together (its *depth*)
+and it recurs in most comparable steps. No absolute floor: a 512-byte ``losses.append(loss)``
+is as certain as a 5 MiB one. Bytes per step is the median of the leaking stacks' surviving
+bytes per step over the steps they span; the allocated level at the step ends corroborates it
+(``level_rise_per_step_bytes`` in the evidence). Severity is how many steps until the device is
+full (or, capacity unknown, until the leak has added another peak's worth).
+
+Allocations that grow a buffer by replacing it (``buf = torch.cat([buf, x])``) leave one
+survivor at a time: the level rises but the lifetimes show no pile, and no finding is made.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+import numpy.typing as npt
 
 from memlens.analysis.context import DeviceContext
-from memlens.analysis.report import Finding
+from memlens.analysis.report import Finding, Step
 from memlens.analysis.settings import (
     LEAK_HIGH_SEVERITY_STEPS_LEFT,
-    LEAK_MIN_BYTES_PER_STEP,
-    LEAK_MIN_COMPARABLE_STEPS,
-    LEAK_MIN_FRACTION_OF_PEAK_PER_STEP,
-    LEAK_MIN_RISING_FRACTION,
+    LEAK_MEDIUM_SEVERITY_STEPS_LEFT,
+    LEAK_MIN_KEPT_STEPS,
+    LEAK_MIN_KEPT_STEPS_SHORT_RUN,
+    LEAK_MIN_RECURRING_SHARE,
+    LEAK_SHORT_RUN_STEPS,
     LEAK_WARMUP_STEPS,
 )
 from memlens.units import format_bytes
 
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass
+class Survivors:
+    """Allocations made in a comparable step and alive at its end (one row each)."""
+
+    lifetime: I64  # index into ctx.lifetimes
+    stack: I64  # stack id (-1: no stack)
+    step: I64  # position in the comparable steps where it was made
+    last_step_alive: I64  # last comparable step at whose end it is still alive
+
+
+def comparable_steps(steps: list[Step]) -> list[Step]:
+    """Whole steps after the warm-up: the ones whose survivors can be compared."""
+    complete = [s for s in steps if not s.partial]
+    return complete[LEAK_WARMUP_STEPS:]
+
+
+def survivors(ctx: DeviceContext, steps: list[Step]) -> Survivors:
+    lt = ctx.lifetimes
+    starts = np.array([s.start_event for s in steps], dtype=np.int64)
+    ends = np.array([s.end_event for s in steps], dtype=np.int64)
+    position = np.searchsorted(starts, lt.alloc_event, side="right") - 1
+    safe = np.maximum(position, 0)
+    # Made inside a comparable step (gaps between steps belong to none) and alive at its end:
+    # DeviceTrace.allocated counts a block after row e while alloc <= e < free.
+    made_in_step = (lt.alloc_event >= 0) & (position >= 0) & (lt.alloc_event < ends[safe])
+    survived = made_in_step & (lt.free_event >= ends[safe])
+    rows = np.flatnonzero(survived).astype(np.int64)
+    last_alive = np.searchsorted(ends, lt.free_event[rows], side="right") - 1
+    return Survivors(rows, lt.stack_id[rows].astype(np.int64), position[rows], last_alive.astype(np.int64))
+
+
+def kept_depth_per_stack(found: Survivors, steps: int) -> tuple[I64, I64, I64]:
+    """(stacks, depth, recurring): for each stack with survivors, the most steps whose survivors
+    are alive together at one step's end, and in how many steps it left survivors."""
+    if found.lifetime.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    # One interval [made, last alive] per (stack, step): the longest-lived survivor of that step.
+    key = found.stack * (steps + 1) + found.step
+    order = np.lexsort((-found.last_step_alive, key))
+    first_of_key = np.ones(order.size, dtype=bool)
+    first_of_key[1:] = key[order][1:] != key[order][:-1]
+    pick = order[first_of_key]
+    stack, made, last = found.stack[pick], found.step[pick], found.last_step_alive[pick]
+    # Coverage counting per stack: +1 where an interval starts, -1 one past where it ends. Each
+    # stack's deltas sum to zero, so one running sum over all stacks resets between them.
+    positions = np.concatenate([made, last + 1])
+    deltas = np.concatenate([np.ones(made.size, dtype=np.int64), -np.ones(made.size, dtype=np.int64)])
+    owners = np.concatenate([stack, stack])
+    order = np.lexsort((deltas, positions, owners))  # at one position, ends before starts
+    running = np.cumsum(deltas[order])
+    owners = owners[order]
+    group_start = np.flatnonzero(np.concatenate([[True], owners[1:] != owners[:-1]]))
+    depth = np.maximum.reduceat(running, group_start)
+    stacks = owners[group_start]
+    recurring = np.bincount(np.searchsorted(stacks, stack), minlength=stacks.size).astype(np.int64)
+    return stacks, depth.astype(np.int64), recurring
+
 
 def find(ctx: DeviceContext) -> list[Finding]:
-    complete = [s for s in ctx.steps if not s.partial]
-    comparable = complete[LEAK_WARMUP_STEPS:]
-    if len(comparable) < LEAK_MIN_COMPARABLE_STEPS:
+    comparable = comparable_steps(ctx.steps)
+    m = len(comparable)
+    # Short windows cannot show a pile of three: two steps' survivors alive together is the most
+    # they can show (a tensor handed over two steps would pass too, which is why longer runs need three).
+    min_depth = LEAK_MIN_KEPT_STEPS if m >= LEAK_SHORT_RUN_STEPS else LEAK_MIN_KEPT_STEPS_SHORT_RUN
+    if m < min_depth:
         return []
-    allocated = ctx.trace.allocated
-    ends = np.array([s.end_event for s in comparable], dtype=np.int64)
-    # Each step's low point: where it stands once its temporaries are gone (one slice per step).
-    lows = np.array([allocated[s.start_event : s.end_event].min() for s in comparable], dtype=np.float64)
-    step_ends = allocated[ends - 1].astype(np.float64)
-    x = np.arange(lows.size, dtype=np.float64)
-    slope = float(np.polyfit(x, lows, 1)[0])
-    rising = float((np.diff(lows) > 0).mean())
-    threshold = max(LEAK_MIN_BYTES_PER_STEP, LEAK_MIN_FRACTION_OF_PEAK_PER_STEP * ctx.peak_allocated)
-    if slope < threshold or rising < LEAK_MIN_RISING_FRACTION:
+    found = survivors(ctx, comparable)
+    stacks, depth, recurring = kept_depth_per_stack(found, m)
+    leaking = stacks[(depth >= min_depth) & (recurring >= LEAK_MIN_RECURRING_SHARE * m)]
+    if leaking.size == 0:
         return []
-    leaked = int(lows[-1] - lows[0])
-    per_step = round(slope)
-
-    # Allocations that outlive the step after their own (or are never freed) hold the leak.
+    is_leaking = np.isin(found.stack, leaking)
     lt = ctx.lifetimes
-    survivors = np.zeros(len(lt), dtype=bool)
-    for i, step in enumerate(comparable[:-1]):
-        made_here = (lt.alloc_event >= step.start_event) & (lt.alloc_event < step.end_event)
-        survivors |= made_here & (lt.free_event >= comparable[i + 1].end_event)
-    top = ctx.top_stacks(survivors)
+    rows = found.lifetime[is_leaking]
+    made_at = found.step[is_leaking]
+    sizes = lt.size[rows]
+    first, last = int(made_at.min()), int(made_at.max())
+    per_step = np.bincount(made_at - first, weights=sizes.astype(np.float64), minlength=last - first + 1)
+    bytes_per_step = round(float(np.median(per_step)))
+    if bytes_per_step <= 0:
+        return []
+    # What the leak holds at the end of its last step: the survivors of the leaking stacks still alive.
+    end_row = comparable[last].end_event
+    held = lt.free_event[rows] >= end_row
+    held_bytes = int(sizes[held].sum())
+    leak_mask = np.zeros(len(lt), dtype=bool)
+    leak_mask[rows] = True
 
-    steps_left: int | None = None
-    evidence: dict[str, int | float | str] = {
-        "bytes_per_step": per_step,
-        "comparable_steps": len(comparable),
-        "rising_fraction": round(rising, 3),
-        "first_step_low_bytes": int(lows[0]),
-        "last_step_low_bytes": int(lows[-1]),
-        "first_step_end_bytes": int(step_ends[0]),
-        "last_step_end_bytes": int(step_ends[-1]),
-        "surviving_bytes": int(lt.size[survivors].sum()),
-        "warmup_steps_skipped": LEAK_WARMUP_STEPS,
-    }
+    allocated = ctx.trace.allocated
+    first_step, last_step = comparable[first], comparable[last]
+    level_first = int(allocated[first_step.end_event - 1])
+    level_last = int(allocated[last_step.end_event - 1])
+    step_end_levels = allocated[np.array([s.end_event - 1 for s in comparable[first : last + 1]])]
+    level_rise = round(float(np.median(np.diff(step_end_levels)))) if last > first else 0
+
     if ctx.capacity:
-        steps_left = max(0, (ctx.capacity - ctx.peak_allocated) // max(per_step, 1))
-        evidence["capacity_bytes"] = ctx.capacity
-        evidence["steps_until_full"] = steps_left
-    severity = "medium"
-    if steps_left is not None and steps_left < LEAK_HIGH_SEVERITY_STEPS_LEFT:
+        headroom, basis = max(ctx.capacity - ctx.peak_allocated, 0), "capacity"
+    else:
+        headroom, basis = ctx.peak_allocated, "peak"
+    steps_left = headroom // bytes_per_step
+    severity = "low"
+    if steps_left < LEAK_HIGH_SEVERITY_STEPS_LEFT:
         severity = "high"
-    fills = f"; the device is full in about {steps_left} more steps" if steps_left is not None else ""
-    first, last = comparable[0], comparable[-1]
+    elif steps_left < LEAK_MEDIUM_SEVERITY_STEPS_LEFT:
+        severity = "medium"
+
+    evidence: dict[str, int | float | str] = {
+        "bytes_per_step": bytes_per_step,
+        "kept_steps": int(depth[np.isin(stacks, leaking)].max()),
+        "comparable_steps": m,
+        "held_bytes": held_bytes,
+        "level_rise_per_step_bytes": level_rise,
+        "steps_until_full" if basis == "capacity" else "steps_until_peak_doubles": int(steps_left),
+        "first_step": first_step.index,
+        "last_step": last_step.index,
+        "first_step_end_event": first_step.end_event - 1,
+        "last_step_end_event": last_step.end_event - 1,
+        "level_at_first_step_end_bytes": level_first,
+        "level_at_last_step_end_bytes": level_last,
+        "leaking_stacks": int(leaking.size),
+        "warmup_steps_skipped": LEAK_WARMUP_STEPS,
+        "severity_basis": basis,
+    }
+    first_us, last_us = ctx.time_at(first_step.end_event - 1), ctx.time_at(last_step.end_event - 1)
+    if first_us is not None and last_us is not None:
+        evidence["first_step_end_us"] = first_us
+        evidence["last_step_end_us"] = last_us
+    if ctx.capacity:
+        evidence["capacity_bytes"] = ctx.capacity
+    fills = (
+        f"; the device is full in about {steps_left:,} more steps"
+        if basis == "capacity"
+        else f"; it adds another peak's worth in about {steps_left:,} steps"
+    )
+    kept_steps = int(evidence["kept_steps"])
     return [
         Finding(
             kind="leak",
             device=ctx.device,
             severity=severity,
-            bytes=leaked,
-            start_event=first.start_event,
-            end_event=last.end_event,
-            start_us=ctx.time_at(first.start_event),
-            end_us=ctx.time_at(last.end_event - 1),
-            step=first.index,
-            top_stacks=top,
+            bytes=held_bytes,
+            start_event=first_step.start_event,
+            end_event=last_step.end_event,
+            start_us=ctx.time_at(first_step.start_event),
+            end_us=ctx.time_at(last_step.end_event - 1),
+            step=first_step.index,
+            top_stacks=ctx.top_stacks(leak_mask),
             evidence=evidence,
             summary=(
-                f"Memory grows by {format_bytes(per_step)} per step over {len(comparable)} steps "
-                f"({format_bytes(leaked)} in all){fills}."
+                f"Allocations from {leaking.size} stack(s) outlive their step and pile up: "
+                f"{format_bytes(bytes_per_step)} per step, kept from {kept_steps} steps at once "
+                f"({format_bytes(held_bytes)} held at the end of step {last_step.index}){fills}."
             ),
             recommendation=(
                 "Find what keeps tensors from each step alive (the stacks below): store loss.item() or "
                 "tensor.detach() instead of tensors with grad_fn, and clear caches and lists of outputs."
             ),
-            estimated_saving_bytes=leaked,
+            estimated_saving_bytes=held_bytes,
         )
     ]

@@ -25,20 +25,25 @@ PERIODIC_MIN_STEPS = 3
 
 # --------------------------------------------------------------------------- leak
 
-# Step 1 creates gradients and optimizer state (and the caching allocator warms up), so it is
-# never compared: leaks are judged on the steps after it.
+# Step 1 (warm-up) creates gradients and optimizer state (and the caching allocator warms up), so
+# it is never compared: leaks are judged on the steps after it.
 LEAK_WARMUP_STEPS = 1
-# At least this many comparable steps: two points make a line, three make a trend.
-LEAK_MIN_COMPARABLE_STEPS = 3
-# The per-step rise must exceed this in absolute terms: allocator-rounded noise between steps
-# (a few odd-sized temporaries alive at the step's low point) stays under 1 MiB.
-LEAK_MIN_BYTES_PER_STEP = 1 * MiB
-# ... and relative to the peak, so a 2 MiB wobble on an 80 GB job is not a leak.
-LEAK_MIN_FRACTION_OF_PEAK_PER_STEP = 0.0005
-# A staircase rises in most steps; a flat run with noise goes up about half the time.
-LEAK_MIN_RISING_FRACTION = 0.75
-# A leak that fills the device within this many steps is urgent (minutes of training).
-LEAK_HIGH_SEVERITY_STEPS_LEFT = 1000
+# A stack leaks when survivors from at least this many of its steps are alive at one step's end.
+# Gradients and handed-over tensors (``prev = out``) hold one step's worth; a prefetch queue two;
+# a kept list holds every step's. Three separates a pile from a hand-over.
+LEAK_MIN_KEPT_STEPS = 3
+# ...but a window of fewer comparable steps than this cannot show three: two steps kept together
+# is all a short run can show (the README's ``steps=range(2, 6)`` leaves three comparable steps).
+LEAK_SHORT_RUN_STEPS = 4
+LEAK_MIN_KEPT_STEPS_SHORT_RUN = 2
+# The stack must leave survivors in at least this share of the comparable steps: a leak made
+# every step or every other step qualifies; a one-off cache filled in one step does not.
+LEAK_MIN_RECURRING_SHARE = 0.5
+# Steps until the device is full (capacity known) or until the leak adds another peak's worth.
+# Training runs last 10^4-10^6 steps: a leak that fills the device within a thousand steps (about
+# a quarter of an hour at a step a second) kills every run; within 10^5 (a day) it kills most.
+LEAK_HIGH_SEVERITY_STEPS_LEFT = 1_000
+LEAK_MEDIUM_SEVERITY_STEPS_LEFT = 100_000
 
 # --------------------------------------------------------------------------- activations
 
