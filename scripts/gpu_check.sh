@@ -1,15 +1,83 @@
 #!/usr/bin/env bash
 # The checks that need a real GPU, in one short run (for a session that is lent one):
-#   bash scripts/gpu_check.sh [OUT_DIR]
-# 1. pytest -m gpu (CUDA recording, step markers, a captured OOM);
-# 2. record the tiny LM on CUDA with the CLI, then triage and what-if the result.
-set -euo pipefail
-cd "$(dirname "$0")/.."
+#   bash scripts/gpu_check.sh [OUT_DIR]            (default: $OUT, else /tmp/memlens-gpu)
+# Works from a bare checkout: memlens need not be pip-installed (PYTHONPATH is the checkout and
+# the CLI runs as `python3 -m memlens.cli.main`), and record/triage/whatif need only torch,
+# numpy, click and rich. Every step runs even when an earlier one fails; each step's output is
+# OUT_DIR/<step>.txt and its exit code a line of OUT_DIR/summary.txt. The script exits 1 when
+# any step failed.
+#  1. environment: python, torch, CUDA device; which optional packages are importable
+#  2. pytest -m gpu (tests/gpu: recording with step markers, stacks="none", OOM observer, cap restored)
+#  3. memlens record of examples/train_tiny.py on CUDA, through the CLI, six optimizer steps
+#  4. memlens triage and memlens whatif of that snapshot
+#  5. that record/triage/whatif never imported plotly, dash or orjson
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+repo="$PWD"
 out="${1:-${OUT:-/tmp/memlens-gpu}}"
-mkdir -p "$out"
-python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
-python -m pytest -m gpu -q tests/gpu 2>&1 | tee "$out/pytest-gpu.txt"
-memlens record --device cuda --out "$out/run" -- python examples/train_tiny.py --device cuda --steps 6 \
-    --d-model 512 --layers 6 --batch 32 --seq 256 | tee "$out/record.txt"
-memlens triage "$out"/run/*.pickle --width 110 --no-color | tee "$out/triage.txt"
-memlens whatif "$out"/run/*.pickle --expandable-segments | tee "$out/whatif.txt"
+mkdir -p "$out" || exit 2
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+python="${PYTHON:-python3}"
+memlens=("$python" -m memlens.cli.main)
+summary="$out/summary.txt"
+: >"$summary"
+failed=0
+
+# step NAME COMMAND...: run it, keep its output in OUT/NAME.txt, note its exit code.
+step() {
+    local name="$1"
+    shift
+    echo "== $name: $*" | tee "$out/$name.txt"
+    local start=$SECONDS
+    "$@" >>"$out/$name.txt" 2>&1
+    local code=$?
+    tail -n 40 "$out/$name.txt"
+    echo "$name exit=$code seconds=$((SECONDS - start))" | tee -a "$summary"
+    [ "$code" -eq 0 ] || failed=1
+}
+
+step env "$python" -c "
+import importlib.util, platform, torch
+print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda)
+print('device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NONE')
+for name in ('numpy', 'click', 'rich', 'plotly', 'dash', 'orjson', 'hypothesis', 'psutil'):
+    print(name, 'yes' if importlib.util.find_spec(name) else 'no')
+assert torch.cuda.is_available(), 'no CUDA device'
+"
+
+# -W default: show warnings instead of failing on them (pyproject turns them into errors for CI).
+step pytest_gpu "$python" -m pytest -m gpu -v -p no:cacheprovider -W default tests/gpu
+
+# Six optimizer steps recorded through the CLI, exactly as a user runs it.
+step record "${memlens[@]}" record --device cuda --out "$out/run" -- "$python" examples/train_tiny.py \
+    --device cuda --steps 6 --d-model 512 --layers 6 --batch 32 --seq 256
+snapshot="$(ls "$out"/run/*.pickle 2>/dev/null | head -n 1)"
+step triage "${memlens[@]}" triage "${snapshot:-$out/run/snapshot.pickle}" --width 110 --no-color --no-cache
+step whatif "${memlens[@]}" whatif "${snapshot:-$out/run/snapshot.pickle}" --expandable-segments
+step sidecar "$python" -c "
+import json, sys
+sidecar = json.load(open(sys.argv[1].removesuffix('.pickle') + '.memlens.json'))
+print(json.dumps({k: sidecar[k] for k in ('backend', 'reason', 'device', 'steps', 'peak_allocated_bytes', 'torch_version')}, indent=1))
+assert sidecar['backend'] == 'cuda' and len(sidecar['steps']) == 6, 'expected six CUDA steps'
+" "${snapshot:-$out/run/snapshot.pickle}"
+
+printf 'import torch\nprint(torch.ones(4).sum().item())\n' >"$out/no_training.py"
+step imports "$python" -c "
+import sys
+from click.testing import CliRunner
+from memlens.cli.main import cli
+runner = CliRunner()
+sample = 'sample_snapshots/leak.pickle'
+for args in (['triage', sample, '--no-cache'], ['whatif', sample, '--expandable-segments'],
+             ['record', '--device', 'cpu', '--out', sys.argv[1] + '/imports_run', '--', 'python', sys.argv[1] + '/no_training.py']):
+    result = runner.invoke(cli, args)
+    print(args[0], 'exit', result.exit_code)
+    assert result.exit_code == 0, result.output
+heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('plotly', 'dash', 'orjson'))
+print('heavy modules imported:', heavy or 'none')
+assert not heavy, heavy
+" "$out"
+
+echo "summary ($summary):"
+cat "$summary"
+exit "$failed"

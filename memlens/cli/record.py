@@ -22,7 +22,6 @@ from collections.abc import Iterable
 import click
 
 from memlens.errors import MemlensUsageError
-from memlens.units import format_bytes
 
 
 def parse_steps(text: str | None) -> Iterable[int] | None:
@@ -127,24 +126,7 @@ def record(
             traceback.print_exc()
             exit_code = 1
             recorder.close(failed=True)
-    _report(recorder)
     if exit_code:
         click.get_current_context().exit(exit_code)  # the script's own exit status
     return exit_code
 
-
-def _report(recorder: object) -> None:
-    from memlens.recorder import Recorder
-
-    assert isinstance(recorder, Recorder)
-    if not recorder.paths:
-        click.echo("memlens: no step was recorded (no snapshot written)", err=True)
-        return
-    peak_allocated, peak_reserved = recorder.peak_bytes
-    line = (
-        f"memlens: wrote {recorder.paths[-1]} ({len(recorder.steps)} steps; peak allocated "
-        f"{format_bytes(peak_allocated)}, peak reserved {format_bytes(peak_reserved)})"
-    )
-    if recorder.oom is not None:
-        line += f"; out of memory asking for {format_bytes(recorder.oom['requested_bytes'])}"
-    click.echo(line, err=True)

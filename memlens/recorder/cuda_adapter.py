@@ -40,11 +40,24 @@ class CudaMemoryBackend:
         self._c_api = c_api
         self._observer: OomObserver | None = None
         self._observer_registered = False
+        self._saved_fraction: tuple[int, float] | None = None  # (device, fraction) to restore
         self.recording = False
 
     def start(self, max_entries: int, stacks: str = "python") -> None:
-        """``_record_memory_history``: alloc/free/segment events with Python stacks."""
-        kwargs: dict[str, Any] = {"context": "all", "stacks": stacks, "max_entries": max_entries}
+        """``_record_memory_history``: alloc/free/segment events, with stacks unless ``stacks="none"``.
+
+        PyTorch's own check accepts ``stacks`` "python" or "all" only; whether a traceback is
+        taken at all is its ``context`` argument. So memlens' ``stacks="none"`` is
+        ``context=None`` (no traceback on any entry, the history itself still recorded) with
+        ``stacks="python"`` (the value PyTorch ignores when there is no context).
+        """
+        if stacks not in ("python", "all", "none"):
+            raise ValueError(f"stacks must be 'python', 'all' or 'none', got {stacks!r}")
+        kwargs: dict[str, Any] = {
+            "context": None if stacks == "none" else "all",
+            "stacks": "python" if stacks == "none" else stacks,
+            "max_entries": int(max_entries),
+        }
         if _accepts(self._memory._record_memory_history, "global_record_annotations"):
             # record_function scopes reach external_annotations without a profiler running.
             kwargs["global_record_annotations"] = True
@@ -56,6 +69,12 @@ class CudaMemoryBackend:
         self.recording = False
 
     def snapshot(self) -> dict[str, Any]:
+        """``_snapshot()``, the dictionary ``_dump_snapshot`` pickles.
+
+        The recorder writes the file itself rather than calling ``_dump_snapshot(filename)``:
+        it adds its step annotations first, pickles with protocol 4 (the web viewer's) and
+        writes atomically (``_dump_snapshot`` opens the final name and writes into it).
+        """
         snapshot = self._memory._snapshot()
         return snapshot if isinstance(snapshot, dict) else {"segments": snapshot, "device_traces": []}
 
@@ -99,10 +118,27 @@ class CudaMemoryBackend:
         return int(self._memory.max_memory_allocated()), int(self._memory.max_memory_reserved())
 
     def limit_capacity(self, capacity: int) -> None:
-        """Cap this process's caching allocator at ``capacity`` bytes (a memory fraction)."""
+        """Cap this process's caching allocator at ``capacity`` bytes (a memory fraction).
+
+        ``restore_capacity`` puts back the fraction in force before: read with
+        ``get_per_process_memory_fraction`` where this torch has it, else 1.0 (PyTorch's
+        default; older versions have no getter, so a fraction set by the script itself before
+        recording began is not known and becomes 1.0 again).
+        """
         index = self.current_device()
+        if self._saved_fraction is None:
+            getter = getattr(self._cuda, "get_per_process_memory_fraction", None)
+            self._saved_fraction = (index, float(getter(index)) if getter is not None else 1.0)
         total = int(self._cuda.get_device_properties(index).total_memory)
-        self._cuda.set_per_process_memory_fraction(min(1.0, capacity / total), index)
+        self._cuda.set_per_process_memory_fraction(min(1.0, float(capacity) / total), index)
+
+    def restore_capacity(self) -> None:
+        """Undo ``limit_capacity`` (nothing to do when it was not called)."""
+        if self._saved_fraction is None:
+            return
+        index, fraction = self._saved_fraction
+        self._saved_fraction = None
+        self._cuda.set_per_process_memory_fraction(fraction, index)
 
     def reset_peak(self) -> None:
         self._memory.reset_peak_memory_stats()
@@ -126,10 +162,12 @@ class CudaBackend:
         max_entries: int = 200_000,
         stacks: str = "python",
         clock: Callable[[], int] | None = None,
+        capacity: int | None = None,
     ) -> None:
         self.adapter = adapter if adapter is not None else CudaMemoryBackend()
         self.max_entries = max_entries
         self.stacks = stacks
+        self.capacity = capacity  # a per-process cap for the session only (see install/uninstall)
         self.clock = clock if clock is not None else (lambda: time.time_ns() // 1000)
         self._scopes: dict[int, Any] = {}
         self._oom_handler: Callable[[Any], None] | None = None
@@ -137,14 +175,20 @@ class CudaBackend:
 
     def install(self) -> None:
         self.adapter.reset_peak()
+        if self.capacity is not None:
+            self.adapter.limit_capacity(self.capacity)
 
     def uninstall(self) -> None:
         self.adapter.detach_oom_observer()
         for scope in self._scopes.values():
             scope.__exit__(None, None, None)
         self._scopes.clear()
-        if self.adapter.recording:
-            self.adapter.stop()
+        try:
+            if self.adapter.recording:
+                self.adapter.stop()
+        finally:
+            # The cap was the session's: the rest of the process gets its memory back.
+            self.adapter.restore_capacity()
 
     def start_history(self) -> None:
         self.adapter.start(self.max_entries, self.stacks)
@@ -181,6 +225,13 @@ class CudaBackend:
         self._scopes[index] = scope
         self.adapter.set_metadata(name)
         return self.clock()
+
+    def cancel_step(self, index: int) -> None:
+        """Close a step that turned out not to be one; the session drops its annotations."""
+        scope = self._scopes.pop(index, None)
+        if scope is not None:  # a provisional step opened no scope and set no metadata
+            scope.__exit__(None, None, None)
+            self.adapter.set_metadata("")
 
     def end_step(self, index: int) -> int:
         scope = self._scopes.pop(index, None)

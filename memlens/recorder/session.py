@@ -9,7 +9,8 @@
     def train_step(batch): ...
 
 Steps are numbered from 0 by the order they begin. With ``mark_step()`` the first step begins
-when the recording does and each call ends one step and begins the next; with ``step()`` /
+when the recording does and each call ends one step and begins the next (what follows the last
+call is the script's tail, not a step, unless an error ends it); with ``step()`` /
 ``step_fn`` each scope is one step. (A session uses one style; ``record_optimizer_steps=True``
 calls ``mark_step()`` after every ``optimizer.step()`` of any optimizer, which is how
 ``memlens record`` handles scripts it cannot change.)
@@ -54,7 +55,7 @@ from memlens.recorder.sidecar import (
     write_snapshot,
 )
 from memlens.recorder.stacks import DEFAULT_MAX_DEPTH, StackCapture
-from memlens.units import parse_bytes
+from memlens.units import format_bytes, parse_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -182,7 +183,12 @@ class Recorder:
         if self._state in ("new", "closed"):
             return
         try:
-            if self._open is not None:
+            if self._open is not None and self._open_style == "mark" and not failed:
+                # What follows the last mark_step() (or optimizer.step()) is the script's tail,
+                # not a step: six optimizer steps are six steps. After an error the open step
+                # is the one the error interrupted, and is kept.
+                self._drop_open_step()
+            elif self._open is not None:
                 self._end()
             if self._state == "recording":
                 self.dump("exception" if failed else "exit")
@@ -196,6 +202,20 @@ class Recorder:
                 self._hook = None
             self.backend.uninstall()
             self._state = "closed"
+        sys.stderr.write(self.summary_line() + "\n")
+
+    def summary_line(self) -> str:
+        """``memlens: wrote PATH (N steps; peak ...)``: what the session says when it closes."""
+        if not self.paths:
+            return "memlens: no step was recorded (no snapshot written)"
+        peak_allocated, peak_reserved = self.backend.peak_bytes()
+        line = (
+            f"memlens: wrote {self.paths[-1]} ({len(self.steps)} {'step' if len(self.steps) == 1 else 'steps'}; "
+            f"peak allocated {format_bytes(peak_allocated)}, peak reserved {format_bytes(peak_reserved)})"
+        )
+        if self.oom is not None:
+            line += f"; out of memory asking for {format_bytes(self.oom['requested_bytes'])}"
+        return line
 
     # ---------------------------------------------------------------- steps
     @contextlib.contextmanager
@@ -278,10 +298,14 @@ class Recorder:
             self.dump("periodic")
 
     def _cancel_provisional(self) -> None:
+        self._drop_open_step()
+        self._next_index = 0
+
+    def _drop_open_step(self) -> None:
+        """Forget the open step: it was begun but turned out not to be one."""
         index = self._open
         self._open = self._open_style = None
         self._provisional = False
-        self._next_index = 0
         if self.steps and self.steps[-1]["index"] == index and self.steps[-1]["end_us"] is None:
             self.steps.pop()
             cancel = getattr(self.backend, "cancel_step", None)
@@ -336,7 +360,14 @@ class Recorder:
         return path
 
     def _add_missing_step_annotations(self, snapshot: dict[str, Any]) -> None:
-        annotations = snapshot.setdefault("external_annotations", [])
+        recorded = {f"memlens.step#{step['index']}" for step in self.steps}
+        # A dropped step (the tail after the last mark) may have left PyTorch's record_function
+        # annotations behind on CUDA: only recorded steps keep their markers.
+        annotations = [
+            a for a in snapshot.get("external_annotations", [])
+            if not (isinstance(a, dict) and _is_step_marker(a.get("name")) and a.get("name") not in recorded)
+        ]
+        snapshot["external_annotations"] = annotations
         present = {(a.get("name"), a.get("stage")) for a in annotations if isinstance(a, dict)}
         device = int(self.backend.device_info().get("index") or 0)
         for step in self.steps:
@@ -403,6 +434,10 @@ class Recorder:
         return self.backend.peak_bytes()
 
 
+def _is_step_marker(name: Any) -> bool:
+    return isinstance(name, str) and name.startswith("memlens.step#")
+
+
 def _step_filter(steps: Iterable[int] | None) -> tuple[Container[int] | None, int, int | None]:
     if steps is None:
         return None, 0, None
@@ -437,10 +472,7 @@ def _make_backend(
             raise MemlensUsageError("device='cuda' but torch sees no CUDA device (use 'cpu' or 'auto')")
         from memlens.recorder.cuda_adapter import CudaBackend, CudaMemoryBackend
 
-        adapter = CudaMemoryBackend()
-        if capacity is not None:
-            adapter.limit_capacity(capacity)
-        return CudaBackend(adapter, max_entries=max_entries, stacks=stacks, clock=clock)
+        return CudaBackend(CudaMemoryBackend(), max_entries=max_entries, stacks=stacks, clock=clock, capacity=capacity)
 
     from memlens.allocator import AllocatorSettings
     from memlens.recorder.cpu_tracker import CpuSimulatedBackend

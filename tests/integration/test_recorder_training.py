@@ -122,10 +122,13 @@ def test_cli_records_an_unmodified_script(tmp_path: Path) -> None:
     assert "trained 3 steps" in result.output
     snapshot = memlens.load(out / "snapshot.pickle")
     starts = [a.name for a in snapshot.annotations if a.stage == "START"]
-    # one step per optimizer.step(), plus the tail after the last one
-    assert starts[:3] == ["memlens.step#0", "memlens.step#1", "memlens.step#2"]
+    # one step per optimizer.step(); the tail after the last one is not a step
+    assert starts == ["memlens.step#0", "memlens.step#1", "memlens.step#2"]
     sidecar = json.loads((out / "snapshot.memlens.json").read_text())
-    assert sidecar["reason"] == "exit" and len(sidecar["steps"]) == len(starts)
+    assert sidecar["reason"] == "exit" and [s["index"] for s in sidecar["steps"]] == [0, 1, 2]
+    report = memlens.analyze(snapshot).device()
+    assert report.step_source == "memlens" and len(report.steps) == 3
+    assert f"wrote {out / 'snapshot.pickle'} (3 steps;" in result.output
     assert sys.argv[0] != str(TRAIN_TINY)  # restored
 
 

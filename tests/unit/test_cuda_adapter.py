@@ -3,9 +3,11 @@ torch._C (same method names). No GPU is needed; on a GPU the same adapter calls 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import pickle
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,14 +20,28 @@ from memlens.recorder.sidecar import sidecar_path
 
 
 class FakeCudaMemory:
-    """Records every call; ``_snapshot`` returns a small CUDA-like snapshot."""
+    """Stands in for torch.cuda.memory, torch.cuda and torch._C, as strict as PyTorch 2.13.
 
-    def __init__(self, with_metadata: bool = True) -> None:
+    Argument checks raise what PyTorch raises, with its messages (the ``TORCH_CHECK``s of
+    ``_record_memory_history`` in torch/csrc/cuda/memory_snapshot.cpp, the Python checks of
+    ``set_per_process_memory_fraction``); turning history off clears the recorded entries, as
+    ``recordHistory(false)`` does, so a snapshot taken after ``stop`` has an empty trace.
+    ``allocate`` adds a trace entry the way the allocator would, with frames only when a
+    context was asked for. Every call is logged.
+    """
+
+    def __init__(self, with_metadata: bool = True, with_fraction_getter: bool = True) -> None:
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         self.observers: list[Any] = []
         self.metadata = ""
+        self.history_enabled: str | None = None
+        self.context: str | None = None
+        self.trace: list[dict[str, Any]] = []
+        self.fractions: dict[int, float] = {}
         if not with_metadata:
             self._set_memory_metadata = None  # type: ignore[assignment]
+        if not with_fraction_getter:
+            self.get_per_process_memory_fraction = None  # type: ignore[assignment]
 
     def _log(self, name: str, *args: Any, **kwargs: Any) -> None:
         self.calls.append((name, args, kwargs))
@@ -39,30 +55,55 @@ class FakeCudaMemory:
         enabled: str | None = "all",
         context: str | None = "all",
         stacks: str = "all",
-        max_entries: int = 0,
+        max_entries: int = sys.maxsize,
         device: Any = None,
         clear_history: bool = False,
         compile_context: bool = False,
         global_record_annotations: bool = False,
+        skip_actions: list[str] | None = None,
     ) -> None:
         self._log(
             "_record_memory_history",
             enabled,
+            context=context,
             stacks=stacks,
             max_entries=max_entries,
             global_record_annotations=global_record_annotations,
+        )
+        if not isinstance(max_entries, int) or not isinstance(stacks, str):
+            raise TypeError("_cuda_record_memory_history(): incompatible function arguments.")
+        if enabled is not None and enabled not in ("state", "all"):
+            raise RuntimeError("expected state to be 'state', 'all', or None")
+        if context is not None and context not in ("state", "alloc", "all"):
+            raise RuntimeError("expected context to be 'state', 'alloc', 'all', or None")
+        if stacks not in ("python", "all"):
+            raise RuntimeError("expected stacks to be 'python', or 'all'")
+        self.history_enabled, self.context = enabled, context if enabled is not None else None
+        if enabled is None or clear_history:
+            self.trace = []
+
+    def allocate(self, size: int) -> None:
+        """What the allocator appends to the history for one allocation."""
+        if self.history_enabled != "all":
+            return
+        frames = [{"filename": "train.py", "line": 7, "name": "forward"}] if self.context in ("alloc", "all") else []
+        self.trace.append(
+            {"action": "alloc", "addr": 1 + len(self.trace) * size, "size": size, "stream": 0,
+             "time_us": 5 + len(self.trace), "frames": frames}
         )
 
     def _snapshot(self) -> dict[str, Any]:
         self._log("_snapshot")
         return {
             "segments": [],
-            "device_traces": [[{"action": "alloc", "addr": 1, "size": 512, "stream": 0, "time_us": 5}]],
+            "device_traces": [list(self.trace)],
             "allocator_settings": {"expandable_segments": False},
             "external_annotations": [],
         }
 
     def _set_memory_metadata(self, text: str) -> None:
+        if not isinstance(text, str):
+            raise TypeError("_cuda_setMemoryMetadata(): incompatible function arguments.")
         self._log("_set_memory_metadata", text)
         self.metadata = text
 
@@ -82,8 +123,16 @@ class FakeCudaMemory:
     def get_device_properties(self, index: int) -> Any:
         return SimpleNamespace(name="Fake H100", total_memory=80 << 30, major=9, minor=0)
 
-    def set_per_process_memory_fraction(self, fraction: float, device: int) -> None:
+    def set_per_process_memory_fraction(self, fraction: float, device: int | None = None) -> None:
         self._log("set_per_process_memory_fraction", fraction, device)
+        if not isinstance(fraction, float):
+            raise TypeError("Invalid type for fraction argument, must be `float`")
+        if fraction < 0 or fraction > 1:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        self.fractions[self.current_device() if device is None else device] = fraction
+
+    def get_per_process_memory_fraction(self, device: int | None = None) -> float:
+        return self.fractions.get(self.current_device() if device is None else device, 1.0)
 
     # torch._C
     def _cuda_attach_out_of_memory_observer(self, observer: Any) -> None:
@@ -109,7 +158,7 @@ def test_history_is_started_with_python_stacks_and_stopped(tmp_path: Path) -> No
     assert history[0] == (
         "_record_memory_history",
         ("all",),
-        {"stacks": "python", "max_entries": 1234, "global_record_annotations": True},
+        {"context": "all", "stacks": "python", "max_entries": 1234, "global_record_annotations": True},
     )
     assert history[-1][1] == (None,)
     names = fake.names()
@@ -176,6 +225,86 @@ def test_limit_capacity_sets_a_memory_fraction() -> None:
     adapter = CudaMemoryBackend(memory=fake, cuda=fake, c_api=fake)
     adapter.limit_capacity(20 << 30)
     assert ("set_per_process_memory_fraction", (0.25, 1), {}) in fake.calls
+    adapter.limit_capacity(200 << 30)  # more than the device: no cap (a float, as PyTorch demands)
+    assert fake.fractions[1] == 1.0
+
+
+def cuda_backend(fake: FakeCudaMemory, **options: Any) -> CudaBackend:
+    clock = itertools.count(100).__next__
+    return CudaBackend(CudaMemoryBackend(memory=fake, cuda=fake, c_api=fake), clock=clock, **options)
+
+
+@pytest.mark.parametrize("failed", [False, True])
+def test_capacity_is_the_sessions_only(tmp_path: Path, failed: bool) -> None:
+    fake = FakeCudaMemory()
+    fake.set_per_process_memory_fraction(0.5, 1)  # the script's own cap, set before recording
+    with contextlib.suppress(RuntimeError), record(tmp_path, backend=cuda_backend(fake, capacity=8 << 30)) as rec:
+        with rec.step():
+            assert fake.fractions[1] == 0.1
+        if failed:
+            raise RuntimeError("the training loop failed")
+    assert fake.fractions[1] == 0.5
+    assert not fake.observers or all(observer is not None for observer in fake.observers)
+
+
+def test_capacity_restored_to_the_default_without_a_getter(tmp_path: Path) -> None:
+    fake = FakeCudaMemory(with_fraction_getter=False)  # torch versions before the getter
+    with record(tmp_path, backend=cuda_backend(fake, capacity=40 << 30)) as rec, rec.step():
+        assert fake.fractions[1] == 0.5
+    assert fake.fractions[1] == 1.0
+
+
+def test_stacks_none_records_history_without_tracebacks(tmp_path: Path) -> None:
+    fake = FakeCudaMemory()
+    with record(tmp_path, stacks="none", backend=cuda_backend(fake, stacks="none")) as rec, rec.step():
+        fake.allocate(512)
+    history = [call for call in fake.calls if call[0] == "_record_memory_history"]
+    assert history[0][1] == ("all",)
+    assert history[0][2]["context"] is None and history[0][2]["stacks"] == "python"
+    with open(rec.paths[-1], "rb") as handle:
+        (trace,) = pickle.load(handle)["device_traces"]
+    assert [entry["size"] for entry in trace] == [512] and trace[0]["frames"] == []
+
+
+@pytest.mark.parametrize("stacks", ["python", "all"])
+def test_stacks_with_tracebacks(tmp_path: Path, stacks: str) -> None:
+    fake = FakeCudaMemory()
+    with record(tmp_path, stacks=stacks, backend=cuda_backend(fake, stacks=stacks)) as rec, rec.step():
+        fake.allocate(512)
+    with open(rec.paths[-1], "rb") as handle:
+        (trace,) = pickle.load(handle)["device_traces"]
+    assert trace[0]["frames"][0]["name"] == "forward"
+
+
+def test_the_fake_is_as_strict_as_pytorch() -> None:
+    """What the adapter must never pass: these are PyTorch's own errors."""
+    fake = FakeCudaMemory()
+    with pytest.raises(RuntimeError, match="expected stacks to be 'python', or 'all'"):
+        fake._record_memory_history("all", context="all", stacks="none")
+    with pytest.raises(RuntimeError, match="expected context to be 'state', 'alloc', 'all', or None"):
+        fake._record_memory_history("all", context="python")
+    with pytest.raises(RuntimeError, match="expected state to be 'state', 'all', or None"):
+        fake._record_memory_history("alloc")
+    with pytest.raises(TypeError):
+        fake._record_memory_history("all", unknown_option=True)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="must be `float`"):
+        fake.set_per_process_memory_fraction(1, 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Allowed range"):
+        fake.set_per_process_memory_fraction(1.5, 0)
+    adapter = CudaMemoryBackend(memory=fake, cuda=fake, c_api=fake)
+    with pytest.raises(ValueError, match="stacks must be"):
+        adapter.start(10, stacks="cpp")
+
+
+def test_history_is_cleared_when_switched_off() -> None:
+    """Why every dump happens before ``stop``: PyTorch drops the history when it is turned off."""
+    fake = FakeCudaMemory()
+    adapter = CudaMemoryBackend(memory=fake, cuda=fake, c_api=fake)
+    adapter.start(100)
+    fake.allocate(512)
+    assert len(adapter.snapshot()["device_traces"][0]) == 1
+    adapter.stop()
+    assert adapter.snapshot()["device_traces"] == [[]]
 
 
 def test_snapshot_of_old_torch_list_is_wrapped() -> None:

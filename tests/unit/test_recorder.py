@@ -214,6 +214,43 @@ def test_mark_step_numbers_steps_from_entering(tmp_path: Path, model_and_optimiz
     ]
 
 
+def test_the_tail_after_the_last_mark_is_not_a_step(tmp_path: Path, model_and_optimizer: Any) -> None:
+    model, optimizer = model_and_optimizer
+    with record(tmp_path, clock=fake_clock()) as rec:
+        for _ in range(6):
+            small_step(model, optimizer)
+            rec.mark_step()
+        torch.ones(1000).sum()  # the script's tail: evaluation, saving, logging
+    assert [s["index"] for s in rec.steps] == list(range(6))
+    names = {name for name, _ in step_annotations(rec.paths[-1])}
+    assert names == {f"memlens.step#{i}" for i in range(6)}
+    assert "memlens.step#6" not in {e["user_metadata"] for e in trace_of(rec.paths[-1])}
+
+
+def test_optimizer_steps_are_the_steps(tmp_path: Path, model_and_optimizer: Any) -> None:
+    model, optimizer = model_and_optimizer
+    with record(tmp_path, record_optimizer_steps=True, clock=fake_clock()) as rec:
+        for _ in range(6):
+            small_step(model, optimizer)
+    assert [s["index"] for s in rec.steps] == list(range(6))
+
+
+def test_an_error_keeps_the_step_it_interrupted(tmp_path: Path, model_and_optimizer: Any) -> None:
+    model, optimizer = model_and_optimizer
+    with pytest.raises(RuntimeError), record(tmp_path, record_optimizer_steps=True, clock=fake_clock()) as rec:
+        for _ in range(2):
+            small_step(model, optimizer)
+        raise RuntimeError("failed in the third step")
+    assert [s["index"] for s in rec.steps] == [0, 1, 2]
+
+
+def test_the_python_api_says_what_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with record(tmp_path, clock=fake_clock()) as rec, rec.step():
+        torch.ones(100)
+    assert capsys.readouterr().err == rec.summary_line() + "\n"
+    assert rec.summary_line().startswith(f"memlens: wrote {tmp_path / 'snapshot.pickle'} (1 step; peak allocated ")
+
+
 def test_step_fn_decorator(tmp_path: Path, model_and_optimizer: Any) -> None:
     model, optimizer = model_and_optimizer
     with record(tmp_path, clock=fake_clock()) as rec:
