@@ -1,8 +1,12 @@
 """The server-side state of the app: which snapshots it knows and the reports it has analysed.
 
 Reports stay on the server (a million-event trace is tens of megabytes of numpy columns); the
-browser only ever holds an id. Both the list of uploads and the analysed reports are bounded
-LRU maps, so a long-running server's memory returns to its resting level as sessions end.
+browser only ever holds an id. Analysed reports are a bounded LRU map, so a long-running
+server's memory returns to its resting level as sessions end. Uploaded files live in one
+private folder per server (``memlens-upload-<pid>-*``, mode 0700) that is deleted when the
+server stops; within it, analysed uploads are evicted least recently used first once they
+exceed a byte budget, and an upload is never evicted before its first analysis has finished.
+Every analysis runs in a child process with time and memory limits (``memlens_app.worker``).
 """
 
 from __future__ import annotations
@@ -12,26 +16,36 @@ import contextlib
 import ctypes
 import gc
 import hashlib
+import logging
 import os
+import re
 import shutil
+import tempfile
 import threading
-from collections import OrderedDict
+import uuid
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import memlens
 from memlens.errors import MemlensError
+from memlens.units import GiB
+from memlens_app.worker import AnalysisLimits, AnalysisStopped, WorkerGroup, analyse_in_worker
+
+log = logging.getLogger("memlens.app")
 
 # Analysed reports kept in memory. Each holds a snapshot's columns (~60 bytes per event), so
 # 6 reports of a million events is well under a gigabyte.
 DEFAULT_REPORT_CACHE = 6
-# Uploaded files kept on disk (their reports can be rebuilt after eviction from the cache).
-DEFAULT_MAX_UPLOADS = 32
-# Analyses running at once: each briefly holds the raw pickle's Python objects (several times
-# the file size), so 20 simultaneous uploads must queue rather than all unpickle together.
+# Bytes of analysed uploads kept on disk (their reports can be rebuilt after eviction from the
+# cache); the least recently used go first once the total is over it.
+DEFAULT_UPLOAD_BUDGET = 4 * GiB
+# Analyses running at once: each holds the raw pickle's Python objects (several times the file
+# size), so 50 simultaneous uploads must queue rather than all unpickle together.
 DEFAULT_CONCURRENT_ANALYSES = 2
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
+UPLOAD_DIR_PREFIX = "memlens-upload-"
+_UPLOAD_DIR_PATTERN = re.compile(re.escape(UPLOAD_DIR_PREFIX) + r"(\d+)-")
 
 
 @dataclass(frozen=True)
@@ -42,7 +56,7 @@ class Source:
     name: str
     path: str
     kind: str  # "cli" | "sample" | "upload"
-    upload_dir: str | None = None
+    bytes: int = 0
 
 
 def _release_memory() -> None:
@@ -53,33 +67,80 @@ def _release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def remove_stale_upload_dirs(root: str | None = None) -> list[str]:
+    """Delete upload folders left by memlens servers that were killed (their pid is gone)."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            match = _UPLOAD_DIR_PATTERN.match(entry.name)
+            if not match or not entry.is_dir(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                    continue
+            pid = int(match.group(1))
+            if pid != os.getpid() and not _pid_alive(pid):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+    return removed
+
+
 class Library:
     """Thread-safe registry of sources plus a bounded LRU cache of their reports."""
 
     def __init__(
         self,
         report_cache: int = DEFAULT_REPORT_CACHE,
-        max_uploads: int = DEFAULT_MAX_UPLOADS,
+        upload_budget_bytes: int = DEFAULT_UPLOAD_BUDGET,
         concurrent_analyses: int = DEFAULT_CONCURRENT_ANALYSES,
+        limits: AnalysisLimits | None = None,
     ) -> None:
         self.report_cache = max(1, report_cache)
-        self.max_uploads = max(1, max_uploads)
+        self.upload_budget_bytes = max(1, upload_budget_bytes)
+        self.limits = limits or AnalysisLimits()
         self._sources: OrderedDict[str, Source] = OrderedDict()
         self._reports: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.RLock()
         self._building: dict[str, threading.Lock] = {}
         self._analysis_slots = threading.BoundedSemaphore(max(1, concurrent_analyses))
+        self._workers = WorkerGroup()
+        # Uploads in least-recently-used order; those not yet analysed once, or being
+        # analysed now, are never evicted (their file is still needed).
+        self._upload_lru: OrderedDict[str, None] = OrderedDict()
+        self._unanalysed: set[str] = set()
+        self._busy: Counter[str] = Counter()
+        self._upload_dir: str | None = None
+        self._closed = False
         atexit.register(self.close)
 
     def close(self) -> None:
-        """Delete every uploaded file (called at exit): uploads never outlive the server."""
+        """Stop running analyses and delete every uploaded file: uploads never outlive the server."""
         with self._lock:
-            uploads = [s for s in self._sources.values() if s.kind == "upload"]
-            for source in uploads:
-                del self._sources[source.id]
-                self._reports.pop(source.id, None)
-        for source in uploads:
-            self._remove_upload_files(source)
+            self._closed = True
+            for source_id in list(self._upload_lru):
+                self._sources.pop(source_id, None)
+                self._reports.pop(source_id, None)
+            self._upload_lru.clear()
+            upload_dir, self._upload_dir = self._upload_dir, None
+        self._workers.kill_all()
+        if upload_dir is not None:
+            shutil.rmtree(upload_dir, ignore_errors=True)
+
+    @property
+    def upload_dir(self) -> str | None:
+        """This server's private upload folder (created by the first upload)."""
+        return self._upload_dir
 
     # ----------------------------------------------------------------- sources
 
@@ -98,18 +159,28 @@ class Library:
         files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(SNAPSHOT_SUFFIXES))
         return [self.add_path(p, kind) for p in files]
 
-    def add_upload(self, source_id: str, name: str, path: str, upload_dir: str) -> Source:
-        source = Source(source_id, name, path, "upload", upload_dir)
-        evicted: list[Source] = []
+    def new_upload_file(self, name: str) -> tuple[str, str]:
+        """A fresh upload id and the path to spool its body to, inside this server's folder."""
+        source_id = f"u-{uuid.uuid4().hex[:16]}"
         with self._lock:
+            if self._closed:
+                raise MemlensError("the server is shutting down: upload again once it is back")
+            if self._upload_dir is None:
+                remove_stale_upload_dirs()
+                self._upload_dir = tempfile.mkdtemp(prefix=f"{UPLOAD_DIR_PREFIX}{os.getpid()}-")
+            # The id keeps names unique; the user's name stays readable in the folder.
+            return source_id, os.path.join(self._upload_dir, f"{source_id}-{name}")
+
+    def add_upload(self, source_id: str, name: str, path: str, size: int) -> Source:
+        """Register a spooled upload; it is kept at least until its first analysis is over."""
+        source = Source(source_id, name, path, "upload", size)
+        with self._lock:
+            if self._closed:
+                _remove_file(path)
+                raise MemlensError("the server is shutting down: upload again once it is back")
             self._sources[source_id] = source
-            uploads = [s for s in self._sources.values() if s.kind == "upload"]
-            for old in uploads[: max(0, len(uploads) - self.max_uploads)]:
-                del self._sources[old.id]
-                self._reports.pop(old.id, None)
-                evicted.append(old)
-        for old in evicted:
-            self._remove_upload_files(old)
+            self._upload_lru[source_id] = None
+            self._unanalysed.add(source_id)
         return source
 
     def forget(self, source_id: str) -> None:
@@ -117,12 +188,28 @@ class Library:
         with self._lock:
             source = self._sources.pop(source_id, None)
             self._reports.pop(source_id, None)
-        if source is not None:
-            self._remove_upload_files(source)
+            self._upload_lru.pop(source_id, None)
+            self._unanalysed.discard(source_id)
+        if source is not None and source.kind == "upload":
+            _remove_file(source.path)
 
-    def _remove_upload_files(self, source: Source) -> None:
-        if source.kind == "upload" and source.upload_dir:
-            shutil.rmtree(source.upload_dir, ignore_errors=True)
+    def _evict_uploads(self) -> None:
+        """Delete least recently used analysed uploads until the rest fit the byte budget."""
+        evicted: list[Source] = []
+        with self._lock:
+            total = sum(self._sources[i].bytes for i in self._upload_lru)
+            for source_id in list(self._upload_lru):
+                if total <= self.upload_budget_bytes:
+                    break
+                if source_id in self._unanalysed or self._busy[source_id]:
+                    continue
+                source = self._sources.pop(source_id)
+                del self._upload_lru[source_id]
+                self._reports.pop(source_id, None)
+                total -= source.bytes
+                evicted.append(source)
+        for source in evicted:
+            _remove_file(source.path)
 
     def source(self, source_id: str) -> Source:
         with self._lock:
@@ -141,27 +228,51 @@ class Library:
     def report(self, source_id: str) -> Any:
         """The analysed report of a source, from the cache or analysed now (one build per id)."""
         with self._lock:
-            cached = self._reports.get(source_id)
+            cached = self._cached(source_id)
             if cached is not None:
-                self._reports.move_to_end(source_id)
                 return cached
             build_lock = self._building.setdefault(source_id, threading.Lock())
-        with build_lock:
+        try:
+            with build_lock:
+                with self._lock:
+                    cached = self._cached(source_id)
+                    if cached is not None:
+                        return cached
+                    source = self.source(source_id)
+                    self._busy[source_id] += 1
+                try:
+                    with self._analysis_slots:
+                        report = analyse_in_worker(source.path, uploaded=source.kind == "upload",
+                                                   limits=self.limits, workers=self._workers)
+                except AnalysisStopped as exc:
+                    raise AnalysisStopped(f"{source.name}: {exc}") from None
+                finally:
+                    with self._lock:
+                        self._busy[source_id] -= 1
+                        if self._busy[source_id] <= 0:
+                            del self._busy[source_id]
+                self._store(source_id, report)
+        finally:
             with self._lock:
-                cached = self._reports.get(source_id)
-                if cached is not None:
-                    return cached
-            source = self.source(source_id)
-            with self._analysis_slots:
-                report = analyze_file(source.path, uploaded=source.kind == "upload")
-            self._store(source_id, report)
-        with self._lock:
-            self._building.pop(source_id, None)
+                self._building.pop(source_id, None)
+        self._evict_uploads()
         return report
+
+    def _cached(self, source_id: str) -> Any:
+        """The cached report, marked as just used (caller holds the lock)."""
+        cached = self._reports.get(source_id)
+        if cached is not None:
+            self._reports.move_to_end(source_id)
+        if source_id in self._upload_lru:
+            self._upload_lru.move_to_end(source_id)
+        return cached
 
     def _store(self, source_id: str, report: Any) -> None:
         evicted = False
         with self._lock:
+            if source_id not in self._sources:  # forgotten (or the server closed) meanwhile
+                return
+            self._unanalysed.discard(source_id)
             self._reports[source_id] = report
             self._reports.move_to_end(source_id)
             while len(self._reports) > self.report_cache:
@@ -180,8 +291,6 @@ class Library:
         _release_memory()
 
 
-def analyze_file(path: str, uploaded: bool = False) -> Any:
-    """Load with the safe reader and analyse: the one place the app calls into memlens."""
-    # An upload lives in a temporary folder: a cache file beside it would only cost disk.
-    snapshot = memlens.load(path, cache=False if uploaded else None)
-    return memlens.analyze(snapshot)
+def _remove_file(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

@@ -1,29 +1,56 @@
 """``POST /upload``: stream a snapshot to a temporary file, then load and analyse it.
 
 The body is the raw file (no base64, no multipart), read from ``request.stream`` in 1 MiB
-chunks and written straight to disk, so a 2 GiB snapshot never sits in memory as text. Past
-the size limit the request is refused with 413. The answer is JSON: ``{"id", "name"}`` on
-success, ``{"error"}`` with status 400 (not a snapshot, hostile pickle), 413 or 500.
+chunks and written straight to disk, so a 2 GiB snapshot never sits in memory as text. A
+declared ``Content-Length`` over the limit is refused with 413 before any of the body is read;
+a body that grows past it (chunked uploads) is refused when it does. A body that stops short
+(the client went away), stalls longer than ``idle_timeout_s`` between reads, or is still
+arriving at its deadline (``idle_timeout_s`` plus its size at ``MIN_UPLOAD_RATE``) is dropped
+with its partial file. The answer is JSON: ``{"id", "name", ...}`` on success, ``{"error"}``
+with status 400 (not a snapshot, hostile pickle, a limit of the analysis), 408, 413 or 500.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
-import shutil
-import tempfile
-import uuid
-from typing import Any
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
 
-from flask import Flask, jsonify, request
+from flask import Flask, Response, jsonify, request
+from werkzeug.exceptions import ClientDisconnected
 
 from memlens.errors import MemlensError
-from memlens.units import format_bytes
+from memlens.units import KiB, format_bytes
 from memlens_app.library import Library
+from memlens_app.worker import AnalysisCrashed
 
 CHUNK_BYTES = 1 << 20
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+# The slowest upload accepted end to end: 2 GiB at 256 KiB/s is a little over two hours.
+MIN_UPLOAD_RATE = 256 * KiB
 log = logging.getLogger("memlens.app")
+
+
+@dataclass(frozen=True)
+class UploadLimits:
+    max_bytes: int
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+
+    def deadline_s(self, size: int) -> float:
+        """Seconds a body of ``size`` bytes may take to arrive in full."""
+        return self.idle_timeout_s + size / MIN_UPLOAD_RATE
+
+
+class _UploadFailed(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def safe_name(name: str) -> str:
@@ -33,56 +60,118 @@ def safe_name(name: str) -> str:
     return cleaned[:120] or "snapshot.pickle"
 
 
-def register_upload_route(server: Flask, library: Library, max_upload_bytes: int) -> None:
+def register_upload_route(server: Flask, library: Library, limits: UploadLimits) -> None:
     @server.route("/upload", methods=["POST"])
     def upload() -> Any:
         name = safe_name(request.args.get("name", "") or request.headers.get("X-File-Name", ""))
         declared = request.content_length
-        if declared is not None and declared > max_upload_bytes:
-            return _too_large(name, max_upload_bytes)
-        upload_dir = tempfile.mkdtemp(prefix="memlens-upload-")
-        path = os.path.join(upload_dir, name)
+        if declared is not None and declared > limits.max_bytes:
+            return _error(413, _too_large_message(name, limits.max_bytes), close=True)
         try:
-            written = 0
-            with open(path, "wb") as handle:
-                while True:
-                    chunk = request.stream.read(CHUNK_BYTES)
-                    if not chunk:
-                        break
-                    written += len(chunk)
-                    if written > max_upload_bytes:
-                        shutil.rmtree(upload_dir, ignore_errors=True)
-                        return _too_large(name, max_upload_bytes)
-                    handle.write(chunk)
-            if written == 0:
-                shutil.rmtree(upload_dir, ignore_errors=True)
-                return jsonify(error=f"{name}: the upload was empty"), 400
-        except OSError as exc:
-            shutil.rmtree(upload_dir, ignore_errors=True)
-            log.exception("upload of %s failed", name)
-            return jsonify(error=f"{name}: could not store the upload ({exc.strerror or exc})"), 500
-
-        source = library.add_upload(f"u-{uuid.uuid4().hex[:16]}", name, path, upload_dir)
-        try:
-            report = library.report(source.id)
+            source_id, path = library.new_upload_file(name)
         except MemlensError as exc:
-            library.forget(source.id)
-            return jsonify(error=_user_message(exc, path, name)), 400
-        except Exception:  # a bug, not the user's file: keep serving, log the traceback
-            library.forget(source.id)
-            log.exception("analysing %s failed", name)
-            return jsonify(error=f"{name}: memlens failed to analyse this file (an internal error; "
-                                 "see the server log)"), 500
-        return jsonify(id=source.id, name=name, bytes=written,
+            return _error(503, str(exc), close=True)
+        try:
+            written = _spool(request.stream, path, name, declared, limits)
+        except _UploadFailed as exc:
+            _remove(path)
+            return _error(exc.status, str(exc), close=True)
+        except OSError as exc:
+            _remove(path)
+            log.exception("storing the upload of %s failed", name)
+            return _error(500, f"{name}: could not store the upload ({exc.strerror or exc})", close=True)
+        except BaseException:
+            _remove(path)  # never leave a partial file, whatever stopped us
+            raise
+        if written == 0:
+            _remove(path)
+            return _error(400, f"{name}: the upload was empty")
+
+        try:
+            library.add_upload(source_id, name, path, written)
+        except MemlensError as exc:
+            return _error(503, str(exc))
+        try:
+            report = library.report(source_id)
+        except MemlensError as exc:
+            library.forget(source_id)
+            return _error(400, str(exc).replace(path, name))
+        except Exception as exc:  # a bug, not the user's file: keep serving, log the traceback
+            library.forget(source_id)
+            detail = f"\n{exc}" if isinstance(exc, AnalysisCrashed) else ""
+            log.exception("analysing %s failed%s", name, detail)
+            return _error(500, f"{name}: memlens failed to analyse this file (an internal error; "
+                               "see the server log)")
+        return jsonify(id=source_id, name=name, bytes=written,
                        events=sum(d.events for d in report.devices.values()),
                        findings=len(report.findings))
 
 
-def _too_large(name: str, limit: int) -> Any:
-    return jsonify(error=f"{name} is larger than this server's upload limit ({format_bytes(limit)}); "
-                         "open it from the command line (memlens serve FILE) or raise --max-upload"), 413
+def _spool(stream: IO[bytes], path: str, name: str, declared: int | None, limits: UploadLimits) -> int:
+    """Copy the request body to ``path``; the number of bytes written, or ``_UploadFailed``."""
+    written = 0
+    with _read_deadline(limits, declared), open(path, "xb") as handle:
+        while True:
+            try:
+                chunk = stream.read(CHUNK_BYTES)
+            except ClientDisconnected:
+                # werkzeug reports a socket timeout, a reset and a closed connection alike.
+                raise _UploadFailed(408 if declared else 400,
+                                    f"{name}: the upload stopped after {format_bytes(written)} of "
+                                    f"{format_bytes(declared) if declared else 'the file'} "
+                                    "(connection closed or too slow)") from None
+            if not chunk:
+                break
+            written += len(chunk)
+            if written > limits.max_bytes:
+                raise _UploadFailed(413, _too_large_message(name, limits.max_bytes))
+            handle.write(chunk)
+    if declared is not None and written != declared:
+        raise _UploadFailed(400, f"{name}: the upload ended after {format_bytes(written)} of "
+                                 f"{format_bytes(declared)}")
+    return written
 
 
-def _user_message(exc: MemlensError, path: str, name: str) -> str:
-    """The error with the temporary path replaced by the name the user knows."""
-    return str(exc).replace(path, name)
+@contextlib.contextmanager
+def _read_deadline(limits: UploadLimits, declared: int | None) -> Iterator[None]:
+    """Time out a stalled read, and cut the body off at its deadline however it trickles in.
+
+    A per-read socket timeout alone lets a client send one byte every few seconds for ever, so
+    a timer shuts the socket's reading side at the deadline: the blocked read then sees the end
+    of the stream and the upload fails like a disconnect.
+    """
+    connection = request.environ.get("werkzeug.socket")
+    if not isinstance(connection, socket.socket):  # not werkzeug's server (a test client)
+        yield
+        return
+    connection.settimeout(limits.idle_timeout_s)
+    timer = threading.Timer(limits.deadline_s(declared or limits.max_bytes), _shut_reading, (connection,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _shut_reading(connection: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        connection.shutdown(socket.SHUT_RD)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _error(status: int, message: str, close: bool = False) -> Response:
+    response = jsonify(error=message)
+    response.status_code = status
+    if close:  # the unread rest of the body must not be taken for the next request
+        response.headers["Connection"] = "close"
+    return response
+
+
+def _too_large_message(name: str, limit: int) -> str:
+    return (f"{name} is larger than this server's upload limit ({format_bytes(limit)}); "
+            "open it from the command line (memlens serve FILE) or raise --max-upload")

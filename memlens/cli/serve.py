@@ -1,8 +1,14 @@
 """Open the interactive dashboard in your browser: timeline, findings, budget, what-if, compare.
 
 Serves on 127.0.0.1 only unless --host says otherwise (the app reads uploaded files: expose it
-deliberately). SNAPSHOT files given here, and the bundled samples, are listed in the picker;
-more can be dragged onto the page (streamed to a temporary file, at most --max-upload each).
+deliberately). SNAPSHOT files given here are checked with the safe reader before the server
+starts; they and the bundled samples are listed in the picker; more can be dragged onto the
+page (streamed to a temporary file, at most --max-upload each). Every file is analysed in a
+child process that is stopped past --analysis-timeout or --analysis-memory, so one hostile
+file cannot hold up the other users.
+
+The server is werkzeug's threaded WSGI server (a thread per connection), bound here rather
+than through ``Dash.run`` so that ``--port 0`` prints the port the OS chose.
 """
 
 from __future__ import annotations
@@ -11,17 +17,19 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from memlens.errors import MemlensUsageError
+from memlens.cli.common import BYTE_SIZE
+from memlens.errors import MemlensError, MemlensUsageError
 from memlens.units import format_bytes, parse_bytes
 
 
 @click.command()
 @click.argument("snapshots", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--port", default=8050, show_default=True, type=click.IntRange(0, 65535),
-              help="Port to listen on (0 = any free port).")
+              help="Port to listen on (0 = any free port; the URL printed has the real one).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to listen on; 0.0.0.0 exposes the app to your network.")
 @click.option("--max-upload", default="2GiB", show_default=True,
@@ -30,8 +38,14 @@ from memlens.units import format_bytes, parse_bytes
               help="Analysed snapshots kept in server memory.")
 @click.option("--samples/--no-samples", default=True, show_default=True,
               help="List the bundled sample snapshots in the picker.")
+@click.option("--analysis-timeout", default=120.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds one analysis may run before it is stopped.")
+@click.option("--analysis-memory", default=None, type=BYTE_SIZE,
+              help="Address space one analysis may use before it is stopped  [default: half the RAM].")
+@click.option("--upload-timeout", default=60.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds an upload may stall before it is dropped (its partial file deleted).")
 def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, report_cache: int,
-          samples: bool) -> None:
+          samples: bool, analysis_timeout: float, analysis_memory: int | None, upload_timeout: float) -> None:
     """Open the interactive dashboard in your browser: timeline, findings, budget, what-if, compare.
 
     Serves on 127.0.0.1 only unless --host says otherwise. SNAPSHOT files given here, and the
@@ -43,17 +57,56 @@ def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, re
     max_upload_bytes = parse_bytes(max_upload)
     if max_upload_bytes <= 0:
         raise MemlensUsageError("--max-upload must be more than 0 bytes")
+    if analysis_memory is not None and analysis_memory <= 0:
+        raise MemlensUsageError("--analysis-memory must be more than 0 bytes")
+
+    from werkzeug.serving import WSGIRequestHandler, make_server
 
     from memlens_app.main import DEFAULT_SAMPLE_DIR, create_app
+    from memlens_app.worker import AnalysisLimits
 
     app = create_app(snapshots, sample_dir=DEFAULT_SAMPLE_DIR if samples else None,
-                     max_upload_bytes=max_upload_bytes, report_cache=report_cache)
+                     max_upload_bytes=max_upload_bytes, report_cache=report_cache,
+                     analysis_limits=AnalysisLimits(analysis_timeout, analysis_memory),
+                     upload_idle_timeout_s=upload_timeout)
+    library = app.server.config["MEMLENS_LIBRARY"]
+    # Every other command refuses a file that is not a snapshot; so does this one, before it
+    # starts (the safe reader, in the same limited child process as any analysis).
+    for source in library.sources():
+        if source.kind == "cli":
+            try:
+                library.report(source.id)
+            except MemlensError:
+                library.close()
+                raise
+
+    # A stalled connection (headers or body) is dropped after --upload-timeout idle seconds.
+    handler = type("MemlensRequestHandler", (WSGIRequestHandler,), {"timeout": upload_timeout})
+    app.enable_dev_tools(debug=False)
+    try:
+        server = make_server(host, port, app.server, threaded=True, request_handler=handler)
+    except OSError as exc:
+        library.close()
+        raise MemlensUsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    bound_port = server.socket.getsockname()[1]
     if host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"memlens: warning: listening on {host}: anyone who can reach it can upload files",
                    err=True)
-    click.echo(f"memlens dashboard on http://{'[' + host + ']' if ':' in host else host}:{port}/ "
+    click.echo(f"memlens dashboard on http://{'[' + host + ']' if ':' in host else host}:{bound_port}/ "
                f"(uploads up to {format_bytes(max_upload_bytes)}; Ctrl-C to stop)")
+    sys.stdout.flush()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    # A plain exit on SIGTERM runs the atexit hooks that delete uploaded files.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    app.run(host=host, port=port, debug=False, threaded=True)
+    # SIGTERM leaves serve_forever as Ctrl-C does; the finally (and atexit) then kill running
+    # analyses and delete the upload folder, in-flight uploads included.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        library.close()
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
