@@ -1,94 +1,490 @@
 """A compact on-disk copy of a loaded snapshot, so the second open of a big file is fast.
 
-The columns go into an uncompressed ``.npz`` (numpy reads them at disk speed); the small
-parts (segments, frames, settings) go into one JSON member. The cache is keyed by the
-pickle's absolute path, size and modification time and by ``CACHE_VERSION``; a stale or
-unreadable cache is ignored and rebuilt, never trusted. It lives beside the pickle when that
-folder is writable, else under ``$XDG_CACHE_HOME/memlens`` (``~/.cache/memlens``).
+A cache entry decides what memlens reports, so nothing about one is taken on trust:
+
+* **Where.** One folder: ``$MEMLENS_CACHE_DIR``, else ``$XDG_CACHE_HOME/memlens``, else
+  ``~/.cache/memlens``, created 0700. It is used only when the opened folder is owned by this
+  user and no one else may write to it; entries and the key must be regular files owned by this
+  user. Nothing beside the snapshot is read: in a shared folder anyone could plant a file there.
+* **Which bytes.** An entry is named by the SHA-256 of the snapshot file's bytes and stores that
+  digest and ``CACHE_VERSION``; both are checked. (Size and modification time prove nothing: a
+  replaced file can keep both.) SHA-256 is the fastest collision-resistant hash in ``hashlib``
+  on CPUs with SHA extensions: about 0.05 s for 75 MiB, against more than a second to parse.
+* **Who wrote it.** Every entry carries an HMAC-SHA256 over all of its members, keyed with a
+  random per-user secret (``key``, 0600, in the cache folder). Structural checks cannot see an
+  edit that stays consistent (a scaled ``size`` or ``allocated`` column keeps every id in
+  range and every length right, and reports gigabytes that never existed), and recomputing the
+  derived curves would not help either: they would be recomputed from the edited raw columns.
+  The MAC is what proves that this user's memlens wrote the whole entry from these bytes; an
+  entry copied from someone else, edited, or torn by a crash fails it. The curves are therefore
+  stored (recomputing them, window completeness included, would cost about as much as reading
+  them) and covered by the MAC like everything else.
+* **Well formed.** After the MAC, every column is checked (dtype, length, action codes, id
+  ranges, monotonic stack offsets, block states) so that not even a bug in some memlens version
+  that wrote the entry can crash an analysis.
+
+Anything that fails a check is ignored (logged at debug level) and rebuilt from the pickle: a
+cache never changes an answer. Free-form values (``allocator_settings``, unknown top-level
+keys, pool ids) are stored only when they are plain JSON data within a bounded depth and size,
+so that they come back exactly as parsed; a snapshot whose values are not (a self-referencing
+list, tuples, deep nesting) is simply not cached. Entries are written to a temporary file and
+renamed into place, temporary files are removed on any failure (and, if a killed process left
+one, by the next writer), and the folder is pruned after each write: entries of older formats
+go, then the least recently used until the total is under ``$MEMLENS_CACHE_MAX_BYTES``
+(default 2 GiB; 0 turns caching off).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import hmac
+import itertools
 import json
+import logging
+import math
 import os
-import tempfile
+import re
+import secrets
+import stat
+import struct
+import time
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import numpy as np
 
-from memlens.snapshot.model import Annotation, Block, DeviceTrace, Frame, Segment, Snapshot, StackTable
+from memlens.errors import MemlensUsageError
+from memlens.snapshot.model import (
+    BLOCK_STATES,
+    Action,
+    Annotation,
+    Block,
+    DeviceTrace,
+    Frame,
+    Segment,
+    Snapshot,
+    StackTable,
+)
+from memlens.units import parse_bytes
 
-CACHE_VERSION = 1
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 2
 # Below this, parsing the pickle takes well under a second: not worth a file on disk.
 CACHE_MIN_BYTES = 8 << 20
-_COLUMNS = ("action", "address", "size", "stream", "time_us", "stack_id", "device_free",
-            "metadata_id", "context_id", "allocated", "reserved")
+CACHE_DIR_ENV = "MEMLENS_CACHE_DIR"
+CACHE_MAX_BYTES_ENV = "MEMLENS_CACHE_MAX_BYTES"
+DEFAULT_MAX_BYTES = 2 << 30
+HASH_CHUNK = 1 << 20
+KEY_NAME = "key"
+KEY_BYTES = 32
+TEMP_PREFIX = ".tmp-"
+# A temporary file of a live writer is seconds old; one this old was left by a killed process.
+STALE_TEMP_SECONDS = 3600
+# Free-form values deeper or bigger than this are not cached (real settings are 1-2 levels deep).
+MAX_PLAIN_DEPTH = 32
+MAX_PLAIN_NODES = 100_000
+MAX_MEMBERS = 4096
+
+_ENTRY_RE = re.compile(r"^v(\d+)-([0-9a-f]{64})\.npz$")
+_TEMP_RE = re.compile(r"^\.tmp-(\d+)-[0-9a-f]+\.(?:npz|key)$")
+_LEGACY_ENTRY_RE = re.compile(r"\.[0-9a-f]{16}\.memlens-cache\.npz$")  # CACHE_VERSION 1 names
+
+_INT8, _INT32, _INT64, _UINT8 = (np.dtype(t) for t in (np.int8, np.int32, np.int64, np.uint8))
+_COLUMNS: dict[str, np.dtype[Any]] = {
+    "action": _INT8, "address": _INT64, "size": _INT64, "stream": _INT64, "time_us": _INT64,
+    "stack_id": _INT32, "device_free": _INT64, "metadata_id": _INT32, "context_id": _INT32,
+    "allocated": _INT64, "reserved": _INT64,
+}
+_STACK_COLUMNS = {"stack_offsets": _INT64, "stack_frames": _INT32}
+_META = "__meta__"
+_MAC = "__mac__"
+_ALLOWED_DTYPES = frozenset((_INT8, _INT32, _INT64, _UINT8))
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip local file header, 30 bytes
+_LOCAL_HEADER_MAGIC = b"PK\x03\x04"
+_OPEN_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _key(source: str) -> str:
-    stat = os.stat(source)
-    text = f"{os.path.abspath(source)}|{stat.st_size}|{stat.st_mtime_ns}|{CACHE_VERSION}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+class _InvalidEntry(ValueError):
+    """A cache entry that must not be used."""
 
 
-def _user_cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "memlens"
+class _NotCacheable(ValueError):
+    """A snapshot whose contents would not come back exactly from the cache."""
 
 
-def candidate_paths(source: str) -> list[Path]:
-    name = f"{Path(source).name}.{_key(source)}.memlens-cache.npz"
-    return [Path(source).parent / name, _user_cache_dir() / name]
+# --------------------------------------------------------------------------- public API
 
 
-def read(source: str) -> Snapshot | None:
-    """The cached snapshot for ``source``, or ``None`` when there is no valid cache."""
-    try:
-        paths = candidate_paths(source)
-    except OSError:
-        return None
-    for path in paths:
-        if path.is_file():
-            try:
-                return _read(path, source)
-            except (OSError, ValueError, KeyError, zipfile.BadZipFile, TypeError):
-                continue  # stale or damaged: rebuild from the pickle
-    return None
+def cache_dir() -> Path:
+    """The one folder entries live in (it may not exist yet)."""
+    configured = os.environ.get(CACHE_DIR_ENV)
+    if configured:
+        return Path(configured)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    # The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "memlens"
 
 
-def write(source: str, snapshot: Snapshot) -> Path | None:
-    """Write the cache atomically; returns where, or ``None`` if no location was writable."""
-    arrays, meta = _encode(snapshot)
-    for path in candidate_paths(source):
+def entry_name(content_hash: str) -> str:
+    return f"v{CACHE_VERSION}-{content_hash}.npz"
+
+
+def content_hash(source: str | os.PathLike[str]) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB chunks."""
+    return _hash_file(str(source))[0]
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """The cache slot for one snapshot file's exact bytes.
+
+    ``for_file`` hashes the file; ``read`` returns the cached snapshot if a valid entry exists;
+    ``write`` stores a snapshot parsed from that file, unless the file changed since it was
+    hashed (then the parse may not be of the hashed bytes).
+    """
+
+    source: str
+    content_hash: str
+    identity: tuple[int, ...]
+
+    @classmethod
+    def for_file(cls, source: str | os.PathLike[str]) -> CacheEntry | None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".memlens-cache-", suffix=".tmp")
+            digest, identity = _hash_file(str(source))
+        except OSError as error:
+            log.debug("memlens cache: cannot hash %s: %s", source, error)
+            return None
+        return cls(str(source), digest, identity)
+
+    @property
+    def name(self) -> str:
+        return entry_name(self.content_hash)
+
+    def read(self) -> Snapshot | None:
+        folder = _CacheFolder.open(create=False)
+        if folder is None:
+            return None
+        with folder:
+            key = folder.key(create=False)
+            if key is None:
+                return None
             try:
-                with os.fdopen(fd, "wb") as handle:
-                    members: dict[str, Any] = dict(arrays)
-                    members["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-                    np.savez(handle, **members)
-                os.replace(tmp, path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-            return path
+                return _read_entry(folder.fd, self.name, key, self.content_hash, self.source)
+            except FileNotFoundError:
+                return None
+            except Exception as error:  # any failure at all means "rebuild from the pickle", never a crash
+                log.debug("memlens cache: ignoring %s for %s: %s: %s", self.name, self.source,
+                          type(error).__name__, error)
+                return None
+
+    def write(self, snapshot: Snapshot) -> Path | None:
+        """Store ``snapshot``; returns the entry's path, or ``None`` when nothing was stored."""
+        try:
+            unchanged = _identity(os.stat(self.source)) == self.identity
         except OSError:
-            continue
-    return None
+            unchanged = False
+        if not unchanged:
+            log.debug("memlens cache: %s changed while it was read; not cached", self.source)
+            return None
+        max_bytes = _max_bytes()
+        if max_bytes <= 0:
+            return None
+        try:
+            members = _encode(snapshot, self.content_hash)
+        except _NotCacheable as error:
+            log.debug("memlens cache: %s not cached: %s", self.source, error)
+            return None
+        folder = _CacheFolder.open(create=True)
+        if folder is None:
+            return None
+        with folder:
+            key = folder.key(create=True)
+            if key is None:
+                return None
+            members[_MAC] = np.frombuffer(_mac(key, members), dtype=np.uint8)
+            if not folder.write_atomically(self.name, lambda handle: np.savez(handle, **cast(dict[str, Any], members))):
+                return None
+            folder.prune(max_bytes, keep=self.name)
+            return folder.path / self.name
 
 
-def _encode(snapshot: Snapshot) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    arrays: dict[str, np.ndarray] = {}
+def read(source: str | os.PathLike[str]) -> Snapshot | None:
+    """The cached snapshot for ``source``, or ``None`` when there is no valid entry."""
+    entry = CacheEntry.for_file(source)
+    return entry.read() if entry is not None else None
+
+
+def write(source: str | os.PathLike[str], snapshot: Snapshot) -> Path | None:
+    """Cache ``snapshot`` as the parse of ``source``'s current bytes (see ``CacheEntry.write``)."""
+    entry = CacheEntry.for_file(source)
+    return entry.write(snapshot) if entry is not None else None
+
+
+def prune(max_bytes: int | None = None) -> None:
+    """Bring the cache folder under ``max_bytes`` (default: the configured limit)."""
+    folder = _CacheFolder.open(create=False)
+    if folder is not None:
+        with folder:
+            folder.prune(_max_bytes() if max_bytes is None else max_bytes, keep=None)
+
+
+# --------------------------------------------------------------------------- the folder
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    # ctime changes on every write and rename and cannot be set by utime: with the inode it
+    # tells whether the file is still the one that was hashed.
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _hash_file(source: str) -> tuple[str, tuple[int, ...]]:
+    with open(source, "rb", buffering=0) as handle:
+        identity = _identity(os.fstat(handle.fileno()))
+        digest = hashlib.sha256()
+        chunk = bytearray(HASH_CHUNK)
+        view = memoryview(chunk)
+        while count := handle.readinto(chunk):
+            digest.update(view[:count])
+    return digest.hexdigest(), identity
+
+
+def _owned_by_me(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid()
+
+
+def _trusted_folder(st: os.stat_result) -> bool:
+    """A folder only this user (and root) can add, rename or remove files in."""
+    return stat.S_ISDIR(st.st_mode) and _owned_by_me(st) and not st.st_mode & 0o022
+
+
+def _trusted_file(st: os.stat_result, forbidden_bits: int = 0o022) -> bool:
+    return stat.S_ISREG(st.st_mode) and _owned_by_me(st) and not st.st_mode & forbidden_bits
+
+
+def _max_bytes() -> int:
+    text = os.environ.get(CACHE_MAX_BYTES_ENV)
+    if not text:
+        return DEFAULT_MAX_BYTES
+    try:
+        return parse_bytes(text)
+    except MemlensUsageError:
+        log.debug("memlens cache: ignoring %s=%r", CACHE_MAX_BYTES_ENV, text)
+        return DEFAULT_MAX_BYTES
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, but is not ours to signal
+    return True
+
+
+class _CacheFolder:
+    """The cache folder, opened once and checked through its descriptor.
+
+    Every file inside is opened relative to that descriptor, so swapping the folder for another
+    after the check changes nothing.
+    """
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+
+    @classmethod
+    def open(cls, create: bool) -> _CacheFolder | None:
+        path = cache_dir()
+        if create:
+            try:
+                os.makedirs(path, mode=0o700, exist_ok=True)
+            except OSError as error:
+                log.debug("memlens cache: cannot create %s: %s", path, error)
+                return None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            return None
+        if not _trusted_folder(st):
+            log.debug("memlens cache: %s is not a folder owned by this user and private to it; not used", path)
+            os.close(fd)
+            return None
+        return cls(path, fd)
+
+    def __enter__(self) -> _CacheFolder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        os.close(self.fd)
+
+    def _temp_name(self, suffix: str) -> str:
+        return f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}.{suffix}"
+
+    def write_atomically(self, name: str, fill: Any, suffix: str = "npz", replace: bool = True) -> bool:
+        """Write via a private temporary file renamed into place; no temporary survives a failure.
+
+        With ``replace=False`` an existing file wins (the temporary is linked, not renamed).
+        """
+        temp = self._temp_name(suffix)
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_NOFOLLOW, 0o600, dir_fd=self.fd)
+            with os.fdopen(fd, "wb") as handle:
+                fill(handle)
+            if replace:
+                os.replace(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            else:
+                try:
+                    os.link(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                except FileExistsError:
+                    return False
+            return True
+        except OSError as error:
+            log.debug("memlens cache: cannot write %s in %s: %s", name, self.path, error)
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=self.fd)
+
+    def key(self, create: bool) -> bytes | None:
+        """This user's MAC key; with ``create``, made (or replaced, if unusable) when needed."""
+        for _ in range(3):  # another process may be creating it at the same moment
+            try:
+                fd = os.open(KEY_NAME, os.O_RDONLY | _OPEN_NOFOLLOW, dir_fd=self.fd)
+            except FileNotFoundError:
+                if not create:
+                    return None
+                self.write_atomically(KEY_NAME, lambda h: h.write(secrets.token_bytes(KEY_BYTES)), "key",
+                                      replace=False)
+                continue
+            except OSError:  # a symlink or worse where the key should be
+                fd = -1
+            if fd >= 0:
+                with os.fdopen(fd, "rb") as handle:
+                    trusted = _trusted_file(os.fstat(handle.fileno()), forbidden_bits=0o077)
+                    key = handle.read(KEY_BYTES + 1)
+                if trusted and len(key) == KEY_BYTES:
+                    return key
+            if not create:
+                return None
+            log.debug("memlens cache: replacing an unusable key in %s", self.path)
+            self.write_atomically(KEY_NAME, lambda h: h.write(secrets.token_bytes(KEY_BYTES)), "key")
+        return None
+
+    def prune(self, max_bytes: int, keep: str | None) -> None:
+        """Drop stale temporaries and old-format entries, then the least recently used entries
+        until the total is at most ``max_bytes`` (``keep`` goes last)."""
+        now = time.time()
+        current: list[tuple[bool, float, int, str]] = []
+        try:
+            listing = list(os.scandir(self.fd))
+        except OSError:
+            return
+        for item in listing:
+            try:
+                st = item.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            name = item.name
+            temp = _TEMP_RE.match(name)
+            entry = _ENTRY_RE.match(name)
+            if temp:
+                pid = int(temp.group(1))
+                stale = now - st.st_mtime > STALE_TEMP_SECONDS or (pid != os.getpid() and not _process_alive(pid))
+                if stale:
+                    self._remove(name)
+            elif _LEGACY_ENTRY_RE.search(name) or (entry and int(entry.group(1)) < CACHE_VERSION):
+                self._remove(name)
+            elif entry:
+                # Entries of a newer memlens sharing the folder count towards the limit too.
+                current.append((name == keep, st.st_mtime, st.st_size, name))
+        total = sum(size for _, _, size, _ in current)
+        for _, _, size, name in sorted(current):  # not-kept first, oldest first
+            if total <= max_bytes:
+                break
+            self._remove(name)
+            total -= size
+
+    def _remove(self, name: str) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=self.fd)
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _check_plain(value: Any, what: str) -> None:
+    """Raise ``_NotCacheable`` unless ``value`` is JSON data that comes back from JSON exactly
+    (dicts with text keys, lists, text, ints, finite floats, bools, None) within bounded depth
+    and size. Iterative, so a self-referencing or deeply nested value cannot recurse or hang."""
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    nodes = 1
+    while pending:
+        item, depth = pending.pop()
+        if depth > MAX_PLAIN_DEPTH:
+            raise _NotCacheable(f"{what} is nested deeper than {MAX_PLAIN_DEPTH} levels")
+        kind = type(item)
+        if kind is dict or kind is list:
+            nodes += len(item)
+            if nodes > MAX_PLAIN_NODES:
+                raise _NotCacheable(f"{what} holds more than {MAX_PLAIN_NODES} values")
+            if kind is dict:
+                if any(type(k) is not str for k in item):
+                    raise _NotCacheable(f"{what} has a key that is not text")
+                pending.extend((v, depth + 1) for v in item.values())
+            else:
+                pending.extend((v, depth + 1) for v in item)
+        elif kind is float:
+            if not math.isfinite(item):
+                raise _NotCacheable(f"{what} holds {item}")
+        elif kind is int:
+            if item.bit_length() > 256:
+                raise _NotCacheable(f"{what} holds an integer of {item.bit_length()} bits")
+        elif not (kind is str or kind is bool or item is None):
+            raise _NotCacheable(f"{what} holds a {kind.__name__}")
+
+
+def _column(trace: DeviceTrace, name: str) -> np.ndarray:
+    column = getattr(trace, name)
+    if not isinstance(column, np.ndarray) or column.dtype != _COLUMNS[name] or column.ndim != 1:
+        raise _NotCacheable(f"device {trace.device} column {name} is not a 1-D {_COLUMNS[name]} array")
+    return np.ascontiguousarray(column)
+
+
+def _expect_cacheable(condition: bool, problem: str) -> None:
+    if not condition:
+        raise _NotCacheable(problem)
+
+
+def _encode(snapshot: Snapshot, digest: str) -> dict[str, np.ndarray]:
+    members: dict[str, np.ndarray] = {}
     devices_meta = []
     for device, trace in snapshot.devices.items():
-        for column in _COLUMNS:
-            arrays[f"d{device}_{column}"] = getattr(trace, column)
+        events = len(trace)
+        constant = []
+        for name in _COLUMNS:
+            column = _column(trace, name)
+            _expect_cacheable(column.size == events, f"device {device} column {name} has {column.size} rows")
+            if events > 1 and bool((column == column[0]).all()):
+                # Streams, OOM free bytes and string ids are often one value throughout: one
+                # element instead of millions keeps the entry (and the MAC pass over it) small.
+                column = column[:1].copy()
+                constant.append(name)
+            members[f"d{device}_{name}"] = column
         devices_meta.append({
             "device": device,
+            "events": events,
+            "constant_columns": constant,
             "user_metadata": trace.user_metadata,
             "compile_context": trace.compile_context,
             "baseline_allocated": trace.baseline_allocated,
@@ -98,10 +494,15 @@ def _encode(snapshot: Snapshot) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             "curve_warnings": trace.curve_warnings,
         })
     stacks = snapshot.stacks.stacks
-    arrays["stack_offsets"] = np.cumsum([0] + [len(s) for s in stacks], dtype=np.int64)
-    arrays["stack_frames"] = np.fromiter((f for s in stacks for f in s), dtype=np.int32)
+    members["stack_offsets"] = np.cumsum([0] + [len(s) for s in stacks], dtype=np.int64)
+    members["stack_frames"] = np.fromiter((f for s in stacks for f in s), dtype=np.int32)
+    for segment in snapshot.segments:
+        _check_plain(list(segment.pool_id), "a segment pool id")
+    _check_plain(snapshot.allocator_settings, "allocator_settings")
+    _check_plain(snapshot.extra, "the snapshot's extra keys")
     meta = {
         "version": CACHE_VERSION,
+        "content_hash": digest,
         "devices": devices_meta,
         "frames": [[f.filename, f.line, f.name] for f in snapshot.stacks.frames],
         "segments": [
@@ -111,57 +512,234 @@ def _encode(snapshot: Snapshot) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         ],
         "annotations": [[a.name, a.stage, a.device, a.time_us] for a in snapshot.annotations],
         "allocator_settings": snapshot.allocator_settings,
-        "extra": _jsonable(snapshot.extra),
+        "extra": snapshot.extra,
         "format_guess": snapshot.format_guess,
     }
-    return arrays, meta
-
-
-def _jsonable(value: Any) -> Any:
     try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError, RecursionError):
-        return {str(k): repr(v)[:1000] for k, v in value.items()} if isinstance(value, dict) else repr(value)[:1000]
+        text = json.dumps(meta, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as error:
+        raise _NotCacheable(f"not representable as JSON: {error}") from None
+    members[_META] = np.frombuffer(text.encode(), dtype=np.uint8)
+    return members
 
 
-def _read(path: Path, source: str) -> Snapshot:
-    with np.load(path, allow_pickle=False) as npz:
-        meta = json.loads(npz["__meta__"].tobytes().decode())
-        if meta.get("version") != CACHE_VERSION:
-            raise ValueError("old cache version")
-        devices = {}
-        for info in meta["devices"]:
-            device = int(info["device"])
-            columns = {c: npz[f"d{device}_{c}"] for c in _COLUMNS}
-            devices[device] = DeviceTrace(
-                device=device,
-                user_metadata=info["user_metadata"],
-                compile_context=info["compile_context"],
-                baseline_allocated=info["baseline_allocated"],
-                baseline_reserved=info["baseline_reserved"],
-                window_complete=info["window_complete"],
-                has_time=info["has_time"],
-                curve_warnings=info["curve_warnings"],
-                **columns,
-            )
-        offsets = npz["stack_offsets"].tolist()
-        flat = npz["stack_frames"].tolist()
-    stacks = [tuple(flat[offsets[i]: offsets[i + 1]]) for i in range(len(offsets) - 1)]
-    table = StackTable(frames=[Frame(f[0], int(f[1]), f[2]) for f in meta["frames"]], stacks=stacks)
-    segments = [
-        Segment(device=s[0], address=s[1], total_size=s[2], stream=s[3], segment_type=s[4],
-                pool_id=tuple(s[5]), is_expandable=s[6], stack_id=s[7], blocks=[Block(*b) for b in s[8]])
-        for s in meta["segments"]
-    ]
+def _mac(key: bytes, members: dict[str, np.ndarray]) -> bytes:
+    """HMAC-SHA256 over every member but the MAC: name, dtype, shape, then the bytes."""
+    digest = hmac.new(key, digestmod=hashlib.sha256)
+    for name in sorted(members):
+        if name == _MAC:
+            continue
+        array = np.ascontiguousarray(members[name])
+        header = f"{name}\0{array.dtype.str}\0{array.shape}\0".encode()
+        digest.update(len(header).to_bytes(8, "little"))
+        digest.update(header)
+        digest.update(array.reshape(-1).view(np.uint8).data)
+    return digest.digest()
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _expect(condition: bool, problem: str) -> None:
+    if not condition:
+        raise _InvalidEntry(problem)
+
+
+def _read_entry(folder_fd: int, name: str, key: bytes, digest: str, source: str) -> Snapshot:
+    fd = os.open(name, os.O_RDONLY | _OPEN_NOFOLLOW, dir_fd=folder_fd)
+    with open(fd, "rb", buffering=0) as handle:
+        st = os.fstat(fd)
+        _expect(_trusted_file(st), "not a regular file owned by this user and private to it")
+        members = _read_members(handle, st.st_size)
+        stored_mac = members.pop(_MAC, None)
+        _expect(stored_mac is not None and stored_mac.dtype == _UINT8, "no MAC")
+        assert stored_mac is not None
+        _expect(hmac.compare_digest(stored_mac.tobytes(), _mac(key, members)),
+                "MAC mismatch (not written by this user's memlens, or edited since)")
+        snapshot = _decode(members, digest, source)
+        with contextlib.suppress(OSError):
+            os.utime(fd)  # the least recently used entries are pruned first
+    return snapshot
+
+
+def _read_exactly(handle: IO[bytes], view: memoryview) -> None:
+    filled = 0
+    while filled < len(view):
+        count = handle.readinto(view[filled:])  # type: ignore[attr-defined]
+        _expect(bool(count), "truncated member")
+        filled += count
+
+
+def _read_members(handle: IO[bytes], file_size: int) -> dict[str, np.ndarray]:
+    """Every member of an uncompressed ``.npz``, read straight into its array.
+
+    Sizes are checked against the npy headers and the file before anything is allocated, so a
+    damaged or hostile archive costs at most its own size in memory.
+    """
+    with zipfile.ZipFile(handle) as archive:
+        infos = archive.infolist()
+    _expect(len(infos) <= MAX_MEMBERS, "too many members")
+    members: dict[str, np.ndarray] = {}
+    for info in infos:
+        _expect(info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1, "compressed or encrypted")
+        _expect(info.filename.endswith(".npy"), f"unexpected member {info.filename!r}")
+        name = info.filename[:-4]
+        _expect(name not in members, f"duplicate member {name!r}")
+        handle.seek(info.header_offset)
+        local = handle.read(_LOCAL_HEADER.size)
+        _expect(len(local) == _LOCAL_HEADER.size, "truncated zip header")
+        fields = _LOCAL_HEADER.unpack(local)
+        _expect(fields[0] == _LOCAL_HEADER_MAGIC, "bad zip header")
+        start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
+        _expect(start + info.file_size <= file_size, "member runs past the end of the file")
+        handle.seek(start)
+        version = np.lib.format.read_magic(handle)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(handle)
+        else:
+            _expect(version == (2, 0), f"npy version {version}")
+            shape, _, dtype = np.lib.format.read_array_header_2_0(handle)
+        _expect(dtype in _ALLOWED_DTYPES and len(shape) == 1, f"{name}: dtype {dtype} shape {shape}")
+        header_size = handle.tell() - start
+        _expect(header_size + shape[0] * dtype.itemsize == info.file_size, f"{name}: size does not match header")
+        array = np.empty(shape[0], dtype=dtype)
+        _read_exactly(handle, array.view(np.uint8).data)
+        members[name] = array
+    return members
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _is_text_list(value: Any) -> bool:
+    return type(value) is list and all(type(v) is str for v in value)
+
+
+def _check_ids(column: np.ndarray, count: int, what: str) -> None:
+    """Ids are -1 (none) or index a table of ``count`` rows."""
+    if column.size:
+        _expect(int(column.min()) >= -1 and int(column.max()) < count, f"{what} out of range")
+
+
+def _decode_stacks(members: dict[str, np.ndarray], meta: dict[str, Any]) -> StackTable:
+    raw_frames = meta["frames"]
+    _expect(type(raw_frames) is list, "frames")
+    frames = []
+    for item in raw_frames:
+        _expect(type(item) is list and len(item) == 3 and type(item[0]) is str and _is_int(item[1])
+                and type(item[2]) is str, "a frame")
+        frames.append(Frame(item[0], item[1], item[2]))
+    offsets, flat = members["stack_offsets"], members["stack_frames"]
+    _expect(offsets.size >= 1 and int(offsets[0]) == 0 and int(offsets[-1]) == flat.size, "stack offsets bounds")
+    _expect(bool((np.diff(offsets) >= 0).all()), "stack offsets not monotonic")
+    _check_ids(flat, len(frames), "frame id")
+    _expect(not flat.size or int(flat.min()) >= 0, "frame id out of range")
+    starts, items = offsets.tolist(), flat.tolist()
+    stacks = [tuple(items[a:b]) for a, b in itertools.pairwise(starts)]
+    return StackTable(frames=frames, stacks=stacks)
+
+
+def _decode_device(info: Any, members: dict[str, np.ndarray], stack_count: int) -> DeviceTrace:
+    _expect(type(info) is dict, "device info")
+    device, events, constant = info["device"], info["events"], info["constant_columns"]
+    _expect(_is_int(device) and device >= 0, "device number")
+    _expect(_is_int(events) and events >= 0, "event count")
+    _expect(_is_text_list(constant) and set(constant) <= set(_COLUMNS) and (events > 1 or not constant),
+            "constant columns")
+    columns = {name: members[f"d{device}_{name}"] for name in _COLUMNS}
+    for name, column in columns.items():
+        _expect(column.dtype == _COLUMNS[name], f"device {device} {name}: dtype {column.dtype}")
+        rows = 1 if name in constant else events
+        _expect(column.size == rows, f"device {device} {name}: {column.size} rows, not {rows}")
+        if name in constant:
+            columns[name] = np.full(events, column[0], dtype=column.dtype)
+    user_metadata, compile_context = info["user_metadata"], info["compile_context"]
+    _expect(_is_text_list(user_metadata) and _is_text_list(compile_context), "string tables")
+    _expect(_is_text_list(info["curve_warnings"]), "curve warnings")
+    for flag in ("window_complete", "has_time"):
+        _expect(type(info[flag]) is bool, flag)
+    for baseline in ("baseline_allocated", "baseline_reserved"):
+        _expect(_is_int(info[baseline]), baseline)
+    if events:
+        action = columns["action"]
+        _expect(int(action.min()) >= 0 and int(action.max()) < len(Action), "action code out of range")
+        _expect(int(columns["size"].min()) >= 0, "negative size")
+        _expect(int(columns["allocated"].min()) >= 0 and int(columns["reserved"].min()) >= 0, "negative curve")
+    _check_ids(columns["stack_id"], stack_count, "stack id")
+    _check_ids(columns["metadata_id"], len(user_metadata), "user_metadata id")
+    _check_ids(columns["context_id"], len(compile_context), "compile_context id")
+    return DeviceTrace(
+        device=device,
+        user_metadata=user_metadata,
+        compile_context=compile_context,
+        baseline_allocated=info["baseline_allocated"],
+        baseline_reserved=info["baseline_reserved"],
+        window_complete=info["window_complete"],
+        has_time=info["has_time"],
+        curve_warnings=info["curve_warnings"],
+        **columns,
+    )
+
+
+def _decode_segment(item: Any, devices: dict[int, DeviceTrace], stack_count: int) -> Segment:
+    _expect(type(item) is list and len(item) == 9, "a segment")
+    device, address, total_size, stream, segment_type, pool_id, is_expandable, stack_id, raw_blocks = item
+    _expect(_is_int(device) and device in devices, "segment device")
+    _expect(_is_int(address) and address >= 0 and _is_int(total_size) and total_size >= 0, "segment extent")
+    _expect(_is_int(stream) and type(segment_type) is str and type(pool_id) is list
+            and type(is_expandable) is bool, "segment fields")
+    _expect(_is_int(stack_id) and -1 <= stack_id < stack_count, "segment stack id")
+    _expect(type(raw_blocks) is list, "segment blocks")
+    blocks = []
+    for b in raw_blocks:
+        _expect(type(b) is list and len(b) == 5 and all(_is_int(v) and v >= 0 for v in b[:3])
+                and b[3] in BLOCK_STATES and _is_int(b[4]) and -1 <= b[4] < stack_count, "a block")
+        blocks.append(Block(b[0], b[1], b[2], b[3], b[4]))
+    return Segment(device=device, address=address, total_size=total_size, stream=stream,
+                   segment_type=segment_type, pool_id=tuple(pool_id), is_expandable=is_expandable,
+                   stack_id=stack_id, blocks=blocks)
+
+
+def _decode(members: dict[str, np.ndarray], digest: str, source: str) -> Snapshot:
+    raw_meta = members.pop(_META, None)
+    _expect(raw_meta is not None and raw_meta.dtype == _UINT8, "no metadata")
+    assert raw_meta is not None
+    meta = json.loads(raw_meta.tobytes())
+    _expect(type(meta) is dict, "metadata is not an object")
+    _expect(meta.get("version") == CACHE_VERSION, f"format version {meta.get('version')!r}")
+    _expect(meta.get("content_hash") == digest, "written for other bytes")
+    raw_devices = meta["devices"]
+    _expect(type(raw_devices) is list and len(raw_devices) > 0, "device list")
+    device_numbers = [d.get("device") if type(d) is dict else None for d in raw_devices]
+    expected = {f"d{n}_{c}" for n in device_numbers for c in _COLUMNS} | set(_STACK_COLUMNS)
+    _expect(len(set(device_numbers)) == len(device_numbers), "duplicate devices")
+    _expect(set(members) == expected, "members do not match the metadata")
+    for name, dtype in _STACK_COLUMNS.items():
+        _expect(members[name].dtype == dtype, f"{name}: dtype {members[name].dtype}")
+    stacks = _decode_stacks(members, meta)
+    devices = {}
+    for info in raw_devices:
+        trace = _decode_device(info, members, len(stacks))
+        devices[trace.device] = trace
+    raw_segments, raw_annotations = meta["segments"], meta["annotations"]
+    _expect(type(raw_segments) is list and type(raw_annotations) is list, "segments / annotations")
+    segments = [_decode_segment(item, devices, len(stacks)) for item in raw_segments]
+    annotations = []
+    for a in raw_annotations:
+        _expect(type(a) is list and len(a) == 4 and type(a[0]) is str and type(a[1]) is str
+                and _is_int(a[2]) and _is_int(a[3]), "an annotation")
+        annotations.append(Annotation(*a))
+    settings, extra, format_guess = meta["allocator_settings"], meta["extra"], meta["format_guess"]
+    _expect(type(settings) is dict and type(extra) is dict and type(format_guess) is str, "settings / extra")
     return Snapshot(
         source=source,
         devices=devices,
         segments=segments,
-        stacks=table,
-        annotations=[Annotation(*a) for a in meta["annotations"]],
-        allocator_settings=meta["allocator_settings"],
-        extra=meta["extra"],
-        format_guess=meta["format_guess"],
+        stacks=stacks,
+        annotations=annotations,
+        allocator_settings=settings,
+        extra=extra,
+        format_guess=format_guess,
         from_cache=True,
     )

@@ -198,8 +198,10 @@ def load(
     if not os.path.exists(source):
         raise MemlensFormatError(source, "no such file")
     use_cache = cache if cache is not None else os.path.getsize(source) >= snapshot_cache.CACHE_MIN_BYTES
-    if use_cache:
-        cached = snapshot_cache.read(source)
+    # Hashed once, before parsing: the entry is written only if the file is still these bytes.
+    cache_entry = snapshot_cache.CacheEntry.for_file(source) if use_cache else None
+    if cache_entry is not None:
+        cached = cache_entry.read()
         if cached is not None:
             cached.sidecar = read_sidecar(source)
             return cached
@@ -217,8 +219,8 @@ def load(
         snapshot = parse(raw, source=source)
         del raw
     snapshot.sidecar = read_sidecar(source)
-    if use_cache:
-        snapshot_cache.write(source, snapshot)
+    if cache_entry is not None:
+        cache_entry.write(snapshot)
     if progress:
         progress("done", 1.0)
     return snapshot

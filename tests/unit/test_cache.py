@@ -1,9 +1,14 @@
-"""The .npz cache: an exact round trip, used on the second open, ignored when stale."""
+"""The .npz cache: an exact round trip, keyed by content, kept in a private folder, bounded."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
+import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,13 +18,32 @@ import memlens
 from memlens.snapshot import cache
 from memlens.synthetic import synthetic_snapshot
 
+COLUMNS = ("action", "address", "size", "stream", "time_us", "stack_id", "device_free", "metadata_id",
+           "context_id", "allocated", "reserved")
+
 
 @pytest.fixture
-def snapshot_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    path = tmp_path / "big.pickle"
-    path.write_bytes(pickle.dumps(synthetic_snapshot(5_000, seed=3), protocol=4))
+def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "cache" / "memlens"
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(folder))
+    monkeypatch.delenv(cache.CACHE_MAX_BYTES_ENV, raising=False)
+    return folder
+
+
+def write_snapshot(path: Path, events: int = 3_000, seed: int = 3) -> Path:
+    path.write_bytes(pickle.dumps(synthetic_snapshot(events, seed=seed), protocol=4))
     return path
+
+
+@pytest.fixture
+def snapshot_file(tmp_path: Path, cache_home: Path) -> Path:
+    folder = tmp_path / "data"  # a folder of its own, to see that nothing is written beside the file
+    folder.mkdir()
+    return write_snapshot(folder / "big.pickle")
+
+
+def entries(folder: Path) -> list[Path]:
+    return sorted(folder.glob("v*-*.npz"))
 
 
 def test_round_trip_is_exact(snapshot_file: Path) -> None:
@@ -27,44 +51,139 @@ def test_round_trip_is_exact(snapshot_file: Path) -> None:
     assert not first.from_cache
     second = memlens.load(snapshot_file, cache=True)
     assert second.from_cache
-    a, b = first.device(0), second.device(0)
-    for column in ("action", "address", "size", "stream", "time_us", "stack_id", "allocated", "reserved"):
-        np.testing.assert_array_equal(getattr(a, column), getattr(b, column))
-        assert getattr(a, column).dtype == getattr(b, column).dtype
-    assert (a.baseline_allocated, a.baseline_reserved, a.window_complete) == (
-        b.baseline_allocated, b.baseline_reserved, b.window_complete)
-    assert a.user_metadata == b.user_metadata
+    assert second.source == str(snapshot_file)
+    for device in first.devices:
+        a, b = first.device(device), second.device(device)
+        for column in COLUMNS:
+            np.testing.assert_array_equal(getattr(a, column), getattr(b, column))
+            assert getattr(a, column).dtype == getattr(b, column).dtype
+            assert getattr(b, column).flags.writeable
+        assert (a.baseline_allocated, a.baseline_reserved, a.window_complete, a.has_time, a.curve_warnings) == (
+            b.baseline_allocated, b.baseline_reserved, b.window_complete, b.has_time, b.curve_warnings)
+        assert (a.user_metadata, a.compile_context) == (b.user_metadata, b.compile_context)
     assert first.stacks.frames == second.stacks.frames and first.stacks.stacks == second.stacks.stacks
     assert first.segments == second.segments
     assert first.annotations == second.annotations
+    assert first.allocator_settings == second.allocator_settings and first.extra == second.extra
     assert first.format_guess == second.format_guess
 
 
-def test_stale_cache_is_rebuilt(snapshot_file: Path) -> None:
+def test_entry_is_named_by_content_in_a_private_folder(snapshot_file: Path, cache_home: Path) -> None:
+    beside_before = sorted(os.listdir(snapshot_file.parent))
     memlens.load(snapshot_file, cache=True)
-    snapshot_file.write_bytes(pickle.dumps(synthetic_snapshot(3_000, seed=4), protocol=4))
-    os.utime(snapshot_file, ns=(1, 1))
+    digest = hashlib.sha256(snapshot_file.read_bytes()).hexdigest()
+    assert [p.name for p in entries(cache_home)] == [f"v{cache.CACHE_VERSION}-{digest}.npz"]
+    assert stat.S_IMODE(cache_home.stat().st_mode) == 0o700
+    assert stat.S_IMODE(entries(cache_home)[0].stat().st_mode) == 0o600
+    assert stat.S_IMODE((cache_home / cache.KEY_NAME).stat().st_mode) == 0o600
+    assert sorted(os.listdir(snapshot_file.parent)) == beside_before  # nothing written beside the snapshot
+
+
+def test_the_same_bytes_elsewhere_share_one_entry(snapshot_file: Path, tmp_path: Path, cache_home: Path) -> None:
+    memlens.load(snapshot_file, cache=True)
+    copy = tmp_path / "copy.pickle"
+    copy.write_bytes(snapshot_file.read_bytes())
+    again = memlens.load(copy, cache=True)
+    assert again.from_cache and again.source == str(copy)
+    assert len(entries(cache_home)) == 1
+
+
+def test_replacement_with_the_same_size_and_mtime_is_not_served_from_cache(snapshot_file: Path) -> None:
+    raw = synthetic_snapshot(3_000, seed=3)
+    memlens.load(snapshot_file, cache=True)
+    before = snapshot_file.stat()
+    # Same pickle layout, different sizes: every 4-byte int stays a 4-byte int.
+    for entry in raw["device_traces"][0]:
+        if 65536 <= entry["size"] < 1 << 30:
+            entry["size"] += 512
+    replacement = pickle.dumps(raw, protocol=4)
+    assert len(replacement) == before.st_size
+    snapshot_file.write_bytes(replacement)
+    os.utime(snapshot_file, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert snapshot_file.stat().st_mtime_ns == before.st_mtime_ns
     reloaded = memlens.load(snapshot_file, cache=True)
     assert not reloaded.from_cache
+    fresh = memlens.load(snapshot_file, cache=False)
+    np.testing.assert_array_equal(reloaded.device(0).allocated, fresh.device(0).allocated)
+    assert memlens.load(snapshot_file, cache=True).from_cache  # and the new bytes get their own entry
 
 
-def test_damaged_cache_is_ignored(snapshot_file: Path) -> None:
+def test_file_changed_while_parsing_is_not_cached(snapshot_file: Path, cache_home: Path) -> None:
+    entry = cache.CacheEntry.for_file(snapshot_file)
+    assert entry is not None
+    parsed = memlens.load(snapshot_file, cache=False)
+    write_snapshot(snapshot_file, seed=4)  # the file now holds other bytes than the ones hashed
+    assert entry.write(parsed) is None
+    assert entries(cache_home) == []
+
+
+def test_below_the_size_threshold_nothing_is_cached_by_default(snapshot_file: Path, cache_home: Path) -> None:
+    assert snapshot_file.stat().st_size < cache.CACHE_MIN_BYTES
+    memlens.load(snapshot_file)
+    assert not cache_home.exists() or entries(cache_home) == []
+
+
+def test_no_cache_flag_neither_reads_nor_writes(snapshot_file: Path, cache_home: Path) -> None:
+    memlens.load(snapshot_file, cache=False)
+    assert not cache_home.exists()
     memlens.load(snapshot_file, cache=True)
-    for path in cache.candidate_paths(str(snapshot_file)):
-        if path.exists():
-            path.write_bytes(b"garbage")
+    assert not memlens.load(snapshot_file, cache=False).from_cache
+
+
+# --------------------------------------------------------------------------- pruning
+
+
+def age(path: Path, seconds_ago: float) -> None:
+    then = time.time() - seconds_ago
+    os.utime(path, (then, then))
+
+
+def test_least_recently_used_entries_are_pruned(tmp_path: Path, cache_home: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    files = [write_snapshot(tmp_path / f"s{i}.pickle", events=2_000, seed=i) for i in range(3)]
+    memlens.load(files[0], cache=True)
+    entry_size = entries(cache_home)[0].stat().st_size
+    monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, str(int(entry_size * 2.5)))
+    memlens.load(files[1], cache=True)
+    first, second = (cache_home / cache.entry_name(cache.content_hash(f)) for f in files[:2])
+    age(first, 300)
+    age(second, 200)
+    assert memlens.load(files[0], cache=True).from_cache  # a hit makes files[0] the most recent
+    memlens.load(files[2], cache=True)
+    names = {p.name for p in entries(cache_home)}
+    assert names == {cache.entry_name(cache.content_hash(files[0])), cache.entry_name(cache.content_hash(files[2]))}
+
+
+def test_a_limit_of_zero_turns_caching_off(snapshot_file: Path, cache_home: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, "0")
+    memlens.load(snapshot_file, cache=True)
     assert not memlens.load(snapshot_file, cache=True).from_cache
+    assert not cache_home.exists() or entries(cache_home) == []
 
 
-def test_read_only_folder_falls_back_to_user_cache(snapshot_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    beside, user = cache.candidate_paths(str(snapshot_file))
-    real_mkstemp = cache.tempfile.mkstemp
+def test_old_formats_and_stale_temporaries_are_removed(snapshot_file: Path, tmp_path: Path, cache_home: Path) -> None:
+    cache_home.mkdir(parents=True, mode=0o700)
+    old_version = cache_home / f"v1-{'0' * 64}.npz"
+    legacy = cache_home / "big.pickle.0123456789abcdef.memlens-cache.npz"
+    newer = cache_home / f"v{cache.CACHE_VERSION + 1}-{'1' * 64}.npz"
+    unrelated = cache_home / "notes.txt"
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    dead_writer = cache_home / f".tmp-{int(finished.stdout)}-00ff.npz"
+    abandoned_own = cache_home / f".tmp-{os.getpid()}-0a0b.npz"
+    live_own = cache_home / f".tmp-{os.getpid()}-0c0d.npz"  # another thread of this process, still writing
+    for path in (old_version, legacy, newer, unrelated, dead_writer, abandoned_own, live_own):
+        path.write_bytes(b"x" * 10)
+    age(abandoned_own, cache.STALE_TEMP_SECONDS + 60)
+    memlens.load(snapshot_file, cache=True)
+    left = set(os.listdir(cache_home))
+    assert not {old_version.name, legacy.name, dead_writer.name, abandoned_own.name} & left
+    assert {newer.name, unrelated.name, live_own.name} <= left
 
-    def refuse_beside(dir: str, **kwargs: str) -> tuple[int, str]:
-        if Path(dir) == beside.parent:
-            raise PermissionError("read-only")
-        return real_mkstemp(dir=dir, **kwargs)
 
-    monkeypatch.setattr(cache.tempfile, "mkstemp", refuse_beside)
-    assert cache.write(str(snapshot_file), memlens.load(snapshot_file, cache=False)) == user
-    assert memlens.load(snapshot_file, cache=True).from_cache
+def test_prune_without_writing(snapshot_file: Path, cache_home: Path) -> None:
+    memlens.load(snapshot_file, cache=True)
+    cache.prune(0)
+    assert entries(cache_home) == []
+    assert not memlens.load(snapshot_file, cache=True).from_cache
