@@ -8,9 +8,11 @@ survivors of one stack from several steps are alive *at the same time*. A stack 
 survivors from at least ``LEAK_MIN_KEPT_STEPS`` of its steps are alive together (its *depth*)
 and it recurs in most comparable steps. No absolute floor: a 512-byte ``losses.append(loss)``
 is as certain as a 5 MiB one. Bytes per step is the median of the leaking stacks' surviving
-bytes per step over the steps they span; the allocated level at the step ends corroborates it
-(``level_rise_per_step_bytes`` in the evidence). Severity is how many steps until the device is
-full (or, capacity unknown, until the leak has added another peak's worth).
+bytes per step over the steps they span, counted as the caching allocator holds them (each
+request rounded up to its 512-byte block: a kept 0-d loss costs 512 bytes, not 4); the requested
+bytes are in the evidence too, and so is the allocated level at the step ends, which counts
+requested bytes and corroborates the rise (``level_rise_per_step_bytes``). Severity is how many
+steps until the device is full (or, capacity unknown, until the leak adds another peak's worth).
 
 Allocations that grow a buffer by replacing it (``buf = torch.cat([buf, x])``) leave one
 survivor at a time: the level rises but the lifetimes show no pile, and no finding is made.
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from memlens.allocator.simulator import K_MIN_BLOCK_SIZE
 from memlens.analysis.context import DeviceContext
 from memlens.analysis.report import Finding, Step
 from memlens.analysis.settings import (
@@ -98,6 +101,11 @@ def kept_depth_per_stack(found: Survivors, steps: int) -> tuple[I64, I64, I64]:
     return stacks, depth.astype(np.int64), recurring
 
 
+def block_bytes(requested: I64) -> I64:
+    """Bytes the caching allocator holds for each request: rounded up to a 512-byte block."""
+    return np.maximum(-(-requested // K_MIN_BLOCK_SIZE), 1) * K_MIN_BLOCK_SIZE
+
+
 def find(ctx: DeviceContext) -> list[Finding]:
     comparable = comparable_steps(ctx.steps)
     m = len(comparable)
@@ -115,16 +123,19 @@ def find(ctx: DeviceContext) -> list[Finding]:
     lt = ctx.lifetimes
     rows = found.lifetime[is_leaking]
     made_at = found.step[is_leaking]
-    sizes = lt.size[rows]
+    requested = lt.size[rows]
+    blocks = block_bytes(requested)
     first, last = int(made_at.min()), int(made_at.max())
-    per_step = np.bincount(made_at - first, weights=sizes.astype(np.float64), minlength=last - first + 1)
+    span = last - first + 1
+    per_step = np.bincount(made_at - first, weights=blocks.astype(np.float64), minlength=span)
+    requested_per_step = np.bincount(made_at - first, weights=requested.astype(np.float64), minlength=span)
     bytes_per_step = round(float(np.median(per_step)))
     if bytes_per_step <= 0:
         return []
     # What the leak holds at the end of its last step: the survivors of the leaking stacks still alive.
     end_row = comparable[last].end_event
     held = lt.free_event[rows] >= end_row
-    held_bytes = int(sizes[held].sum())
+    held_bytes = int(blocks[held].sum())
     leak_mask = np.zeros(len(lt), dtype=bool)
     leak_mask[rows] = True
 
@@ -148,6 +159,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
 
     evidence: dict[str, int | float | str] = {
         "bytes_per_step": bytes_per_step,
+        "requested_bytes_per_step": round(float(np.median(requested_per_step))),
         "kept_steps": int(depth[np.isin(stacks, leaking)].max()),
         "comparable_steps": m,
         "held_bytes": held_bytes,

@@ -64,11 +64,12 @@ def test_a_512_byte_leak_is_found_exactly_and_rated_by_steps_left() -> None:
 
     snapshot = _loop(6, keep_loss).snapshot()
     (leak,) = _leaks(analyze(snapshot, capacity=80 * GiB))
-    assert leak.evidence["bytes_per_step"] == 4  # the trace's requested size; no floor, no rounding
+    assert leak.evidence["bytes_per_step"] == 512  # the allocator's block: no floor
+    assert leak.evidence["requested_bytes_per_step"] == 4
     assert int(leak.evidence["steps_until_full"]) > LEAK_MEDIUM_SEVERITY_STEPS_LEFT
     assert leak.severity == "low"
     peak = analyze(snapshot).device(0).peak_allocated_bytes
-    (tight,) = _leaks(analyze(snapshot, capacity=peak + 4 * 500))
+    (tight,) = _leaks(analyze(snapshot, capacity=peak + 512 * 500))
     assert int(tight.evidence["steps_until_full"]) == 500 < LEAK_HIGH_SEVERITY_STEPS_LEFT
     assert tight.severity == "high"
 
@@ -125,9 +126,10 @@ def test_a_list_freed_when_the_script_ends_is_still_a_leak() -> None:
                 b.free(address)
 
     (leak,) = _leaks(analyze(_loop(6, keep).snapshot()))
-    assert leak.evidence["bytes_per_step"] == 300_000
+    assert leak.evidence["bytes_per_step"] == 300_032  # 300,000 bytes in 512-byte blocks
+    assert leak.evidence["requested_bytes_per_step"] == 300_000
     assert leak.evidence["last_step"] == 5
-    assert leak.bytes == 4 * 300_000  # held at the end of step 5 (steps 2-5: step 1 is the warm-up)
+    assert leak.bytes == 4 * 300_032  # held at the end of step 5 (steps 2-5: step 1 is the warm-up)
 
 
 def test_a_leak_every_other_step_is_a_leak() -> None:
