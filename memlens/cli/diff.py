@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memlens.cli.common import analyze_paths
+from memlens.printable import printable
 from memlens.units import format_bytes
 
 
@@ -45,7 +46,7 @@ def diff(before: str, after: str, device: int | None, top: int, as_json: bool, w
         click.echo(json.dumps(result.to_json(), indent=2))
         return
     console = make_console(width=width, color=color)
-    console.print(Text("memlens diff", style="bold") + Text(f"  {before} -> {after}"))
+    console.print(Text("memlens diff", style="bold") + Text(f"  {printable(before)} -> {printable(after)}"))
     table = Table(box=None, header_style="bold", pad_edge=False)
     for column in ("", "before", "after", "change"):
         table.add_column(column, justify="left" if not column else "right")
@@ -55,7 +56,7 @@ def diff(before: str, after: str, device: int | None, top: int, as_json: bool, w
                   _delta(*result.peak_reserved))
     for name, (a, b) in result.categories.items():
         if a or b:
-            table.add_row(f"  {name}", format_bytes(a), format_bytes(b), _delta(a, b))
+            table.add_row(f"  {printable(name)}", format_bytes(a), format_bytes(b), _delta(a, b))
     console.print(table)
     console.print(Text("\nStacks live at the peak that changed most", style="bold"))
     if not result.stacks:

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from memlens.errors import MemlensError
+from memlens.printable import printable
 
 # name -> ("module:attribute", one-line help). Each module's docstring is its full help; the
 # one-liners here let ``memlens --help`` list everything without importing torch or dash.
@@ -49,8 +50,25 @@ class LazyGroup(click.Group):
         except MemlensError as exc:
             if (ctx.obj or {}).get("debug"):
                 raise
-            click.echo(f"memlens: error: {exc}", err=True)
+            click.echo(f"memlens: error: {printable(exc)}", err=True)
             ctx.exit(exc.exit_code)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except (MemoryError, RecursionError) as exc:
+            # What a crafted file does to a reader with no defence left: still one line, exit 2.
+            if (ctx.obj or {}).get("debug"):
+                raise
+            what = "memory" if isinstance(exc, MemoryError) else "stack depth"
+            click.echo(f"memlens: error: ran out of {what} on this input ({type(exc).__name__})", err=True)
+            ctx.exit(2)
+        except Exception as exc:
+            # Never a traceback for the user: a bug of ours (or a file we did not foresee) is still
+            # one line, naming the exception, with --debug to see where.
+            if (ctx.obj or {}).get("debug"):
+                raise
+            click.echo(f"memlens: error: internal error: {type(exc).__name__}: {printable(exc, 300)} "
+                       "(rerun with --debug for the traceback, and please report it)", err=True)
+            ctx.exit(2)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, SUBCOMMANDS[name][1]) for name in self.list_commands(ctx)]

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memlens.analysis.report import format_evidence
+from memlens.printable import printable
 from memlens.units import format_bytes
 
 if TYPE_CHECKING:
@@ -81,6 +82,9 @@ def make_console(file: IO[str] | None = None, width: int | None = None, color: b
         force_terminal=color if color else None,
         no_color=color is False,
         highlight=False,
+        # Snapshot strings are data: never rich markup ('[link=...]', '[/]') or emoji codes.
+        markup=False,
+        emoji=False,
         soft_wrap=False,
     )
 
@@ -128,7 +132,7 @@ def step_of_event(report: DeviceReport, event: int | None) -> int | None:
 
 
 def render_header(console: Console, report: Report, device: DeviceReport) -> None:
-    console.print(Text(f"memlens triage  {report.source}", style="bold"))
+    console.print(Text(f"memlens triage  {printable(report.source)}", style="bold"))
     steps = f"{len(device.steps)} steps ({device.step_source})" if device.steps else "no steps found"
     capacity = f"capacity {format_bytes(device.capacity_bytes)}" if device.capacity_bytes else "capacity unknown"
     window = "complete history" if device.window_complete else "history starts mid-run"
@@ -146,7 +150,7 @@ def render_header(console: Console, report: Report, device: DeviceReport) -> Non
     if device.baseline_allocated_bytes and device.events:
         console.print(f"  {format_bytes(device.baseline_allocated_bytes)} was already live when the history began")
     for note in device.notes:
-        console.print(Text(f"  note: {note}", style="dim"))
+        console.print(Text(f"  note: {printable(note)}", style="dim"))
 
 
 def render_timeline(console: Console, report: Report, device: DeviceReport) -> None:
@@ -195,7 +199,7 @@ _PATH_IN_FRAME = re.compile(r"\((?:[^()]*[/\\])?([^/\\()]+:\d+)\)")
 
 def short_frame(frame: str) -> str:
     """``step (/home/me/project/optim.py:75)`` -> ``step (optim.py:75)``: the screen is narrow."""
-    return _PATH_IN_FRAME.sub(r"(\1)", frame)
+    return _PATH_IN_FRAME.sub(r"(\1)", printable(frame))
 
 
 def _stack_line(frames: Sequence[str]) -> str:
@@ -214,14 +218,15 @@ def render_finding(console: Console, rank: int, finding: Finding) -> None:
             f" · {format_bytes(finding.bytes)} · events {finding.start_event:,}-{finding.end_event:,}{step}",
         )
     )
-    _indented(console, finding.summary)
-    evidence = ", ".join(f"{k}={format_evidence(k, v)}" for k, v in list(finding.evidence.items())[:6])
+    _indented(console, printable(finding.summary))
+    shown = list(finding.evidence.items())[:6]
+    evidence = ", ".join(f"{printable(k)}={printable(format_evidence(k, v))}" for k, v in shown)
     if evidence:
         _indented(console, Text(f"evidence: {evidence}", style="dim"))
     for stack in finding.top_stacks[:2]:
         console.print(f"     {format_bytes(stack.bytes):>10} × {stack.count:<4} {_stack_line(stack.frames)}",
                       overflow="ellipsis", no_wrap=True)
-    _indented(console, Text.assemble("fix: ", (finding.recommendation, "green")))
+    _indented(console, Text.assemble("fix: ", (printable(finding.recommendation), "green")))
     if finding.estimated_saving_bytes:
         _indented(console, Text.assemble("would save: ", (f"~{format_bytes(finding.estimated_saving_bytes)}", "green")))
 
@@ -251,7 +256,7 @@ def render_categories(console: Console, device: DeviceReport) -> None:
         bar = "█" * max(1, round(share * 30))
         top = device.top_stacks_by_category.get(name) or []
         where = f"  {_stack_line(top[0].frames[:2])}" if top and top[0].frames else ""
-        console.print(f"  {name:<16}{format_bytes(value):>11} {share:5.0%} {bar:<30}{where}",
+        console.print(f"  {printable(name):<16}{format_bytes(value):>11} {share:5.0%} {bar:<30}{where}",
                       overflow="ellipsis", no_wrap=True)
 
 
@@ -264,7 +269,7 @@ def render_reconciliation(console: Console, reconciliation: Reconciliation) -> N
         ratio = "" if row.ratio is None else f"{row.ratio:.2f}x"
         measured = "-" if row.measured_bytes is None else format_bytes(row.measured_bytes)
         theory = format_bytes(row.theory_bytes) if row.estimated else "n/a"
-        table.add_row(row.category, theory, measured, ratio, row.note or "")
+        table.add_row(printable(row.category), theory, measured, ratio, printable(row.note or ""))
     console.print(table)
 
 
@@ -295,7 +300,8 @@ def render_ranks(console: Console, reports: Sequence[Report]) -> None:
         dev = report.device()
         kinds = ", ".join(sorted({f.kind for f in dev.findings})) or "-"
         style = "bold" if dev.peak_allocated_bytes == highest and len(reports) > 1 else ""
-        table.add_row(os.path.basename(report.source), str(dev.device), f"{dev.events:,}", str(len(dev.steps)),
+        name = printable(os.path.basename(report.source))
+        table.add_row(name, str(dev.device), f"{dev.events:,}", str(len(dev.steps)),
                       format_bytes(dev.peak_allocated_bytes), format_bytes(dev.peak_reserved_bytes), kinds,
                       style=style)
     console.print(table)
