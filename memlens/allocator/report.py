@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from memlens.allocator.replay import WhatIfResult
+from memlens.printable import printable
 from memlens.units import format_bytes
 
 _LABEL_WIDTH = 34
@@ -15,9 +16,9 @@ def render_whatif(result: WhatIfResult) -> list[str]:
     """The lines ``memlens whatif`` prints."""
     recorded, simulated = result.recorded, result.simulated
     lines = [
-        f"memlens whatif: {result.source} (device {result.device}, {recorded['events']} events)",
-        f"recorded settings:  {_describe(result.recorded_settings.to_alloc_conf())}",
-        f"simulated settings: {_describe(result.settings.to_alloc_conf())}",
+        f"memlens whatif: {printable(result.source)} (device {result.device}, {recorded['events']} events)",
+        f"recorded settings:  {printable(_describe(result.recorded_settings.to_alloc_conf()))}",
+        f"simulated settings: {printable(_describe(result.settings.to_alloc_conf()))}",
         "capacity: " + (format_bytes(result.capacity) if result.capacity else "unlimited (no OOM possible)"),
         "",
         f"{'':{_LABEL_WIDTH}}{'recorded':>{_COLUMN_WIDTH}}{'simulated':>{_COLUMN_WIDTH}}  change",
