@@ -47,6 +47,7 @@ FINDING_COLORS: dict[str, str] = {
     "activation_plateau": "#2CA02C",
     "optimizer_spike": "#9467BD",
     "fragmentation": "#FF7F0E",
+    "idle_cache": "#BCBD22",
     "oom": "#8C1C13",
 }
 ALLOCATED_COLOR = "#1F77B4"

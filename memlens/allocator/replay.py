@@ -20,6 +20,7 @@ back what the real allocator did, so the replay takes care to start from the sam
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,10 @@ _RELEASES = (_SEGMENT_FREE, _SEGMENT_UNMAP)
 # How far ahead in the recorded segment_alloc list a simulated cudaMalloc may look for a
 # segment of its size: a small window keeps the hint in step with the recorded order.
 _ADDRESS_HINT_LOOKAHEAD = 8
+
+# Called with (row, simulator) just before the replay handles a recorded segment_alloc or oom
+# row: the simulator's state is then what the allocator held when it called cudaMalloc (or gave up).
+Observer = Callable[[int, CachingAllocatorSimulator], None]
 
 
 @dataclass
@@ -102,12 +107,14 @@ def whatif(
     capacity: int | None = None,
     device: int | None = None,
     use_recorded_addresses: bool = True,
+    observer: Observer | None = None,
 ) -> WhatIfResult:
     """Replay one device's recorded history with ``settings`` (default: the recorded ones).
 
     ``use_recorded_addresses=False`` places new segments at fresh addresses instead of where
     the recorded cudaMalloc put them (the fidelity tests use it to show the figures do not
-    depend on copying addresses).
+    depend on copying addresses). ``observer`` sees the simulator at every recorded
+    ``segment_alloc`` and ``oom`` row (see ``Observer``).
     """
     if isinstance(snapshot_or_path, str | Path):
         from memlens.snapshot.reader import load
@@ -127,7 +134,7 @@ def whatif(
         )
     segments = snapshot.segments_on(trace.device)
     recorded = recorded_figures(trace, segments)
-    replay = _Replay(trace, segments, recorded_settings, settings, capacity, use_recorded_addresses)
+    replay = _Replay(trace, segments, recorded_settings, settings, capacity, use_recorded_addresses, observer)
     simulated = replay.run()
     if capacity_note:
         replay.notes.insert(0, capacity_note)
@@ -215,8 +222,10 @@ class _Replay:
         settings: AllocatorSettings,
         capacity: int | None,
         use_recorded_addresses: bool = True,
+        observer: Observer | None = None,
     ) -> None:
         self.trace = trace
+        self.observer = observer
         self.use_recorded_addresses = use_recorded_addresses
         self.segments = segments
         self.recorded_settings = recorded_settings
@@ -400,7 +409,11 @@ class _Replay:
                 sim_address = mapping.pop(addresses[i], -1)
                 if sim_address >= 0 and sim.is_allocated(sim_address):
                     sim.complete_free(sim_address)
+            elif act == _SEGMENT_ALLOC and self.observer is not None:
+                self.observer(i, sim)
             elif act == _OOM:
+                if self.observer is not None:
+                    self.observer(i, sim)
                 # The request that failed in the recorded run is not an alloc row: try it here,
                 # so "would it fit with these settings?" is answered by the simulation itself.
                 try:

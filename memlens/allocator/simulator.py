@@ -276,6 +276,15 @@ class CachingAllocatorSimulator:
     def is_allocated(self, address: int) -> bool:
         return address in self._active
 
+    def cached_blocks(self, small: bool, stream: int) -> list[tuple[int, bool]]:
+        """``(size, whole_segment)`` of the cached free blocks of one pool on one stream, smallest
+        first; ``whole_segment`` when the block is an entire unsplit cudaMalloc'd segment (what
+        ``empty_cache()`` would release) rather than a piece of a partly used one. Read only: the
+        fragmentation analysis asks it at each cudaMalloc of a replay."""
+        pool = self._small if small else self._large
+        blocks = (self._free[key & _ADDRESS_MASK] for key in pool.keys.get(stream, ()))
+        return [(b.size, not b.is_split and b.expandable is None) for b in blocks]
+
     @property
     def device_free_bytes(self) -> int:
         return self._device_free()

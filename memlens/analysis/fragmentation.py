@@ -1,141 +1,502 @@
-"""Fragmentation: reserved memory far above allocated memory.
+"""Fragmentation from the allocator's own evidence, and idle cache kept apart from it.
 
-At the allocated peak the gap (reserved - allocated) splits into *internal* fragmentation
-(rounding: block size - requested size, known per live allocation) and *external* (cached free
-pieces inside segments). Block-level detail (largest free piece, segments with only small
-free pieces) exists only for the dump-time state, so it is reported from there. The gain of
-``expandable_segments`` is estimated as the external gap at the peak: an upper bound.
+Free memory the caching allocator holds comes in two kinds, and only one is fragmentation:
+
+* **pieces** inside partly used segments: free, but only for requests that fit a piece;
+* **whole free segments**: idle cache. ``empty_cache()`` returns it, and the allocator itself
+  releases it and retries before it raises out-of-memory. It is reported as ``idle_cache``,
+  never as fragmentation.
+
+With a history, fragmentation is judged where it costs memory: at each recorded cudaMalloc
+(``segment_alloc`` row). A cudaMalloc is *blocked* when, at that moment, the same pool (small
+or large, same stream) held at least the rounded request free but no single free block could
+hold it. The free blocks at that moment come from replaying the trace through memlens' model
+of the caching allocator (``memlens.allocator.whatif``, exact on the real traces), and only
+for the cudaMallocs where ``reserved - allocated`` (an upper bound on any pool's free bytes)
+could have held the request, so a trace whose cudaMallocs all grew a full pool costs no
+replay. At an ``oom`` row the request is set against what its pool held then, plus what the
+device still had. The saving is what a replay with ``expandable_segments`` (and with
+``max_split_size_mb`` when large blocked requests suggest one) gives: the difference in peak
+reserved, and whether the failed request then fits. A state-only snapshot has no requests and
+no replay: it gets the pieces it holds, with no saving claimed.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
+from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, whatif
+from memlens.allocator.settings import MIN_MAX_SPLIT_SIZE_MB
+from memlens.allocator.simulator import K_SMALL_SIZE
 from memlens.analysis.context import DeviceContext
-from memlens.analysis.report import Finding
+from memlens.analysis.report import Evidence, Finding
 from memlens.analysis.settings import (
-    ALLOCATOR_ROUNDING,
-    FRAGMENTATION_HIGH_FRACTION,
+    FRAGMENTATION_HIGH_SAVING_FRACTION,
+    FRAGMENTATION_MIN_BLOCKED_FRACTION,
     FRAGMENTATION_MIN_BYTES,
     FRAGMENTATION_MIN_FRACTION,
-    SMALL_FREE_PIECE,
+    IDLE_CACHE_MEDIUM_FRACTION,
+    IDLE_CACHE_MIN_BYTES,
+    IDLE_CACHE_MIN_FRACTION,
 )
-from memlens.snapshot.model import Action
+from memlens.snapshot.model import Action, DeviceTrace, Segment, Snapshot
 from memlens.units import MiB, format_bytes
 
-# A "typical" large request: this percentile of the window's alloc sizes.
-TYPICAL_REQUEST_PERCENTILE = 90
+# The alloc row that a segment_alloc row was made for follows it; on a busy multi-stream trace
+# another stream's rows may come between, so look this many alloc rows ahead for the same stream.
+_REQUEST_LOOKAHEAD = 8
 
 
-def _rounded(size: np.ndarray) -> np.ndarray:
-    return np.maximum(ALLOCATOR_ROUNDING, (size + ALLOCATOR_ROUNDING - 1) // ALLOCATOR_ROUNDING * ALLOCATOR_ROUNDING)
+# ------------------------------------------------------------------ the allocator's state
+@dataclass(frozen=True)
+class PoolState:
+    """The cached free blocks of one pool on one stream at one trace row, as the replay held them,
+    next to the request the allocator was serving there (rounded, as the allocator sizes it)."""
+
+    event: int
+    small_pool: bool
+    stream: int
+    request_bytes: int
+    free_bytes: int
+    free_in_pieces_bytes: int  # inside partly used segments: fragmentation
+    free_in_whole_segments_bytes: int  # entire unused segments: idle cache
+    largest_free_block_bytes: int
+    free_blocks: int
+
+    @property
+    def blocked(self) -> bool:
+        """Enough was free in the pool, but in no block large enough."""
+        return self.free_bytes >= self.request_bytes > self.largest_free_block_bytes
+
+    @property
+    def pool(self) -> str:
+        return "small" if self.small_pool else "large"
 
 
-def find(ctx: DeviceContext) -> list[Finding]:
-    trace = ctx.trace
-    n = ctx.events
-    lt = ctx.lifetimes
-    blocks = [b for s in ctx.segments for b in s.blocks]
-    end_internal = sum(b.size - b.requested_size for b in blocks if b.is_active)
-    end_free = [b.size for b in blocks if not b.is_active]
-    end_external = sum(end_free)
-    largest_free = max(end_free, default=0)
+@dataclass(frozen=True)
+class CudaMalloc:
+    event: int
+    segment_bytes: int
+    pool: PoolState
 
-    oom_rows = np.flatnonzero(trace.action == Action.OOM) if n else np.zeros(0, dtype=np.int64)
-    alloc_sizes = trace.size[trace.action == Action.ALLOC] if n else np.zeros(0, dtype=np.int64)
-    if oom_rows.size:
-        typical = int(trace.size[oom_rows[-1]])
-    elif alloc_sizes.size:
-        typical = int(np.percentile(alloc_sizes, TYPICAL_REQUEST_PERCENTILE))
-    else:
-        typical = max((b.size for b in blocks if b.is_active), default=0)
-    small_only = sum(
-        1 for s in ctx.segments if s.free_size > 0 and s.largest_free_block < max(typical, SMALL_FREE_PIECE)
+
+@dataclass(frozen=True)
+class AllocatorEvidence:
+    """What the replay with the recorded settings saw at cudaMallocs and at the OOM."""
+
+    segment_allocs: int  # every recorded segment_alloc row
+    cudamallocs: tuple[CudaMalloc, ...]  # those that could have been blocked, with their pool state
+    at_oom: PoolState | None
+    oom_device_free_bytes: int
+    replayed: bool
+    simulated_peak_reserved: int | None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def blocked(self) -> list[CudaMalloc]:
+        return [c for c in self.cudamallocs if c.pool.blocked]
+
+
+def _pool_state(sim: CachingAllocatorSimulator, event: int, request: int, stream: int) -> PoolState:
+    small = request <= K_SMALL_SIZE
+    blocks = sim.cached_blocks(small, stream)
+    whole = sum(size for size, is_whole in blocks if is_whole)
+    total = sum(size for size, _ in blocks)
+    return PoolState(
+        event=event,
+        small_pool=small,
+        stream=stream,
+        request_bytes=request,
+        free_bytes=total,
+        free_in_pieces_bytes=total - whole,
+        free_in_whole_segments_bytes=whole,
+        largest_free_block_bytes=max((size for size, _ in blocks), default=0),
+        free_blocks=len(blocks),
     )
 
-    if n:
-        at = int(oom_rows[-1]) if oom_rows.size else int(ctx.peak_event or 0)
-        reserved = int(trace.reserved[at])
-        allocated = int(trace.allocated[at])
-        live = lt.live_at(at)
-        internal = int((_rounded(lt.size[live]) - lt.size[live]).sum())
-        gap = max(reserved - allocated, 0)
-        external = max(gap - internal, 0)
-        gap_curve = trace.reserved - trace.allocated
-        worst = int(np.argmax(gap_curve))
-        where = "at the out-of-memory error" if oom_rows.size else "at the allocated peak"
-    else:
-        at, worst = 0, 0
-        reserved = sum(s.total_size for s in ctx.segments)
-        allocated = sum(b.requested_size for b in blocks if b.is_active)
-        internal, external = end_internal, end_external
-        gap = max(reserved - allocated, 0)
-        gap_curve = np.zeros(0, dtype=np.int64)
-        where = "at dump time"
-    share = external / reserved if reserved else 0.0
-    # At an OOM the size thresholds do not apply: if the cached free pieces plus what the device
-    # still had would have held the request, fragmentation is what made it fail.
-    blocked = bool(oom_rows.size) and external + int(trace.device_free[at]) >= typical > 0
-    if not blocked and (external < FRAGMENTATION_MIN_BYTES or share < FRAGMENTATION_MIN_FRACTION):
+
+def _segment_alloc_requests(trace: DeviceTrace, rounder: CachingAllocatorSimulator) -> list[tuple[int, int, int]]:
+    """``(row, segment bytes, rounded request)`` of every segment_alloc row whose request is known."""
+    rows = np.flatnonzero(trace.action == Action.SEGMENT_ALLOC)
+    alloc_rows = np.flatnonzero(trace.action == Action.ALLOC)
+    following = np.searchsorted(alloc_rows, rows)
+    result = []
+    for row, first in zip(rows.tolist(), following.tolist(), strict=True):
+        stream = int(trace.stream[row])
+        for k in range(first, min(first + _REQUEST_LOOKAHEAD, len(alloc_rows))):
+            alloc_row = int(alloc_rows[k])
+            if int(trace.stream[alloc_row]) == stream:
+                result.append((row, int(trace.size[row]), rounder.round_size(int(trace.size[alloc_row]))))
+                break
+    return result
+
+
+# One replay serves both finders (fragmentation, then oom) of one analysis: remember the last few
+# by the identity of the snapshot and trace they were made from (weakly, so nothing is kept alive).
+_MEMO: dict[tuple[int, int, int | None], tuple[Any, Any, AllocatorEvidence]] = {}
+_MEMO_SIZE = 4
+
+
+def allocator_evidence(ctx: DeviceContext) -> AllocatorEvidence:
+    """Replay the trace (only if some cudaMalloc could have been blocked, or it ran out of memory)
+    and collect each candidate cudaMalloc's and the OOM's pool state."""
+    key = (id(ctx.snapshot), id(ctx.trace), ctx.capacity)
+    cached = _MEMO.get(key)
+    if cached is not None and cached[0]() is ctx.snapshot and cached[1]() is ctx.trace:
+        return cached[2]
+    evidence = _allocator_evidence(ctx.snapshot, ctx.trace, ctx.capacity)
+    if len(_MEMO) >= _MEMO_SIZE:
+        _MEMO.clear()
+    _MEMO[key] = (weakref.ref(ctx.snapshot), weakref.ref(ctx.trace), evidence)
+    return evidence
+
+
+def _allocator_evidence(snapshot: Snapshot, trace: DeviceTrace, capacity: int | None) -> AllocatorEvidence:
+    settings = AllocatorSettings.from_snapshot_dict(snapshot.allocator_settings)
+    rounder = CachingAllocatorSimulator(settings, record_history=False)
+    requests = _segment_alloc_requests(trace, rounder)
+    # reserved - allocated before the cudaMalloc bounds the free bytes of every pool from above
+    # (allocated counts requested sizes, never more than the blocks): below the request, the
+    # pool cannot have held it, and the cudaMalloc was not blocked.
+    candidates = {
+        row: (segment, request)
+        for row, segment, request in requests
+        if int(trace.reserved[row]) - segment - int(trace.allocated[row]) >= request
+    }
+    oom_rows = np.flatnonzero(trace.action == Action.OOM)
+    oom_row = int(oom_rows[-1]) if oom_rows.size else None
+    if not candidates and oom_row is None:
+        return AllocatorEvidence(len(requests), (), None, 0, False, None)
+
+    states: dict[int, PoolState] = {}
+
+    def observe(row: int, sim: CachingAllocatorSimulator) -> None:
+        stream = int(trace.stream[row])
+        if row in candidates:
+            states[row] = _pool_state(sim, row, candidates[row][1], stream)
+        elif row == oom_row:
+            states[row] = _pool_state(sim, row, rounder.round_size(int(trace.size[row])), stream)
+
+    result = whatif(snapshot, capacity=capacity, device=trace.device, observer=observe)
+    cudamallocs = tuple(CudaMalloc(row, candidates[row][0], states[row]) for row in sorted(candidates) if row in states)
+    return AllocatorEvidence(
+        segment_allocs=len(requests),
+        cudamallocs=cudamallocs,
+        at_oom=states.get(oom_row) if oom_row is not None else None,
+        oom_device_free_bytes=int(trace.device_free[oom_row]) if oom_row is not None else 0,
+        replayed=True,
+        simulated_peak_reserved=int(result.simulated["peak_reserved_bytes"]),
+        notes=tuple(result.notes),
+    )
+
+
+# ------------------------------------------------------------------ what-if replays
+@dataclass(frozen=True)
+class ReplaySaving:
+    setting: str  # as it goes into PYTORCH_CUDA_ALLOC_CONF
+    peak_reserved: int
+    saving: int  # simulated peak reserved with the recorded settings minus with this one
+    oom: bool
+
+
+def _max_split_candidate_mb(blocked: list[CudaMalloc]) -> int | None:
+    """A ``max_split_size_mb`` that keeps blocks as large as the blocked large requests whole:
+    the power of two (MiB) at or below the smallest of them, if PyTorch accepts it (> 20)."""
+    large = [c.pool.request_bytes for c in blocked if not c.pool.small_pool]
+    if not large:
+        return None
+    mb = 1 << max(0, (min(large) // MiB).bit_length() - 1)
+    return mb if mb > MIN_MAX_SPLIT_SIZE_MB else None
+
+
+def _replay_savings(ctx: DeviceContext, evidence: AllocatorEvidence, blocked: list[CudaMalloc]) -> list[ReplaySaving]:
+    recorded = AllocatorSettings.from_snapshot_dict(ctx.snapshot.allocator_settings)
+    baseline = evidence.simulated_peak_reserved or 0
+    trials: list[tuple[str, AllocatorSettings]] = []
+    if not recorded.expandable_segments:
+        trials.append(("expandable_segments:True", dataclasses.replace(recorded, expandable_segments=True)))
+    split_mb = _max_split_candidate_mb(blocked)
+    if split_mb is not None and recorded.max_split_size is None:
+        trials.append((f"max_split_size_mb:{split_mb}", dataclasses.replace(recorded, max_split_size=split_mb * MiB)))
+    savings = []
+    for setting, settings in trials:
+        result = whatif(ctx.snapshot, settings=settings, capacity=ctx.capacity, device=ctx.device)
+        peak = int(result.simulated["peak_reserved_bytes"])
+        savings.append(ReplaySaving(setting, peak, baseline - peak, bool(result.simulated["oom"])))
+    return savings
+
+
+# ------------------------------------------------------------------ findings
+def find(ctx: DeviceContext) -> list[Finding]:
+    trace = ctx.trace
+    has_history = ctx.events > 0 and bool((trace.action == Action.ALLOC).any())
+    findings = _from_history(ctx) if has_history else _from_dump_state(ctx)
+    findings.extend(_idle_cache(ctx))
+    return findings
+
+
+def moment_evidence(ctx: DeviceContext, prefix: str, event: int) -> Evidence:
+    """Event, time and step of one trace row, as evidence keys."""
+    evidence: Evidence = {f"{prefix}_event": event}
+    time_us = ctx.time_at(event)
+    if time_us is not None:
+        evidence[f"{prefix}_time_us"] = time_us
+    step = ctx.step_at(event)
+    if step is not None:
+        evidence[f"{prefix}_step"] = step
+    return evidence
+
+
+def _pool_evidence(prefix: str, state: PoolState) -> Evidence:
+    return {
+        f"{prefix}_pool": state.pool,
+        f"{prefix}_stream": state.stream,
+        f"{prefix}_request_bytes": state.request_bytes,
+        f"{prefix}_pool_free_bytes": state.free_bytes,
+        f"{prefix}_free_in_partly_used_segments_bytes": state.free_in_pieces_bytes,
+        f"{prefix}_free_in_whole_segments_bytes": state.free_in_whole_segments_bytes,
+        f"{prefix}_largest_free_block_bytes": state.largest_free_block_bytes,
+        f"{prefix}_free_blocks": state.free_blocks,
+    }
+
+
+def _from_history(ctx: DeviceContext) -> list[Finding]:
+    trace = ctx.trace
+    evidence = allocator_evidence(ctx)
+    blocked = evidence.blocked
+    blocked_bytes = sum(c.segment_bytes for c in blocked)
+    peak_reserved = int(trace.reserved.max())
+    oom = evidence.at_oom
+    # At an OOM the allocator has already released its whole free segments and retried: what its
+    # pool still holds is pieces. If they plus what the device had would have held the request,
+    # fragmentation is what made it fail, whatever the sizes.
+    oom_blocked = oom is not None and oom.largest_free_block_bytes < oom.request_bytes <= (
+        oom.free_bytes + evidence.oom_device_free_bytes
+    )
+    significant = blocked_bytes >= FRAGMENTATION_MIN_BYTES and blocked_bytes >= (
+        FRAGMENTATION_MIN_BLOCKED_FRACTION * peak_reserved
+    )
+    if not (significant or oom_blocked):
         return []
 
-    expandable = bool(ctx.snapshot.allocator_settings.get("expandable_segments"))
-    split_mb = max(128, 1 << max(0, int(np.ceil(np.log2(max(typical, 1) / MiB)))))
-    if expandable:
-        recommendation = (
-            f"expandable_segments is already on: try PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:{split_mb} so large "
-            "cached blocks are not split for small requests, and keep tensor shapes stable between steps."
-        )
-    else:
-        recommendation = (
-            "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow in place instead of leaving "
-            f"holes): up to ~{format_bytes(external)} of reserved memory back; or max_split_size_mb:{split_mb}; "
-            "keep tensor shapes stable between steps."
-        )
-    evidence: dict[str, int | float | str] = {
-        "reserved_bytes": reserved,
-        "allocated_bytes": allocated,
-        "gap_bytes": gap,
-        "internal_bytes": internal,
-        "external_bytes": external,
-        "external_share_of_reserved": round(share, 3),
-        "where": where,
-        "typical_request_bytes": typical,
-        "largest_free_block_at_dump_bytes": largest_free,
-        "free_bytes_at_dump": end_external,
-        "internal_bytes_at_dump": end_internal,
-        "segments_with_only_small_free_pieces": small_only,
-        "segments_at_dump": len(ctx.segments),
-        "expandable_segments": int(expandable),
+    savings = _replay_savings(ctx, evidence, blocked)
+    best = max(savings, key=lambda s: (not s.oom, s.saving), default=None)
+    avoids_oom = oom is not None and best is not None and not best.oom
+    reference = ctx.capacity or peak_reserved
+    saving = max(best.saving, 0) if best is not None else 0
+
+    facts: Evidence = {
+        "source": "replay of the trace through memlens' caching-allocator model (recorded settings)",
+        "cudamallocs": evidence.segment_allocs,
+        "blocked_cudamallocs": len(blocked),
+        "blocked_cudamalloc_bytes": blocked_bytes,
+        "recorded_peak_reserved_bytes": peak_reserved,
+        "replayed_peak_reserved_bytes": evidence.simulated_peak_reserved or 0,
     }
-    if gap_curve.size:
-        evidence["max_gap_bytes"] = int(gap_curve[worst])
-        evidence["max_gap_event"] = worst
+    if ctx.capacity:
+        facts["capacity_bytes"] = ctx.capacity
+    parts = []
     if blocked:
-        evidence["device_free_at_oom_bytes"] = int(trace.device_free[at])
-    severity = "high" if oom_rows.size or share >= FRAGMENTATION_HIGH_FRACTION else "medium"
+        first, last = blocked[0], blocked[-1]
+        worst = max(blocked, key=lambda c: (c.pool.free_bytes, -c.event))
+        facts.update(moment_evidence(ctx, "first_blocked", first.event))
+        facts.update(moment_evidence(ctx, "worst_blocked", worst.event))
+        facts["worst_blocked_segment_bytes"] = worst.segment_bytes
+        facts.update(_pool_evidence("worst_blocked", worst.pool))
+        parts.append(
+            f"{len(blocked)} of {evidence.segment_allocs} cudaMallocs ({format_bytes(blocked_bytes)}) were made while "
+            f"their pool already held the request free in pieces; at event {worst.event:,} the "
+            f"{worst.pool.pool} pool held {format_bytes(worst.pool.free_bytes)} free "
+            f"({format_bytes(worst.pool.free_in_pieces_bytes)} inside partly used segments) for a "
+            f"{format_bytes(worst.pool.request_bytes)} request, largest free block "
+            f"{format_bytes(worst.pool.largest_free_block_bytes)}"
+        )
+        start, end = first.event, last.event + 1
+        anchor = worst.event
+    else:
+        assert oom is not None
+        start, end, anchor = oom.event, oom.event + 1, oom.event
+    if oom is not None:
+        facts.update(moment_evidence(ctx, "oom", oom.event))
+        facts.update(_pool_evidence("oom", oom))
+        facts["oom_device_free_bytes"] = evidence.oom_device_free_bytes
+        facts["oom_blocked_by_fragmentation"] = "yes" if oom_blocked else "no"
+        end = max(end, oom.event + 1)
+        if oom_blocked:
+            anchor = oom.event
+            parts.append(
+                f"out of memory at event {oom.event:,} asking for {format_bytes(oom.request_bytes)}: its pool held "
+                f"{format_bytes(oom.free_bytes)} free in pieces (largest {format_bytes(oom.largest_free_block_bytes)}) "
+                f"and the device {format_bytes(evidence.oom_device_free_bytes)}, together enough"
+            )
+    for trial in savings:
+        name = trial.setting.split(":")[0]
+        facts[f"{name}_peak_reserved_bytes"] = trial.peak_reserved
+        facts[f"{name}_saving_bytes"] = trial.saving
+        if oom is not None:
+            facts[f"{name}_avoids_oom"] = "no" if trial.oom else "yes"
+    if best is not None:
+        facts["best_setting"] = best.setting
+
+    if avoids_oom or saving >= FRAGMENTATION_HIGH_SAVING_FRACTION * reference:
+        severity = "high"
+    elif oom_blocked or saving >= FRAGMENTATION_MIN_BYTES:
+        severity = "medium"
+    else:
+        severity = "low"
+    stranded = max((c.pool.free_in_pieces_bytes for c in blocked), default=oom.free_bytes if oom else 0)
     return [
         Finding(
             kind="fragmentation",
             device=ctx.device,
             severity=severity,
-            bytes=external,
+            bytes=saving or stranded,
+            start_event=start,
+            end_event=end,
+            start_us=ctx.time_at(start),
+            end_us=ctx.time_at(end - 1),
+            step=ctx.step_at(anchor),
+            top_stacks=[],
+            evidence=facts,
+            summary="; ".join(parts) + ".",
+            recommendation=_history_recommendation(evidence, savings, best, oom is not None),
+            estimated_saving_bytes=saving or None,
+        )
+    ]
+
+
+def _history_recommendation(
+    evidence: AllocatorEvidence, savings: list[ReplaySaving], best: ReplaySaving | None, had_oom: bool
+) -> str:
+    baseline = format_bytes(evidence.simulated_peak_reserved or 0)
+    if best is None:
+        return ("expandable_segments is already on and no max_split_size_mb applies: keep tensor shapes stable "
+                "between steps, and allocate long-lived tensors before the temporaries that surround them.")
+    tried = "; ".join(
+        f"with {s.setting} peak reserved is {format_bytes(s.peak_reserved)}"
+        + (", still out of memory" if had_oom and s.oom else ", the failed request fits" if had_oom else "")
+        for s in savings
+    )
+    if (had_oom and not best.oom) or best.saving > 0:
+        return (f"Set PYTORCH_CUDA_ALLOC_CONF={best.setting}. Replaying this trace through memlens' allocator "
+                f"model: {baseline} peak reserved with the recorded settings; {tried}.")
+    return (f"Replaying this trace does not lower its peak ({baseline} with the recorded settings; {tried}): "
+            "these cudaMallocs grew the cache below its peak. Keep tensor shapes stable between steps so "
+            "freed blocks fit the next requests.")
+
+
+def _dump_pieces(segments: list[Segment]) -> tuple[int, int, int, int]:
+    """Free bytes inside partly used segments, how many such segments, the largest piece, and the
+    free bytes in whole free segments, at dump time."""
+    pieces = partly = largest = whole = 0
+    for segment in segments:
+        free = [b.size for b in segment.blocks if not b.is_active]
+        if not free:
+            continue
+        if len(free) == len(segment.blocks):
+            whole += sum(free)
+            continue
+        pieces += sum(free)
+        partly += 1
+        largest = max(largest, max(free))
+    return pieces, partly, largest, whole
+
+
+def _dump_event(ctx: DeviceContext) -> int:
+    return max(ctx.events - 1, 0)
+
+
+def _from_dump_state(ctx: DeviceContext) -> list[Finding]:
+    """No history: the dump's pieces are all there is. Nothing tells whether a request was ever
+    blocked by them, so no saving is claimed."""
+    reserved = sum(s.total_size for s in ctx.segments)
+    pieces, partly, largest, whole = _dump_pieces(ctx.segments)
+    share = pieces / reserved if reserved else 0.0
+    if pieces < FRAGMENTATION_MIN_BYTES or share < FRAGMENTATION_MIN_FRACTION:
+        return []
+    at = _dump_event(ctx)
+    facts: Evidence = {
+        "source": "dump-time segments (no allocation history)",
+        "moment": "dump",
+        "reserved_bytes": reserved,
+        "free_in_partly_used_segments_bytes": pieces,
+        "partly_used_segments": partly,
+        "largest_free_piece_bytes": largest,
+        "free_in_whole_segments_bytes": whole,
+        "share_of_reserved": round(share, 3),
+        "segments": len(ctx.segments),
+    }
+    return [
+        Finding(
+            kind="fragmentation",
+            device=ctx.device,
+            severity="low",
+            bytes=pieces,
             start_event=at,
-            end_event=at + 1 if n else 0,
+            end_event=at + 1 if ctx.events else 0,
             start_us=ctx.time_at(at),
             end_us=ctx.time_at(at),
-            step=ctx.step_at(at) if n else None,
+            step=None,
             top_stacks=[],
-            evidence=evidence,
-            summary=(
-                f"{format_bytes(external)} ({share:.0%} of reserved) sits in cached free pieces {where}"
-                + (f"; with the {format_bytes(int(trace.device_free[at]))} the device still had, that would have "
-                   f"held the failed {format_bytes(typical)} request, but no piece was large enough "
-                   f"(largest at dump: {format_bytes(largest_free)})." if blocked else
-                   f"; the largest free block at dump time is {format_bytes(largest_free)} vs a typical request "
-                   f"of {format_bytes(typical)}.")
+            evidence=facts,
+            summary=(f"At dump time {format_bytes(pieces)} ({share:.0%} of reserved) is free in pieces inside "
+                     f"{partly} partly used segments; the largest piece is {format_bytes(largest)}."),
+            recommendation=("The snapshot has no allocation history, so whether any request was blocked by these "
+                            "pieces is unknown: record one (memlens record, or torch.cuda.memory."
+                            "_record_memory_history) and triage it; memlens then replays it with expandable_segments "
+                            "and reports the saving."),
+            estimated_saving_bytes=None,
+        )
+    ]
+
+
+def _idle_cache(ctx: DeviceContext) -> list[Finding]:
+    """Whole free segments at dump time: cache the allocator keeps for later requests."""
+    segments = [s for s in ctx.segments if s.blocks and not any(b.is_active for b in s.blocks)]
+    idle = sum(s.total_size for s in segments)
+    reserved = sum(s.total_size for s in ctx.segments)
+    if idle < IDLE_CACHE_MIN_BYTES or idle < IDLE_CACHE_MIN_FRACTION * reserved:
+        return []
+    reference = ctx.capacity or reserved
+    at = _dump_event(ctx)
+    facts: Evidence = {
+        "moment": "dump",
+        "reserved_bytes": reserved,
+        "free_in_whole_segments_bytes": idle,
+        "whole_free_segments": len(segments),
+        "largest_whole_free_segment_bytes": max(s.total_size for s in segments),
+        "share_of_reserved": round(idle / reserved, 3),
+    }
+    facts.update(moment_evidence(ctx, "dump", at) if ctx.events else {})
+    if ctx.capacity:
+        facts["capacity_bytes"] = ctx.capacity
+    return [
+        Finding(
+            kind="idle_cache",
+            device=ctx.device,
+            severity="medium" if idle >= IDLE_CACHE_MEDIUM_FRACTION * reference and ctx.capacity else "low",
+            bytes=idle,
+            start_event=at,
+            end_event=at + 1 if ctx.events else 0,
+            start_us=ctx.time_at(at),
+            end_us=ctx.time_at(at),
+            step=ctx.step_at(at) if ctx.events else None,
+            top_stacks=[],
+            evidence=facts,
+            summary=(f"At dump time {format_bytes(idle)} ({idle / reserved:.0%} of reserved) sits in "
+                     f"{len(segments)} entirely free segments: cached, not fragmented."),
+            recommendation=(
+                "torch.cuda.empty_cache() (after gc.collect()) gives it back to the device, which helps another "
+                "process or a later phase (evaluation, another model); inside a training loop the next step "
+                "reuses it, and the allocator releases it by itself before it runs out of memory. To cap the "
+                "cache, set torch.cuda.set_per_process_memory_fraction(...) with "
+                "PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8."
             ),
-            recommendation=recommendation,
-            estimated_saving_bytes=external,
+            estimated_saving_bytes=idle,
         )
     ]

@@ -2,12 +2,17 @@
 
 Says what was requested, what was free and where, what was live by category, and which other
 finding explains it. Runs last: it reads the findings the other finders made.
+
+What was free is measured at the failure, never at dump time: with a history, the failed
+request's pool as the allocator replay held it at the ``oom`` row (shared with the fragmentation
+finder, one replay for both); without one, only the dump's totals, named as such.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from memlens.analysis import fragmentation
 from memlens.analysis.categories import bytes_by_category
 from memlens.analysis.context import DeviceContext
 from memlens.analysis.report import Finding
@@ -23,11 +28,13 @@ _ADVICE = {
 }
 
 
-def _explain(ctx: DeviceContext, event: int | None, requested: int, cached_free: int,
-             live: dict[str, int]) -> str:
+def _explain(ctx: DeviceContext, event: int | None, live: dict[str, int]) -> str:
     kinds = {f.kind for f in ctx.findings}
-    if cached_free >= requested > 0 and "fragmentation" in kinds:
-        return "fragmentation"
+    for f in ctx.findings:
+        # The fragmentation finder set the request against its pool and the device at this row.
+        if f.kind == "fragmentation" and event is not None and f.evidence.get("oom_blocked_by_fragmentation") == "yes" \
+                and f.evidence.get("oom_event") == event:
+            return "fragmentation"
     if "leak" in kinds:
         return "leak"
     for f in ctx.findings:
@@ -45,6 +52,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
     lt = ctx.lifetimes
     rows = np.flatnonzero(trace.action == Action.OOM) if ctx.events else np.zeros(0, dtype=np.int64)
     largest_free = max((s.largest_free_block for s in ctx.segments), default=0)
+    pool = None
     if rows.size:
         at = int(rows[-1])
         requested = int(trace.size[at])
@@ -53,6 +61,8 @@ def find(ctx: DeviceContext) -> list[Finding]:
         live = bytes_by_category(ctx.category, lt.size, lt.live_at(at))
         source = "oom trace entry"
         event: int | None = at
+        if (trace.action == Action.ALLOC).any():
+            pool = fragmentation.allocator_evidence(ctx).at_oom
     else:
         reserved = sum(s.total_size for s in ctx.segments)
         if not ctx.capacity or reserved < OOM_NEAR_CAPACITY_FRACTION * ctx.capacity:
@@ -69,7 +79,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
         event = None
     cached_free = max(reserved - allocated, 0)
     live["unknown"] = live.get("unknown", 0) + max(allocated - sum(live.values()), 0)
-    cause = _explain(ctx, event, requested, cached_free, live)
+    cause = _explain(ctx, event, live)
     evidence: dict[str, int | float | str] = {
         "source": source,
         "requested_bytes": requested,
@@ -77,17 +87,31 @@ def find(ctx: DeviceContext) -> list[Finding]:
         "allocated_bytes": allocated,
         "reserved_bytes": reserved,
         "cached_free_bytes": cached_free,
-        "largest_free_block_at_dump_bytes": largest_free,
         "oom_events": int(rows.size),
         "explained_by": cause,
     }
+    if event is not None:
+        evidence.update(fragmentation.moment_evidence(ctx, "oom", event))
+    if pool is not None:
+        evidence.update({
+            "pool": pool.pool,
+            "pool_free_bytes": pool.free_bytes,
+            "pool_free_in_partly_used_segments_bytes": pool.free_in_pieces_bytes,
+            "pool_largest_free_block_bytes": pool.largest_free_block_bytes,
+        })
+        where = (f"its {pool.pool} pool held {format_bytes(pool.free_bytes)} free then, largest block "
+                 f"{format_bytes(pool.largest_free_block_bytes)}")
+    else:
+        evidence["moment"] = "oom" if event is not None else "dump"
+        evidence["largest_free_block_at_dump_bytes"] = largest_free
+        where = f"largest cached piece at dump time {format_bytes(largest_free)}"
     evidence.update({f"live_{name}_bytes": value for name, value in live.items()})
     if ctx.capacity:
         evidence["capacity_bytes"] = ctx.capacity
     asked = f"asked for {format_bytes(requested)} with " if requested else ""
     summary = (
         f"Out of memory: {asked}{format_bytes(device_free)} free on the device and "
-        f"{format_bytes(cached_free)} cached but unused (largest cached piece {format_bytes(largest_free)})."
+        f"{format_bytes(cached_free)} reserved but unallocated ({where})."
     )
     recommendation = _ADVICE.get(cause, "lower the batch size, or see the categories live at the failure")
     return [

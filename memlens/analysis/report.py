@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporary", "unknown")
-FINDING_KINDS = ("leak", "activation_plateau", "optimizer_spike", "fragmentation", "oom")
+FINDING_KINDS = ("leak", "activation_plateau", "optimizer_spike", "fragmentation", "idle_cache", "oom")
 SEVERITIES = ("high", "medium", "low")
 STEP_SOURCES = (
     "memlens",

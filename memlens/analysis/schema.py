@@ -17,9 +17,10 @@ optimizer_state, activations, temporary, unknown: they sum to ``peak_allocated_b
 ``[start, end)``) with ``optimizer_window_source`` (annotations | frames | none), ``notes`` (text)
 and that device's ``findings``.
 
-A finding: ``kind`` (leak | activation_plateau | optimizer_spike | fragmentation | oom),
-``device``, ``severity`` (high | medium | low), ``bytes`` (what the finding is about: leaked
-bytes, plateau height, spike, external fragmentation, the failed request), ``start_event``/
+A finding: ``kind`` (leak | activation_plateau | optimizer_spike | fragmentation | idle_cache |
+oom), ``device``, ``severity`` (high | medium | low), ``bytes`` (what the finding is about: leaked
+bytes, plateau height, spike, fragmentation's replay saving or the free bytes stranded in pieces,
+the idle cache in entirely free segments, the failed request), ``start_event``/
 ``end_event`` (row range), ``start_us``/``end_us``, ``step`` (step index or null),
 ``top_stacks`` (``frames``: "name (file:line)" innermost first, ``bytes``, ``count``),
 ``evidence`` (flat object of numbers and text; its keys per kind are documented in each finder

@@ -75,15 +75,26 @@ DEFAULT_BYTES_PER_PARAM = 4
 
 # --------------------------------------------------------------------------- fragmentation
 
-# Reserved-but-unallocated memory must be at least this share of reserved and this large:
-# the caching allocator normally keeps 5-15% cached, and under 128 MiB no job is blocked.
-FRAGMENTATION_MIN_FRACTION = 0.2
+# Blocked cudaMallocs (made while their pool held the request free, but in no block large enough)
+# must add up to at least this much and this share of peak reserved: a few 2 MiB small-pool
+# segments, or one 20 MiB segment in a multi-GiB run, change nothing worth a setting.
 FRAGMENTATION_MIN_BYTES = 128 * MiB
-FRAGMENTATION_HIGH_FRACTION = 0.4
+FRAGMENTATION_MIN_BLOCKED_FRACTION = 0.05
+# A replay saving of this share of the device (or, capacity unknown, of peak reserved) is worth
+# changing the allocator's settings for at once.
+FRAGMENTATION_HIGH_SAVING_FRACTION = 0.1
+# State only (no history, no requests): the pieces inside partly used segments must be at least
+# FRAGMENTATION_MIN_BYTES and this share of reserved; the caching allocator normally keeps 5-15%.
+FRAGMENTATION_MIN_FRACTION = 0.2
+# Idle cache (entirely free segments at dump time) is reported from this much and this share of
+# reserved: below it, it is the ordinary slack of a warm cache. It is never lost to the process
+# (the allocator releases it before an OOM), so it is only "medium" when it holds this share of
+# a known capacity that another process or phase could use.
+IDLE_CACHE_MIN_BYTES = 128 * MiB
+IDLE_CACHE_MIN_FRACTION = 0.25
+IDLE_CACHE_MEDIUM_FRACTION = 0.25
 # The caching allocator rounds every request up to a multiple of 512 bytes.
 ALLOCATOR_ROUNDING = 512
-# Free pieces smaller than this cannot hold a typical large (> 1 MiB) tensor.
-SMALL_FREE_PIECE = 1 * MiB
 
 # --------------------------------------------------------------------------- oom
 

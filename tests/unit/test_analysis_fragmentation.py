@@ -1,76 +1,191 @@
-"""Fragmentation: reserved far above allocated, split into internal and external."""
+"""Fragmentation from the allocator's evidence (blocked cudaMallocs, the OOM's pool), idle cache
+apart from it.
+
+The traces are written by memlens' caching-allocator simulator, so every segment, split and
+cudaMalloc in them is one the real allocator's rules would make.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
+from memlens.allocator import CachingAllocatorSimulator, SimulatedOOM
 from memlens.analysis import Finding, Report, analyze
+from memlens.analysis.schema import validate
+from memlens.snapshot.reader import parse
 from tests.unit.tracebuilder import MiB, TraceBuilder
 
 
-def _frag(report: Report) -> list[Finding]:
-    return [f for f in report.findings if f.kind == "fragmentation"]
+def _kind(report: Report, kind: str) -> list[Finding]:
+    return [f for f in report.findings if f.kind == kind]
 
 
-def test_cached_free_pieces_are_external_fragmentation() -> None:
-    b = TraceBuilder()
-    kept = [b.alloc(100 * MiB) for _ in range(4)]
-    b.free(kept[0])
-    b.add_free_space(*([100 * MiB] * 3 + [512 * 1024] * 4))
-    (frag,) = _frag(analyze(b.snapshot()))
-    assert frag.evidence["external_bytes"] == frag.bytes
-    # At the peak all four blocks were live; the cache then held the pieces minus that one block.
-    assert frag.bytes == 300 * MiB + 4 * 512 * 1024 - 100 * MiB
-    assert frag.evidence["largest_free_block_at_dump_bytes"] == 100 * MiB
+def _snapshot(sim: CachingAllocatorSimulator, state_only: bool = False) -> Any:
+    raw = sim.snapshot()
+    if state_only:
+        raw["device_traces"] = [[]]
+    return parse(raw, source="<simulated>")
+
+
+def _split_cache(sim: CachingAllocatorSimulator, kept_mib: int = 200) -> list[int]:
+    """Eight 240 MiB segments, each then holding a ``kept_mib`` tensor and a free piece."""
+    first = [sim.malloc(240 * MiB) for _ in range(8)]
+    for address in first:
+        sim.free(address)
+    return [sim.malloc(kept_mib * MiB) for _ in range(8)]
+
+
+def test_blocked_cudamallocs_are_counted_and_the_replay_gives_the_saving() -> None:
+    sim = CachingAllocatorSimulator()
+    kept = _split_cache(sim)
+    # 320 MiB free in eight 40 MiB pieces: each 120 MiB request needs a new segment anyway.
+    later = [sim.malloc(120 * MiB) for _ in range(3)]
+    report = analyze(_snapshot(sim))
+    assert validate(report.to_json()) == []
+    (frag,) = _kind(report, "fragmentation")
+    evidence = frag.evidence
+    assert evidence["cudamallocs"] == 11
+    assert evidence["blocked_cudamallocs"] == 3
+    assert evidence["blocked_cudamalloc_bytes"] == 3 * 120 * MiB
+    assert evidence["worst_blocked_request_bytes"] == 120 * MiB
+    assert evidence["worst_blocked_pool_free_bytes"] == 320 * MiB
+    assert evidence["worst_blocked_free_in_partly_used_segments_bytes"] == 320 * MiB
+    assert evidence["worst_blocked_free_in_whole_segments_bytes"] == 0
+    assert evidence["worst_blocked_largest_free_block_bytes"] == 40 * MiB
+    # The moment is named: the first blocked cudaMalloc is the 9th segment_alloc row.
+    rows = [i for i, e in enumerate(sim.trace) if e["action"] == "segment_alloc"]
+    assert evidence["first_blocked_event"] == rows[8] == frag.start_event
+    assert evidence["first_blocked_time_us"] == sim.trace[rows[8]]["time_us"] == frag.start_us
+    # One expandable segment: 1920 MiB mapped, the three 120 MiB tensors fit in the 320 MiB left
+    # after 8 x 200 MiB but the last, which maps two more 20 MiB pages: 1960 MiB against 2280 MiB.
+    assert evidence["recorded_peak_reserved_bytes"] == evidence["replayed_peak_reserved_bytes"] == 2280 * MiB
+    assert evidence["expandable_segments_peak_reserved_bytes"] == 1960 * MiB
+    assert frag.estimated_saving_bytes == 320 * MiB == frag.bytes
+    assert frag.severity == "high"  # 14% of peak reserved
     assert "expandable_segments:True" in frag.recommendation
-    assert frag.estimated_saving_bytes == frag.bytes
+    assert "2.23 GiB" in frag.recommendation and "1.91 GiB" in frag.recommendation
+    del kept, later
 
 
-def test_rounding_is_internal_fragmentation() -> None:
-    b = TraceBuilder()
-    b.alloc(100 * MiB + 1)
-    b.add_free_space(200 * MiB)
-    (frag,) = _frag(analyze(b.snapshot()))
-    assert frag.evidence["internal_bytes"] == 511
+def test_growth_into_a_full_pool_is_not_blocked() -> None:
+    """cudaMallocs while every cached block is in use: the cache grows, nothing is fragmented."""
+    sim = CachingAllocatorSimulator()
+    live = [sim.malloc(150 * MiB) for _ in range(6)]
+    for address in live[:3]:
+        sim.free(address)
+    [sim.malloc(150 * MiB) for _ in range(3)]  # reuse the three freed blocks exactly
+    report = analyze(_snapshot(sim))
+    assert _kind(report, "fragmentation") == []
+    assert _kind(report, "idle_cache") == []
 
 
-def test_tight_reservation_is_not_fragmentation() -> None:
-    b = TraceBuilder()
-    for _ in range(4):
-        b.alloc(100 * MiB)
-    b.add_free_space(2 * MiB)
-    assert _frag(analyze(b.snapshot())) == []
+def test_idle_cache_is_not_fragmentation() -> None:
+    """Whole free segments: 942 of 994 MiB free with nothing split is cache, not fragmentation."""
+    sim = CachingAllocatorSimulator()
+    keep = sim.malloc(52 * MiB)
+    rest = [sim.malloc(size * MiB) for size in (400, 300, 242)]
+    for address in rest:
+        sim.free(address)
+    for state_only in (False, True):
+        report = analyze(_snapshot(sim, state_only))
+        assert _kind(report, "fragmentation") == []
+        (idle,) = _kind(report, "idle_cache")
+        assert idle.bytes == idle.evidence["free_in_whole_segments_bytes"] == 942 * MiB
+        assert idle.evidence["whole_free_segments"] == 3
+        assert idle.evidence["reserved_bytes"] == 994 * MiB
+        assert idle.estimated_saving_bytes == 942 * MiB
+        assert idle.severity == "low"
+        assert "empty_cache" in idle.recommendation and "garbage_collection_threshold" in idle.recommendation
+        assert "fragment" not in idle.summary.replace("not fragmented", "")
+        assert validate(report.to_json()) == []
+    del keep
 
 
-def test_state_only_snapshot_uses_the_dump_state() -> None:
-    b = TraceBuilder()
-    b.ghost(100 * MiB)
-    b.add_free_space(400 * MiB)
-    (frag,) = _frag(analyze(b.snapshot()))
-    assert frag.evidence["where"] == "at dump time"
+def test_state_only_pieces_are_reported_without_a_saving() -> None:
+    sim = CachingAllocatorSimulator()
+    _split_cache(sim, kept_mib=150)
+    report = analyze(_snapshot(sim, state_only=True))
+    (frag,) = _kind(report, "fragmentation")
+    assert frag.evidence["free_in_partly_used_segments_bytes"] == 720 * MiB == frag.bytes
+    assert frag.evidence["partly_used_segments"] == 8
+    assert frag.evidence["largest_free_piece_bytes"] == 90 * MiB
+    assert frag.evidence["moment"] == "dump"
+    assert frag.estimated_saving_bytes is None
+    assert frag.severity == "low"
+    assert "expandable_segments:True" not in frag.recommendation
 
 
-def test_small_fragmentation_that_blocked_an_oom_is_reported() -> None:
-    """Under the usual size threshold, but the cached pieces plus the device's free memory would
-    have held the failed request: that OOM is fragmentation's doing."""
-    b = TraceBuilder()
-    for _ in range(4):
-        b.alloc(10 * MiB)
-    b.add_free_space(*([8 * MiB] * 4))  # 32 MiB cached, no piece larger than 8 MiB
-    b.oom(24 * MiB, device_free=20 * MiB)
-    report = analyze(b.snapshot())
-    (frag,) = _frag(report)
+def test_same_pieces_with_history_but_no_blocked_request_is_no_finding() -> None:
+    """The dump holds the same pieces, but no cudaMalloc ever waited on them."""
+    sim = CachingAllocatorSimulator()
+    _split_cache(sim, kept_mib=150)
+    assert _kind(analyze(_snapshot(sim)), "fragmentation") == []
+
+
+def test_oom_blocked_by_pieces_that_expandable_segments_avoids() -> None:
+    sim = CachingAllocatorSimulator(capacity=2000 * MiB)
+    _split_cache(sim)
+    with pytest.raises(SimulatedOOM):
+        sim.malloc(120 * MiB)  # 80 MiB left on the device, 320 MiB free in 40 MiB pieces
+    report = analyze(_snapshot(sim))
+    (frag,) = _kind(report, "fragmentation")
+    oom_row = len(sim.trace) - 1
+    assert frag.evidence["oom_event"] == oom_row
+    assert frag.evidence["oom_request_bytes"] == 120 * MiB
+    assert frag.evidence["oom_pool_free_bytes"] == 320 * MiB
+    assert frag.evidence["oom_largest_free_block_bytes"] == 40 * MiB
+    assert frag.evidence["oom_device_free_bytes"] == 80 * MiB
+    assert frag.evidence["oom_blocked_by_fragmentation"] == "yes"
+    assert frag.evidence["expandable_segments_avoids_oom"] == "yes"
     assert frag.severity == "high"
-    assert frag.evidence["device_free_at_oom_bytes"] == 20 * MiB
-    assert "would have held the failed" in frag.summary
-    (oom,) = [f for f in report.findings if f.kind == "oom"]
-    assert "fragmentation" in oom.recommendation
+    assert "the failed request fits" in frag.recommendation
+    (oom,) = _kind(report, "oom")
+    assert oom.evidence["explained_by"] == "fragmentation"
+    assert oom.evidence["pool_largest_free_block_bytes"] == 40 * MiB
+    assert oom.evidence["oom_event"] == oom_row
+    assert "largest block 40.00 MiB" in oom.summary
 
 
-def test_oom_that_no_defragmentation_could_have_avoided_is_not_fragmentation() -> None:
+def test_oom_that_no_layout_could_have_avoided_is_not_fragmentation() -> None:
+    sim = CachingAllocatorSimulator(capacity=2000 * MiB)
+    _split_cache(sim)
+    with pytest.raises(SimulatedOOM):
+        sim.malloc(600 * MiB)  # 320 MiB in pieces + 80 MiB on the device: not enough anyway
+    report = analyze(_snapshot(sim))
+    assert _kind(report, "fragmentation") == []
+    (oom,) = _kind(report, "oom")
+    assert oom.evidence["explained_by"] != "fragmentation"
+    assert oom.evidence["pool_free_bytes"] == 320 * MiB
+
+
+def test_small_pool_blocked_cudamallocs_below_the_floor_are_no_finding() -> None:
+    """Blocked small-pool cudaMallocs cost 2 MiB each: a handful is not worth a setting."""
+    sim = CachingAllocatorSimulator()
+    blocks = [sim.malloc(512 * 1024) for _ in range(16)]  # four full 2 MiB segments
+    for address in blocks[1::2]:
+        sim.free(address)  # 4 MiB free, in 512 KiB pieces
+    later = [sim.malloc(1024 * 1024) for _ in range(4)]  # two new 2 MiB segments
+    report = analyze(_snapshot(sim))
+    assert _kind(report, "fragmentation") == []
+    from memlens.analysis.context import build_context
+    from memlens.analysis.fragmentation import allocator_evidence
+    from memlens.analysis.settings import AnalysisSettings
+
+    snapshot = report.snapshot
+    evidence = allocator_evidence(build_context(snapshot, snapshot.device(0), AnalysisSettings()))
+    blocked = evidence.blocked
+    assert [c.pool.pool for c in blocked] == ["small", "small"]
+    assert blocked[0].pool.free_bytes == 4 * MiB and blocked[0].pool.largest_free_block_bytes == 512 * 1024
+    del later
+
+
+def test_tracebuilder_whole_free_segments_are_idle_cache() -> None:
     b = TraceBuilder()
-    for _ in range(4):
-        b.alloc(10 * MiB)
-    b.add_free_space(*([1 * MiB] * 4))  # 4 MiB cached + 2 MiB free: far from the 64 MiB asked
-    b.oom(64 * MiB, device_free=2 * MiB)
+    b.alloc(100 * MiB)
+    b.add_free_space(*([100 * MiB] * 3))
     report = analyze(b.snapshot())
-    assert _frag(report) == []
-    assert [f.kind for f in report.findings if f.kind == "oom"] == ["oom"]
+    assert _kind(report, "fragmentation") == []
+    (idle,) = _kind(report, "idle_cache")
+    assert idle.bytes == 300 * MiB
