@@ -1,0 +1,411 @@
+"""The cache believes nothing it cannot prove: edited, planted, foreign, damaged or malformed
+entries are ignored and rebuilt silently, and the answer is always the one the pickle gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import memlens
+from memlens.snapshot import cache
+from memlens.synthetic import synthetic_snapshot
+
+Members = dict[str, np.ndarray]
+OTHER_UID = 54321
+
+
+@pytest.fixture
+def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "cache" / "memlens"
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(folder))
+    monkeypatch.delenv(cache.CACHE_MAX_BYTES_ENV, raising=False)
+    return folder
+
+
+@pytest.fixture
+def snapshot_file(tmp_path: Path, cache_home: Path) -> Path:
+    path = tmp_path / "shared" / "run.pickle"
+    path.parent.mkdir()
+    path.write_bytes(pickle.dumps(synthetic_snapshot(3_000, seed=5), protocol=4))
+    return path
+
+
+def entry_of(snapshot_file: Path, cache_home: Path) -> Path:
+    return cache_home / cache.entry_name(cache.content_hash(snapshot_file))
+
+
+def read_members(path: Path) -> Members:
+    with np.load(path, allow_pickle=False) as npz:
+        return {name: npz[name] for name in npz.files}
+
+
+def write_members(path: Path, members: Members) -> None:
+    with open(path, "wb") as handle:
+        np.savez(handle, **members)
+
+
+def sign(members: Members, key: bytes) -> Members:
+    """What only the owner's memlens can do: a valid MAC over the (edited) members."""
+    members.pop("__mac__", None)
+    members["__mac__"] = np.frombuffer(cache._mac(key, members), dtype=np.uint8)
+    return members
+
+
+def meta_of(members: Members) -> dict[str, Any]:
+    meta: dict[str, Any] = json.loads(members["__meta__"].tobytes())
+    return meta
+
+
+def with_meta(members: Members, meta: dict[str, Any]) -> Members:
+    members["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    return members
+
+
+def answer(snapshot: Any) -> str:
+    return memlens.analyze(snapshot).to_json()
+
+
+def assert_rebuilt(snapshot_file: Path) -> None:
+    """The tampered entry is not used, the answer is the pickle's, and a good entry replaces it."""
+    reloaded = memlens.load(snapshot_file, cache=True)
+    assert not reloaded.from_cache
+    assert answer(reloaded) == answer(memlens.load(snapshot_file, cache=False))
+    assert memlens.load(snapshot_file, cache=True).from_cache
+
+
+@pytest.fixture
+def cached(snapshot_file: Path, cache_home: Path) -> Path:
+    """A valid entry for ``snapshot_file``; returns its path."""
+    memlens.load(snapshot_file, cache=True)
+    path = entry_of(snapshot_file, cache_home)
+    assert path.is_file()
+    return path
+
+
+# --------------------------------------------------------------------------- edits without the key
+
+
+def scale(name: str, factor: int) -> Callable[[Members], None]:
+    def edit(members: Members) -> None:
+        members[name] = members[name] * factor
+
+    return edit
+
+
+def rename_a_frame(members: Members) -> None:
+    meta = meta_of(members)
+    meta["frames"][0][2] = "innocent"
+    with_meta(members, meta)
+
+
+@pytest.mark.parametrize("edit", [scale("d0_allocated", 1000), scale("d0_size", 2), rename_a_frame],
+                         ids=["scaled allocated curve", "scaled size column", "renamed frame"])
+def test_an_edited_entry_is_not_believed(snapshot_file: Path, cached: Path, edit: Callable[[Members], None]) -> None:
+    members = read_members(cached)
+    edit(members)  # keeps the old MAC: whoever edited it does not have the owner's key
+    write_members(cached, members)
+    assert_rebuilt(snapshot_file)
+
+
+def test_an_entry_planted_with_another_key_is_not_believed(snapshot_file: Path, cached: Path) -> None:
+    members = read_members(cached)
+    members["d0_allocated"] = members["d0_allocated"] * 1000
+    write_members(cached, sign(members, b"k" * cache.KEY_BYTES))
+    assert_rebuilt(snapshot_file)
+
+
+def test_a_cache_beside_the_snapshot_is_never_read(snapshot_file: Path, tmp_path: Path, cache_home: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Someone with write access to the shared folder builds a valid-looking entry with their own
+    # cache and leaves it beside the snapshot under every name memlens has ever used.
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(tmp_path / "attacker"))
+    memlens.load(snapshot_file, cache=True)
+    planted = next((tmp_path / "attacker").glob("v*.npz"))
+    shutil.copy(planted, snapshot_file.parent / planted.name)
+    shutil.copy(planted, snapshot_file.parent / f"{snapshot_file.name}.0123456789abcdef.memlens-cache.npz")
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(cache_home))
+    assert not memlens.load(snapshot_file, cache=True).from_cache
+    assert memlens.load(snapshot_file, cache=True).from_cache  # from the user's own folder
+
+
+# --------------------------------------------------------------------------- malformed, with a valid MAC
+
+
+def set_value(name: str, index: int, value: int) -> Callable[[Members, dict[str, Any]], None]:
+    def edit(members: Members, meta: dict[str, Any]) -> None:
+        column = members[name].copy()
+        column[index] = value
+        members[name] = column
+
+    return edit
+
+
+def out_of_range_stack_id(members: Members, meta: dict[str, Any]) -> None:
+    set_value("d0_stack_id", 7, members["stack_offsets"].size + 10)(members, meta)
+
+
+def out_of_range_metadata_id(members: Members, meta: dict[str, Any]) -> None:
+    column = np.full(meta["devices"][0]["events"], 5, dtype=np.int32)
+    meta["devices"][0]["constant_columns"] = [c for c in meta["devices"][0]["constant_columns"]
+                                              if c != "metadata_id"]
+    members["d0_metadata_id"] = column
+
+
+def short_column(members: Members, meta: dict[str, Any]) -> None:
+    members["d0_size"] = members["d0_size"][:-1]
+
+
+def wrong_dtype(members: Members, meta: dict[str, Any]) -> None:
+    members["d0_address"] = members["d0_address"].astype(np.int32)
+
+
+def two_dimensional(members: Members, meta: dict[str, Any]) -> None:
+    members["d0_allocated"] = members["d0_allocated"].reshape(1, -1)
+
+
+def decreasing_offsets(members: Members, meta: dict[str, Any]) -> None:
+    offsets = members["stack_offsets"].copy()
+    offsets[1], offsets[2] = offsets[2], offsets[1]
+    members["stack_offsets"] = offsets
+
+
+def offsets_past_the_end(members: Members, meta: dict[str, Any]) -> None:
+    offsets = members["stack_offsets"].copy()
+    offsets[-1] += 100
+    members["stack_offsets"] = offsets
+
+
+def out_of_range_frame(members: Members, meta: dict[str, Any]) -> None:
+    set_value("stack_frames", 0, len(meta["frames"]))(members, meta)
+
+
+def bad_block(members: Members, meta: dict[str, Any]) -> None:
+    meta["segments"][0][8][0][3] = "haunted"
+
+
+def segment_stack_out_of_range(members: Members, meta: dict[str, Any]) -> None:
+    meta["segments"][0][7] = 10**6
+
+
+def other_bytes(members: Members, meta: dict[str, Any]) -> None:
+    meta["content_hash"] = "0" * 64
+
+
+def old_version(members: Members, meta: dict[str, Any]) -> None:
+    meta["version"] = cache.CACHE_VERSION - 1
+
+
+def extra_member(members: Members, meta: dict[str, Any]) -> None:
+    members["d9_size"] = np.zeros(3, dtype=np.int64)
+
+
+def missing_member(members: Members, meta: dict[str, Any]) -> None:
+    del members["d0_reserved"]
+
+
+def frames_not_a_list(members: Members, meta: dict[str, Any]) -> None:
+    meta["frames"] = {"0": 1}
+
+
+def text_where_an_int_belongs(members: Members, meta: dict[str, Any]) -> None:
+    meta["devices"][0]["baseline_allocated"] = "27 GiB"
+
+
+MALFORMED = [out_of_range_stack_id, out_of_range_metadata_id, set_value("d0_action", 3, 42),
+             set_value("d0_size", 3, -512), short_column, wrong_dtype, two_dimensional, decreasing_offsets,
+             offsets_past_the_end, out_of_range_frame, bad_block, segment_stack_out_of_range, other_bytes,
+             old_version, extra_member, missing_member, frames_not_a_list, text_where_an_int_belongs]
+
+
+@pytest.mark.parametrize("edit", MALFORMED, ids=lambda f: f.__name__ if hasattr(f, "__name__") else str(f))
+def test_a_malformed_entry_is_rebuilt_even_when_signed(snapshot_file: Path, cached: Path, cache_home: Path,
+                                                       edit: Callable[[Members, dict[str, Any]], None]) -> None:
+    members = read_members(cached)
+    meta = meta_of(members)
+    edit(members, meta)
+    write_members(cached, sign(with_meta(members, meta), (cache_home / cache.KEY_NAME).read_bytes()))
+    assert_rebuilt(snapshot_file)
+
+
+def test_the_signing_helper_itself_keeps_a_good_entry_good(snapshot_file: Path, cached: Path,
+                                                           cache_home: Path) -> None:
+    # Without this, every test above could pass because re-signing alone broke the entry.
+    members = read_members(cached)
+    write_members(cached, sign(members, (cache_home / cache.KEY_NAME).read_bytes()))
+    assert memlens.load(snapshot_file, cache=True).from_cache
+
+
+def test_a_compressed_member_is_refused(snapshot_file: Path, cached: Path, cache_home: Path) -> None:
+    members = sign(read_members(cached), (cache_home / cache.KEY_NAME).read_bytes())
+    with open(cached, "wb") as handle:
+        np.savez_compressed(handle, **members)
+    assert_rebuilt(snapshot_file)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "one byte flipped"])
+def test_a_damaged_entry_is_rebuilt(snapshot_file: Path, cached: Path, damage: str) -> None:
+    data = bytearray(cached.read_bytes())
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    elif damage == "garbage":
+        data = bytearray(b"garbage" * 100)
+    elif damage == "empty":
+        data = bytearray()
+    else:
+        data[len(data) // 3] ^= 0x40
+    cached.write_bytes(bytes(data))
+    assert_rebuilt(snapshot_file)
+
+
+# --------------------------------------------------------------------------- the folder and its files
+
+
+def make_foreign(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Owned by another user: really (chown, as root), or as this process sees it otherwise."""
+    if os.geteuid() == 0:
+        os.chown(path, OTHER_UID, OTHER_UID)
+    else:
+        real_uid = os.geteuid()
+        monkeypatch.setattr(os, "geteuid", lambda: real_uid + 1)
+
+
+def test_a_folder_owned_by_someone_else_is_not_used(snapshot_file: Path, cached: Path, cache_home: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    make_foreign(cache_home, monkeypatch)
+    assert not memlens.load(snapshot_file, cache=True).from_cache
+    before = sorted(os.listdir(cache_home))
+    assert cache.write(snapshot_file, memlens.load(snapshot_file, cache=False)) is None
+    assert sorted(os.listdir(cache_home)) == before
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o702])
+def test_a_folder_others_can_write_is_not_used(snapshot_file: Path, cached: Path, cache_home: Path,
+                                               mode: int) -> None:
+    cache_home.chmod(mode)
+    assert not memlens.load(snapshot_file, cache=True).from_cache
+    assert cache.write(snapshot_file, memlens.load(snapshot_file, cache=False)) is None
+
+
+def test_an_entry_owned_by_someone_else_is_not_used(snapshot_file: Path, cached: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("changing a file's owner needs root; the folder-owner test covers the check otherwise")
+    os.chown(cached, OTHER_UID, OTHER_UID)
+    assert not memlens.load(snapshot_file, cache=True).from_cache
+
+
+def test_an_entry_that_is_a_symlink_is_not_followed(snapshot_file: Path, cached: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.npz"
+    cached.rename(elsewhere)
+    cached.symlink_to(elsewhere)
+    assert_rebuilt(snapshot_file)
+
+
+@pytest.mark.parametrize("problem", ["readable by others", "wrong length", "symlink"])
+def test_an_unusable_key_is_replaced(snapshot_file: Path, cached: Path, cache_home: Path, tmp_path: Path,
+                                     problem: str) -> None:
+    key = cache_home / cache.KEY_NAME
+    if problem == "readable by others":
+        key.chmod(0o644)
+    elif problem == "wrong length":
+        key.write_bytes(key.read_bytes()[:8])
+    else:
+        outside = tmp_path / "outside-key"
+        outside.write_bytes(key.read_bytes())
+        key.unlink()
+        key.symlink_to(outside)
+    assert_rebuilt(snapshot_file)
+    assert not key.is_symlink() and len(key.read_bytes()) == cache.KEY_BYTES
+    assert key.stat().st_mode & 0o077 == 0
+
+
+# --------------------------------------------------------------------------- what the writer will store
+
+
+def temporaries(folder: Path) -> list[str]:
+    return [name for name in os.listdir(folder) if name.startswith(".tmp-")] if folder.exists() else []
+
+
+def self_referencing() -> list[Any]:
+    loop: list[Any] = []
+    loop.append(loop)
+    return loop
+
+
+def deeply_nested() -> list[Any]:
+    value: list[Any] = []
+    for _ in range(100_000):
+        value = [value]
+    return value
+
+
+def wide_and_shared() -> list[Any]:
+    value: list[Any] = [1]
+    for _ in range(30):  # shallow enough for the depth limit, 2**30 paths through 30 shared lists
+        value = [value, value]
+    return value
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("settings", [
+    {"loop": self_referencing()}, {"deep": deeply_nested()}, {"shared": wide_and_shared()},
+    {"pair": (1, 2)}, {1: "int key"}, {"nan": float("nan")}, {"object": object()},
+], ids=["self-referencing", "deep", "exponential", "tuple", "int key", "nan", "object"])
+def test_settings_that_would_not_come_back_exactly_are_not_cached(snapshot_file: Path, cache_home: Path,
+                                                                  settings: dict[Any, Any]) -> None:
+    snapshot = memlens.load(snapshot_file, cache=False)
+    snapshot.allocator_settings = settings
+    assert cache.write(snapshot_file, snapshot) is None
+    snapshot.allocator_settings = {}
+    snapshot.extra = settings
+    assert cache.write(snapshot_file, snapshot) is None
+    assert temporaries(cache_home) == []
+    assert not memlens.load(snapshot_file, cache=True).from_cache
+
+
+@pytest.mark.timeout(60)
+def test_a_snapshot_with_a_self_referencing_setting_loads_without_hanging(tmp_path: Path, cache_home: Path) -> None:
+    raw = synthetic_snapshot(2_000, seed=1)
+    raw["allocator_settings"]["loop"] = self_referencing()
+    path = tmp_path / "loop.pickle"
+    path.write_bytes(pickle.dumps(raw, protocol=4))
+    try:
+        first = memlens.load(path, cache=True)
+    except memlens.MemlensFormatError:
+        first = None  # a reader may refuse such a file outright; then there is nothing to cache
+    if first is not None:
+        assert not memlens.load(path, cache=True).from_cache
+    assert temporaries(cache_home) == []
+
+
+def test_a_failed_write_leaves_no_temporary_and_no_entry(snapshot_file: Path, cache_home: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    def disk_full(handle: Any, **members: Any) -> None:
+        handle.write(b"PK\x03\x04 partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", disk_full)
+    snapshot = memlens.load(snapshot_file, cache=True)  # the load itself still succeeds
+    assert not snapshot.from_cache
+    assert temporaries(cache_home) == []
+    assert list(cache_home.glob("v*.npz")) == []
+
+
+def test_an_unexpected_error_while_writing_still_removes_the_temporary(snapshot_file: Path, cache_home: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(handle: Any, **members: Any) -> None:
+        handle.write(b"PK\x03\x04 partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "savez", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        memlens.load(snapshot_file, cache=True)
+    assert temporaries(cache_home) == []
