@@ -96,12 +96,7 @@ def live_at(report: Report, device: int | None, event: int | None = None) -> Liv
     ``categories_at_peak`` and ``top_stacks_by_category``. Raises ``MemlensUsageError`` for an
     unknown device or a row outside the trace.
     """
-    try:
-        device_report = report.device(device)
-    except KeyError:
-        raise MemlensUsageError(
-            f"no device {device} in this report (devices: {', '.join(map(str, sorted(report.devices)))})"
-        ) from None
+    device_report = report.device(device)  # MemlensUsageError for an unknown device
     trace = report.snapshot.device(device_report.device)
     n = len(trace)
     peak = device_report.peak_allocated_event

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from memlens.errors import MemlensUsageError
 from memlens.snapshot.model import Snapshot
 from memlens.units import format_bytes
 
@@ -187,11 +188,19 @@ class Report:
     sidecar: dict[str, Any] = field(default_factory=dict)
 
     def device(self, device: int | None = None) -> DeviceReport:
-        """The report of ``device``; with ``None`` the device with the most events."""
+        """The report of ``device``; with ``None`` the busiest: the highest peak, then the most events.
+
+        Memory, not events, decides: a state-only snapshot whose 10 GiB sit on device 1 is about
+        device 1, though no device has a recorded event.
+        """
         if device is None:
             if not self.devices:
                 raise KeyError("the report has no devices")
-            return max(self.devices.values(), key=lambda d: (d.events, -d.device))
+            return max(self.devices.values(),
+                       key=lambda d: (d.peak_allocated_bytes, d.peak_reserved_bytes, d.events, -d.device))
+        if device not in self.devices:
+            known = ", ".join(str(d) for d in sorted(self.devices)) or "none"
+            raise MemlensUsageError(f"{self.source}: no device {device} in this snapshot (devices: {known})")
         return self.devices[device]
 
     def to_json(self) -> dict[str, Any]:

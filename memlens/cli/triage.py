@@ -129,7 +129,11 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
     kinds = _split_kinds(fail_on)
     flags = BudgetFlags(params, optimizer, precision, hidden, layers, heads, vocab, batch, seq, checkpointing,
                         config_path)
-    reports = analyze_paths(list(snapshots), capacity, device, cache=cache)
+    # Every device is analysed, so the summary can list each one holding memory; --device picks
+    # the one detailed (and must exist in every file).
+    reports = analyze_paths(list(snapshots), capacity, None, cache=cache)
+    for report in reports:
+        report.device(device)
     if as_json:
         payload: Any = reports[0].to_json() if len(reports) == 1 else {"reports": [r.to_json() for r in reports]}
         click.echo(json.dumps(payload, indent=2))

@@ -153,6 +153,22 @@ def render_header(console: Console, report: Report, device: DeviceReport) -> Non
         console.print(Text(f"  note: {printable(note)}", style="dim"))
 
 
+def render_devices(console: Console, report: Report, shown: DeviceReport) -> None:
+    """A snapshot with memory on several devices: one line each, so none is missed."""
+    holding = [d for _, d in sorted(report.devices.items())
+               if d.events or d.peak_allocated_bytes or d.peak_reserved_bytes]
+    if len(holding) < 2:
+        return
+    console.print(Text("\nDevices", style="bold") + Text(f"  {len(holding)} hold memory; details below for "
+                                                          f"device {shown.device} (--device N for another)"))
+    for dev in holding:
+        kinds = ", ".join(sorted({f.kind for f in dev.findings})) or "no findings"
+        marker = "  ◀ shown" if dev.device == shown.device else ""
+        allocated, reserved = format_bytes(dev.peak_allocated_bytes), format_bytes(dev.peak_reserved_bytes)
+        console.print(f"  device {dev.device:<3} {dev.events:>10,} events  peak allocated {allocated:>10}"
+                      f"  reserved {reserved:>10}  {kinds}{marker}")
+
+
 def render_timeline(console: Console, report: Report, device: DeviceReport) -> None:
     trace = report.snapshot.devices.get(device.device)
     if trace is None or trace.events < 2:
@@ -282,6 +298,7 @@ def render_triage(
     """The whole one-screen report for one snapshot and device."""
     device_report = report.device(device)
     render_header(console, report, device_report)
+    render_devices(console, report, device_report)
     render_timeline(console, report, device_report)
     render_findings(console, device_report)
     render_categories(console, device_report)
