@@ -20,6 +20,7 @@ import json
 
 import click
 
+from memlens.cli.common import help_text
 from memlens.errors import MemlensUsageError
 from memlens.units import parse_bytes, parse_count
 
@@ -28,12 +29,15 @@ def parse_capacity(text: str) -> int:
     """A device size; a bare number is GB (``80`` -> 80e9 bytes)."""
     stripped = text.strip()
     try:
-        return round(float(stripped) * 1e9)
+        size = round(float(stripped) * 1e9)
     except ValueError:
-        return parse_bytes(stripped)
+        size = parse_bytes(stripped)
+    if size <= 0:
+        raise MemlensUsageError(f"--capacity {text!r}: a device needs more than 0 bytes")
+    return size
 
 
-@click.command(help=__doc__)
+@click.command(help=help_text(__doc__))
 @click.option("--params", "params", default=None, help="Parameter count P: 7e9, 7B, 350M.")
 @click.option("--hidden", type=int, default=None, help="Hidden size d.")
 @click.option("--layers", type=int, default=None, help="Transformer layers L.")

@@ -18,20 +18,43 @@ if TYPE_CHECKING:
 
 
 class ByteSize(click.ParamType):
-    """A click type for sizes such as 80GiB, 24GB or 1.5e9."""
+    """A click type for sizes such as 80GiB, 24GB or 1.5e9, at least ``minimum`` bytes."""
 
     name = "SIZE"
 
+    def __init__(self, minimum: int = 0) -> None:
+        self.minimum = minimum
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
-            return value
-        try:
-            return parse_bytes(value)
-        except MemlensUsageError as exc:
-            self.fail(str(exc), param, ctx)
+            size = value
+        else:
+            try:
+                size = parse_bytes(value)
+            except MemlensUsageError as exc:
+                self.fail(str(exc), param, ctx)
+        if size < self.minimum:
+            self.fail(f"{value!r} is too small: it must be at least {self.minimum:,} B", param, ctx)
+        return size
 
 
 BYTE_SIZE = ByteSize()
+CAPACITY = ByteSize(minimum=1)  # a device of 0 B answers every question with "no": refuse it
+
+
+def help_text(doc: str | None) -> str:
+    """A command's docstring as click help: example lines (indented) kept verbatim, not reflowed.
+
+    click rewraps every paragraph unless it starts with a ``\\b`` line; the examples in our
+    docstrings are the paragraphs whose lines are all indented.
+    """
+    paragraphs = (doc or "").strip("\n").split("\n\n")
+    shaped = []
+    for paragraph in paragraphs:
+        lines = paragraph.split("\n")
+        verbatim = all(line.startswith("  ") for line in lines if line.strip())
+        shaped.append("\b\n" + paragraph if verbatim else paragraph.replace("``", "`"))
+    return "\n\n".join(shaped)
 
 
 @contextmanager

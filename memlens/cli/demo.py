@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from memlens.cli.common import help_text
 from memlens.errors import MemlensUsageError
 
 SAMPLES_DIR = Path(__file__).resolve().parents[2] / "sample_snapshots"
@@ -34,7 +35,7 @@ def sample_groups(folder: Path) -> list[list[str]]:
     return singles + [sorted(files) for _, files in sorted(ranks.items())]
 
 
-@click.command(help=__doc__)
+@click.command(help=help_text(__doc__))
 @click.option("--samples", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Folder of snapshots (default: the repository's sample_snapshots/).")
 @click.option("--serve", is_flag=True, help="Then open the samples in the dashboard.")

@@ -14,7 +14,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from memlens.cli.common import analyze_paths
+from memlens.cli.common import analyze_paths, help_text
 from memlens.printable import printable
 from memlens.units import format_bytes
 
@@ -27,7 +27,7 @@ def _delta(before: int, after: int) -> Text:
     return Text(("+" if change > 0 else "-") + format_bytes(abs(change)), style=style)
 
 
-@click.command(help=__doc__)
+@click.command(help=help_text(__doc__))
 @click.argument("before", type=click.Path(dir_okay=False))
 @click.argument("after", type=click.Path(dir_okay=False))
 @click.option("--device", type=int, default=None, help="Device index in both files.")

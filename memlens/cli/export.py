@@ -11,16 +11,16 @@ import os
 
 import click
 
-from memlens.cli.common import BYTE_SIZE, analyze_paths
+from memlens.cli.common import CAPACITY, analyze_paths, help_text
 from memlens.errors import MemlensUsageError
 
 
-@click.command(help=__doc__)
+@click.command(help=help_text(__doc__))
 @click.argument("snapshot", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True),
               help="Where to write the HTML file.")
 @click.option("--device", type=int, default=None, help="Device index (default: the one with the most events).")
-@click.option("--capacity", type=BYTE_SIZE, default=None, help="Device memory, e.g. 80GiB.")
+@click.option("--capacity", type=CAPACITY, default=None, help="Device memory, e.g. 80GiB.")
 def export(snapshot: str, output: str, device: int | None, capacity: int | None) -> None:
     from memlens.reporters.html import write_html
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from memlens.analysis.report import FINDING_KINDS
-from memlens.cli.common import BYTE_SIZE, analyze_paths
+from memlens.cli.common import CAPACITY, analyze_paths, help_text
 from memlens.errors import MemlensUsageError
 from memlens.units import parse_count
 
@@ -33,8 +33,13 @@ if TYPE_CHECKING:
 EXIT_FINDING = 1
 
 
+# The words the report's headings use (ACTIVATIONS, OPTIMIZER) name the same kinds.
+KIND_ALIASES = {"activations": "activation_plateau", "optimizer": "optimizer_spike"}
+
+
 def _split_kinds(values: tuple[str, ...]) -> list[str]:
-    kinds = [k.strip() for v in values for k in v.split(",") if k.strip()]
+    kinds = [k.strip().lower() for v in values for k in v.split(",") if k.strip()]
+    kinds = [KIND_ALIASES.get(k, k) for k in kinds]
     unknown = [k for k in kinds if k not in FINDING_KINDS]
     if unknown:
         raise click.BadParameter(f"unknown finding kind {', '.join(unknown)} (use {', '.join(FINDING_KINDS)})",
@@ -94,14 +99,15 @@ def budget_reconciliation(report: Report, device: int | None, flags: BudgetFlags
     return reconcile(estimate(spec, setup), report.device(device))
 
 
-@click.command(help=__doc__)
+@click.command(help=help_text(__doc__))
 @click.argument("snapshots", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--device", type=int, default=None, help="Device index (default: the one with the most events).")
-@click.option("--capacity", type=BYTE_SIZE, default=None,
+@click.option("--capacity", type=CAPACITY, default=None,
               help="Device memory, e.g. 80GiB (default: the recorder's sidecar, if any).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema: memlens.analysis.schema).")
 @click.option("--fail-on", "fail_on", multiple=True, metavar="KIND",
-              help="Exit 1 if a finding of this kind is present (repeat or comma-separate).")
+              help=f"Exit 1 if a finding of this kind is present (repeat or comma-separate): "
+                   f"{', '.join(FINDING_KINDS)}; 'activations' and 'optimizer' name the plateau and the spike.")
 @click.option("--params", default=None, callback=lambda _c, _p, text: None if text is None else parse_count(text),
               help="Budget: parameter count, e.g. 7e9, 7B or 350M.")
 @click.option("--optimizer", default=None, help="Budget: optimizer (adamw, sgd, adam-8bit, ...).")

@@ -4,7 +4,7 @@ Prints, next to the recorded run: peak reserved memory, fragmentation (reserved 
 allocated) at that peak, the number of cudaMalloc calls, and whether and where the run would
 run out of memory within --capacity. Flags not given keep the recorded run's settings.
 
-Example: memlens whatif snap.pickle --expandable-segments --capacity 24GiB
+  memlens whatif snap.pickle --expandable-segments --capacity 24GiB
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from typing import Any
 
 import click
 
+from memlens.cli.common import help_text
+from memlens.errors import MemlensUsageError
 from memlens.units import MiB, parse_bytes
 
 
-@click.command(help=__doc__)
+@click.command(help=help_text(__doc__))
 @click.argument("snapshot", type=click.Path(exists=True, dir_okay=False))
 @click.option(
     "--expandable-segments/--no-expandable-segments",
@@ -50,6 +52,8 @@ def whatif(
     from memlens.snapshot.reader import load
 
     capacity_bytes = parse_bytes(capacity) if capacity is not None else None
+    if capacity_bytes is not None and capacity_bytes <= 0:
+        raise MemlensUsageError(f"--capacity {capacity!r}: a device needs more than 0 bytes")
     loaded = load(snapshot)
     overrides: dict[str, Any] = {}
     if expandable_segments is not None:

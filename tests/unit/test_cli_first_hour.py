@@ -1,0 +1,62 @@
+"""What a new user meets in the first hour: help that keeps its examples, names they can guess,
+sizes that make sense, and a shared report anyone can open."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from memlens.analysis.report import FINDING_KINDS
+from memlens.cli.main import cli
+from tests.conftest import SAMPLE_SNAPSHOTS_DIR
+
+LEAK = SAMPLE_SNAPSHOTS_DIR / "leak.pickle"
+
+
+@pytest.mark.parametrize("command, example", [
+    ("triage", "memlens triage runs/exp1/rank*.pickle --capacity 80GiB"),
+    ("diff", "memlens diff rank0.pickle rank1.pickle --json"),
+    ("budget", "memlens budget --params 7e9 --optimizer adamw --precision bf16-mixed"),
+    ("demo", "memlens demo --serve"),
+    ("whatif", "memlens whatif snap.pickle --expandable-segments --capacity 24GiB"),
+])
+def test_help_keeps_each_example_on_its_own_line(command: str, example: str) -> None:
+    result = CliRunner().invoke(cli, [command, "--help"], terminal_width=100)
+    assert result.exit_code == 0
+    assert any(line.strip() == example for line in result.output.splitlines()), result.output
+    assert "``" not in result.output  # reST literals read as plain backquotes
+
+
+def test_fail_on_help_lists_every_kind_and_takes_the_headings_words() -> None:
+    text = " ".join(CliRunner().invoke(cli, ["triage", "--help"], terminal_width=200).output.split())
+    for kind in FINDING_KINDS:
+        assert kind in text
+    result = CliRunner().invoke(cli, ["triage", str(LEAK), "--no-cache", "--fail-on", "activations,optimizer"])
+    assert result.exit_code in (0, 1), result.output  # accepted: 1 only if such a finding is there
+    wrong = CliRunner().invoke(cli, ["triage", str(LEAK), "--fail-on", "leaks"])
+    assert wrong.exit_code == 2 and "leak" in wrong.output
+
+
+@pytest.mark.parametrize("args", [
+    ("budget", "--params", "7e9", "--capacity", "0"),
+    ("triage", str(LEAK), "--capacity", "0"),
+    ("whatif", str(LEAK), "--capacity", "0B"),
+])
+def test_a_zero_byte_device_is_refused(args: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(cli, list(args))
+    assert result.exit_code == 2, result.output
+
+
+def test_exported_report_is_readable_by_others(tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    previous = os.umask(0o022)
+    try:
+        result = CliRunner().invoke(cli, ["export", str(LEAK), "-o", str(out)])
+    finally:
+        os.umask(previous)
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
