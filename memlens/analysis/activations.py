@@ -1,6 +1,12 @@
 """Activation plateau: memory rises through forward and falls through backward.
 
-Height = bytes of ``activations`` live at the forward peak of the step where they are highest.
+Height = bytes made in the forward part of a step (outside optimizer.step, not under autograd's
+frames) that are still live at the end of forward and freed later in the same step, in the step
+where they are highest. The end of forward is the step-local peak (``Phases.forward_peak``),
+moved back to the step's first autograd row when one comes before it: the engine's gradients and
+temporaries can make backward the step's highest point, and what forward left for backward is
+what stands when backward begins. Any plateau of at least ``ACTIVATION_MIN_BYTES`` and
+``ACTIVATION_MIN_FRACTION_OF_PEAK`` is reported; severity follows its share of the peak.
 Savings follow memory-budget.md and are estimates: full checkpointing keeps only the block
 inputs (~1/12 of the rule-of-thumb activations); selective checkpointing keeps ~60%.
 """
@@ -8,13 +14,14 @@ inputs (~1/12 of the rule-of-thumb activations); selective checkpointing keeps ~
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
-from memlens.analysis.categories import ACTIVATIONS
 from memlens.analysis.context import DeviceContext
 from memlens.analysis.lifetimes import byte_counts
 from memlens.analysis.report import Finding
 from memlens.analysis.settings import (
     ACTIVATION_HIGH_SEVERITY_FRACTION,
+    ACTIVATION_MEDIUM_SEVERITY_FRACTION,
     ACTIVATION_MIN_BYTES,
     ACTIVATION_MIN_FRACTION_OF_PEAK,
     FULL_CHECKPOINT_KEEP_FRACTION,
@@ -27,18 +34,47 @@ from memlens.units import format_bytes
 BACKWARD_FRAMELESS_SHIFT = 0.3
 
 
+def forward_ends(ctx: DeviceContext) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """Last forward row of each phase-step, and whether the first autograd row moved it."""
+    phases = ctx.phases
+    peaks = phases.forward_peak.copy()
+    stack_ids = ctx.trace.stack_id
+    backward_rows = np.flatnonzero(ctx.facts.backward[stack_ids] & (stack_ids >= 0)).astype(np.int64)
+    if backward_rows.size == 0:
+        return peaks, np.zeros(peaks.size, dtype=bool)
+    first = np.searchsorted(backward_rows, phases.start, side="left")
+    has = first < backward_rows.size
+    first_row = backward_rows[np.minimum(first, backward_rows.size - 1)]
+    moved = has & (first_row > phases.start) & (first_row <= peaks)
+    return np.where(moved, first_row - 1, peaks), moved
+
+
 def find(ctx: DeviceContext) -> list[Finding]:
     n = ctx.events
     phases = ctx.phases
     if n == 0 or phases.start.size == 0:
         return []
     lt = ctx.lifetimes
-    act = (ctx.category == ACTIVATIONS) & (lt.alloc_event >= 0)
-    ghost_act = (ctx.category == ACTIVATIONS) & (lt.alloc_event < 0)
-    delta = byte_counts(lt.alloc_event[act], lt.size[act], n + 1)
-    delta -= byte_counts(lt.free_event[act | ghost_act], lt.size[act | ghost_act], n + 1)
-    curve = np.cumsum(delta[:n]) + float(lt.size[ghost_act].sum())
-    heights = curve[phases.forward_peak]
+    ends, moved = forward_ends(ctx)
+    a, f = lt.alloc_event, lt.free_event
+    backward_stack = ctx.facts.backward[lt.stack_id]
+    # Made in forward and left for backward: per step, made by the end of forward outside
+    # optimizer.step and autograd, freed after it inside the step.
+    made = a >= 0
+    k_made = phases.step_of(np.where(made, a, -1))
+    km = np.maximum(k_made, 0)
+    outside_optimizer = phases.optimizer_window_of(np.where(made, a, -1)) < 0
+    act = made & (k_made >= 0) & outside_optimizer & ~backward_stack
+    act &= (a <= ends[km]) & (f > ends[km]) & (f < phases.end[km])
+    # Live before the window began and freed in a step's backward: activations of a step the
+    # window cut (as ``categories`` counts them).
+    ghost = ~made & (f < n)
+    k_freed = phases.step_of(np.where(ghost, f, -1))
+    kf = np.maximum(k_freed, 0)
+    ghost_act = ghost & (k_freed >= 0) & (f > ends[kf]) & (f <= phases.backward_end[kf])
+    owner = np.where(act, k_made, k_freed)
+    chosen = act | ghost_act
+    heights = byte_counts(owner[chosen], lt.size[chosen], phases.start.size)
     # Prefer whole steps: a partial head step is often setup (model copies), not a forward pass.
     complete = np.array([not s.partial for s in ctx.steps], dtype=bool)
     candidates = heights.copy()
@@ -46,8 +82,9 @@ def find(ctx: DeviceContext) -> list[Finding]:
         candidates[~complete] = -1.0
     k = int(np.argmax(candidates))
     height = round(heights[k])
-    peak = int(phases.forward_peak[k])
-    if height < max(ACTIVATION_MIN_BYTES, ACTIVATION_MIN_FRACTION_OF_PEAK * ctx.peak_allocated):
+    peak = int(ends[k])
+    share = height / ctx.peak_allocated if ctx.peak_allocated else 0.0
+    if height < ACTIVATION_MIN_BYTES or share < ACTIVATION_MIN_FRACTION_OF_PEAK:
         return []
     start, backward_end = int(phases.start[k]), int(phases.backward_end[k])
     # Backward must be seen after the peak: autograd frames, or rows without Python frames (the
@@ -64,28 +101,39 @@ def find(ctx: DeviceContext) -> list[Finding]:
     allocated = ctx.trace.allocated
     rise_start = start + int(np.argmin(allocated[start : peak + 1]))
     fall_end = peak + int(np.argmin(allocated[peak : max(backward_end, peak + 1)]))
-    live = (act & (lt.alloc_event <= peak) & (lt.free_event > peak)) | (ghost_act & (lt.free_event > peak))
+    live = chosen & (owner == k)
     full_saving = int(height * (1 - FULL_CHECKPOINT_KEEP_FRACTION))
     selective_saving = int(height * (1 - SELECTIVE_CHECKPOINT_KEEP_FRACTION))
-    share = height / ctx.peak_allocated if ctx.peak_allocated else 0.0
-    duration_us = None
     evidence: dict[str, int | float | str] = {
         "height_bytes": height,
         "share_of_peak": round(share, 3),
-        "forward_peak_event": peak,
+        "peak_allocated_bytes": ctx.peak_allocated,
+        "forward_end_event": peak,
+        "forward_end_source": "first autograd row" if moved[k] else "step-local peak",
+        "allocated_at_forward_end_bytes": int(allocated[peak]),
         "rise_bytes": int(allocated[peak] - allocated[rise_start]),
         "fall_bytes": int(allocated[peak] - allocated[fall_end]),
+        "rise_start_event": rise_start,
+        "fall_end_event": fall_end,
         "duration_events": fall_end - rise_start,
+        "activation_allocations": int(live.sum()),
         "full_checkpointing_saving_bytes": full_saving,
         "selective_checkpointing_saving_bytes": selective_saving,
         "saving_basis": "estimate: full keeps ~1/12 (block inputs only), selective keeps ~60%",
         "steps_with_plateau": int((heights >= ACTIVATION_MIN_BYTES).sum()),
         "backward_rows_share": round(max(backward_rows, frameless_after - frameless_before), 3),
     }
+    step_index = ctx.step_at(peak)
+    if step_index is not None:
+        evidence["step"] = step_index
     if ctx.trace.has_time:
-        duration_us = int(ctx.trace.time_us[fall_end] - ctx.trace.time_us[rise_start])
-        evidence["duration_us"] = duration_us
-    severity = "high" if share >= ACTIVATION_HIGH_SEVERITY_FRACTION else "medium"
+        evidence["forward_end_us"] = int(ctx.trace.time_us[peak])
+        evidence["duration_us"] = int(ctx.trace.time_us[fall_end] - ctx.trace.time_us[rise_start])
+    severity = "low"
+    if share >= ACTIVATION_HIGH_SEVERITY_FRACTION:
+        severity = "high"
+    elif share >= ACTIVATION_MEDIUM_SEVERITY_FRACTION:
+        severity = "medium"
     return [
         Finding(
             kind="activation_plateau",
@@ -96,7 +144,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
             end_event=fall_end + 1,
             start_us=ctx.time_at(rise_start),
             end_us=ctx.time_at(fall_end),
-            step=ctx.step_at(peak),
+            step=step_index,
             top_stacks=ctx.top_stacks(live),
             evidence=evidence,
             summary=(

@@ -47,12 +47,15 @@ LEAK_MEDIUM_SEVERITY_STEPS_LEFT = 100_000
 
 # --------------------------------------------------------------------------- activations
 
-# The plateau must hold this share of the peak to be worth checkpointing: below ~20% the
-# recompute cost (+33% compute) buys too little.
-ACTIVATION_MIN_FRACTION_OF_PEAK = 0.2
+# Any plateau this large and this share of the peak is reported (severity says how much it
+# matters): under 16 MiB no device is short of it, and under 5% of the peak checkpointing cannot
+# change whether a job fits. A 5.6 GB plateau at 11% of a 51 GB peak is worth knowing.
 ACTIVATION_MIN_BYTES = 16 * MiB
-# Above this share of the peak the plateau is the thing to fix first.
+ACTIVATION_MIN_FRACTION_OF_PEAK = 0.05
+# Above half the peak the plateau is the thing to fix first; from a fifth, checkpointing's +33%
+# compute buys a real share of the device; below that it is worth knowing, not urgent.
 ACTIVATION_HIGH_SEVERITY_FRACTION = 0.5
+ACTIVATION_MEDIUM_SEVERITY_FRACTION = 0.2
 # memory-budget.md: the rule of thumb stores 24*B*T*d bytes per layer (12 elements, 16-bit);
 # full checkpointing keeps only each block's input, 2*B*T*d bytes: 1/12 of it.
 FULL_CHECKPOINT_KEEP_FRACTION = 1 / 12
