@@ -1,0 +1,198 @@
+"""A CUDA device guard for a CPU-only PyTorch, so fake CUDA tensors can take part in autograd.
+
+PyTorch's autograd records the stream of every tensor it will send a gradient to, and asks the
+device guard registered for that tensor's device type. A CPU build has none for CUDA
+("PyTorch is not linked with support for cuda devices"), so a ``FakeTensor`` whose device is
+``cuda:0`` cannot go through ``backward()``, nor can ``.to("cuda")`` find the current device.
+The guard below answers "device 0, default stream, one device"; it is a few lines of C++ built
+once against the installed torch headers (about five seconds) and cached.
+
+The autograd engine also asks ``at::accelerator`` for the stream of every CUDA gradient, and a
+CPU build has no accelerator: its CUDA hooks say "no CUDA". Those hooks are a function-local
+static created when torch is imported, so the library replaces the object it points at (found
+through libtorch_cpu's ELF symbol table) with hooks that say "one CUDA device, device 0". Both
+stay installed for the life of the process; neither changes anything for real CPU tensors (code
+that asks for pinned memory or a CUDA generator gets PyTorch's "not available" errors). With a
+CUDA build of torch none of this is needed and nothing is loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import types
+from pathlib import Path
+
+import torch
+
+from memlens.errors import MemlensError
+
+_SOURCE = r"""
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <memory>
+namespace at { namespace {
+using c10::Device; using c10::DeviceIndex; using c10::DeviceType; using c10::Stream;
+const Device kDevice(DeviceType::CUDA, 0);
+struct SimulatedCudaGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  DeviceType type() const override { return DeviceType::CUDA; }
+  Device exchangeDevice(Device) const override { return kDevice; }
+  Device getDevice() const override { return kDevice; }
+  void setDevice(Device) const override {}
+  void uncheckedSetDevice(Device) const noexcept override {}
+  Stream getStream(Device) const noexcept override { return Stream(Stream::DEFAULT, kDevice); }
+  Stream exchangeStream(Stream) const noexcept override { return Stream(Stream::DEFAULT, kDevice); }
+  DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void**, const Stream&, const DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const DeviceIndex) const noexcept override {}
+};
+C10_REGISTER_GUARD_IMPL(CUDA, SimulatedCudaGuardImpl);
+struct SimulatedCudaHooks final : public CUDAHooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasCUDA() const override { return true; }
+  int getNumGPUs() const override { return 1; }
+  DeviceIndex current_device() const override { return 0; }
+  bool hasPrimaryContext(DeviceIndex) const override { return true; }
+  DeviceIndex deviceCount() const override { return 1; }
+  DeviceIndex getCurrentDevice() const override { return 0; }
+  void init() const override {}
+};
+} }
+extern "C" int memlens_install_cuda_hooks(long offset_from_getter) {
+  const at::CUDAHooksInterface& current = at::detail::getCUDAHooks();  // constructs the static
+  if (current.hasCUDA()) return 1;
+  auto* slot = reinterpret_cast<std::unique_ptr<at::CUDAHooksInterface>*>(
+      reinterpret_cast<char*>(&at::detail::getCUDAHooks) + offset_from_getter);
+  if (slot->get() != &current) return -1;  // the offset does not point at the static: leave it
+  (void)slot->release();  // the old hooks may still be referenced: leak, never free
+  slot->reset(new at::SimulatedCudaHooks());
+  return 0;
+}
+"""
+
+_loaded = False
+
+
+class GuardBuildError(MemlensError):
+    """The CUDA device guard could not be compiled (no C++ compiler, or no torch headers)."""
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "memlens" / "predict"
+
+
+def _library_path() -> Path:
+    key = hashlib.sha256(f"{torch.__version__}|{torch.__file__}|{_SOURCE}".encode()).hexdigest()[:16]
+    return _cache_dir() / f"simulated_cuda_guard-{key}.so"
+
+
+def _build(target: Path) -> None:
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        raise GuardBuildError(
+            "memlens predict needs a C++ compiler once, to build a 25-line CUDA device guard for "
+            "this CPU-only torch (set CXX, or install g++)"
+        )
+    torch_dir = Path(torch.__file__).parent
+    abi = int(torch.compiled_with_cxx11_abi())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+        source = Path(work) / "guard.cpp"
+        source.write_text(_SOURCE)
+        output = Path(work) / target.name
+        command = [
+            compiler, "-O1", "-std=c++17", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            f"-I{torch_dir / 'include'}", str(source), f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu",
+            f"-Wl,-rpath,{torch_dir / 'lib'}", "-o", str(output),
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise GuardBuildError(f"building the simulated CUDA device guard failed:\n{result.stderr[-2000:]}")
+        os.replace(output, target)  # atomic: concurrent predictions never load a half-written file
+
+
+def ensure_cuda_guard() -> None:
+    """Register the simulated CUDA device guard in this process (once; it cannot be removed)."""
+    global _loaded
+    if _loaded or torch.backends.cuda.is_built():
+        return
+    path = _library_path()
+    if not path.exists():
+        _build(path)
+    library = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    offset = _hooks_offset()
+    status = library.memlens_install_cuda_hooks(ctypes.c_long(offset)) if offset is not None else -1
+    if status < 0:
+        raise GuardBuildError(
+            "memlens predict could not install its CUDA hooks: this torch build's libtorch_cpu has no "
+            "symbol table to find them in (a stripped build?)"
+        )
+    _loaded = True
+
+
+_GETTER = b"_ZN2at6detail12getCUDAHooksEv"
+_HOOKS_STATIC = b"_ZZN2at6detail12getCUDAHooksEvE5hooks"
+
+
+def _hooks_offset() -> int | None:
+    """Distance from ``at::detail::getCUDAHooks`` to its function-local ``hooks`` static, read
+    from libtorch_cpu's ELF symbol table (the static is not exported, but it is listed)."""
+    library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    if not library.exists():
+        return None
+    values = _elf_symbol_values(library, (_GETTER, _HOOKS_STATIC))
+    if len(values) != 2:
+        return None
+    return values[_HOOKS_STATIC] - values[_GETTER]
+
+
+def _elf_symbol_values(path: Path, names: tuple[bytes, ...]) -> dict[bytes, int]:
+    """``st_value`` of each named symbol in a 64-bit little-endian ELF file's ``.symtab``."""
+    import mmap
+
+    import numpy as np
+
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if data[:6] != b"\x7fELF\x02\x01":
+            return {}
+        shoff = int.from_bytes(data[0x28:0x30], "little")
+        shentsize = int.from_bytes(data[0x3A:0x3C], "little")
+        shnum = int.from_bytes(data[0x3C:0x3E], "little")
+        sections = []
+        for index in range(shnum):
+            base = shoff + index * shentsize
+            sh_type = int.from_bytes(data[base + 4 : base + 8], "little")
+            sh_offset = int.from_bytes(data[base + 24 : base + 32], "little")
+            sh_size = int.from_bytes(data[base + 32 : base + 40], "little")
+            sh_link = int.from_bytes(data[base + 40 : base + 44], "little")
+            sections.append((sh_type, sh_offset, sh_size, sh_link))
+        symtabs = [section for section in sections if section[0] == 2]  # SHT_SYMTAB
+        if not symtabs:
+            return {}
+        _, sym_offset, sym_size, strtab_index = symtabs[0]
+        _, str_offset, str_size, _ = sections[strtab_index]
+        strtab = data[str_offset : str_offset + str_size]
+        symbol_type = np.dtype(
+            [("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"), ("value", "<u8"), ("size", "<u8")]
+        )
+        symbols = np.frombuffer(data[sym_offset : sym_offset + sym_size], dtype=symbol_type)
+        found: dict[bytes, int] = {}
+        for name in names:
+            start = strtab.find(b"\0" + name + b"\0")
+            while start >= 0 and name not in found:
+                matches = np.flatnonzero(symbols["name"] == start + 1)
+                if len(matches):
+                    found[name] = int(symbols["value"][matches[0]])
+                start = strtab.find(b"\0" + name + b"\0", start + 1)
+        return found
+
+
+__all__ = ["GuardBuildError", "ensure_cuda_guard"]

@@ -1,0 +1,60 @@
+"""Which fused attention kernel ``scaled_dot_product_attention`` would pick on the named GPU.
+
+A CPU build has no CUDA ``_fused_sdp_choice``; this answers it with the main rules of PyTorch's
+``sdp_utils.cpp`` (flash first, then memory-efficient, then math), which is what decides the
+memory: flash and memory-efficient attention keep a log-sum-exp per row, the math path keeps
+the whole ``seq x seq`` attention matrix. The rarer conditions (nested tensors, dropout on old
+GPUs, cuDNN attention) are not modelled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from memlens.predict.gpus import GpuSpec
+
+MATH, FLASH_ATTENTION, EFFICIENT_ATTENTION = 0, 1, 2
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _flash_fits(gpu: GpuSpec, query: torch.Tensor, key: torch.Tensor, attn_mask: Any) -> bool:
+    head_dim = query.shape[-1]
+    return (
+        torch.backends.cuda.flash_sdp_enabled()
+        and gpu.capability >= (8, 0)
+        and query.dtype in _HALF
+        and attn_mask is None
+        and query.dim() == 4
+        and head_dim <= 256
+        and head_dim % 8 == 0
+        and key.shape[-1] == head_dim
+    )
+
+
+def _efficient_fits(gpu: GpuSpec, query: torch.Tensor, value: torch.Tensor) -> bool:
+    alignment = 4 if query.dtype == torch.float32 else 8
+    return (
+        torch.backends.cuda.mem_efficient_sdp_enabled()
+        and gpu.capability >= (5, 0)
+        and (query.dtype != torch.bfloat16 or gpu.capability >= (8, 0))
+        and query.dtype in (torch.float32, *_HALF)
+        and query.dim() == 4
+        and query.shape[-1] % alignment == 0
+        and value.shape[-1] % alignment == 0
+    )
+
+
+def choose_sdpa_backend(gpu: GpuSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """The ``SDPBackend`` value for ``aten._fused_sdp_choice(query, key, value, attn_mask, ...)``."""
+    query, key, value = args[:3]
+    attn_mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+    if _flash_fits(gpu, query, key, attn_mask):
+        return FLASH_ATTENTION
+    if _efficient_fits(gpu, query, value):
+        return EFFICIENT_ATTENTION
+    return MATH
+
+
+__all__ = ["EFFICIENT_ATTENTION", "FLASH_ATTENTION", "MATH", "choose_sdpa_backend"]

@@ -1,0 +1,392 @@
+"""A prediction: the user's code runs on the CPU as if a CUDA GPU were there.
+
+``PredictSession`` is the context in which that holds: fake CUDA tensors (``FakeTensorMode``;
+exact shapes, dtypes, strides and aliasing, no memory, no compute), every CUDA storage sent
+through the caching-allocator simulator, ``torch.cuda`` answering from the simulator, and the
+choices PyTorch makes per device (autocast on ``cuda``, foreach optimizers, cuBLAS workspaces)
+made as on the named GPU. ``predict(fn)`` runs a function in one and returns a
+``PredictResult``; ``memlens predict -- python train.py`` runs a script in one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+
+from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, SimulatedOOM
+from memlens.errors import MemlensUsageError
+from memlens.predict.cuda_api import CudaApi
+from memlens.predict.gpus import DEFAULT_GPU, GpuSpec, cublas_workspace_bytes, gpu_spec, with_capacity
+from memlens.predict.guard import ensure_cuda_guard
+from memlens.predict.sdpa import choose_sdpa_backend
+from memlens.predict.tracking import CudaStorageTracker, PredictMode, PredictStackCapture
+
+_MEMLENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__))
+
+DATA_DEPENDENT_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
+
+
+@dataclass
+class PredictResult:
+    """What a prediction found. Peaks are whole-run, in the allocator's rounded block sizes
+    (what ``torch.cuda.max_memory_allocated``/``max_memory_reserved`` report)."""
+
+    gpu: str
+    capacity_bytes: int
+    reserve_outside_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    oom: bool
+    oom_at: str | None = None
+    stopped_at: str | None = None
+    stop_reason: str | None = None
+    snapshots: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    value: Any = None
+    snapshot: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def completed(self) -> bool:
+        return not self.oom and self.stopped_at is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "oom": self.oom,
+            "snapshots": list(self.snapshots),
+            "oom_at": self.oom_at,
+            "stopped_at": self.stopped_at,
+            "stop_reason": self.stop_reason,
+            "gpu": self.gpu,
+            "capacity_bytes": self.capacity_bytes,
+            "reserve_outside_bytes": self.reserve_outside_bytes,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def user_location(tb: TracebackType | None) -> str | None:
+    """``file:line`` of the innermost frame that is the user's code (not torch, memlens or
+    the standard library), from a traceback; None if there is none."""
+    found = None
+    for frame_summary in traceback.extract_tb(tb):
+        filename = os.path.abspath(frame_summary.filename)
+        if filename.startswith((_TORCH_DIR, _MEMLENS_DIR, _STDLIB_DIR)) or frame_summary.filename.startswith("<"):
+            continue
+        found = f"{frame_summary.filename}:{frame_summary.lineno}"
+    return found
+
+
+def _caller_location(frame: Any) -> str | None:
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not filename.startswith((_TORCH_DIR, _MEMLENS_DIR, _STDLIB_DIR)) and not frame.f_code.co_filename.startswith(
+            "<"
+        ):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def _epoch_clock() -> Callable[[], int]:
+    """Microseconds since the epoch, strictly increasing (trace entries order exactly)."""
+    last = 0
+
+    def clock() -> int:
+        nonlocal last
+        now = time.time_ns() // 1000
+        last = now if now > last else last + 1
+        return last
+
+    return clock
+
+
+class PredictSession:
+    """Enter to make ``cuda`` a simulated device in this process; exit to restore everything."""
+
+    def __init__(
+        self,
+        gpu: str | GpuSpec | None = None,
+        capacity: int | None = None,
+        reserve_outside: int = 0,
+        settings: AllocatorSettings | None = None,
+        stacks: bool = True,
+        eager_compile: bool = True,
+    ) -> None:
+        spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu or DEFAULT_GPU)
+        if capacity is not None:
+            spec = with_capacity(spec, capacity)
+        if reserve_outside < 0 or reserve_outside >= spec.total_memory:
+            raise MemlensUsageError(f"reserve_outside must be in [0, {spec.total_memory}), got {reserve_outside}")
+        self.gpu = spec
+        self.reserve_outside = reserve_outside
+        self.capacity = spec.total_memory - reserve_outside
+        if settings is None:
+            settings = AllocatorSettings.from_alloc_conf(os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+        self.settings = settings
+        self.simulator = CachingAllocatorSimulator(
+            settings=settings, capacity=self.capacity, device=0, record_history=True, clock=_epoch_clock()
+        )
+        self.tracker = CudaStorageTracker(self.simulator, PredictStackCapture() if stacks else None)
+        self.tracker.active = True
+        self.tracker.on_oom = self._on_oom
+        self.workspace_bytes = cublas_workspace_bytes(spec, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+        self.eager_compile = eager_compile
+        self.snapshot_paths: list[str] = []
+        self.oom_at: str | None = None
+        self.oom_message: str | None = None
+        self._script_history_start: int | None = None
+        self._script_max_entries: int | None = None
+        self._fake_mode: FakeTensorMode | None = None
+        self._mode: PredictMode | None = None
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    # ------------------------------------------------------------------ enter / exit
+    def __enter__(self) -> PredictSession:
+        ensure_cuda_guard()
+        # Before patching: building the mode imports torch._dynamo, which indexes torch.cuda.
+        self._fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self._patch_all()
+        self._mode = PredictMode(self.tracker, self.workspace_bytes)
+        self._mode.op_hook = self._op_hook
+        self._fake_mode.__enter__()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._mode is not None:
+                self._mode.__exit__(None, None, None)
+            if self._fake_mode is not None:
+                self._fake_mode.__exit__(None, None, None)
+        finally:
+            self.tracker.drain()
+            self._unpatch_all()
+
+    def close(self) -> None:
+        """Detach the finalizers (after the snapshot is taken): nothing calls back later."""
+        self.tracker.close()
+
+    def _patch_all(self) -> None:
+        patches = CudaApi(self).patches()
+        patches.append((torch.utils, "swap_tensors", _swap_fake_tensors(torch.utils.swap_tensors)))
+        if self.eager_compile:
+            patches.append((torch, "compile", _eager_compile))
+            patches.append((torch.nn.Module, "compile", _eager_module_compile))
+        for owner, name, value in patches:
+            self._saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
+            setattr(owner, name, value)
+        # Foreach/fused optimizer defaults look at type(p): FakeTensor parameters must count as
+        # plain tensors, so the default is the one a real CUDA run makes (foreach).
+        import torch.optim.optimizer as optimizer_module
+
+        supported = optimizer_module._foreach_supported_types
+        if FakeTensor not in supported:
+            supported.append(FakeTensor)
+            self._saved.append((supported, "__list__", FakeTensor))
+
+    def _unpatch_all(self) -> None:
+        for owner, name, value in reversed(self._saved):
+            if name == "__list__":
+                if value in owner:
+                    owner.remove(value)
+            elif value is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+        self._saved.clear()
+
+    # ------------------------------------------------------------------ op hook
+    def _op_hook(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if func is torch.ops.aten._fused_sdp_choice.default:
+            return choose_sdpa_backend(self.gpu, args, kwargs)
+        return NotImplemented
+
+    # ------------------------------------------------------------------ allocator state
+    def allocator_state(self) -> dict[str, int]:
+        self.tracker.drain()
+        simulator = self.simulator
+        return {
+            "allocated": simulator.allocated_bytes,
+            "peak_allocated": simulator.peak_allocated_bytes,
+            "reserved": simulator.reserved_bytes,
+            "peak_reserved": simulator.peak_reserved_bytes,
+            "requested": simulator.requested_bytes,
+        }
+
+    def reset_peaks(self) -> None:
+        self.tracker.drain()
+        self.simulator.peak_allocated_bytes = self.simulator.allocated_bytes
+        self.simulator.peak_reserved_bytes = self.simulator.reserved_bytes
+
+    def empty_cache(self) -> None:
+        self.tracker.drain()
+        with self.tracker._lock:
+            self.simulator.empty_cache(self._frames())
+
+    def _frames(self) -> list[dict[str, object]] | None:
+        stacks = self.tracker.stacks
+        return stacks.capture(sys._getframe(1)) if stacks is not None else None
+
+    def _on_oom(self, oom: SimulatedOOM) -> None:
+        self.oom_at = _caller_location(sys._getframe(1))
+        self.oom_message = str(oom)
+
+    # ------------------------------------------------------------------ snapshots
+    def start_script_history(self, max_entries: int | None) -> None:
+        self.tracker.drain()
+        self._script_history_start = len(self.simulator.trace)
+        self._script_max_entries = max_entries
+
+    def stop_script_history(self) -> None:
+        self._script_history_start = None
+
+    def script_snapshot(self) -> dict[str, Any]:
+        """The snapshot the script asked for: every live block, and the trace since it started
+        recording (none if it is not recording, as CUDA's would be)."""
+        self.tracker.drain()
+        snapshot = self.simulator.snapshot()
+        trace = snapshot["device_traces"][0]
+        start = self._script_history_start
+        if start is None:
+            del trace[:]
+        else:
+            del trace[:start]
+            limit = self._script_max_entries
+            if limit is not None and len(trace) > limit:
+                del trace[: len(trace) - limit]  # CUDA's history is a ring buffer
+        return snapshot
+
+    def full_snapshot(self) -> dict[str, Any]:
+        """The whole run: every allocation since the session began, and the live blocks."""
+        self.tracker.drain()
+        return self.simulator.snapshot()
+
+
+_MISSING = object()
+
+
+def _swap_fake_tensors(original: Callable[[torch.Tensor, torch.Tensor], None]) -> Callable[..., None]:
+    """``Module.to('cuda')`` swaps FakeTensor parameters, which the fake-tensor memo's weak
+    references forbid; do what a real CUDA run does instead (``param.data = new``), keeping
+    the same Parameter object so optimizers built earlier still hold it."""
+
+    def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        try:
+            original(t1, t2)
+        except RuntimeError:
+            if not (isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor)):
+                raise
+            with torch.no_grad():
+                t1.data = t2
+            t1.fake_device = t2.fake_device
+
+    return swap_tensors
+
+
+def _eager_compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """``torch.compile`` runs the model eagerly: inductor's kernels need the real GPU (see
+    the README's limits); eager memory is the one an uncompiled run would use."""
+    if model is None:
+        return lambda fn: fn
+    return model
+
+
+def _eager_module_compile(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def predict(
+    fn: Callable[..., Any],
+    *args: Any,
+    capacity: int | str | None = None,
+    gpu: str | None = None,
+    reserve_outside: int | str = 0,
+    settings: AllocatorSettings | None = None,
+    stacks: bool = True,
+    **kwargs: Any,
+) -> PredictResult:
+    """Run ``fn(*args, **kwargs)`` on a simulated CUDA GPU and say how much memory it needs.
+
+    ``capacity`` (bytes or ``"80GiB"``) sets the device memory; ``gpu`` names one of
+    ``memlens.predict.GPUS`` (default ``a100-80gb``); ``reserve_outside`` is memory outside
+    PyTorch's allocator (CUDA context, NCCL) taken off the capacity. An out-of-memory error
+    and an operation that needs a real value end the run and are reported, not raised; any
+    other exception propagates.
+    """
+    from memlens.units import parse_bytes
+
+    session = PredictSession(
+        gpu=gpu,
+        capacity=parse_bytes(capacity) if capacity is not None else None,
+        reserve_outside=parse_bytes(reserve_outside),
+        settings=settings,
+        stacks=stacks,
+    )
+    return run_in_session(session, lambda: fn(*args, **kwargs))
+
+
+def run_in_session(session: PredictSession, body: Callable[[], Any]) -> PredictResult:
+    """Run ``body`` inside ``session`` and turn what happened into a ``PredictResult``."""
+    started = time.perf_counter()
+    value = None
+    stopped_at = stop_reason = None
+    try:
+        with session:
+            try:
+                value = body()
+            except torch.OutOfMemoryError:
+                if session.oom_at is None:
+                    raise  # the script's own OutOfMemoryError, not the simulator's
+            except DATA_DEPENDENT_ERRORS as error:
+                stopped_at = user_location(error.__traceback__)
+                stop_reason = (
+                    f"needs a real value ({_op_name(error)}): tensors on the simulated GPU hold no data; "
+                    "compute it on the CPU or take it out of the predicted run"
+                )
+            except UnsupportedOperatorException as error:
+                stopped_at = user_location(error.__traceback__)
+                stop_reason = f"operator {error.func} has no meta implementation (a custom CUDA/Triton kernel?)"
+        snapshot = session.full_snapshot()
+    finally:
+        session.close()
+    return PredictResult(
+        gpu=session.gpu.name,
+        capacity_bytes=session.capacity,
+        reserve_outside_bytes=session.reserve_outside,
+        peak_allocated_bytes=session.tracker.peak_allocated_bytes,
+        peak_reserved_bytes=session.tracker.run_peak_reserved_bytes,
+        oom=session.oom_at is not None or session.simulator.oom_count > 0,
+        oom_at=session.oom_at,
+        stopped_at=stopped_at,
+        stop_reason=stop_reason,
+        snapshots=list(session.snapshot_paths),
+        seconds=time.perf_counter() - started,
+        value=value,
+        snapshot=snapshot,
+    )
+
+
+def _op_name(error: BaseException) -> str:
+    func = getattr(error, "func", None)
+    return str(func) if func is not None else type(error).__name__
+
+
+__all__ = ["PredictResult", "PredictSession", "predict", "run_in_session", "user_location"]

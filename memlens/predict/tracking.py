@@ -1,0 +1,139 @@
+"""What the simulated GPU sees: CUDA storages born and freed, and the cuBLAS workspaces.
+
+The fake CUDA tensors come from ``FakeTensorMode`` (meta storage, exact sizes). A dispatch mode
+above it (``PredictMode``) sees every aten op the program, the autograd engine and the optimizer
+run, exactly as the recorder's ``TrackingMode`` does on the CPU; the recorder's
+``StorageTracker`` turns the new *CUDA* storages among the outputs into ``malloc`` calls and
+their finalizers into ``free`` calls. CPU tensors (also fake, so a model built on the CPU first
+costs nothing) are not on the GPU and are not counted.
+
+One allocation that is no tensor is modelled: cuBLAS takes a workspace from the caching
+allocator the first time a handle runs a GEMM, one per handle, i.e. one per thread that runs
+matmuls (the forward on the main thread, the backward on autograd's device thread), and keeps
+it for the life of the process. It is allocated after the op's output, as in the real kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from memlens.allocator import CachingAllocatorSimulator
+from memlens.recorder.cpu_tracker import StorageTracker
+from memlens.recorder.stacks import StackCapture
+
+_PREDICT_DIR = os.path.dirname(os.path.abspath(__file__))
+
+_aten = torch.ops.aten
+# Ops whose CUDA kernels call cuBLAS (and so take the calling thread's handle and workspace).
+CUBLAS_OPS = frozenset(
+    {
+        _aten.mm.default,
+        _aten.addmm.default,
+        _aten.bmm.default,
+        _aten.baddbmm.default,
+        _aten.addbmm.default,
+        _aten.addmv.default,
+        _aten.mv.default,
+        _aten.dot.default,
+        _aten.vdot.default,
+        _aten._addmm_activation.default,
+    }
+)
+
+
+class PredictStackCapture(StackCapture):
+    """Python stacks that start in the user's code: this package's frames are left out."""
+
+    def capture(self, start: FrameType | None = None) -> list[dict[str, object]]:
+        frame = start if start is not None else sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith(_PREDICT_DIR):
+            frame = frame.f_back
+        return super().capture(frame)
+
+
+class CudaStorageTracker(StorageTracker):
+    """The recorder's tracker, restricted to storages on the (simulated) CUDA device, keeping
+    whole-run peaks that ``torch.cuda.reset_peak_memory_stats`` does not touch."""
+
+    def __init__(self, simulator: CachingAllocatorSimulator, stacks: StackCapture | None) -> None:
+        super().__init__(simulator, stacks)
+        self.run_peak_reserved_bytes = 0
+        self.workspace_threads: dict[int, int] = {}  # thread id -> workspace address
+        self.on_malloc: Callable[[], None] | None = None
+
+    def _on_tensor(self, func: Any, tensor: torch.Tensor) -> None:
+        if tensor.device.type != "cuda":
+            return
+        super()._on_tensor(func, tensor)
+
+    def _register(self, tensor: torch.Tensor, frames: list[dict[str, object]] | None) -> int | None:
+        address = super()._register(tensor, frames)
+        if address is not None:
+            self._after_malloc()
+        return address
+
+    def _after_malloc(self) -> None:
+        reserved = self.simulator.reserved_bytes
+        if reserved > self.run_peak_reserved_bytes:
+            self.run_peak_reserved_bytes = reserved
+
+    def allocate_workspace(self, size: int) -> None:
+        """Malloc this thread's cuBLAS workspace if it has none yet (never freed, like PyTorch's)."""
+        thread = threading.get_ident()
+        if thread in self.workspace_threads or size <= 0:
+            return
+        frames = self.stacks.capture(sys._getframe(1)) if self.stacks is not None else None
+        with self._lock:
+            self.workspace_threads[thread] = self._malloc_raw(size, frames)
+        self._after_malloc()
+
+    def _malloc_raw(self, size: int, frames: list[dict[str, object]] | None) -> int:
+        from memlens.allocator import SimulatedOOM
+
+        try:
+            address = self.simulator.malloc(size, 0, frames)
+        except SimulatedOOM as oom:
+            if self.on_oom is not None:
+                self.on_oom(oom)
+            raise torch.OutOfMemoryError(f"memlens: {oom} (cuBLAS workspace, simulated device)") from None
+        allocated = self.simulator.allocated_bytes
+        if allocated > self.peak_allocated_bytes:
+            self.peak_allocated_bytes = allocated
+        return address
+
+
+class PredictMode(TorchDispatchMode):
+    """Runs each op (on the fake tensors below it) and shows its CUDA outputs to the tracker."""
+
+    def __init__(self, tracker: CudaStorageTracker, workspace_bytes: int) -> None:
+        super().__init__()
+        self.tracker = tracker
+        self.workspace_bytes = workspace_bytes
+        self.op_hook: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] | None = None
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        hook = self.op_hook
+        if hook is not None:
+            replaced = hook(func, args, kwargs)
+            if replaced is not NotImplemented:
+                return replaced
+        outputs = func(*args, **kwargs)
+        tracker = self.tracker
+        tracker.on_outputs(func, outputs)
+        if func in CUBLAS_OPS and isinstance(outputs, torch.Tensor) and outputs.device.type == "cuda":
+            tracker.allocate_workspace(self.workspace_bytes)
+        return outputs
+
+
+__all__ = ["CUBLAS_OPS", "CudaStorageTracker", "PredictMode", "PredictStackCapture"]
