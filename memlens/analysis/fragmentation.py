@@ -94,7 +94,10 @@ class AllocatorEvidence:
     at_oom: PoolState | None
     oom_device_free_bytes: int
     replayed: bool
-    simulated_peak_reserved: int | None
+    # The first observed row where the replay's reserved bytes differ from the recorded ones (a
+    # trace that is not the caching allocator's, or state the seeding could not rebuild); None
+    # when the replay reproduced every cudaMalloc it was asked about.
+    diverged_at: int | None = None
     notes: tuple[str, ...] = ()
 
     @property
@@ -174,15 +177,29 @@ def _allocator_evidence(snapshot: Snapshot, trace: DeviceTrace, capacity: int | 
         return AllocatorEvidence(len(requests), (), None, 0, False, None)
 
     states: dict[int, PoolState] = {}
+    diverged: list[int] = []
+    # cudaMallocs come early (the cache warms up in the first steps): the replay stops after the
+    # last row it is asked about instead of running the whole trace.
+    last_row = max([*candidates, *([] if oom_row is None else [oom_row])])
 
     def observe(row: int, sim: CachingAllocatorSimulator) -> None:
+        recorded_before = int(trace.reserved[row]) - (int(trace.size[row]) if row != oom_row else 0)
+        if not diverged and sim.reserved_bytes != recorded_before:
+            diverged.append(row)
         stream = int(trace.stream[row])
         if row in candidates:
             states[row] = _pool_state(sim, row, candidates[row][1], stream)
         elif row == oom_row:
             states[row] = _pool_state(sim, row, rounder.round_size(int(trace.size[row])), stream)
+        if row >= last_row:
+            raise _ReplayDone
 
-    result = whatif(snapshot, capacity=capacity, device=trace.device, observer=observe)
+    notes: tuple[str, ...] = ()
+    try:
+        result = whatif(snapshot, capacity=capacity, device=trace.device, observer=observe)
+        notes = tuple(result.notes)
+    except _ReplayDone:
+        pass
     cudamallocs = tuple(CudaMalloc(row, candidates[row][0], states[row]) for row in sorted(candidates) if row in states)
     return AllocatorEvidence(
         segment_allocs=len(requests),
@@ -190,9 +207,13 @@ def _allocator_evidence(snapshot: Snapshot, trace: DeviceTrace, capacity: int | 
         at_oom=states.get(oom_row) if oom_row is not None else None,
         oom_device_free_bytes=int(trace.device_free[oom_row]) if oom_row is not None else 0,
         replayed=True,
-        simulated_peak_reserved=int(result.simulated["peak_reserved_bytes"]),
-        notes=tuple(result.notes),
+        diverged_at=diverged[0] if diverged else None,
+        notes=notes,
     )
+
+
+class _ReplayDone(Exception):
+    """Raised by the observer once the replay has passed every row the analysis needs."""
 
 
 # ------------------------------------------------------------------ what-if replays
@@ -216,7 +237,9 @@ def _max_split_candidate_mb(blocked: list[CudaMalloc]) -> int | None:
 
 def _replay_savings(ctx: DeviceContext, evidence: AllocatorEvidence, blocked: list[CudaMalloc]) -> list[ReplaySaving]:
     recorded = AllocatorSettings.from_snapshot_dict(ctx.snapshot.allocator_settings)
-    baseline = evidence.simulated_peak_reserved or 0
+    # The replay reproduced the recorded cudaMallocs (checked row by row), so the recorded peak is
+    # the replay's own with the recorded settings.
+    baseline = int(ctx.trace.reserved.max())
     trials: list[tuple[str, AllocatorSettings]] = []
     if not recorded.expandable_segments:
         trials.append(("expandable_segments:True", dataclasses.replace(recorded, expandable_segments=True)))
@@ -284,7 +307,9 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
     if not (significant or oom_blocked):
         return []
 
-    savings = _replay_savings(ctx, evidence, blocked)
+    # A replay that did not reproduce the recorded run cannot say what a setting would save there.
+    faithful = evidence.diverged_at is None
+    savings = _replay_savings(ctx, evidence, blocked) if faithful else []
     best = max(savings, key=lambda s: (not s.oom, s.saving), default=None)
     avoids_oom = oom is not None and best is not None and not best.oom
     reference = ctx.capacity or peak_reserved
@@ -296,7 +321,7 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
         "blocked_cudamallocs": len(blocked),
         "blocked_cudamalloc_bytes": blocked_bytes,
         "recorded_peak_reserved_bytes": peak_reserved,
-        "replayed_peak_reserved_bytes": evidence.simulated_peak_reserved or 0,
+        "replay_reproduces_recorded_reserved": "yes" if faithful else f"no, from event {evidence.diverged_at}",
     }
     if ctx.capacity:
         facts["capacity_bytes"] = ctx.capacity
@@ -364,16 +389,19 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
             top_stacks=[],
             evidence=facts,
             summary="; ".join(parts) + ".",
-            recommendation=_history_recommendation(evidence, savings, best, oom is not None),
+            recommendation=_history_recommendation(peak_reserved, faithful, savings, best, oom is not None),
             estimated_saving_bytes=saving or None,
         )
     ]
 
 
 def _history_recommendation(
-    evidence: AllocatorEvidence, savings: list[ReplaySaving], best: ReplaySaving | None, had_oom: bool
+    peak_reserved: int, faithful: bool, savings: list[ReplaySaving], best: ReplaySaving | None, had_oom: bool
 ) -> str:
-    baseline = format_bytes(evidence.simulated_peak_reserved or 0)
+    baseline = format_bytes(peak_reserved)
+    if not faithful:
+        return ("memlens' allocator replay does not reproduce this trace's reserved memory, so it claims no saving; "
+                "try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and compare the peak reserved.")
     if best is None:
         return ("expandable_segments is already on and no max_split_size_mb applies: keep tensor shapes stable "
                 "between steps, and allocate long-lived tensors before the temporaries that surround them.")
@@ -384,8 +412,8 @@ def _history_recommendation(
     )
     if (had_oom and not best.oom) or best.saving > 0:
         return (f"Set PYTORCH_CUDA_ALLOC_CONF={best.setting}. Replaying this trace through memlens' allocator "
-                f"model: {baseline} peak reserved with the recorded settings; {tried}.")
-    return (f"Replaying this trace does not lower its peak ({baseline} with the recorded settings; {tried}): "
+                f"model: {baseline} peak reserved as recorded; {tried}.")
+    return (f"Replaying this trace does not lower its peak ({baseline} as recorded; {tried}): "
             "these cudaMallocs grew the cache below its peak. Keep tensor shapes stable between steps so "
             "freed blocks fit the next requests.")
 

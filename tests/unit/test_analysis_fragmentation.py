@@ -60,7 +60,8 @@ def test_blocked_cudamallocs_are_counted_and_the_replay_gives_the_saving() -> No
     assert evidence["first_blocked_time_us"] == sim.trace[rows[8]]["time_us"] == frag.start_us
     # One expandable segment: 1920 MiB mapped, the three 120 MiB tensors fit in the 320 MiB left
     # after 8 x 200 MiB but the last, which maps two more 20 MiB pages: 1960 MiB against 2280 MiB.
-    assert evidence["recorded_peak_reserved_bytes"] == evidence["replayed_peak_reserved_bytes"] == 2280 * MiB
+    assert evidence["recorded_peak_reserved_bytes"] == 2280 * MiB
+    assert evidence["replay_reproduces_recorded_reserved"] == "yes"
     assert evidence["expandable_segments_peak_reserved_bytes"] == 1960 * MiB
     assert frag.estimated_saving_bytes == 320 * MiB == frag.bytes
     assert frag.severity == "high"  # 14% of peak reserved
