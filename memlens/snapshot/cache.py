@@ -105,7 +105,9 @@ _MAC = "__mac__"
 _ALLOWED_DTYPES = frozenset((_INT8, _INT32, _INT64, _UINT8))
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip local file header, 30 bytes
 _LOCAL_HEADER_MAGIC = b"PK\x03\x04"
-_OPEN_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+# The checks below need POSIX owners and descriptor-relative opens; elsewhere nothing is cached.
+_SUPPORTED = os.name == "posix" and bool(_OPEN_NOFOLLOW) and os.open in os.supports_dir_fd
 
 
 class _InvalidEntry(ValueError):
@@ -300,7 +302,12 @@ class _CacheFolder:
 
     @classmethod
     def open(cls, create: bool) -> _CacheFolder | None:
-        path = cache_dir()
+        if not _SUPPORTED:
+            return None
+        try:
+            path = cache_dir()
+        except (RuntimeError, KeyError):  # no home directory to put it in
+            return None
         if create:
             try:
                 os.makedirs(path, mode=0o700, exist_ok=True)
