@@ -172,6 +172,17 @@ def analyze_file(path: str, uploaded: bool = False) -> Any:
     return memlens.analyze(snapshot)
 
 
+def _caused_by_memory_error(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, MemoryError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 def _child_main(sender: Connection, path: str, uploaded: bool, memory_bytes: int) -> None:
     """Runs in the child: cap the address space, analyse, send back one (outcome, detail) pair."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
@@ -182,7 +193,9 @@ def _child_main(sender: Connection, path: str, uploaded: bool, memory_bytes: int
     except MemoryError:
         message = ("memory", None)
     except MemlensError as exc:
-        message = ("error", str(exc))
+        # The reader turns a MemoryError into its own "too large" message; under our cap the
+        # cap is the reason, and the user should hear which limit stopped the file.
+        message = ("memory", None) if _caused_by_memory_error(exc) else ("error", str(exc))
     except Exception:
         message = ("crash", traceback.format_exc())
     try:

@@ -17,6 +17,17 @@ def test_missing_snapshot_is_a_usage_error(tmp_path: Path, capsys: pytest.Captur
     assert "no such file" in capsys.readouterr().err
 
 
+def test_a_file_that_is_not_a_snapshot_is_refused_before_serving(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("remember to buy milk\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", str(notes), "--port", "0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "notes.txt: not a pickle" in err, err
+
+
 def test_bad_upload_limit_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--max-upload", "lots"])

@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from memlens.synthetic import synthetic_snapshot, write_pickle
+from tests.conftest import REAL_SNAPSHOTS_DIR
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,6 @@ REPORT_CACHE = 3
 # RSS after the burst may sit this far above the warm level: allocator slack and interned
 # strings, not reports (each 100k-event report is ~10 MB and at most REPORT_CACHE are kept).
 RSS_SLACK_BYTES = 120 << 20
-REAL_SNAPSHOTS_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "real_snapshots"
 
 
 def _free_port() -> int:
