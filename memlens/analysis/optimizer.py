@@ -1,15 +1,28 @@
-"""Optimizer spike: memory allocated inside ``optimizer.step()``.
+"""Optimizer spike: what ``optimizer.step()`` adds to the allocated level.
 
-Split into *persistent* bytes (made in the window and kept after it: the state, created on the
-first step) and *transient* bytes (made and freed inside it: e.g. foreach/multi-tensor
-buffers), compared with Adam's 8 bytes per parameter when the parameter count is known.
+Each window is one optimizer.step (annotations, or runs of ``torch/optim`` frames that stop at
+``zero_grad``). Its *spike* is the rise of the allocated level from the row before the window
+to the window's highest row (the *spike row*). Every byte of that rise is accounted for, from
+the lifetimes:
+
+    spike = new state + transient - released        (exact, in bytes, in the evidence)
+
+- *new state*: made in the window before the spike row and still alive after the window (Adam's
+  moments on the first step);
+- *transient*: made in the window and live at the spike row, freed before the window ends
+  (foreach / multi-tensor buffers);
+- *released*: older memory freed in the window before the spike row (state replaced out of
+  place: an optimizer that writes new moment tensors and drops the old ones).
+
+Adam's state is compared with 8 bytes per parameter when the parameter count is known.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
-from memlens.analysis.categories import OPTIMIZER_STATE, PARAMETERS, TEMPORARY
+from memlens.analysis.categories import OPTIMIZER_STATE, PARAMETERS
 from memlens.analysis.context import DeviceContext, sidecar_number
 from memlens.analysis.lifetimes import byte_counts
 from memlens.analysis.report import Finding
@@ -23,63 +36,98 @@ from memlens.units import format_bytes
 # 8-bit Adam keeps 2 of Adam's 8 bytes per parameter (memory-budget.md): it saves 3/4.
 EIGHT_BIT_ADAM_SAVING = 0.75
 
+I64 = npt.NDArray[np.int64]
 
-def find(ctx: DeviceContext) -> list[Finding]:
-    windows = ctx.optimizer_windows
-    n = ctx.events
-    if not windows or n == 0:
-        return []
-    lt = ctx.lifetimes
+
+def spike_rows(ctx: DeviceContext) -> tuple[I64, npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Per window: the row where the allocated level is highest, the level there, the level before."""
     phases = ctx.phases
-    window_of = phases.optimizer_window_of(np.where(lt.alloc_event >= 0, lt.alloc_event, -1))
-    count = phases.opt_start.size
-    persistent_mask = (window_of >= 0) & (ctx.category == OPTIMIZER_STATE)
-    persistent = byte_counts(window_of[persistent_mask], lt.size[persistent_mask], count)
-    transient_mask = (window_of >= 0) & (ctx.category == TEMPORARY)
-    delta = byte_counts(lt.alloc_event[transient_mask], lt.size[transient_mask], n + 1)
-    delta -= byte_counts(lt.free_event[transient_mask], lt.size[transient_mask], n + 1)
-    transient_curve = np.cumsum(delta[:n])
     allocated = ctx.trace.allocated
-    spikes = np.zeros(count)
-    transient = np.zeros(count)
+    n = ctx.events
+    count = phases.opt_start.size
+    rows = np.zeros(count, dtype=np.int64)
+    at = np.zeros(count)
+    before = np.zeros(count)
     for w in range(count):  # one slice per optimizer.step
         lo, hi = int(phases.opt_start[w]), min(int(phases.opt_end[w]), n)
         if hi <= lo:
+            rows[w] = lo
             continue
-        before = allocated[lo - 1] if lo > 0 else allocated[lo] - ctx.trace.size[lo]
-        spikes[w] = allocated[lo:hi].max() - before
-        transient[w] = transient_curve[lo:hi].max()
-    # State replaced out of place (new moment tensors, old ones freed) is not new state: net it.
-    old = (lt.alloc_event < phases.opt_start.min()) | (lt.alloc_event >= 0)
-    freed_in = phases.optimizer_window_of(np.where(lt.free_event < n, lt.free_event, -1))
-    replaced_mask = (freed_in >= 0) & old
-    made_in_same = replaced_mask & (window_of == freed_in)
-    replaced_mask &= ~made_in_same
-    replaced = byte_counts(freed_in[replaced_mask], lt.size[replaced_mask], count)
-    net_persistent = np.maximum(persistent - replaced, 0)
-    score = np.maximum(spikes, net_persistent)
-    w = int(np.argmax(score))
-    spike_bytes = int(max(score[w], 0))
+        rows[w] = lo + int(np.argmax(allocated[lo:hi]))
+        at[w] = allocated[rows[w]]
+        before[w] = allocated[lo - 1] if lo > 0 else ctx.trace.baseline_allocated
+    return rows, at, before
+
+
+def find(ctx: DeviceContext) -> list[Finding]:
+    n = ctx.events
+    phases = ctx.phases
+    count = phases.opt_start.size
+    if count == 0 or n == 0:
+        return []
+    lt = ctx.lifetimes
+    a, f, size = lt.alloc_event, lt.free_event, lt.size
+    made_in = phases.optimizer_window_of(np.where(a >= 0, a, -1))
+    freed_in = phases.optimizer_window_of(np.where(f < n, f, -1))
+    wm, wf = np.maximum(made_in, 0), np.maximum(freed_in, 0)
+    kept = (made_in >= 0) & (f >= phases.opt_end[wm])
+    transient = (made_in >= 0) & ~kept
+    # Freed in a window and made before it began (or before the history did).
+    released = (freed_in >= 0) & (a < phases.opt_start[wf])
+
+    spike_row, level_at_spike, level_before = spike_rows(ctx)
+    spikes = level_at_spike - level_before
+    s_made, s_freed = spike_row[wm], spike_row[wf]
+    new_state_mask = kept & (a <= s_made)
+    transient_mask = transient & (a <= s_made) & (f > s_made)
+    released_mask = released & (f <= s_freed)
+    new_state = byte_counts(made_in[new_state_mask], size[new_state_mask], count)
+    transient_at_spike = byte_counts(made_in[transient_mask], size[transient_mask], count)
+    released_by_spike = byte_counts(freed_in[released_mask], size[released_mask], count)
+    kept_total = byte_counts(made_in[kept], size[kept], count)
+    replaced_mask = released & (ctx.category == OPTIMIZER_STATE)
+    replaced_total = byte_counts(freed_in[replaced_mask], size[replaced_mask], count)
+
+    w = int(np.argmax(spikes))
+    spike_bytes = round(spikes[w])
     if spike_bytes < max(OPTIMIZER_MIN_BYTES, OPTIMIZER_MIN_FRACTION_OF_PEAK * ctx.peak_allocated):
         return []
     lo, hi = int(phases.opt_start[w]), min(int(phases.opt_end[w]), n)
-    persistent_total = int(net_persistent.sum())
-    transient_peak = int(transient[w])
-    in_window = (window_of == w) & (persistent_mask | transient_mask)
+    row = int(spike_row[w])
+    new_state_bytes = round(new_state[w])
+    transient_bytes = round(transient_at_spike[w])
+    released_bytes = round(released_by_spike[w])
+    # The most transient memory live at once anywhere in the window (foreach buffers).
+    in_w = transient & (made_in == w)
+    delta = byte_counts(a[in_w] - lo, size[in_w], hi - lo + 1) - byte_counts(f[in_w] - lo, size[in_w], hi - lo + 1)
+    transient_peak = round(float(np.cumsum(delta).max(initial=0.0)))
     peak_inside = ctx.peak_event is not None and lo <= ctx.peak_event < hi
 
     evidence: dict[str, int | float | str] = {
+        "spike_bytes": spike_bytes,
+        "new_state_bytes": new_state_bytes,
+        "transient_bytes": transient_bytes,
+        "released_bytes": released_bytes,
+        "spike_event": row,
+        "level_before_bytes": round(level_before[w]),
+        "level_at_spike_bytes": round(level_at_spike[w]),
+        "window_start_event": lo,
+        "window_end_event": hi,
         "windows": count,
         "window_source": ctx.optimizer_window_source,
-        "spike_bytes": int(spikes[w]),
-        "persistent_bytes": int(net_persistent[w]),
-        "state_written_bytes": int(persistent[w]),
-        "state_replaced_bytes": int(replaced[w]),
-        "persistent_bytes_all_windows": int(net_persistent.sum()),
+        "state_kept_after_window_bytes": round(kept_total[w]),
+        "state_replaced_bytes": round(replaced_total[w]),
+        "state_kept_all_windows_bytes": round(kept_total.sum()),
         "transient_peak_bytes": transient_peak,
-        "state_bytes_at_peak": int(lt.size[(ctx.category == OPTIMIZER_STATE) & lt.live_at(ctx.peak_event or 0)].sum()),
+        "state_bytes_at_peak": int(size[(ctx.category == OPTIMIZER_STATE) & lt.live_at(ctx.peak_event or 0)].sum()),
         "global_peak_inside": int(peak_inside),
     }
+    step_index = ctx.step_at(row)
+    if step_index is not None:
+        evidence["step"] = step_index
+    spike_us = ctx.time_at(row)
+    if spike_us is not None:
+        evidence["spike_us"] = spike_us
     params = sidecar_number(
         ctx.snapshot.sidecar, ctx.device, "trainable_parameters", "parameters", "parameter_count", "num_parameters"
     )
@@ -87,7 +135,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
         evidence["parameters"] = params
         evidence["parameters_source"] = "sidecar"
     else:
-        param_bytes = int(lt.size[(ctx.category == PARAMETERS)].sum())
+        param_bytes = int(size[(ctx.category == PARAMETERS)].sum())
         if param_bytes:
             params = param_bytes // max(ctx.settings.bytes_per_param, 1)
             evidence["parameters"] = params
@@ -97,15 +145,16 @@ def find(ctx: DeviceContext) -> list[Finding]:
     if params:
         evidence["adam_state_8p_bytes"] = ADAM_STATE_BYTES_PER_PARAM * params
 
-    largest_temp = int(lt.size[in_window & transient_mask].max()) if (in_window & transient_mask).any() else 0
+    largest_temp = int(size[in_w].max()) if in_w.any() else 0
     foreach_saving = max(transient_peak - largest_temp, 0)
-    state_saving = int(max(persistent_total, int(evidence["state_bytes_at_peak"])) * EIGHT_BIT_ADAM_SAVING)
+    state_bytes = max(round(kept_total.sum() - replaced_total.sum()), int(evidence["state_bytes_at_peak"]))
+    state_saving = int(state_bytes * EIGHT_BIT_ADAM_SAVING)
     evidence["foreach_off_saving_bytes"] = foreach_saving
     evidence["eight_bit_state_saving_bytes"] = state_saving
-    if transient_peak >= net_persistent[w]:
+    if transient_bytes >= new_state_bytes:
         recommendation = (
-            f"Most of it is per-step temporaries ({format_bytes(transient_peak)}): foreach=False (or fused=True) "
-            f"would hold one parameter's buffers at a time (~{format_bytes(foreach_saving)} less); "
+            f"Most of it is per-step temporaries ({format_bytes(transient_bytes)} at the spike): foreach=False "
+            f"(or fused=True) would hold one parameter's buffers at a time (~{format_bytes(foreach_saving)} less); "
             "8-bit Adam, Adafactor or PEFT shrink the state itself."
         )
         saving = foreach_saving
@@ -116,6 +165,9 @@ def find(ctx: DeviceContext) -> list[Finding]:
         )
         saving = state_saving
     where = "contains the global peak" if peak_inside else "is not the global peak"
+    parts = f"{format_bytes(new_state_bytes)} new state + {format_bytes(transient_bytes)} transient"
+    if released_bytes:
+        parts += f" - {format_bytes(released_bytes)} of older memory freed"
     return [
         Finding(
             kind="optimizer_spike",
@@ -127,12 +179,11 @@ def find(ctx: DeviceContext) -> list[Finding]:
             start_us=ctx.time_at(lo),
             end_us=ctx.time_at(hi - 1),
             step=ctx.step_at(lo),
-            top_stacks=ctx.top_stacks(in_window),
+            top_stacks=ctx.top_stacks((made_in == w) & (new_state_mask | transient_mask)),
             evidence=evidence,
             summary=(
-                f"optimizer.step adds {format_bytes(spike_bytes)} "
-                f"({format_bytes(int(net_persistent[w]))} new state, {format_bytes(transient_peak)} transient); "
-                f"this window {where}."
+                f"optimizer.step adds {format_bytes(spike_bytes)} at its highest point (event {row:,}): "
+                f"{parts}; this window {where}."
             ),
             recommendation=recommendation,
             estimated_saving_bytes=saving or None,

@@ -58,7 +58,7 @@ def is_backward_frame(frame: Frame) -> bool:
     return not frame.filename.endswith(".py") and bool(_CPP_BACKWARD.search(frame.name))
 
 
-def _reduce_per_stack(table: StackTable, frame_flag: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+def reduce_per_stack(table: StackTable, frame_flag: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
     """Per stack: does any of its frames have the flag? (+1 slot so stack id -1 reads False.)"""
     out = np.zeros(len(table.stacks) + 1, dtype=bool)
     if not table.stacks or not frame_flag.any():
@@ -94,9 +94,9 @@ class StackFacts:
         named = np.fromiter((f.name in _BACKWARD_NAMES for f in frames), dtype=bool, count=len(frames))
         return cls(
             table,
-            _reduce_per_stack(table, optim),
-            _reduce_per_stack(table, backward),
-            _reduce_per_stack(table, named | backward),
+            reduce_per_stack(table, optim),
+            reduce_per_stack(table, backward),
+            reduce_per_stack(table, named | backward),
         )
 
     def frames_for_display(self, stack_id: int) -> list[str]:

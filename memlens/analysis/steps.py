@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from memlens.analysis.report import Step
 from memlens.analysis.settings import PERIODIC_BINS, PERIODIC_MIN_AUTOCORR, PERIODIC_MIN_STEPS
-from memlens.analysis.stacks import StackFacts
+from memlens.analysis.stacks import StackFacts, reduce_per_stack
 from memlens.snapshot.model import Annotation, DeviceTrace
 
 MEMLENS_STEP = re.compile(r"^memlens\.step#(\d+)$")
@@ -153,6 +153,13 @@ def _steps_from_metadata(trace: DeviceTrace, memlens_only: bool) -> list[Step]:
     return steps
 
 
+def _zero_grad_stacks(facts: StackFacts) -> npt.NDArray[np.bool_]:
+    """Per stack (+1 slot for stack id -1): is ``zero_grad`` one of its frames?"""
+    frames = facts.table.frames
+    named = np.fromiter((frame.name == "zero_grad" for frame in frames), dtype=bool, count=len(frames))
+    return reduce_per_stack(facts.table, named)
+
+
 def optimizer_windows(
     trace: DeviceTrace, annotations: list[Annotation], facts: StackFacts
 ) -> tuple[list[tuple[int, int]], str]:
@@ -170,7 +177,9 @@ def optimizer_windows(
     with_stack = np.flatnonzero(trace.stack_id >= 0)
     if with_stack.size == 0:
         return [], "none"
-    flags = facts.optimizer[trace.stack_id[with_stack]]
+    # optimizer.zero_grad() lives in torch/optim too, but it is not optimizer.step: its frees
+    # (set_to_none) would join the step's window and pass for state being replaced.
+    flags = facts.optimizer[trace.stack_id[with_stack]] & ~_zero_grad_stacks(facts)[trace.stack_id[with_stack]]
     if not flags.any():
         return [], "none"
     # Runs of optimizer-framed rows; rows without any stack do not break a run.
