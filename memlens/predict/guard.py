@@ -24,7 +24,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import types
 from pathlib import Path
 
 import torch

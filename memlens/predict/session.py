@@ -187,6 +187,7 @@ class PredictSession:
     def _patch_all(self) -> None:
         patches = CudaApi(self).patches()
         patches.append((torch.utils, "swap_tensors", _swap_fake_tensors(torch.utils.swap_tensors)))
+        patches += _skipped_initialisers()
         if self.eager_compile:
             patches.append((torch, "compile", _eager_compile))
             patches.append((torch.nn.Module, "compile", _eager_module_compile))
@@ -299,6 +300,21 @@ def _swap_fake_tensors(original: Callable[[torch.Tensor, torch.Tensor], None]) -
             t1.fake_device = t2.fake_device
 
     return swap_tensors
+
+
+def _skipped_initialisers() -> list[tuple[Any, str, Any]]:
+    """``torch.nn.init``'s in-place initialisers return the tensor untouched: values do not
+    matter to memory, and some (``trunc_normal_``) read values, which fake tensors do not hold."""
+
+    def skip(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return tensor
+
+    names = [
+        name
+        for name in dir(torch.nn.init)
+        if name.endswith("_") and not name.startswith("_") and callable(getattr(torch.nn.init, name))
+    ]
+    return [(torch.nn.init, name, skip) for name in names]
 
 
 def _eager_compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:

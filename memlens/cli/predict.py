@@ -1,0 +1,134 @@
+"""Predict a script's GPU memory on the CPU: it runs unmodified against a simulated CUDA GPU.
+
+Tensors on "cuda" are fake (exact shapes, no memory, no compute); every allocation goes
+through the caching-allocator simulator (PYTORCH_CUDA_ALLOC_CONF applies), torch.cuda's memory
+API answers from it, and an out-of-memory error is raised where the real GPU would raise it.
+Snapshots the script dumps land where it asks; the whole run is also written to
+OUT/predicted.pickle for triage, serve and whatif.
+
+  memlens predict --gpu h100-80gb -- python train.py --batch-size 8
+  memlens predict --capacity 24GiB --json -- python -m mypkg.train
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import runpy
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import click
+
+from memlens.cli.common import help_text
+from memlens.errors import MemlensUsageError
+from memlens.units import format_bytes, parse_bytes
+
+
+def split_command(command: tuple[str, ...]) -> tuple[str, str, list[str]]:
+    """``python train.py A`` -> ("path", "train.py", ["train.py", "A"]); ``python -m pkg A`` ->
+    ("module", "pkg", ["pkg", "A"]). The interpreter word is optional."""
+    words = list(command)
+    if words and os.path.basename(words[0]).startswith("python"):
+        words = words[1:]
+    if not words:
+        raise MemlensUsageError("nothing to run: give the command after --, e.g. -- python train.py")
+    if words[0] == "-m":
+        if len(words) < 2:
+            raise MemlensUsageError("-m needs a module name")
+        return "module", words[1], [words[1], *words[2:]]
+    if words[0].startswith("-"):
+        raise MemlensUsageError(f"unsupported interpreter option {words[0]!r}: give a script or -m module")
+    if not Path(words[0]).is_file():
+        raise MemlensUsageError(f"no such script: {words[0]}")
+    return "path", words[0], words
+
+
+def run_command(kind: str, target: str, argv: list[str]) -> Any:
+    """Run a script or module in this process as ``python`` would (``__main__``, argv, path)."""
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = argv
+    sys.path.insert(0, os.path.dirname(os.path.abspath(target)) if kind == "path" else os.getcwd())
+    try:
+        if kind == "path":
+            runpy.run_path(target, run_name="__main__")
+        else:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        if stop.code not in (None, 0):
+            raise
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+@click.command(help=help_text(__doc__), context_settings={"ignore_unknown_options": True})
+@click.option("--gpu", default=None, help="GPU to simulate (default a100-80gb): h100-80gb, a100-40gb, l4, ...")
+@click.option("--capacity", default=None, help="Device memory, e.g. 80GiB (overrides the GPU's).")
+@click.option(
+    "--reserve-outside",
+    default="0",
+    help="Memory outside PyTorch's allocator (CUDA context, NCCL), e.g. 1.5GiB; taken off the capacity.",
+)
+@click.option("--out", "out_dir", default="memlens_predict", help="Folder for predicted.pickle (the whole run).")
+@click.option("--no-stacks", is_flag=True, help="Do not capture Python stacks (faster; snapshots have no frames).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def predict(
+    gpu: str | None,
+    capacity: str | None,
+    reserve_outside: str,
+    out_dir: str,
+    no_stacks: bool,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    from memlens.predict.session import PredictSession, run_in_session
+
+    kind, target, argv = split_command(command)
+    session = PredictSession(
+        gpu=gpu,
+        capacity=parse_bytes(capacity) if capacity else None,
+        reserve_outside=parse_bytes(reserve_outside),
+        stacks=not no_stacks,
+    )
+    failure: BaseException | None = None
+    try:
+        result = run_in_session(session, lambda: run_command(kind, target, argv))
+    except Exception as error:  # the script's own error: show it as Python would, then the figures
+        failure = error
+        traceback.print_exception(error, file=sys.stderr)
+        result = None
+    if result is None:
+        raise click.exceptions.Exit(1) if failure is not None else click.exceptions.Exit(2)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    predicted = out / "predicted.pickle"
+    with open(predicted, "wb") as handle:
+        pickle.dump(result.snapshot, handle)
+    result.snapshots.append(str(predicted.resolve()))
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        click.echo(render(result))
+
+
+def render(result: Any) -> str:
+    lines = [
+        f"memlens predict on a simulated {result.gpu} ({format_bytes(result.capacity_bytes)} for PyTorch"
+        + (f", {format_bytes(result.reserve_outside_bytes)} reserved outside" if result.reserve_outside_bytes else "")
+        + ")",
+        f"  peak allocated  {format_bytes(result.peak_allocated_bytes)}",
+        f"  peak reserved   {format_bytes(result.peak_reserved_bytes)}",
+    ]
+    if result.oom:
+        lines.append(f"  OUT OF MEMORY at {result.oom_at or 'an allocation outside your code'}")
+    elif result.stopped_at is not None or result.stop_reason is not None:
+        lines.append(f"  stopped at {result.stopped_at or '?'}: {result.stop_reason}")
+    else:
+        lines.append("  fits: the run completed within capacity")
+    lines.append("  not counted: the CUDA context, NCCL and cuBLAS handles outside the allocator (--reserve-outside)")
+    lines += [f"  snapshot: {path}" for path in result.snapshots]
+    return "\n".join(lines)
