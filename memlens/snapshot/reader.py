@@ -19,9 +19,11 @@ import gzip
 import io
 import itertools
 import json
+import math
 import operator
 import os
 import pickle
+import sys
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
@@ -41,6 +43,7 @@ from memlens.snapshot.model import (
     Snapshot,
     StackTable,
 )
+from memlens.snapshot.scan import VettedStream
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -64,28 +67,40 @@ class _GlobalRefused(Exception):
 
 
 def _unpickle(stream: IO[bytes], source: str) -> Any:
+    vetted = VettedStream(stream)
     try:
-        return _RefuseGlobals(stream).load()
+        return _RefuseGlobals(vetted).load()
     except _GlobalRefused as exc:
-        raise MemlensFormatError(
-            source,
-            f"refused to load: the pickle names the global {exc} (a memory snapshot never needs one; "
-            "loading it could run code)",
-        ) from None
-    except EOFError:
-        raise MemlensFormatError(
-            source, "the file ends early: it is truncated or was still being written"
-        ) from None
-    except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
-        raise MemlensFormatError(source, f"not a readable pickle ({type(exc).__name__}: {exc})") from None
-    except RecursionError:
-        raise MemlensFormatError(source, "the pickle is nested too deeply to be a memory snapshot") from None
-    except MemoryError:
-        raise MemlensFormatError(source, "the pickle is too large to load in this machine's memory") from None
-    except (OSError, gzip.BadGzipFile) as exc:
-        raise MemlensFormatError(source, f"could not read the file ({exc})") from None
-    except Exception as exc:  # globals are refused, so anything else is a damaged stream
-        raise MemlensFormatError(source, f"not a readable pickle ({type(exc).__name__}: {exc})") from None
+        raise _global_refused(source, str(exc)) from None
+    except Exception as exc:
+        if vetted.refusal is None:
+            raise _format_error(exc, source) from None
+        # The unpickler stopped where vetting refused the stream (it reads whole frames, so a
+        # global in the same frame was not reached): name the global first, as find_class would.
+        if vetted.first_global is not None:
+            raise _global_refused(source, vetted.first_global) from None
+        raise MemlensFormatError(source, str(vetted.refusal)) from None
+
+
+def _global_refused(source: str, name: str) -> MemlensFormatError:
+    return MemlensFormatError(
+        source,
+        f"refused to load: the pickle names the global {name} (a memory snapshot never needs one; "
+        "loading it could run code)",
+    )
+
+
+def _format_error(exc: Exception, source: str) -> MemlensFormatError:
+    """The one-line error for an unpickling failure (globals are refused, so it is damage)."""
+    if isinstance(exc, EOFError):
+        return MemlensFormatError(source, "the file ends early: it is truncated or was still being written")
+    if isinstance(exc, RecursionError):
+        return MemlensFormatError(source, "the pickle is nested too deeply to be a memory snapshot")
+    if isinstance(exc, MemoryError):
+        return MemlensFormatError(source, "the pickle is too large to load in this machine's memory")
+    if isinstance(exc, OSError | gzip.BadGzipFile):
+        return MemlensFormatError(source, f"could not read the file ({exc})")
+    return MemlensFormatError(source, f"not a readable pickle ({type(exc).__name__}: {exc})")
 
 
 @contextlib.contextmanager
@@ -246,38 +261,126 @@ def read_sidecar(path: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- parsing
 
 
+# Limits on what a well-formed snapshot can hold. Each is far above anything PyTorch writes,
+# and each keeps hostile values from overflowing the int64 columns or the report's units.
+MAX_BYTES = 1 << 50  # one size, 1 PiB (the largest GPU has under 2**38 bytes)
+MAX_TOTAL_BYTES = 1 << 56  # bytes live or reserved at once, summed over a trace
+MAX_ADDRESS = (1 << 63) - 1
+MAX_TIME_US = 1 << 60  # microseconds since the epoch: year 36,000
+MAX_DEVICES = 1024  # device ordinals (one process sees at most a few dozen GPUs)
+MAX_LINE = (1 << 31) - 1
+MAX_TEXT = 4096  # characters kept of a frame's name or filename, a metadata or annotation string
+TRUNCATION_MARK = "…"
+MAX_EXTRA_DEPTH = 32  # nesting kept in unknown keys and allocator_settings (JSON in the cache)
+MAX_EXTRA_NODES = 10_000
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_SHARED_VISITS = 100_000
+
+
+def _references_of_a_list_item() -> int:
+    """What ``map(sys.getrefcount, items)`` reports for an item that only the list holds
+    (the interpreter's own temporary reference differs between Python versions)."""
+    return max(map(sys.getrefcount, [object()]))
+
+
+_SINGLE_REFERENCE = _references_of_a_list_item()
+
+
+def _short(text: str) -> str:
+    """``text`` cut to MAX_TEXT characters (a 10 MB frame name is no real frame's)."""
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + TRUNCATION_MARK
+
+
+def _what(value: Any) -> str:
+    """A short description of a value for an error message (never its full repr: it may be huge)."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        return f"{value}" if abs(value) < 1 << 70 else f"an integer of {value.bit_length()} bits"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else f"a string of {len(value):,} characters"
+    return f"a {type(value).__name__}"
+
+
 class _Checker:
     """Raises format errors that name the file and where in it the problem is."""
 
     def __init__(self, source: str) -> None:
         self.source = source
+        self._seen: set[int] = set()  # ids of shared items already walked (see walk)
+        self._containers: set[int] = set()
+        self._walked: list[Any] = []
+        self._shared_visits = 0
 
     def fail(self, problem: str) -> MemlensFormatError:
         return MemlensFormatError(self.source, problem)
 
     def dict_(self, value: Any, where: str) -> dict[str, Any]:
         if not isinstance(value, dict):
-            raise self.fail(f"{where} should be a dict, found {type(value).__name__}")
+            raise self.fail(f"{where} should be a dict, found {_what(value)}")
         return value
 
     def list_(self, value: Any, where: str) -> list[Any]:
         if not isinstance(value, list | tuple):
-            raise self.fail(f"{where} should be a list, found {type(value).__name__}")
+            raise self.fail(f"{where} should be a list, found {_what(value)}")
         return list(value) if isinstance(value, tuple) else value
 
-    def int_(self, container: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    def walk(self, items: list[Any], where: str) -> None:
+        """Count the work of walking ``items``; refuse when shared objects multiply it.
+
+        Real snapshots share frame dicts and frame lists only; one segment, block or entry
+        referred to 20,000 times (memo references cost two bytes each) would make the work
+        grow with the square of the file. Items referenced once (the common case, checked
+        with one C-level pass over reference counts) cannot be met anywhere else; others are
+        counted by identity, and more than MAX_SHARED_VISITS repeated visits is refused.
+        """
+        if id(items) in self._containers:
+            self._shared_visits += len(items)
+        else:
+            self._containers.add(id(items))
+            self._walked.append(items)  # keeps the id unique while parsing
+        if max(map(sys.getrefcount, items), default=0) > _SINGLE_REFERENCE:
+            identities = set(map(id, items))
+            new = identities - self._seen
+            self._shared_visits += len(items) - len(new)
+            self._seen |= new
+        if self._shared_visits > MAX_SHARED_VISITS:
+            raise self.fail(
+                f"{where} refers to objects met elsewhere in the file, {self._shared_visits:,} times so far "
+                "(a snapshot never shares its segments, blocks or trace entries)"
+            )
+
+    def int_(
+        self, container: dict[str, Any], key: str, where: str, default: int | None = None,
+        low: int = INT64_MIN, high: int = INT64_MAX,
+    ) -> int:
         value = container.get(key, default)
         if value is None:
             raise self.fail(f"{where} has no {key!r}")
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(f"{where}: {key!r} should be an integer, found {type(value).__name__}")
+            raise self.fail(f"{where}: {key!r} should be an integer, found {_what(value)}")
+        if not low <= value <= high:
+            raise self.fail(f"{where}: {key!r} is out of range ({_what(value)}; expected {low} to {high})")
         return value
 
     def size_(self, container: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
-        value = self.int_(container, key, where, default)
+        value = self.int_(container, key, where, default, low=INT64_MIN)
         if value < 0:
             raise self.fail(f"{where}: {key!r} is negative ({value})")
+        if value > MAX_BYTES:
+            raise self.fail(f"{where}: {key!r} is implausibly large ({_what(value)} bytes; at most 2**50)")
         return value
+
+    def address_(self, container: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+        return self.int_(container, key, where, default, low=0, high=MAX_ADDRESS)
+
+    def text_(self, container: dict[str, Any], key: str, where: str, default: str) -> str:
+        value = container.get(key, default)
+        if not isinstance(value, str):
+            raise self.fail(f"{where}: {key!r} should be text, found {_what(value)}")
+        return _short(value)
 
 
 class _Interner:
@@ -293,11 +396,11 @@ class _Interner:
 
     def frame(self, raw: Any, check: _Checker) -> int:
         if not isinstance(raw, dict):
-            raise check.fail(f"a stack frame should be a dict, found {type(raw).__name__}")
-        filename, line, name = raw.get("filename", "??"), raw.get("line", 0), raw.get("name", "??")
-        if not isinstance(filename, str) or not isinstance(name, str) or not isinstance(line, int):
-            raise check.fail("a stack frame's filename/name is not text or its line is not a number")
-        key = (filename, int(line), name)
+            raise check.fail(f"a stack frame should be a dict, found {_what(raw)}")
+        filename = check.text_(raw, "filename", "a stack frame", "??")
+        name = check.text_(raw, "name", "a stack frame", "??")
+        line = check.int_(raw, "line", "a stack frame", 0, low=-MAX_LINE, high=MAX_LINE)
+        key = (filename, line, name)
         fid = self._frame_by_key.get(key)
         if fid is None:
             fid = len(self.table.frames)
@@ -308,13 +411,13 @@ class _Interner:
         return fid
 
     def stack(self, frames: Any, check: _Checker) -> int:
-        if not frames:
+        if frames is None or (isinstance(frames, list | tuple) and not frames):
             return -1
         sid = self._stack_by_list_id.get(id(frames))
         if sid is not None:
             return sid
         if not isinstance(frames, list | tuple):
-            raise check.fail(f"'frames' should be a list, found {type(frames).__name__}")
+            raise check.fail(f"'frames' should be a list, found {_what(frames)}")
         by_id = self._frame_by_id
         try:
             key = tuple(map(by_id.__getitem__, map(id, frames)))
@@ -340,6 +443,11 @@ class _Interner:
         return np.fromiter(ids, dtype=np.int32, count=len(frame_lists))
 
 
+def _describe_keys(raw: dict[Any, Any]) -> str:
+    names = [_what(k) if not isinstance(k, str) else _short(k)[:40] for k in itertools.islice(raw, 20)]
+    return ", ".join(sorted(names))[:200] or "none"
+
+
 def parse(raw: Any, source: str = "<memory>") -> Snapshot:
     """Turn a raw snapshot object (as ``torch.cuda.memory._snapshot()`` returns) into a ``Snapshot``."""
     check = _Checker(source)
@@ -350,48 +458,126 @@ def parse(raw: Any, source: str = "<memory>") -> Snapshot:
     if not isinstance(raw, dict):
         raise check.fail(f"not a memory snapshot: the pickle holds a {type(raw).__name__}, not a dict")
     if "segments" not in raw:
-        keys = ", ".join(sorted(map(str, raw)))[:200] or "none"
-        raise check.fail(f"not a memory snapshot: no 'segments' key (keys: {keys})")
+        raise check.fail(f"not a memory snapshot: no 'segments' key (keys: {_describe_keys(raw)})")
     interner = _Interner()
     raw_segments = check.list_(raw["segments"], "'segments'")
+    check.walk(raw_segments, "'segments'")
     segments = [_parse_segment(s, i, check, interner) for i, s in enumerate(raw_segments)]
     raw_traces = check.list_(raw.get("device_traces") or [], "'device_traces'")
+    if len(raw_traces) > MAX_DEVICES:
+        raise check.fail(f"'device_traces' lists {len(raw_traces):,} devices (at most {MAX_DEVICES:,} are read)")
     annotations = _parse_annotations(raw.get("external_annotations") or [], check)
-    settings = raw.get("allocator_settings") or {}
-    if not isinstance(settings, dict):
-        raise check.fail("'allocator_settings' should be a dict")
+    settings = _parse_settings(raw.get("allocator_settings") or {}, check)
     known = {"segments", "device_traces", "external_annotations", "allocator_settings"}
-    extra = {k: v for k, v in raw.items() if k not in known}
+    extra = {
+        _short(k) if isinstance(k, str) else _what(k): _plain(v)
+        for k, v in itertools.islice(((k, v) for k, v in raw.items() if k not in known), 100)
+    }
 
+    segments_by_device: dict[int, list[Segment]] = {}
+    for seg in segments:  # grouped once: a scan per device is quadratic in the device count
+        segments_by_device.setdefault(seg.device, []).append(seg)
     devices: dict[int, DeviceTrace] = {}
     for device, entries in enumerate(raw_traces):
         entries = check.list_(entries, f"device_traces[{device}]")
-        if entries or any(s.device == device for s in segments):
+        if entries or device in segments_by_device:
+            check.walk(entries, f"device_traces[{device}]")
             devices[device] = _parse_trace(device, entries, check, interner)
-    for seg in segments:
-        devices.setdefault(seg.device, DeviceTrace(device=seg.device))
+    for device in segments_by_device:
+        devices.setdefault(device, DeviceTrace(device=device))
     if not devices:  # an empty snapshot still has the device it was taken on
         devices[0] = DeviceTrace(device=0)
     for device, trace in devices.items():
-        _build_curves(trace, [s for s in segments if s.device == device])
+        _build_curves(trace, segments_by_device.get(device, []), check)
     return Snapshot(
         source=source,
         devices=devices,
         segments=segments,
         stacks=interner.table,
         annotations=annotations,
-        allocator_settings=dict(settings),
+        allocator_settings=settings,
         extra=extra,
         format_guess=BARE_LIST_FORMAT if bare_list else _guess_format(raw, raw_segments, raw_traces),
     )
 
 
+def _plain(value: Any) -> Any:
+    """A bounded JSON-ready copy of an unknown value (what the cache and sidecar writers store).
+
+    Self-references, deep nesting and huge strings are cut, not followed: at most
+    MAX_EXTRA_DEPTH levels and MAX_EXTRA_NODES values, strings cut to MAX_TEXT characters.
+    Iterative, so no nesting depth can reach the recursion limit.
+    """
+    budget = MAX_EXTRA_NODES
+
+    def scalar(item: Any) -> Any:
+        if item is None or isinstance(item, bool | int | float | str):
+            if isinstance(item, int) and not isinstance(item, bool) and not INT64_MIN <= item <= INT64_MAX:
+                return _what(item)
+            if isinstance(item, float) and not math.isfinite(item):
+                return repr(item)
+            return _short(item) if isinstance(item, str) else item
+        return None
+
+    root: list[Any] = [None]
+    # (the value, the container to put its copy in, the key or index there, depth)
+    pending: list[tuple[Any, Any, Any, int]] = [(value, root, 0, 0)]
+    while pending:
+        item, parent, slot, depth = pending.pop()
+        budget -= 1
+        if isinstance(item, dict | list | tuple):
+            if depth >= MAX_EXTRA_DEPTH or budget <= 0:
+                parent[slot] = f"<{type(item).__name__} cut: nested or sized beyond what memlens keeps>"
+                continue
+            if isinstance(item, dict):
+                copy: Any = {}
+                for key, sub in itertools.islice(item.items(), max(budget, 0)):
+                    name = _short(key) if isinstance(key, str) else _what(key)
+                    copy[name] = None
+                    pending.append((sub, copy, name, depth + 1))
+            else:
+                copy = [None] * min(len(item), max(budget, 0))
+                pending.extend((sub, copy, i, depth + 1) for i, sub in enumerate(item[: len(copy)]))
+            parent[slot] = copy
+        else:
+            parent[slot] = scalar(item)
+    return root[0]
+
+
+def _parse_settings(raw: Any, check: _Checker) -> dict[str, Any]:
+    """``allocator_settings``: a bounded copy, with the keys the simulator reads type-checked."""
+    settings = check.dict_(raw, "'allocator_settings'")
+    where = "'allocator_settings'"
+    if settings.get("max_split_size") is not None:
+        check.int_(settings, "max_split_size", where, low=-1, high=(1 << 64) - 1)
+    threshold = settings.get("garbage_collection_threshold")
+    if threshold is not None and (
+        isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0.0 <= threshold < 1.0
+    ):
+        raise check.fail(f"{where}: 'garbage_collection_threshold' should be a number in [0, 1), "
+                         f"found {_what(threshold)}")
+    expandable = settings.get("expandable_segments")
+    if expandable is not None and not isinstance(expandable, bool | int):
+        raise check.fail(f"{where}: 'expandable_segments' should be true or false, found {_what(expandable)}")
+    divisions = settings.get("roundup_power2_divisions")
+    if divisions is not None:
+        values = list(divisions.values()) if isinstance(divisions, dict) else divisions
+        keys = list(divisions) if isinstance(divisions, dict) else []
+        if not isinstance(values, list | tuple) or len(values) > 64 or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1 << 16 for v in values
+        ) or not all(isinstance(k, int | str) and str(k).isdigit() and len(str(k)) <= 12 for k in keys):
+            raise check.fail(f"{where}: 'roundup_power2_divisions' should map sizes to small counts")
+    plain = _plain(settings)
+    return plain if isinstance(plain, dict) else {}
+
+
 def _parse_segment(raw: Any, index: int, check: _Checker, interner: _Interner) -> Segment:
     where = f"segment {index}"
     seg = check.dict_(raw, where)
-    address = check.size_(seg, "address", where)
+    address = check.address_(seg, "address", where)
     total_size = check.size_(seg, "total_size", where)
     raw_blocks = check.list_(seg.get("blocks", []), f"{where} 'blocks'")
+    check.walk(raw_blocks, f"{where} 'blocks'")
     blocks: list[Block] = []
     offset = address  # 2.0 blocks have no address: they tile the segment in order
     for j, raw_block in enumerate(raw_blocks):
@@ -400,25 +586,35 @@ def _parse_segment(raw: Any, index: int, check: _Checker, interner: _Interner) -
         size = check.size_(b, "size", bwhere)
         requested = check.size_(b, "requested_size", bwhere, default=size)
         state = b.get("state", "inactive")
+        if not isinstance(state, str):
+            raise check.fail(f"{bwhere}: 'state' should be text, found {_what(state)}")
         state = BLOCK_STATE_ALIASES.get(state, state)
         if state not in BLOCK_STATES:
-            raise check.fail(f"{bwhere}: unknown block state {state!r}")
+            raise check.fail(f"{bwhere}: unknown block state {_what(state)}")
         frames = b.get("frames")
-        if frames is None and isinstance(b.get("history"), list) and b["history"]:
-            last = b["history"][-1]
+        history = b.get("history")
+        if frames is None and isinstance(history, list) and history:
+            last = history[-1]
             frames = last.get("frames") if isinstance(last, dict) else None
-        block_address = check.size_(b, "address", bwhere, default=offset)
+        block_address = check.address_(b, "address", bwhere, default=min(offset, MAX_ADDRESS))
         blocks.append(Block(block_address, size, requested, state, interner.stack(frames, check)))
         offset = block_address + size
     pool = seg.get("segment_pool_id", (0, 0))
+    if not isinstance(pool, list | tuple) or len(pool) > 8 or not all(
+        isinstance(p, int) and not isinstance(p, bool) and INT64_MIN <= p <= INT64_MAX for p in pool
+    ):
+        raise check.fail(f"{where}: 'segment_pool_id' should be a pair of integers, found {_what(pool)}")
+    expandable = seg.get("is_expandable", False)
+    if not isinstance(expandable, bool | int):
+        raise check.fail(f"{where}: 'is_expandable' should be true or false, found {_what(expandable)}")
     return Segment(
-        device=check.size_(seg, "device", where, default=0),
+        device=check.int_(seg, "device", where, default=0, low=0, high=MAX_DEVICES - 1),
         address=address,
         total_size=total_size,
         stream=check.int_(seg, "stream", where, default=0),
-        segment_type=str(seg.get("segment_type", "large" if total_size > (1 << 21) else "small")),
-        pool_id=tuple(pool) if isinstance(pool, list | tuple) else (0, 0),
-        is_expandable=bool(seg.get("is_expandable", False)),
+        segment_type=check.text_(seg, "segment_type", where, "large" if total_size > (1 << 21) else "small"),
+        pool_id=tuple(pool),
+        is_expandable=bool(expandable),
         blocks=blocks,
         stack_id=interner.stack(seg.get("frames"), check),
     )
@@ -426,43 +622,61 @@ def _parse_segment(raw: Any, index: int, check: _Checker, interner: _Interner) -
 
 def _parse_annotations(raw: Any, check: _Checker) -> list[Annotation]:
     out = []
-    for i, item in enumerate(check.list_(raw, "'external_annotations'")):
-        ann = check.dict_(item, f"external_annotations[{i}]")
+    items = check.list_(raw, "'external_annotations'")
+    check.walk(items, "'external_annotations'")
+    for i, item in enumerate(items):
+        where = f"external_annotations[{i}]"
+        ann = check.dict_(item, where)
         out.append(
             Annotation(
-                name=str(ann.get("name", "")),
-                stage=str(ann.get("stage", "")),
-                device=int(ann.get("device", 0) or 0),
-                time_us=int(ann.get("time_us", 0) or 0),
+                name=check.text_(ann, "name", where, ""),
+                stage=check.text_(ann, "stage", where, ""),
+                device=check.int_(ann, "device", where, 0, low=0, high=MAX_DEVICES - 1),
+                time_us=check.int_(ann, "time_us", where, 0, low=0, high=MAX_TIME_US),
             )
         )
     return out
 
 
-def _int_column(values: list[Any], check: _Checker, device: int, field_name: str) -> np.ndarray:
+def _int_column(
+    values: list[Any], check: _Checker, device: int, field_name: str, low: int = INT64_MIN, high: int = INT64_MAX,
+) -> np.ndarray:
     column = np.array(values)
-    if column.dtype.kind in "iu" and column.shape == (len(values),):
-        return column.astype(np.int64, copy=False)
-    if not values:
+    where = f"device_traces[{device}]: {field_name!r}"
+    if column.dtype.kind in "iu" and column.shape == (len(values),) and column.dtype != np.uint64:
+        column = column.astype(np.int64, copy=False)
+    elif not values:
         return np.zeros(0, dtype=np.int64)
-    bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, int)), None)
-    if bad is None:  # integers beyond int64
-        raise check.fail(f"device_traces[{device}]: {field_name!r} has a value too large for 64 bits")
-    raise check.fail(
-        f"device_traces[{device}]: {field_name!r} should be integers, found {type(bad).__name__} {bad!r}"
-    )
+    else:
+        bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, int)), None)
+        if bad is None:  # integers beyond int64
+            bad = next(v for v in values if not INT64_MIN <= v <= INT64_MAX)
+            raise check.fail(f"{where} has a value too large for 64 bits ({_what(bad)})")
+        raise check.fail(f"{where} should be integers, found {_what(bad)}")
+    if column.size and int(column.min()) < low:
+        at = int(np.argmin(column))
+        if low == 0:
+            raise check.fail(f"device_traces[{device}] entry {at}: negative {field_name} {int(column[at])}")
+        raise check.fail(f"{where} is out of range at entry {at} ({int(column[at])}; at least {low})")
+    if column.size and int(column.max()) > high:
+        at = int(np.argmax(column))
+        raise check.fail(f"{where} is implausibly large at entry {at} ({int(column[at])}; at most {high})")
+    return column
 
 
-def _intern_strings(values: list[Any]) -> tuple[np.ndarray, list[str]]:
+def _intern_strings(values: list[Any], check: _Checker, where: str) -> tuple[np.ndarray, list[str]]:
     """Ids into a table of the distinct strings; "" / "N/A" / missing become -1."""
+    if not all(map(isinstance, values, itertools.repeat(str | None))):
+        bad = next(v for v in values if not isinstance(v, str | None))
+        raise check.fail(f"{where} should be text, found {_what(bad)}")
     table: dict[Any, int] = {}
     names: list[str] = []
-    for value in dict.fromkeys(values):  # the distinct values, found in C
+    for value in dict.fromkeys(values):  # the distinct values, found in C (str hashes are linear)
         if not value or value == "N/A":
             table[value] = -1
         else:
             table[value] = len(names)
-            names.append(str(value))
+            names.append(_short(value))
     return np.fromiter(map(table.__getitem__, values), dtype=np.int32, count=len(values)), names
 
 
@@ -480,41 +694,38 @@ def _parse_trace(device: int, entries: list[Any], check: _Checker, interner: _In
     # costs tens of milliseconds, a Python-level loop would cost a second.
     if not all(map(isinstance, entries, itertools.repeat(dict))):
         bad = next(e for e in entries if not isinstance(e, dict))
-        raise check.fail(f"device_traces[{device}] should hold dicts, found {type(bad).__name__}")
+        raise check.fail(f"device_traces[{device}] should hold dicts, found {_what(bad)}")
     try:
         names = list(map(operator.itemgetter("action"), entries))
     except KeyError:
         raise check.fail(f"device_traces[{device}]: an entry has no 'action'") from None
-    try:
-        distinct = list(dict.fromkeys(names))
-    except TypeError:
-        raise check.fail(f"device_traces[{device}]: an 'action' is not text") from None
+    if not all(map(isinstance, names, itertools.repeat(str))):
+        bad = next(n for n in names if not isinstance(n, str))
+        raise check.fail(f"device_traces[{device}]: an 'action' is not text ({_what(bad)})")
+    distinct = list(dict.fromkeys(names))
     position = {name: i for i, name in enumerate(distinct)}
     codes = np.array([ACTION_CODES.get(name, int(Action.OTHER)) for name in distinct], dtype=np.int8)
     action = codes[np.fromiter(map(position.__getitem__, names), dtype=np.intp, count=len(names))]
-    address = _int_column(_column(entries, "addr", 0), check, device, "addr")
-    size = _int_column(_column(entries, "size", 0), check, device, "size")
-    if size.size and int(size.min()) < 0:
-        at = int(np.argmin(size))
-        raise check.fail(f"device_traces[{device}] entry {at}: negative size {int(size[at])}")
+    address = _int_column(_column(entries, "addr", 0), check, device, "addr", low=0)
+    size = _int_column(_column(entries, "size", 0), check, device, "size", low=0, high=MAX_BYTES)
     stream = _int_column(_column(entries, "stream", 0), check, device, "stream")
     has_time = bool(entries) and "time_us" in entries[0]
-    time_us = _int_column(_column(entries, "time_us", 0), check, device, "time_us")
+    time_us = _int_column(_column(entries, "time_us", 0), check, device, "time_us", low=0, high=MAX_TIME_US)
     oom_rows = np.flatnonzero(action == int(Action.OOM))
     device_free = np.zeros(len(entries), dtype=np.int64)
     for row in oom_rows:
-        device_free[row] = int(entries[row].get("device_free", 0) or 0)
+        free = entries[row].get("device_free")
+        device_free[row] = 0 if free is None else check.size_(
+            entries[row], "device_free", f"device_traces[{device}] entry {int(row)}")
     stack_id = interner.stacks(_column(entries, "frames", None), check)
     no_strings: tuple[np.ndarray, list[str]] = (np.full(len(entries), -1, dtype=np.int32), [])
-    try:
-        metadata_id, user_metadata = (
-            _intern_strings(_column(entries, "user_metadata", None)) if _has_key(entries, "user_metadata")
-            else no_strings)
-        context_id, compile_context = (
-            _intern_strings(_column(entries, "compile_context", None)) if _has_key(entries, "compile_context")
-            else no_strings)
-    except TypeError:
-        raise check.fail(f"device_traces[{device}]: user_metadata/compile_context should be text") from None
+    where = f"device_traces[{device}]"
+    metadata_id, user_metadata = (
+        _intern_strings(_column(entries, "user_metadata", None), check, f"{where}: 'user_metadata'")
+        if _has_key(entries, "user_metadata") else no_strings)
+    context_id, compile_context = (
+        _intern_strings(_column(entries, "compile_context", None), check, f"{where}: 'compile_context'")
+        if _has_key(entries, "compile_context") else no_strings)
     return DeviceTrace(
         device=device,
         action=action,
@@ -542,7 +753,7 @@ _RESERVE_DELTA[[Action.SEGMENT_ALLOC, Action.SEGMENT_MAP]] = 1
 _RESERVE_DELTA[[Action.SEGMENT_FREE, Action.SEGMENT_UNMAP]] = -1
 
 
-def _build_curves(trace: DeviceTrace, segments: list[Segment]) -> None:
+def _build_curves(trace: DeviceTrace, segments: list[Segment], check: _Checker | None = None) -> None:
     """Absolute allocated/reserved curves: the final state minus what the window changed.
 
     Memory is counted free at ``free_completed`` (when it can be reused). A trace that has
@@ -551,6 +762,8 @@ def _build_curves(trace: DeviceTrace, segments: list[Segment]) -> None:
     live_blocks = [b for s in segments for b in s.blocks if b.is_active]
     final_allocated = sum(b.requested_size for b in live_blocks)
     final_reserved = sum(s.total_size for s in segments)
+    if check is not None and max(final_allocated, final_reserved) > MAX_TOTAL_BYTES:
+        raise check.fail(f"device {trace.device}: the segments hold more than 2**56 bytes in all")
     n = len(trace)
     if n == 0:
         trace.baseline_allocated, trace.baseline_reserved = final_allocated, final_reserved
@@ -569,6 +782,12 @@ def _build_curves(trace: DeviceTrace, segments: list[Segment]) -> None:
     reserve_change = np.cumsum(_RESERVE_DELTA[action] * trace.size)
     trace.baseline_allocated = final_allocated - int(alloc_change[-1])
     trace.baseline_reserved = final_reserved - int(reserve_change[-1])
+    if check is not None and max(
+        int(np.abs(alloc_change).max()), int(np.abs(reserve_change).max()),
+        abs(trace.baseline_allocated), abs(trace.baseline_reserved),
+    ) > MAX_TOTAL_BYTES:
+        # Each step is at most MAX_BYTES, so a running sum that overflowed int64 passed here first.
+        raise check.fail(f"device_traces[{trace.device}]: the sizes add up to more than 2**56 bytes live")
     trace.allocated = alloc_change + trace.baseline_allocated
     trace.reserved = reserve_change + trace.baseline_reserved
     for name in ("allocated", "reserved"):
