@@ -100,9 +100,13 @@ class AllocatorEvidence:
     diverged_at: int | None = None
     notes: tuple[str, ...] = ()
 
+    def trusted(self, row: int) -> bool:
+        """The replay still matched the recorded run at ``row``: its pool state there is evidence."""
+        return self.diverged_at is None or row < self.diverged_at
+
     @property
     def blocked(self) -> list[CudaMalloc]:
-        return [c for c in self.cudamallocs if c.pool.blocked]
+        return [c for c in self.cudamallocs if c.pool.blocked and self.trusted(c.event)]
 
 
 def _pool_state(sim: CachingAllocatorSimulator, event: int, request: int, stream: int) -> PoolState:
@@ -294,7 +298,7 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
     blocked = evidence.blocked
     blocked_bytes = sum(c.segment_bytes for c in blocked)
     peak_reserved = int(trace.reserved.max())
-    oom = evidence.at_oom
+    oom = evidence.at_oom if evidence.at_oom is not None and evidence.trusted(evidence.at_oom.event) else None
     # At an OOM the allocator has already released its whole free segments and retried: what its
     # pool still holds is pieces. If they plus what the device had would have held the request,
     # fragmentation is what made it fail, whatever the sizes.
@@ -307,7 +311,8 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
     if not (significant or oom_blocked):
         return []
 
-    # A replay that did not reproduce the recorded run cannot say what a setting would save there.
+    # A replay that did not reproduce the recorded run to its end cannot say what a setting would
+    # save there (what it saw before it diverged is still evidence).
     faithful = evidence.diverged_at is None
     savings = _replay_savings(ctx, evidence, blocked) if faithful else []
     best = max(savings, key=lambda s: (not s.oom, s.saving), default=None)
@@ -375,6 +380,12 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
     else:
         severity = "low"
     stranded = max((c.pool.free_in_pieces_bytes for c in blocked), default=oom.free_bytes if oom else 0)
+    lead = "oom" if oom_blocked else "worst_blocked"
+    facts = _ordered(facts, [
+        f"{lead}_event", f"{lead}_request_bytes", f"{lead}_pool_free_bytes", f"{lead}_largest_free_block_bytes",
+        "oom_device_free_bytes" if oom_blocked else "blocked_cudamallocs",
+        "expandable_segments_avoids_oom" if oom_blocked else "expandable_segments_saving_bytes",
+    ])
     return [
         Finding(
             kind="fragmentation",
@@ -393,6 +404,12 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
             estimated_saving_bytes=saving or None,
         )
     ]
+
+
+def _ordered(facts: Evidence, first: list[str]) -> Evidence:
+    """The same evidence with ``first`` (those present) leading: reporters show the first few."""
+    leading = {key: facts[key] for key in first if key in facts}
+    return {**leading, **{key: value for key, value in facts.items() if key not in leading}}
 
 
 def _history_recommendation(
@@ -449,16 +466,18 @@ def _from_dump_state(ctx: DeviceContext) -> list[Finding]:
         return []
     at = _dump_event(ctx)
     facts: Evidence = {
-        "source": "dump-time segments (no allocation history)",
-        "moment": "dump",
-        "reserved_bytes": reserved,
         "free_in_partly_used_segments_bytes": pieces,
         "partly_used_segments": partly,
         "largest_free_piece_bytes": largest,
-        "free_in_whole_segments_bytes": whole,
+        "reserved_bytes": reserved,
         "share_of_reserved": round(share, 3),
+        "free_in_whole_segments_bytes": whole,
+        "moment": "dump",
         "segments": len(ctx.segments),
+        "source": "dump-time segments (no allocation history)",
     }
+    if ctx.events:
+        facts.update(moment_evidence(ctx, "dump", at))
     return [
         Finding(
             kind="fragmentation",
@@ -493,14 +512,15 @@ def _idle_cache(ctx: DeviceContext) -> list[Finding]:
     reference = ctx.capacity or reserved
     at = _dump_event(ctx)
     facts: Evidence = {
-        "moment": "dump",
-        "reserved_bytes": reserved,
         "free_in_whole_segments_bytes": idle,
         "whole_free_segments": len(segments),
-        "largest_whole_free_segment_bytes": max(s.total_size for s in segments),
+        "reserved_bytes": reserved,
         "share_of_reserved": round(idle / reserved, 3),
+        "largest_whole_free_segment_bytes": max(s.total_size for s in segments),
+        "moment": "dump",
     }
-    facts.update(moment_evidence(ctx, "dump", at) if ctx.events else {})
+    if ctx.events:
+        facts.update(moment_evidence(ctx, "dump", at))
     if ctx.capacity:
         facts["capacity_bytes"] = ctx.capacity
     return [
@@ -525,6 +545,7 @@ def _idle_cache(ctx: DeviceContext) -> list[Finding]:
                 "cache, set torch.cuda.set_per_process_memory_fraction(...) with "
                 "PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8."
             ),
-            estimated_saving_bytes=idle,
+            # Not a saving: the next step of a loop reuses it, and peak reserved stays where it is.
+            estimated_saving_bytes=None,
         )
     ]

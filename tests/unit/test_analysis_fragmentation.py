@@ -96,7 +96,7 @@ def test_idle_cache_is_not_fragmentation() -> None:
         assert idle.bytes == idle.evidence["free_in_whole_segments_bytes"] == 942 * MiB
         assert idle.evidence["whole_free_segments"] == 3
         assert idle.evidence["reserved_bytes"] == 994 * MiB
-        assert idle.estimated_saving_bytes == 942 * MiB
+        assert idle.estimated_saving_bytes is None  # the next step reuses it: no peak is lowered
         assert idle.severity == "low"
         assert "empty_cache" in idle.recommendation and "garbage_collection_threshold" in idle.recommendation
         assert "fragment" not in idle.summary.replace("not fragmented", "")
@@ -190,3 +190,25 @@ def test_tracebuilder_whole_free_segments_are_idle_cache() -> None:
     assert _kind(report, "fragmentation") == []
     (idle,) = _kind(report, "idle_cache")
     assert idle.bytes == 300 * MiB
+
+
+def test_a_replay_that_does_not_reproduce_the_run_is_no_evidence() -> None:
+    """The snapshot claims power-of-two rounding its trace was not made with: the replay's
+    segments (256 MiB for each 240 MiB request) stop matching the recorded reserved bytes at the
+    second cudaMalloc, and nothing it sees after that is reported."""
+    sim = CachingAllocatorSimulator()
+    _split_cache(sim)
+    [sim.malloc(120 * MiB) for _ in range(3)]
+    raw = sim.snapshot()
+    raw["allocator_settings"]["roundup_power2_divisions"] = {str(1 << i): 4 for i in range(16)}
+    snapshot = parse(raw, source="<simulated>")
+    from memlens.analysis.context import build_context
+    from memlens.analysis.fragmentation import allocator_evidence
+    from memlens.analysis.settings import AnalysisSettings
+
+    evidence = allocator_evidence(build_context(snapshot, snapshot.device(0), AnalysisSettings()))
+    rows = [i for i, e in enumerate(sim.trace) if e["action"] == "segment_alloc"]
+    assert evidence.diverged_at == rows[1]
+    assert [c for c in evidence.cudamallocs if c.pool.blocked]  # what the diverged replay saw...
+    assert evidence.blocked == []  # ...is not evidence
+    assert _kind(analyze(snapshot), "fragmentation") == []
