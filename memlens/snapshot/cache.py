@@ -48,9 +48,10 @@ import re
 import secrets
 import stat
 import struct
+import threading
 import time
 import zipfile
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -79,6 +80,7 @@ CACHE_DIR_ENV = "MEMLENS_CACHE_DIR"
 CACHE_MAX_BYTES_ENV = "MEMLENS_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 2 << 30
 HASH_CHUNK = 1 << 20
+FINGERPRINT_BYTES = 64 << 10
 KEY_NAME = "key"
 KEY_BYTES = 32
 TEMP_PREFIX = ".tmp-"
@@ -132,40 +134,67 @@ def cache_dir() -> Path:
     return base / "memlens"
 
 
-def entry_name(content_hash: str) -> str:
-    return f"v{CACHE_VERSION}-{content_hash}.npz"
+def entry_name(fingerprint: str) -> str:
+    return f"v{CACHE_VERSION}-{fingerprint}.npz"
 
 
 def content_hash(source: str | os.PathLike[str]) -> str:
-    """The SHA-256 of a file's bytes, read in 1 MiB chunks."""
+    """The SHA-256 of a file's bytes, read in 1 MiB chunks: what an entry must have been made from."""
     return _hash_file(str(source))[0]
 
 
-@dataclass(frozen=True)
+def fingerprint(source: str | os.PathLike[str]) -> str:
+    """What an entry is named by: the SHA-256 of the file's size, first and last 64 KiB."""
+    with open(source, "rb", buffering=0) as handle:
+        return _fingerprint(handle, os.fstat(handle.fileno()).st_size)
+
+
 class CacheEntry:
     """The cache slot for one snapshot file's exact bytes.
 
-    ``for_file`` hashes the file; ``read`` returns the cached snapshot if a valid entry exists;
-    ``write`` stores a snapshot parsed from that file, unless the file changed since it was
-    hashed (then the parse may not be of the hashed bytes).
+    The slot is named by a fingerprint (size, head and tail: read at once) so that the entry can
+    be opened, read and its MAC checked on one core while the full SHA-256 of the file is
+    computed on another (hashlib releases the GIL); the entry is used only if the SHA-256 stored
+    in it matches. Two files that share a fingerprint share a slot: the second simply rebuilds it.
+
+    ``read`` returns the cached snapshot if a valid entry exists; ``write`` stores a snapshot
+    parsed from the file, unless the file changed since it was hashed (then the parse may not be
+    of the hashed bytes).
     """
 
-    source: str
-    content_hash: str
-    identity: tuple[int, ...]
+    def __init__(self, source: str, fingerprint: str, identity: tuple[int, ...]) -> None:
+        self.source = source
+        self.name = entry_name(fingerprint)
+        self.identity = identity
+        self._digest: list[str | None] = []
+        self._hasher = threading.Thread(target=self._hash, name="memlens-cache-hash", daemon=True)
+        self._hasher.start()
 
     @classmethod
     def for_file(cls, source: str | os.PathLike[str]) -> CacheEntry | None:
         try:
-            digest, identity = _hash_file(str(source))
+            with open(source, "rb", buffering=0) as handle:
+                st = os.fstat(handle.fileno())
+                quick = _fingerprint(handle, st.st_size)
         except OSError as error:
-            log.debug("memlens cache: cannot hash %s: %s", source, error)
+            log.debug("memlens cache: cannot read %s: %s", source, error)
             return None
-        return cls(str(source), digest, identity)
+        return cls(str(source), quick, _identity(st))
+
+    def _hash(self) -> None:
+        try:
+            digest, identity = _hash_file(self.source)
+        except OSError as error:
+            log.debug("memlens cache: cannot hash %s: %s", self.source, error)
+            digest, identity = None, ()
+        # A file replaced between the fingerprint and the hash has no trustworthy digest.
+        self._digest.append(digest if identity == self.identity else None)
 
     @property
-    def name(self) -> str:
-        return entry_name(self.content_hash)
+    def content_hash(self) -> str | None:
+        """The SHA-256 of the file's bytes (waits for the hashing thread)."""
+        self._hasher.join()
+        return self._digest[0]
 
     def read(self) -> Snapshot | None:
         folder = _CacheFolder.open(create=False)
@@ -176,7 +205,7 @@ class CacheEntry:
             if key is None:
                 return None
             try:
-                return _read_entry(folder.fd, self.name, key, self.content_hash, self.source)
+                return _read_entry(folder.fd, self.name, key, lambda: self.content_hash, self.source)
             except FileNotFoundError:
                 return None
             except Exception as error:  # any failure at all means "rebuild from the pickle", never a crash
@@ -186,18 +215,19 @@ class CacheEntry:
 
     def write(self, snapshot: Snapshot) -> Path | None:
         """Store ``snapshot``; returns the entry's path, or ``None`` when nothing was stored."""
+        digest = self.content_hash
         try:
             unchanged = _identity(os.stat(self.source)) == self.identity
         except OSError:
             unchanged = False
-        if not unchanged:
+        if digest is None or not unchanged:
             log.debug("memlens cache: %s changed while it was read; not cached", self.source)
             return None
         max_bytes = _max_bytes()
         if max_bytes <= 0:
             return None
         try:
-            members = _encode(snapshot, self.content_hash)
+            members = _encode(snapshot, digest)
         except _NotCacheable as error:
             log.debug("memlens cache: %s not cached: %s", self.source, error)
             return None
@@ -242,6 +272,16 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
     # ctime changes on every write and rename and cannot be set by utime: with the inode it
     # tells whether the file is still the one that was hashed.
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _fingerprint(handle: IO[bytes], size: int) -> str:
+    digest = hashlib.sha256(f"{size}|".encode())
+    handle.seek(0)
+    digest.update(handle.read(FINGERPRINT_BYTES))
+    if size > FINGERPRINT_BYTES:
+        handle.seek(max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES))
+        digest.update(handle.read(FINGERPRINT_BYTES))
+    return digest.hexdigest()
 
 
 def _hash_file(source: str) -> tuple[str, tuple[int, ...]]:
@@ -552,7 +592,7 @@ def _expect(condition: bool, problem: str) -> None:
         raise _InvalidEntry(problem)
 
 
-def _read_entry(folder_fd: int, name: str, key: bytes, digest: str, source: str) -> Snapshot:
+def _read_entry(folder_fd: int, name: str, key: bytes, digest: Callable[[], str | None], source: str) -> Snapshot:
     fd = os.open(name, os.O_RDONLY | _OPEN_NOFOLLOW, dir_fd=folder_fd)
     with open(fd, "rb", buffering=0) as handle:
         st = os.fstat(fd)
@@ -563,7 +603,10 @@ def _read_entry(folder_fd: int, name: str, key: bytes, digest: str, source: str)
         assert stored_mac is not None
         _expect(hmac.compare_digest(stored_mac.tobytes(), _mac(key, members)),
                 "MAC mismatch (not written by this user's memlens, or edited since)")
-        snapshot = _decode(members, digest, source)
+        expected = digest()  # the full hash, computed meanwhile on another thread
+        _expect(expected is not None, "the snapshot could not be hashed")
+        assert expected is not None
+        snapshot = _decode(members, expected, source)
         with contextlib.suppress(OSError):
             os.utime(fd)  # the least recently used entries are pruned first
     return snapshot

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 import stat
@@ -68,11 +69,17 @@ def test_round_trip_is_exact(snapshot_file: Path) -> None:
     assert first.format_guess == second.format_guess
 
 
-def test_entry_is_named_by_content_in_a_private_folder(snapshot_file: Path, cache_home: Path) -> None:
+def test_entry_holds_the_content_hash_in_a_private_folder(snapshot_file: Path, cache_home: Path) -> None:
     beside_before = sorted(os.listdir(snapshot_file.parent))
     memlens.load(snapshot_file, cache=True)
-    digest = hashlib.sha256(snapshot_file.read_bytes()).hexdigest()
-    assert [p.name for p in entries(cache_home)] == [f"v{cache.CACHE_VERSION}-{digest}.npz"]
+    data = snapshot_file.read_bytes()
+    quick = hashlib.sha256(f"{len(data)}|".encode() + data[: cache.FINGERPRINT_BYTES]
+                           + data[max(cache.FINGERPRINT_BYTES, len(data) - cache.FINGERPRINT_BYTES):]).hexdigest()
+    assert [p.name for p in entries(cache_home)] == [f"v{cache.CACHE_VERSION}-{quick}.npz"]
+    with np.load(entries(cache_home)[0], allow_pickle=False) as npz:
+        meta = json.loads(npz["__meta__"].tobytes())
+    assert meta["content_hash"] == hashlib.sha256(data).hexdigest()
+    assert meta["version"] == cache.CACHE_VERSION
     assert stat.S_IMODE(cache_home.stat().st_mode) == 0o700
     assert stat.S_IMODE(entries(cache_home)[0].stat().st_mode) == 0o600
     assert stat.S_IMODE((cache_home / cache.KEY_NAME).stat().st_mode) == 0o600
@@ -106,6 +113,29 @@ def test_replacement_with_the_same_size_and_mtime_is_not_served_from_cache(snaps
     fresh = memlens.load(snapshot_file, cache=False)
     np.testing.assert_array_equal(reloaded.device(0).allocated, fresh.device(0).allocated)
     assert memlens.load(snapshot_file, cache=True).from_cache  # and the new bytes get their own entry
+
+
+def test_a_file_that_shares_the_fingerprint_is_told_apart_by_its_full_hash(tmp_path: Path, cache_home: Path) -> None:
+    path = tmp_path / "long.pickle"
+    raw = synthetic_snapshot(20_000, seed=6)
+    original = pickle.dumps(raw, protocol=4)
+    trace = raw["device_traces"][0]
+    for entry in trace[len(trace) // 2 - 50: len(trace) // 2 + 50]:  # the middle of the file only
+        if 65536 <= entry["size"] < 1 << 30:
+            entry["size"] += 512  # a 4-byte int stays a 4-byte int
+    changed = pickle.dumps(raw, protocol=4)
+    differing = [i for i, (a, b) in enumerate(zip(original, changed, strict=True)) if a != b]
+    tail_starts = len(original) - cache.FINGERPRINT_BYTES
+    assert differing and cache.FINGERPRINT_BYTES < differing[0] <= differing[-1] < tail_starts
+    path.write_bytes(original)
+    memlens.load(path, cache=True)
+    slot = cache.fingerprint(path)
+    path.write_bytes(changed)
+    assert cache.fingerprint(path) == slot  # the same slot...
+    reloaded = memlens.load(path, cache=True)
+    assert not reloaded.from_cache  # ...but not the same bytes
+    np.testing.assert_array_equal(reloaded.device(0).allocated, memlens.load(path, cache=False).device(0).allocated)
+    assert memlens.load(path, cache=True).from_cache
 
 
 def test_file_changed_while_parsing_is_not_cached(snapshot_file: Path, cache_home: Path) -> None:
@@ -145,13 +175,13 @@ def test_least_recently_used_entries_are_pruned(tmp_path: Path, cache_home: Path
     entry_size = entries(cache_home)[0].stat().st_size
     monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, str(int(entry_size * 2.5)))
     memlens.load(files[1], cache=True)
-    first, second = (cache_home / cache.entry_name(cache.content_hash(f)) for f in files[:2])
+    first, second = (cache_home / cache.entry_name(cache.fingerprint(f)) for f in files[:2])
     age(first, 300)
     age(second, 200)
     assert memlens.load(files[0], cache=True).from_cache  # a hit makes files[0] the most recent
     memlens.load(files[2], cache=True)
     names = {p.name for p in entries(cache_home)}
-    assert names == {cache.entry_name(cache.content_hash(files[0])), cache.entry_name(cache.content_hash(files[2]))}
+    assert names == {cache.entry_name(cache.fingerprint(files[0])), cache.entry_name(cache.fingerprint(files[2]))}
 
 
 def test_a_limit_of_zero_turns_caching_off(snapshot_file: Path, cache_home: Path,

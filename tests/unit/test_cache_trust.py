@@ -39,7 +39,7 @@ def snapshot_file(tmp_path: Path, cache_home: Path) -> Path:
 
 
 def entry_of(snapshot_file: Path, cache_home: Path) -> Path:
-    return cache_home / cache.entry_name(cache.content_hash(snapshot_file))
+    return cache_home / cache.entry_name(cache.fingerprint(snapshot_file))
 
 
 def read_members(path: Path) -> Members:
