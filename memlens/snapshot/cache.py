@@ -6,19 +6,22 @@ A cache entry decides what memlens reports, so nothing about one is taken on tru
   ``~/.cache/memlens``, created 0700. It is used only when the opened folder is owned by this
   user and no one else may write to it; entries and the key must be regular files owned by this
   user. Nothing beside the snapshot is read: in a shared folder anyone could plant a file there.
-* **Which bytes.** An entry is named by the SHA-256 of the snapshot file's bytes and stores that
-  digest and ``CACHE_VERSION``; both are checked. (Size and modification time prove nothing: a
-  replaced file can keep both.) SHA-256 is the fastest collision-resistant hash in ``hashlib``
-  on CPUs with SHA extensions: about 0.05 s for 75 MiB, against more than a second to parse.
+* **Which bytes.** An entry stores the SHA-256 of the snapshot file's bytes and
+  ``CACHE_VERSION``; both must match. (Size and modification time prove nothing: a replaced
+  file can keep both.) SHA-256 is the fastest collision-resistant hash in ``hashlib`` on CPUs
+  with SHA extensions: about 0.05 s for 75 MiB, against more than a second to parse. The file
+  name is only a fingerprint (size, first and last 64 KiB), so that the entry can be read on
+  one core while the full hash is computed on another.
 * **Who wrote it.** Every entry carries an HMAC-SHA256 over all of its members, keyed with a
   random per-user secret (``key``, 0600, in the cache folder). Structural checks cannot see an
   edit that stays consistent (a scaled ``size`` or ``allocated`` column keeps every id in
   range and every length right, and reports gigabytes that never existed), and recomputing the
   derived curves would not help either: they would be recomputed from the edited raw columns.
   The MAC is what proves that this user's memlens wrote the whole entry from these bytes; an
-  entry copied from someone else, edited, or torn by a crash fails it. The curves are therefore
-  stored (recomputing them, window completeness included, would cost about as much as reading
-  them) and covered by the MAC like everything else.
+  entry copied from someone else, edited, or torn by a crash fails it. (Whoever can read the key
+  can already write the folder: only this user and root.) The curves are therefore stored and
+  covered by the MAC like everything else: recomputing them needs the window-completeness check,
+  which sorts every address (about 0.1 s at a million events, more than reading them).
 * **Well formed.** After the MAC, every column is checked (dtype, length, action codes, id
   ranges, monotonic stack offsets, block states) so that not even a bug in some memlens version
   that wrote the entry can crash an analysis.
