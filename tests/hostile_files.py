@@ -1,0 +1,329 @@
+"""Hostile and malformed snapshot files, built in code (each a few bytes to a few megabytes).
+
+One builder per attack; ``CORPUS`` maps a name to (attack class, builder). The tests in
+``tests/unit/test_hostile_*.py`` run ``memlens triage`` on each, and
+``benchmarks/hostile_corpus.py`` writes them all and measures time and peak RSS per file.
+Builders return the file's bytes. Where pickle itself cannot write the attack (a tuple used
+as a dict key would be hashed while building it), the opcodes are assembled by hand.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import pickle
+import struct
+from collections.abc import Callable
+from typing import Any
+
+PROTO4 = b"\x80\x04"
+STOP = b"."
+
+
+def text(value: str) -> bytes:
+    """SHORT_BINUNICODE / BINUNICODE of ``value``."""
+    data = value.encode()
+    if len(data) < 256:
+        return b"\x8c" + bytes([len(data)]) + data
+    return b"X" + struct.pack("<I", len(data)) + data
+
+
+def small_int(value: int) -> bytes:
+    return b"K" + bytes([value]) if 0 <= value < 256 else b"J" + struct.pack("<i", value)
+
+
+def get(index: int) -> bytes:
+    return b"h" + bytes([index]) if index < 256 else b"j" + struct.pack("<I", index)
+
+
+def entry(action: str = "alloc", addr: int = 0x7000_0000, size: int = 512, **more: Any) -> dict[str, Any]:
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": 1, "frames": [], **more}
+
+
+def snapshot(**more: Any) -> dict[str, Any]:
+    """A small well-formed snapshot (one segment, two blocks, a short trace) to mutate."""
+    frame = {"filename": "train.py", "line": 10, "name": "forward"}
+    frames = [frame, {"filename": "train.py", "line": 20, "name": "main"}]
+    base = 0x7000_0000
+    raw: dict[str, Any] = {
+        "segments": [{
+            "device": 0, "address": base, "total_size": 2 << 20, "stream": 0, "segment_type": "large",
+            "segment_pool_id": (0, 0), "is_expandable": False, "allocated_size": 1024,
+            "active_size": 1024, "requested_size": 1000,
+            "blocks": [
+                {"address": base, "size": 1024, "requested_size": 1000, "state": "active_allocated",
+                 "frames": frames},
+                {"address": base + 1024, "size": (2 << 20) - 1024, "requested_size": 0, "state": "inactive",
+                 "frames": []},
+            ],
+        }],
+        "device_traces": [[
+            entry("segment_alloc", base, 2 << 20, frames=frames),
+            entry("alloc", base, 1024, frames=frames),
+            entry("alloc", base + 1024, 2048, frames=frames),
+            entry("free_requested", base + 1024, 2048, frames=frames),
+            entry("free_completed", base + 1024, 2048, frames=frames),
+        ]],
+        "external_annotations": [{"name": "ProfilerStep#1", "stage": "START", "device": 0, "time_us": 1}],
+        "allocator_settings": {"max_split_size": -1, "garbage_collection_threshold": 0.0,
+                               "expandable_segments": False, "PYTORCH_CUDA_ALLOC_CONF": ""},
+    }
+    raw.update(more)
+    return raw
+
+
+def dumps(raw: Any) -> bytes:
+    return pickle.dumps(raw, protocol=4)
+
+
+# --------------------------------------------------------------------------- hash bombs
+
+
+def tuple_dag(levels: int = 64) -> tuple[Any, ...]:
+    """A tuple whose every level holds the level below twice: hashing it takes 2**levels steps."""
+    dag: tuple[Any, ...] = (0, 0)
+    for _ in range(levels):
+        dag = (dag, dag)
+    return dag
+
+
+def _dag_opcodes(levels: int, first_memo: int) -> bytes:
+    """Opcodes that push a ``levels``-deep tuple DAG (memo slots from ``first_memo``)."""
+    out = small_int(0) + small_int(0) + b"\x86" + put(first_memo)
+    for level in range(levels):
+        out += get(first_memo + level) * 2 + b"\x86" + put(first_memo + level + 1)
+    return out
+
+
+def put(index: int) -> bytes:
+    return b"q" + bytes([index]) if index < 256 else b"r" + struct.pack("<I", index)
+
+
+def open_snapshot() -> tuple[bytes, int]:
+    """A snapshot's opcodes (protocol 2: no frames, explicit memo) without the final STOP, so
+    the top dict is still on the stack for more SETITEMs; and the next free memo index."""
+    data = pickle.dumps(snapshot(), protocol=2)
+    import pickletools
+
+    puts = [arg for op, arg, _ in pickletools.genops(data) if op.name in ("BINPUT", "LONG_BINPUT")]
+    return data[:-1], max(puts, default=-1) + 1
+
+
+def hash_bomb_as_dict_key() -> bytes:
+    """{<64-level tuple DAG>: [], "segments": []} (the C unpickler hashes the key)."""
+    return (PROTO4 + b"}" + put(0) + _dag_opcodes(64, first_memo=1) + b"]s"
+            + text("segments") + b"]s" + STOP)
+
+
+def hash_bomb_in_a_trace_entry_key() -> bytes:
+    """A trace entry whose extra key is the DAG."""
+    head, memo = open_snapshot()
+    return head + text("extra") + b"}" + _dag_opcodes(64, first_memo=memo) + small_int(1) + b"ss" + STOP
+
+
+def hash_bomb_as_action() -> bytes:
+    return dumps(snapshot(device_traces=[[entry(action=tuple_dag())]]))  # type: ignore[arg-type]
+
+
+def hash_bomb_as_user_metadata() -> bytes:
+    return dumps(snapshot(device_traces=[[entry(user_metadata=tuple_dag())]]))
+
+
+def hash_bomb_in_a_frozenset() -> bytes:
+    """A frozenset (hashable, so it could be a key): refused whatever it holds."""
+    return dumps(snapshot(extra=frozenset({"a", "b"})))
+
+
+# --------------------------------------------------------------------------- amplification
+
+
+def shared_segments_and_blocks(count: int = 20_000) -> bytes:
+    """20,000 references to one segment whose blocks are 20,000 references to one block."""
+    block = {"address": 0x7000_0000, "size": 512, "requested_size": 512, "state": "active_allocated",
+             "frames": []}
+    segment = {"device": 0, "address": 0x7000_0000, "total_size": 2 << 20, "stream": 0,
+               "blocks": [block] * count}
+    return dumps({"segments": [segment] * count, "device_traces": []})
+
+
+def shared_trace_entries(count: int = 2_500_000) -> bytes:
+    """One trace entry referred to 2.5 million times (5 MB of memo references)."""
+    return dumps(snapshot(device_traces=[[entry()] * count]))
+
+
+def dup_trace_entries(count: int = 5_000_000) -> bytes:
+    """One trace entry DUPed 5 million times into the trace list."""
+    one = pickle.dumps(entry(), protocol=2)[2:-1]  # the entry dict's opcodes, without PROTO and STOP
+    trace = b"]" + b"(" + one + b"2" * count + b"e"
+    return PROTO4 + b"}" + text("segments") + b"]s" + text("device_traces") + b"]" + trace + b"as" + STOP
+
+
+def shared_annotations(count: int = 1_000_000) -> bytes:
+    return dumps(snapshot(external_annotations=[{"name": "a", "stage": "START", "device": 0,
+                                                 "time_us": 1}] * count))
+
+
+# --------------------------------------------------------------------------- deep nesting
+
+
+def _deep_list_opcodes(depth: int) -> bytes:
+    return b"]" * depth + b"a" * (depth - 1)
+
+
+def deep_unknown_key(depth: int = 100_000) -> bytes:
+    head, _ = open_snapshot()
+    return head + text("nested") + _deep_list_opcodes(depth) + b"s" + STOP
+
+
+def deep_allocator_setting(depth: int = 100_000) -> bytes:
+    """allocator_settings = {"deep": [[[...]]]} (what the cache stores)."""
+    return (PROTO4 + b"}" + text("segments") + b"]s" + text("allocator_settings") + b"}"
+            + text("deep") + _deep_list_opcodes(depth) + b"ss" + STOP)
+
+
+def self_referencing_setting() -> bytes:
+    loop: list[Any] = []
+    loop.append(loop)
+    return dumps(snapshot(allocator_settings={"max_split_size": -1, "loop": loop}))
+
+
+def deep_frames(depth: int = 100_000) -> bytes:
+    """An entry's frames list nested 100,000 deep."""
+    head = PROTO4 + b"}" + text("segments") + b"]s" + text("device_traces") + b"]]"
+    one = b"}" + text("action") + text("alloc") + b"s" + text("frames") + _deep_list_opcodes(depth) + b"s"
+    return head + one + b"aa" + b"s" + STOP
+
+
+def deep_mark_stack(depth: int = 200_000) -> bytes:
+    return PROTO4 + b"(" * depth + STOP
+
+
+# --------------------------------------------------------------------------- types and numbers
+
+
+def huge_size_near_2_62() -> bytes:
+    """Sizes near 2**62: these used to overflow the curves into "4194304.00 TiB"."""
+    big = 1 << 62
+    return dumps(snapshot(device_traces=[[entry("alloc", 0x1000, big), entry("alloc", 0x2000, big)]]))
+
+
+def nan_annotation_time() -> bytes:
+    return dumps(snapshot(external_annotations=[{"name": "x", "stage": "START", "device": 0,
+                                                 "time_us": math.nan}]))
+
+
+def list_block_state() -> bytes:
+    raw = snapshot()
+    raw["segments"][0]["blocks"][0]["state"] = ["active_allocated"]
+    return dumps(raw)
+
+
+def oom_device_free_2_80() -> bytes:
+    return dumps(snapshot(device_traces=[[entry("oom", 0, 1 << 30, device_free=1 << 80)]]))
+
+
+def address_2_64() -> bytes:
+    return dumps(snapshot(device_traces=[[entry("alloc", (1 << 64) - 1, 512)]]))
+
+
+def huge_long4_integer() -> bytes:
+    return dumps(snapshot(extra=1 << 100_000))
+
+
+def huge_memo_index() -> bytes:
+    """LONG_BINPUT with index 2**31: the C unpickler would size its memo table to it."""
+    return PROTO4 + b"]r" + struct.pack("<I", 1 << 31) + STOP
+
+
+# --------------------------------------------------------------------------- huge strings
+
+
+def huge_frame_name(size: int = 10 << 20) -> bytes:
+    frames = [{"filename": "x.py", "line": 1, "name": "n" * size}]
+    return dumps(snapshot(device_traces=[[entry("alloc", 0x1000, 512, frames=frames)]]))
+
+
+def huge_frame_in_long_stacks(size: int = 10 << 20, depth: int = 2_000, stacks: int = 50) -> bytes:
+    """One 10 MB frame name repeated through 2,000-frame stacks (distinct frame dicts)."""
+    name = "n" * size
+    entries = []
+    for i in range(stacks):
+        frames = [{"filename": f"f{i}.py", "line": j, "name": name} for j in range(depth)]
+        entries.append(entry("alloc", 0x1000 + 4096 * i, 512, frames=frames))
+    return dumps(snapshot(device_traces=[entries]))
+
+
+# --------------------------------------------------------------------------- many devices
+
+
+def many_device_traces(count: int = 40_000) -> bytes:
+    return dumps({"segments": [], "device_traces": [[entry("alloc", 0x1000 * (d + 1), 512)]
+                                                    for d in range(count)]})
+
+
+def many_segment_devices(count: int = 40_000) -> bytes:
+    segments = [{"device": d, "address": 0x1000, "total_size": 2 << 20, "stream": 0, "blocks": []}
+                for d in range(count)]
+    return dumps({"segments": segments, "device_traces": []})
+
+
+def devices_at_the_cap(count: int = 1024) -> bytes:
+    """As many devices as memlens reads, each with a short trace: must still finish quickly."""
+    traces = [[entry("alloc", 0x1000, 512), entry("free_completed", 0x1000, 512)] for _ in range(count)]
+    return dumps({"segments": [], "device_traces": traces})
+
+
+# --------------------------------------------------------------------------- compression
+
+
+def gzip_of_shared_entries() -> bytes:
+    return gzip.compress(shared_trace_entries(), compresslevel=9)
+
+
+# Attack class -> name -> builder. "accept": a correct analysis is the right answer
+# (the file is odd but real-shaped); every other file must be refused with one line.
+CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
+    "hash bomb": {
+        "dict key": hash_bomb_as_dict_key,
+        "entry key": hash_bomb_in_a_trace_entry_key,
+        "action": hash_bomb_as_action,
+        "user_metadata": hash_bomb_as_user_metadata,
+        "frozenset": hash_bomb_in_a_frozenset,
+    },
+    "reference amplification": {
+        "segments x blocks": shared_segments_and_blocks,
+        "trace entries": shared_trace_entries,
+        "DUP": dup_trace_entries,
+        "annotations": shared_annotations,
+        "gzip": gzip_of_shared_entries,
+    },
+    "deep nesting": {
+        "unknown key": deep_unknown_key,
+        "allocator_settings": deep_allocator_setting,
+        "self reference": self_referencing_setting,
+        "frames": deep_frames,
+        "marks": deep_mark_stack,
+    },
+    "types and numbers": {
+        "sizes near 2**62": huge_size_near_2_62,
+        "NaN time_us": nan_annotation_time,
+        "list state": list_block_state,
+        "device_free 2**80": oom_device_free_2_80,
+        "address 2**64": address_2_64,
+        "LONG4": huge_long4_integer,
+        "memo index": huge_memo_index,
+    },
+    "huge strings": {
+        "frame name": huge_frame_name,
+        "long stacks": huge_frame_in_long_stacks,
+    },
+    "many devices": {
+        "device_traces": many_device_traces,
+        "segment devices": many_segment_devices,
+        "at the cap": devices_at_the_cap,
+    },
+}
+# Files whose right answer is an analysis, not a refusal.
+ACCEPTED = {("huge strings", "frame name"), ("huge strings", "long stacks"), ("deep nesting", "unknown key"),
+            ("deep nesting", "self reference"), ("deep nesting", "allocator_settings"),
+            ("many devices", "at the cap")}

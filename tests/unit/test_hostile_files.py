@@ -1,0 +1,106 @@
+"""Hostile snapshot files, one test per attack class (issue 11): ``memlens triage`` ends in
+one line on stderr and exit 2, or in a correct analysis, never a traceback, a hang or a
+MemoryError. Each file runs in a child process under a 2 GiB address-space limit, so a
+regression fails the test instead of swapping the machine, and a hang hits the timeout."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.hostile_files import ACCEPTED, CORPUS
+
+MEMORY_LIMIT = 2 << 30
+REPO = Path(__file__).resolve().parents[2]
+
+# What the one line must say for each refused file (a word or two of the problem).
+EXPECTED = {
+    ("hash bomb", "dict key"): "a tuple of containers",
+    ("hash bomb", "entry key"): "a tuple of containers",
+    ("hash bomb", "action"): "a tuple of containers",
+    ("hash bomb", "user_metadata"): "a tuple of containers",
+    ("hash bomb", "frozenset"): "a frozenset",
+    ("reference amplification", "segments x blocks"): "refers to objects met elsewhere",
+    ("reference amplification", "trace entries"): "refers to objects met elsewhere",
+    ("reference amplification", "DUP"): "DUP",
+    ("reference amplification", "annotations"): "refers to objects met elsewhere",
+    ("reference amplification", "gzip"): "refers to objects met elsewhere",
+    ("deep nesting", "frames"): "a stack frame should be a dict",
+    ("deep nesting", "marks"): "not a readable pickle",
+    ("types and numbers", "sizes near 2**62"): "'size' is implausibly large",
+    ("types and numbers", "NaN time_us"): "'time_us' should be an integer, found nan",
+    ("types and numbers", "list state"): "'state' should be text, found a list",
+    ("types and numbers", "device_free 2**80"): "'device_free' is implausibly large",
+    ("types and numbers", "address 2**64"): "'addr' has a value too large for 64 bits",
+    ("types and numbers", "LONG4"): "LONG4",
+    ("types and numbers", "memo index"): "memo index",
+    ("many devices", "device_traces"): "40,000 devices",
+    ("many devices", "segment devices"): "'device' is out of range",
+}
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def triage(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "memlens", "triage", str(path), "--no-cache"],
+        capture_output=True, text=True, cwd=REPO, preexec_fn=_limit_memory, timeout=50, check=False,
+    )
+
+
+def check_class(attack: str, tmp_path: Path) -> None:
+    for name, build in CORPUS[attack].items():
+        path = tmp_path / f"{name.replace(' ', '_').replace('*', '')}.pickle"
+        path.write_bytes(build())
+        result = triage(path)
+        if (attack, name) in ACCEPTED:
+            assert result.returncode == 0, (name, result.stderr[-2000:])
+            assert "peak allocated" in result.stdout, name
+            continue
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2, (name, result.returncode, result.stderr[-2000:])
+        assert len(lines) == 1, (name, lines[:5])
+        assert lines[0].startswith(f"memlens: error: {path}: "), (name, lines[0])
+        assert EXPECTED[(attack, name)] in lines[0], (name, lines[0])
+
+
+@pytest.mark.timeout(300)
+def test_hash_bombs_are_refused_before_anything_is_hashed(tmp_path: Path) -> None:
+    check_class("hash bomb", tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_shared_segments_blocks_and_entries_are_refused_not_multiplied(tmp_path: Path) -> None:
+    check_class("reference amplification", tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_deep_nesting_is_cut_or_refused_without_recursion(tmp_path: Path) -> None:
+    check_class("deep nesting", tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_wrong_types_and_out_of_range_numbers_name_the_field(tmp_path: Path) -> None:
+    check_class("types and numbers", tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_huge_strings_are_cut_and_analysed(tmp_path: Path) -> None:
+    check_class("huge strings", tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_many_devices_are_refused_or_analysed_in_linear_time(tmp_path: Path) -> None:
+    check_class("many devices", tmp_path)
+
+
+def test_every_corpus_file_has_an_expected_outcome() -> None:
+    names = {(attack, name) for attack, files in CORPUS.items() for name in files}
+    assert names == set(EXPECTED) | ACCEPTED
+    assert not set(EXPECTED) & ACCEPTED
