@@ -44,6 +44,7 @@ from memlens.analysis.settings import (
     IDLE_CACHE_MIN_BYTES,
     IDLE_CACHE_MIN_FRACTION,
 )
+from memlens.errors import MemlensError
 from memlens.snapshot.model import Action, DeviceTrace, Segment, Snapshot
 from memlens.units import MiB, format_bytes
 
@@ -204,6 +205,10 @@ def _allocator_evidence(snapshot: Snapshot, trace: DeviceTrace, capacity: int | 
         notes = tuple(result.notes)
     except _ReplayDone:
         pass
+    except MemlensError as exc:
+        # e.g. garbage_collection_threshold set and no capacity known: the replay cannot run, and
+        # without it there is no pool state to judge a cudaMalloc by.
+        return AllocatorEvidence(len(requests), (), None, 0, False, notes=(f"no allocator replay: {exc}",))
     cudamallocs = tuple(CudaMalloc(row, candidates[row][0], states[row]) for row in sorted(candidates) if row in states)
     return AllocatorEvidence(
         segment_allocs=len(requests),
@@ -252,7 +257,10 @@ def _replay_savings(ctx: DeviceContext, evidence: AllocatorEvidence, blocked: li
         trials.append((f"max_split_size_mb:{split_mb}", dataclasses.replace(recorded, max_split_size=split_mb * MiB)))
     savings = []
     for setting, settings in trials:
-        result = whatif(ctx.snapshot, settings=settings, capacity=ctx.capacity, device=ctx.device)
+        try:
+            result = whatif(ctx.snapshot, settings=settings, capacity=ctx.capacity, device=ctx.device)
+        except MemlensError:
+            continue  # this setting cannot be replayed here: no saving is claimed for it
         peak = int(result.simulated["peak_reserved_bytes"])
         savings.append(ReplaySaving(setting, peak, baseline - peak, bool(result.simulated["oom"])))
     return savings

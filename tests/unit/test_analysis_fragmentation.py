@@ -212,3 +212,14 @@ def test_a_replay_that_does_not_reproduce_the_run_is_no_evidence() -> None:
     assert [c for c in evidence.cudamallocs if c.pool.blocked]  # what the diverged replay saw...
     assert evidence.blocked == []  # ...is not evidence
     assert _kind(analyze(snapshot), "fragmentation") == []
+
+
+def test_a_trace_the_replay_cannot_run_gets_no_fragmentation_and_no_error() -> None:
+    """garbage_collection_threshold acts relative to a capacity: with none known, no replay."""
+    sim = CachingAllocatorSimulator()
+    _split_cache(sim)
+    [sim.malloc(120 * MiB) for _ in range(3)]
+    raw = sim.snapshot()
+    raw["allocator_settings"]["garbage_collection_threshold"] = 0.8
+    report = analyze(parse(raw, source="<simulated>"))
+    assert _kind(report, "fragmentation") == []
