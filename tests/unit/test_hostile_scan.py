@@ -1,0 +1,143 @@
+"""The opcode vetting in front of the C unpickler (memlens.snapshot.scan): every real snapshot
+and every pickle protocol passes unchanged, at any chunk size; the constructs that can make
+the C unpickler hash forever or allocate without bound are refused, with the byte offset."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import pickle
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import memlens
+from memlens.errors import MemlensFormatError
+from memlens.snapshot import scan
+from memlens.snapshot.scan import PickleRefused, VettedStream
+from tests.conftest import REAL_SNAPSHOTS_DIR
+from tests.hostile_files import get, put, small_int, snapshot, text, tuple_dag
+
+
+class _Plain(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise AssertionError(f"global {module}.{name}")
+
+
+def vetted_load(data: bytes) -> Any:
+    stream = VettedStream(io.BytesIO(data))
+    try:
+        return _Plain(stream).load()
+    except Exception:
+        if stream.refusal is not None:
+            raise stream.refusal from None
+        raise
+
+
+def real_snapshots() -> list[Path]:
+    return sorted(Path(REAL_SNAPSHOTS_DIR).glob("*.pickle"))
+
+
+@pytest.mark.parametrize("path", real_snapshots(), ids=lambda p: p.name[:40])
+def test_real_snapshots_pass_unchanged(path: Path) -> None:
+    data = path.read_bytes()
+    assert vetted_load(data) == pickle.loads(data)
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_every_protocol_passes_unchanged(protocol: int) -> None:
+    raw = snapshot(extra={"floats": [1.5, -0.0, math.inf], "big": 1 << 70, "flags": (True, False, None),
+                          "text": "é" * 300, "empty": ()})
+    if protocol >= 3:  # older protocols write bytes through a global (_codecs.encode)
+        raw["extra"]["bytes"] = b"\x00\x01" * 200
+    data = pickle.dumps(raw, protocol=protocol)
+    assert vetted_load(data) == raw
+
+
+values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.floats(allow_nan=False)
+    | st.text(max_size=300),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5)
+    | st.tuples(st.integers(0, 1 << 40), st.integers(0, 9)),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=values, blob=st.binary(max_size=300), protocol=st.integers(0, pickle.HIGHEST_PROTOCOL),
+       chunk=st.integers(1, 300), piece=st.integers(1, 64))
+def test_any_chunking_gives_the_same_objects(value: Any, blob: bytes, protocol: int, chunk: int,
+                                             piece: int) -> None:
+    """Tokens, payloads and tuples cut by buffer and piece boundaries are still read right."""
+    if protocol >= 3:  # older protocols write bytes through a global (_codecs.encode)
+        value = [value, blob]
+    data = pickle.dumps(value, protocol=protocol)
+    old = scan.CHUNK, scan.PIECE
+    scan.CHUNK, scan.PIECE = chunk, piece
+    try:
+        assert vetted_load(data) == value
+    finally:
+        scan.CHUNK, scan.PIECE = old
+
+
+@pytest.mark.parametrize("value", [
+    (1, 2), (1,), (1, 2, 3), (None, True, 2.5), (1 << 60, -(1 << 60)),
+], ids=repr)
+def test_tuples_of_a_few_numbers_pass(value: tuple[Any, ...]) -> None:
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        assert vetted_load(pickle.dumps({"segment_pool_id": value}, protocol=protocol)) == {"segment_pool_id": value}
+
+
+@pytest.mark.parametrize("value", [
+    ((1, 2), (3, 4)), ("a", 1), ([1], 2), tuple(range(9)), tuple_dag(2),
+], ids=["nested", "string", "list", "nine items", "dag"])
+def test_other_tuples_are_refused(value: tuple[Any, ...]) -> None:
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        with pytest.raises(PickleRefused, match="a tuple of containers"):
+            vetted_load(pickle.dumps({"x": value}, protocol=protocol))
+
+
+def test_a_shared_tuple_of_numbers_used_as_key_is_refused_by_reference() -> None:
+    """Memo references in a tuple are refused even when they point at numbers-only tuples."""
+    data = (b"\x80\x04}" + put(0) + small_int(1) + small_int(2) + b"\x86" + put(1)
+            + get(1) + get(1) + b"\x86" + b"Ns.")
+    with pytest.raises(PickleRefused, match="at byte 16"):
+        vetted_load(data)
+
+
+@pytest.mark.parametrize(("data", "problem"), [
+    (pickle.dumps({"x": {1, 2}}, protocol=4), "a set"),
+    (pickle.dumps({"x": frozenset({1})}, protocol=4), "a frozenset"),
+    (b"\x80\x04]" + text("a") + b"2a.", "DUP"),
+    (pickle.dumps(1 << 4000, protocol=4), "LONG4"),
+    (b"\x80\x02]r" + struct.pack("<I", 1 << 30) + b".", "memo index"),
+    (b"(lp99999999\n.", "memo index"),
+    (b"\x80\x04\xff.", "0xff"),
+])
+def test_dangerous_opcodes_are_refused_with_the_offset(data: bytes, problem: str) -> None:
+    with pytest.raises(PickleRefused, match=problem) as info:
+        vetted_load(data)
+    assert "at byte" in str(info.value)
+
+
+def test_bytes_after_stop_are_never_read() -> None:
+    assert vetted_load(pickle.dumps([1], protocol=4) + b"2" * 100) == [1]
+
+
+class _System:
+    def __reduce__(self) -> Any:
+        return (os.system, ("true",))
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4])
+def test_a_global_is_named_even_when_its_arguments_are_refused(tmp_path: Path, protocol: int) -> None:
+    """The arguments tuple of a REDUCE holds a string (refused), but the message names the global."""
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(pickle.dumps(snapshot(extra=_System()), protocol=protocol))
+    with pytest.raises(MemlensFormatError, match=r"names the global (posix|os)\.system"):
+        memlens.load(path, cache=False)
