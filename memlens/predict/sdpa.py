@@ -58,3 +58,42 @@ def choose_sdpa_backend(gpu: GpuSpec, args: tuple[Any, ...], kwargs: dict[str, A
 
 
 __all__ = ["EFFICIENT_ATTENTION", "FLASH_ATTENTION", "MATH", "choose_sdpa_backend"]
+
+
+def fused_sdpa(gpu: GpuSpec, math_sdpa: Any) -> Any:
+    """``F.scaled_dot_product_attention`` that calls the fused kernel the GPU would choose.
+
+    A CPU build decides inside C++ and always takes the math path for a device it has no kernels
+    for, so the choice is made here and the fused op (which has a meta kernel and an autograd
+    formula) is called directly; anything the fused kernels do not take goes to the original.
+    """
+
+    def scaled_dot_product_attention(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
+        plain = (
+            query.device.type == "cuda"
+            and not enable_gqa
+            and query.dim() == key.dim() == value.dim() == 4
+            and query.shape[:2] == key.shape[:2] == value.shape[:2]
+        )
+        choice = choose_sdpa_backend(gpu, (query, key, value, attn_mask), {}) if plain else MATH
+        if choice == FLASH_ATTENTION:
+            return torch.ops.aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, is_causal, False, scale=scale
+            )[0]
+        if choice == EFFICIENT_ATTENTION and (attn_mask is None or not is_causal):
+            needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+            return torch.ops.aten._scaled_dot_product_efficient_attention(
+                query, key, value, attn_mask, needs_lse, dropout_p, is_causal, scale=scale
+            )[0]
+        return math_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+
+    return scaled_dot_product_attention

@@ -33,7 +33,7 @@ from memlens.errors import MemlensUsageError
 from memlens.predict.cuda_api import CudaApi
 from memlens.predict.gpus import DEFAULT_GPU, GpuSpec, cublas_workspace_bytes, gpu_spec, with_capacity
 from memlens.predict.guard import ensure_cuda_guard
-from memlens.predict.sdpa import choose_sdpa_backend
+from memlens.predict.sdpa import choose_sdpa_backend, fused_sdpa
 from memlens.predict.tracking import CudaStorageTracker, PredictMode, PredictStackCapture
 
 _MEMLENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -188,6 +188,10 @@ class PredictSession:
         patches = CudaApi(self).patches()
         patches.append((torch.utils, "swap_tensors", _swap_fake_tensors(torch.utils.swap_tensors)))
         patches += _skipped_initialisers()
+        functional = torch.nn.functional
+        patches.append(
+            (functional, "scaled_dot_product_attention", fused_sdpa(self.gpu, functional.scaled_dot_product_attention))
+        )
         if self.eager_compile:
             patches.append((torch, "compile", _eager_compile))
             patches.append((torch.nn.Module, "compile", _eager_module_compile))
