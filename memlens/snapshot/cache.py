@@ -398,6 +398,8 @@ class _CacheFolder:
                     os.link(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
                 except FileExistsError:
                     return False
+                except OSError:  # a file system without hard links: the last writer wins
+                    os.replace(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
             return True
         except OSError as error:
             log.debug("memlens cache: cannot write %s in %s: %s", name, self.path, error)

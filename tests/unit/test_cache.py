@@ -9,6 +9,7 @@ import pickle
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -217,3 +218,34 @@ def test_prune_without_writing(snapshot_file: Path, cache_home: Path) -> None:
     cache.prune(0)
     assert entries(cache_home) == []
     assert not memlens.load(snapshot_file, cache=True).from_cache
+
+
+# --------------------------------------------------------------------------- concurrent writers
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_first_opens_agree_on_one_key_and_one_entry(snapshot_file: Path, cache_home: Path) -> None:
+    results: list[bool] = []
+
+    def open_it() -> None:
+        results.append(memlens.load(snapshot_file, cache=True).from_cache)
+
+    threads = [threading.Thread(target=open_it) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 4
+    assert sorted(os.listdir(cache_home)) == sorted([cache.KEY_NAME, entries(cache_home)[0].name])
+    assert memlens.load(snapshot_file, cache=True).from_cache
+
+
+def test_a_file_system_without_hard_links_still_gets_a_key(snapshot_file: Path, cache_home: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_links(*args: object, **kwargs: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    memlens.load(snapshot_file, cache=True)
+    assert len((cache_home / cache.KEY_NAME).read_bytes()) == cache.KEY_BYTES
+    assert memlens.load(snapshot_file, cache=True).from_cache
