@@ -176,6 +176,10 @@ class CacheEntry:
     @classmethod
     def for_file(cls, source: str | os.PathLike[str]) -> CacheEntry | None:
         try:
+            # Only regular files: reading a pipe or a device to hash it would consume what the
+            # parser needs (and opening a FIFO can block).
+            if not stat.S_ISREG(os.stat(source).st_mode):
+                return None
             with open(source, "rb", buffering=0) as handle:
                 st = os.fstat(handle.fileno())
                 quick = _fingerprint(handle, st.st_size)

@@ -249,3 +249,10 @@ def test_a_file_system_without_hard_links_still_gets_a_key(snapshot_file: Path, 
     memlens.load(snapshot_file, cache=True)
     assert len((cache_home / cache.KEY_NAME).read_bytes()) == cache.KEY_BYTES
     assert memlens.load(snapshot_file, cache=True).from_cache
+
+
+@pytest.mark.timeout(60)
+def test_a_pipe_is_neither_opened_nor_hashed(tmp_path: Path, cache_home: Path) -> None:
+    fifo = tmp_path / "snapshot.fifo"
+    os.mkfifo(fifo)  # with no writer, opening it to read would block for ever
+    assert cache.CacheEntry.for_file(fifo) is None
