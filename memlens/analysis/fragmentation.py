@@ -348,7 +348,8 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
         facts.update(_pool_evidence("worst_blocked", worst.pool))
         parts.append(
             f"{len(blocked)} of {evidence.segment_allocs} cudaMallocs ({format_bytes(blocked_bytes)}) were made while "
-            f"their pool already held at least the request free, in no block large enough; at event {worst.event:,} the "
+            f"their pool already held at least the request free, in no block large enough; "
+            f"at event {worst.event:,} the "
             f"{worst.pool.pool} pool held {format_bytes(worst.pool.free_bytes)} free "
             f"({format_bytes(worst.pool.free_in_pieces_bytes)} inside partly used segments) for a "
             f"{format_bytes(worst.pool.request_bytes)} request, largest free block "
