@@ -19,6 +19,20 @@ device still had. The saving is what a replay with ``expandable_segments`` (and 
 ``max_split_size_mb`` when large blocked requests suggest one) gives: the difference in peak
 reserved, and whether the failed request then fits. A state-only snapshot has no requests and
 no replay: it gets the pieces it holds, with no saving claimed.
+
+Evidence keys. ``fragmentation`` with a history: ``cudamallocs``, ``blocked_cudamallocs``,
+``blocked_cudamalloc_bytes``; the moments ``first_blocked_*`` and ``worst_blocked_*`` (``_event``,
+``_time_us``, ``_step``) with the pool there (``_pool``, ``_stream``, ``_request_bytes``,
+``_pool_free_bytes``, ``_free_in_partly_used_segments_bytes``, ``_free_in_whole_segments_bytes``,
+``_largest_free_block_bytes``, ``_free_blocks``); at an OOM the same under ``oom_*`` plus
+``oom_device_free_bytes`` and ``oom_blocked_by_fragmentation``; per replayed setting
+``<setting>_peak_reserved_bytes``, ``<setting>_saving_bytes`` (and ``<setting>_avoids_oom``),
+``best_setting``, ``recorded_peak_reserved_bytes``, ``replay_reproduces_recorded_reserved``.
+``fragmentation`` without a history: ``free_in_partly_used_segments_bytes``,
+``partly_used_segments``, ``largest_free_piece_bytes``, ``free_in_whole_segments_bytes``,
+``reserved_bytes``, ``moment`` = dump. ``idle_cache``: ``free_in_whole_segments_bytes``,
+``whole_free_segments``, ``largest_whole_free_segment_bytes``, ``reserved_bytes``,
+``share_of_reserved``, ``moment`` = dump (and ``dump_event``/``_time_us``/``_step``).
 """
 
 from __future__ import annotations
