@@ -104,13 +104,21 @@ def find(ctx: DeviceContext) -> list[Finding]:
     live = chosen & (owner == k)
     full_saving = int(height * (1 - FULL_CHECKPOINT_KEEP_FRACTION))
     selective_saving = int(height * (1 - SELECTIVE_CHECKPOINT_KEEP_FRACTION))
+    step_index = ctx.step_at(peak)
+    # The first six keys are what the terminal shows: the height, its share, the moment.
     evidence: dict[str, int | float | str] = {
         "height_bytes": height,
         "share_of_peak": round(share, 3),
-        "peak_allocated_bytes": ctx.peak_allocated,
         "forward_end_event": peak,
-        "forward_end_source": "first autograd row" if moved[k] else "step-local peak",
+    }
+    if step_index is not None:
+        evidence["step"] = step_index
+    if ctx.trace.has_time:
+        evidence["forward_end_us"] = int(ctx.trace.time_us[peak])
+    evidence.update({
         "allocated_at_forward_end_bytes": int(allocated[peak]),
+        "peak_allocated_bytes": ctx.peak_allocated,
+        "forward_end_source": "first autograd row" if moved[k] else "step-local peak",
         "rise_bytes": int(allocated[peak] - allocated[rise_start]),
         "fall_bytes": int(allocated[peak] - allocated[fall_end]),
         "rise_start_event": rise_start,
@@ -122,12 +130,8 @@ def find(ctx: DeviceContext) -> list[Finding]:
         "saving_basis": "estimate: full keeps ~1/12 (block inputs only), selective keeps ~60%",
         "steps_with_plateau": int((heights >= ACTIVATION_MIN_BYTES).sum()),
         "backward_rows_share": round(max(backward_rows, frameless_after - frameless_before), 3),
-    }
-    step_index = ctx.step_at(peak)
-    if step_index is not None:
-        evidence["step"] = step_index
+    })
     if ctx.trace.has_time:
-        evidence["forward_end_us"] = int(ctx.trace.time_us[peak])
         evidence["duration_us"] = int(ctx.trace.time_us[fall_end] - ctx.trace.time_us[rise_start])
     severity = "low"
     if share >= ACTIVATION_HIGH_SEVERITY_FRACTION:

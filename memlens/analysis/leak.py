@@ -157,20 +157,21 @@ def find(ctx: DeviceContext) -> list[Finding]:
     elif steps_left < LEAK_MEDIUM_SEVERITY_STEPS_LEFT:
         severity = "medium"
 
+    # The first six keys are what the terminal shows: the size, the pile, the level, the moment.
     evidence: dict[str, int | float | str] = {
         "bytes_per_step": bytes_per_step,
-        "requested_bytes_per_step": round(float(np.median(requested_per_step))),
         "kept_steps": int(depth[np.isin(stacks, leaking)].max()),
-        "comparable_steps": m,
-        "held_bytes": held_bytes,
         "level_rise_per_step_bytes": level_rise,
-        "steps_until_full" if basis == "capacity" else "steps_until_peak_doubles": int(steps_left),
-        "first_step": first_step.index,
+        "held_bytes": held_bytes,
         "last_step": last_step.index,
-        "first_step_end_event": first_step.end_event - 1,
         "last_step_end_event": last_step.end_event - 1,
+        "first_step": first_step.index,
+        "first_step_end_event": first_step.end_event - 1,
         "level_at_first_step_end_bytes": level_first,
         "level_at_last_step_end_bytes": level_last,
+        "requested_bytes_per_step": round(float(np.median(requested_per_step))),
+        "comparable_steps": m,
+        "steps_until_full" if basis == "capacity" else "steps_until_peak_doubles": int(steps_left),
         "leaking_stacks": int(leaking.size),
         "warmup_steps_skipped": LEAK_WARMUP_STEPS,
         "severity_basis": basis,

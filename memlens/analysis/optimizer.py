@@ -103,12 +103,21 @@ def find(ctx: DeviceContext) -> list[Finding]:
     transient_peak = round(float(np.cumsum(delta).max(initial=0.0)))
     peak_inside = ctx.peak_event is not None and lo <= ctx.peak_event < hi
 
+    step_index = ctx.step_at(row)
+    # The first six keys are what the terminal shows: the sum that makes the spike and its moment.
     evidence: dict[str, int | float | str] = {
         "spike_bytes": spike_bytes,
         "new_state_bytes": new_state_bytes,
         "transient_bytes": transient_bytes,
         "released_bytes": released_bytes,
         "spike_event": row,
+    }
+    if step_index is not None:
+        evidence["step"] = step_index
+    spike_us = ctx.time_at(row)
+    if spike_us is not None:
+        evidence["spike_us"] = spike_us
+    evidence |= {
         "level_before_bytes": round(level_before[w]),
         "level_at_spike_bytes": round(level_at_spike[w]),
         "window_start_event": lo,
@@ -122,12 +131,6 @@ def find(ctx: DeviceContext) -> list[Finding]:
         "state_bytes_at_peak": int(size[(ctx.category == OPTIMIZER_STATE) & lt.live_at(ctx.peak_event or 0)].sum()),
         "global_peak_inside": int(peak_inside),
     }
-    step_index = ctx.step_at(row)
-    if step_index is not None:
-        evidence["step"] = step_index
-    spike_us = ctx.time_at(row)
-    if spike_us is not None:
-        evidence["spike_us"] = spike_us
     params = sidecar_number(
         ctx.snapshot.sidecar, ctx.device, "trainable_parameters", "parameters", "parameter_count", "num_parameters"
     )
