@@ -650,18 +650,22 @@ def _parse_annotations(raw: Any, check: _Checker) -> list[Annotation]:
 def _int_column(
     values: list[Any], check: _Checker, device: int, field_name: str, low: int = INT64_MIN, high: int = INT64_MAX,
 ) -> np.ndarray:
-    column = np.array(values)
     where = f"device_traces[{device}]: {field_name!r}"
-    if column.dtype.kind in "iu" and column.shape == (len(values),) and column.dtype != np.uint64:
-        column = column.astype(np.int64, copy=False)
-    elif not values:
+    if not values:
         return np.zeros(0, dtype=np.int64)
-    else:
-        bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, int)), None)
-        if bad is None:  # integers beyond int64
-            bad = next(v for v in values if not INT64_MIN <= v <= INT64_MAX)
-            raise check.fail(f"{where} has a value too large for 64 bits ({_what(bad)})")
-        raise check.fail(f"{where} should be integers, found {_what(bad)}")
+    try:
+        column = np.array(values)
+    except (ValueError, TypeError, OverflowError, RecursionError):  # ragged lists, nesting
+        column = np.zeros(0, dtype=object)
+    if column.dtype.kind not in "iu" or column.shape != (len(values),) or column.dtype == np.uint64:
+        # Not all plain integers within int64: name the first value that is not.
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise check.fail(f"{where} should be integers, found {_what(value)}")
+            if not INT64_MIN <= value <= INT64_MAX:
+                raise check.fail(f"{where} has a value too large for 64 bits ({_what(value)})")
+        column = np.array(values, dtype=np.int64)
+    column = column.astype(np.int64, copy=False)
     if column.size and int(column.min()) < low:
         at = int(np.argmin(column))
         if low == 0:
