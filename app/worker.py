@@ -16,6 +16,8 @@ next to ~2 s of analysis, so a plainer copy of the report would save little.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -35,6 +37,7 @@ log = logging.getLogger("memlens.app")
 DEFAULT_ANALYSIS_TIMEOUT_S = 120.0
 # Modules the forkserver imports once, so that each forked child starts with them loaded.
 _PRELOAD = ["memlens", "memlens.analysis", "memlens.snapshot.reader", "memlens_app.worker"]
+_PR_SET_PDEATHSIG = 1
 # How long a killed child may take to be reaped before we stop waiting for it.
 _REAP_S = 10.0
 
@@ -117,7 +120,7 @@ def analyse_in_worker(path: str, *, uploaded: bool, limits: AnalysisLimits, work
     context = _forkserver()
     receiver, sender = context.Pipe(duplex=False)
     memory = limits.memory_limit()
-    process = context.Process(target=_child_main, args=(sender, path, uploaded, memory),
+    process = context.Process(target=_child_main, args=(sender, path, uploaded, memory, limits.timeout_s),
                               name="memlens-analysis", daemon=True)
     try:
         if not workers.add(process):
@@ -183,9 +186,21 @@ def _caused_by_memory_error(exc: BaseException) -> bool:
     return False
 
 
-def _child_main(sender: Connection, path: str, uploaded: bool, memory_bytes: int) -> None:
+def _die_with_parent() -> None:
+    """prctl(PR_SET_PDEATHSIG, SIGKILL) where Linux offers it; elsewhere the CPU limit remains."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _child_main(sender: Connection, path: str, uploaded: bool, memory_bytes: int, timeout_s: float) -> None:
     """Runs in the child: cap the address space, analyse, send back one (outcome, detail) pair."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    # Backstops for a server that dies without killing us (SIGKILL, OOM killer): the kernel
+    # kills this child when the forkserver exits (it does when the server goes), and when its
+    # CPU time passes twice the wall-clock limit (a single thread cannot reach that in time).
+    cpu_s = int(2 * timeout_s) + 10
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
+    _die_with_parent()
     # Ctrl-C in the terminal reaches the whole process group; the server decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:

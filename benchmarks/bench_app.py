@@ -7,12 +7,18 @@ the timeline (``POST /_dash-update-component``). The triage side is the console 
 fresh process, first open (no cache), best of N. Also printed: the timeline JSON's size and the
 number of points per trace the browser receives, and the figure builder alone, in-process.
 
-    python benchmarks/bench_app.py [--events 1000000] [--runs 3]
+Then (issue 11) ``--concurrent N`` uploads of one snapshot at once (a real CUDA snapshot from
+../shared/real_snapshots, else the bundled leak sample, or ``--concurrent-file``): how many
+succeed, the server's RSS before, at its peak and after (and of its analysis workers, which
+are separate processes), and the files left in its upload folder once it has stopped.
+
+    python benchmarks/bench_app.py [--events 1000000] [--runs 3] [--concurrent 50] [--concurrent-file F]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -20,9 +26,16 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import psutil
 import requests
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+REAL_SNAPSHOTS_DIR = Path(os.environ.get("MEMLENS_REAL_SNAPSHOTS") or REPO_ROOT.parent / "shared" / "real_snapshots")
 
 
 def _free_port() -> int:
@@ -47,6 +60,89 @@ def start_server(workdir: str) -> tuple[subprocess.Popen[bytes], str]:
             time.sleep(0.2)
     process.kill()
     raise SystemExit("memlens serve did not start")
+
+
+class RssSampler:
+    """Samples the RSS of the server and, separately, of its descendants (analysis workers)."""
+
+    def __init__(self, pid: int, interval_s: float = 0.02) -> None:
+        self.server = psutil.Process(pid)
+        self.interval_s = interval_s
+        self.peak_server = 0
+        self.peak_workers = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def now(self) -> tuple[int, int]:
+        server = self.server.memory_info().rss
+        workers = 0
+        for child in self.server.children(recursive=True):
+            with contextlib.suppress(psutil.Error):  # it exited between the listing and the reading
+                workers += child.memory_info().rss
+        return server, workers
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            server, workers = self.now()
+            self.peak_server = max(self.peak_server, server)
+            self.peak_workers = max(self.peak_workers, workers)
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def concurrent_uploads(path: str, count: int) -> None:
+    """``count`` uploads of ``path`` at once against a fresh server: successes, RSS, files left."""
+    workdir = tempfile.mkdtemp(prefix="memlens-bench-uploads-")
+    try:
+        server, url = start_server(workdir)
+        try:
+            # Warm: imports done, the forkserver started, one analysis made.
+            with open(path, "rb") as handle:
+                requests.post(url + "/upload", params={"name": "warm.pickle"}, data=handle,
+                              timeout=600).raise_for_status()
+            time.sleep(1.0)
+            sampler = RssSampler(server.pid)
+            before_server, before_workers = sampler.now()
+
+            def one(index: int) -> requests.Response:
+                with open(path, "rb") as handle:
+                    return requests.post(url + "/upload", params={"name": f"real{index}.pickle"}, data=handle,
+                                         timeout=600)
+
+            started = time.perf_counter()
+            with sampler, ThreadPoolExecutor(count) as pool:
+                responses = list(pool.map(one, range(count)))
+            elapsed = time.perf_counter() - started
+            time.sleep(1.0)
+            after_server, after_workers = sampler.now()
+            ok = sum(1 for r in responses if r.status_code == 200)
+            errors = sorted({r.text[:160] for r in responses if r.status_code != 200})
+            upload_dirs = [d for d in os.listdir(workdir) if d.startswith("memlens-upload-")]
+            kept = sum(len(os.listdir(os.path.join(workdir, d))) for d in upload_dirs)
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+        left = [os.path.join(root, f) for root, _, files in os.walk(workdir) for f in files
+                if "memlens-upload-" in root]
+        mib = 1 << 20
+        print(f"{count} concurrent uploads of {os.path.basename(path)} "
+              f"({os.path.getsize(path) / 1024:.0f} KiB): {ok}/{count} succeeded in {elapsed:.1f} s")
+        for error in errors:
+            print(f"  error: {error}")
+        print(f"  server RSS   before {before_server / mib:6.0f} MiB   peak {sampler.peak_server / mib:6.0f} MiB   "
+              f"after {after_server / mib:6.0f} MiB")
+        print(f"  worker RSS   before {before_workers / mib:6.0f} MiB   peak {sampler.peak_workers / mib:6.0f} MiB   "
+              f"after {after_workers / mib:6.0f} MiB   (forkserver + analyses, all together)")
+        print(f"  uploads kept on disk while serving: {kept}; files left after SIGTERM: {len(left)}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def timeline_callback(url: str, source_id: str) -> requests.Response:
@@ -80,7 +176,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--concurrent", type=int, default=50, help="parallel uploads (0: skip)")
+    parser.add_argument("--concurrent-file", default=None, help="snapshot to upload in parallel")
+    parser.add_argument("--skip-round-trip", action="store_true", help="only the parallel uploads")
     args = parser.parse_args()
+
+    if args.concurrent:
+        real = REAL_SNAPSHOTS_DIR / "MAGMA27__assignment2-systems__memory_snapshot.pickle"
+        concurrent_file = args.concurrent_file or str(real if real.is_file()
+                                                      else REPO_ROOT / "sample_snapshots" / "leak.pickle")
+        concurrent_uploads(concurrent_file, args.concurrent)
+    if args.skip_round_trip:
+        return
 
     from memlens.synthetic import synthetic_snapshot, write_pickle
 

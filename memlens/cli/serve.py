@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import click
 
 from memlens.cli.common import BYTE_SIZE
-from memlens.errors import MemlensError, MemlensUsageError
+from memlens.errors import MemlensUsageError
 from memlens.units import format_bytes, parse_bytes
 
 
@@ -60,8 +60,6 @@ def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, re
     if analysis_memory is not None and analysis_memory <= 0:
         raise MemlensUsageError("--analysis-memory must be more than 0 bytes")
 
-    from werkzeug.serving import WSGIRequestHandler, make_server
-
     from memlens_app.main import DEFAULT_SAMPLE_DIR, create_app
     from memlens_app.worker import AnalysisLimits
 
@@ -70,15 +68,36 @@ def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, re
                      analysis_limits=AnalysisLimits(analysis_timeout, analysis_memory),
                      upload_idle_timeout_s=upload_timeout)
     library = app.server.config["MEMLENS_LIBRARY"]
-    # Every other command refuses a file that is not a snapshot; so does this one, before it
-    # starts (the safe reader, in the same limited child process as any analysis).
-    for source in library.sources():
-        if source.kind == "cli":
-            try:
-                library.report(source.id)
-            except MemlensError:
-                library.close()
-                raise
+    # SIGTERM leaves like Ctrl-C from here on; closing the library then kills running analyses
+    # and deletes the upload folder, in-flight uploads included.
+    previous_handler = signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        _check_given_snapshots(library)
+        _serve(app, host, port, upload_timeout, max_upload_bytes)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        library.close()
+        signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _check_given_snapshots(library: Any) -> None:
+    """Every other command refuses a file that is not a snapshot; so does this one, before it
+    starts: the safe reader, in the same limited child process as any analysis (whose report
+    is then cached for the first page)."""
+    from memlens_app.library import DEFAULT_CONCURRENT_ANALYSES
+
+    given = [source.id for source in library.sources() if source.kind == "cli"]
+    with ThreadPoolExecutor(DEFAULT_CONCURRENT_ANALYSES) as pool:
+        checks = [pool.submit(library.report, source_id) for source_id in given]
+    for check in checks:  # the first bad file, in the order given
+        error = check.exception()
+        if error is not None:
+            raise error
+
+
+def _serve(app: Any, host: str, port: int, upload_timeout: float, max_upload_bytes: int) -> None:
+    from werkzeug.serving import WSGIRequestHandler, make_server
 
     # A stalled connection (headers or body) is dropped after --upload-timeout idle seconds.
     handler = type("MemlensRequestHandler", (WSGIRequestHandler,), {"timeout": upload_timeout})
@@ -86,7 +105,6 @@ def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, re
     try:
         server = make_server(host, port, app.server, threaded=True, request_handler=handler)
     except OSError as exc:
-        library.close()
         raise MemlensUsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     bound_port = server.socket.getsockname()[1]
     if host not in ("127.0.0.1", "localhost", "::1"):
@@ -94,18 +112,11 @@ def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, re
                    err=True)
     click.echo(f"memlens dashboard on http://{'[' + host + ']' if ':' in host else host}:{bound_port}/ "
                f"(uploads up to {format_bytes(max_upload_bytes)}; Ctrl-C to stop)")
-    sys.stdout.flush()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    # SIGTERM leaves serve_forever as Ctrl-C does; the finally (and atexit) then kill running
-    # analyses and delete the upload folder, in-flight uploads included.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     finally:
         server.server_close()
-        library.close()
 
 
 def _exit_on_signal(signum: int, frame: Any) -> None:
