@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from memlens_app.library import remove_stale_upload_dirs
 from memlens_app.main import create_app
 from memlens_app.worker import AnalysisLimits, AnalysisStopped, WorkerGroup, analyse_in_worker
 from tests.conftest import REAL_SNAPSHOTS_DIR, REAL_SNAPSHOTS_MISSING, SAMPLE_SNAPSHOTS_DIR
+from tests.hostile_files import CORPUS
 from tests.integration.app_server import (
     ServeProcess,
     hash_bomb_pickle,
@@ -192,6 +194,30 @@ def test_a_hostile_file_is_stopped_while_the_server_keeps_answering(served: Serv
     # Either the reader refuses the file outright or the worker's limits stop it.
     assert served.process.poll() is None
     assert not any(hostile.name in p.name for p in upload_files(served.tmp_path))
+
+
+@pytest.mark.timeout(600)
+def test_the_whole_hostile_corpus_at_once_leaves_the_server_answering(served: ServeProcess,
+                                                                      tmp_path: Path) -> None:
+    files = []
+    for attack, builders in CORPUS.items():
+        for variant, builder in builders.items():
+            path = tmp_path / (re.sub(r"[^a-z0-9]+", "_", f"{attack} {variant}".lower()) + ".pickle")
+            path.write_bytes(builder())
+            files.append(path)
+    with ThreadPoolExecutor(8) as pool:
+        pending = [pool.submit(served.upload, path) for path in files]
+        while not all(p.done() for p in pending):
+            assert requests.get(served.url + "/", timeout=10).status_code == 200
+            time.sleep(0.2)
+    answers = {path.name: p.result() for path, p in zip(files, pending, strict=True)}
+    # Analysed, refused by the reader, or stopped by the worker: never an internal error.
+    assert {name: r.status_code for name, r in answers.items() if r.status_code not in (200, 400)} == {}
+    for name, response in answers.items():
+        if response.status_code == 400:
+            assert response.json()["error"].startswith(name + ": "), response.text
+            assert not any(name in p.name for p in upload_files(served.tmp_path))
+    assert served.process.poll() is None
 
 
 @pytest.fixture(scope="module")
