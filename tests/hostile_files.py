@@ -10,6 +10,7 @@ as a dict key would be hashed while building it), the opcodes are assembled by h
 from __future__ import annotations
 
 import gzip
+import io
 import math
 import pickle
 import struct
@@ -280,6 +281,20 @@ def gzip_of_shared_entries() -> bytes:
     return gzip.compress(shared_trace_entries(), compresslevel=9)
 
 
+def gzip_bomb(inflated: int = 1 << 30) -> bytes:
+    """A megabyte of gzip that inflates to a 1 GiB string in the snapshot."""
+    payload = b"\x80\x04}" + text("segments") + b"]s" + text("junk") + b"\x8d" + struct.pack("<Q", inflated)
+    compressor = gzip.GzipFile  # streamed, so building it needs no gigabyte either
+    out = io.BytesIO()
+    with compressor(fileobj=out, mode="wb", compresslevel=9) as zipped:
+        zipped.write(payload)
+        block = b"a" * (1 << 20)
+        for _ in range(inflated >> 20):
+            zipped.write(block)
+        zipped.write(b"s.")
+    return out.getvalue()
+
+
 # Attack class -> name -> builder. "accept": a correct analysis is the right answer
 # (the file is odd but real-shaped); every other file must be refused with one line.
 CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
@@ -296,6 +311,7 @@ CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
         "DUP": dup_trace_entries,
         "annotations": shared_annotations,
         "gzip": gzip_of_shared_entries,
+        "gzip bomb": gzip_bomb,
     },
     "deep nesting": {
         "unknown key": deep_unknown_key,

@@ -43,12 +43,14 @@ from memlens.snapshot.model import (
     Snapshot,
     StackTable,
 )
-from memlens.snapshot.scan import VettedStream
+from memlens.snapshot.scan import PickleRefused, VettedStream
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
 SIDECAR_SUFFIX = ".memlens.json"
 BARE_LIST_FORMAT = "memory_snapshot() segment list"
+GZIP_MAX_RATIO = 100
+GZIP_MIN_LIMIT = 64 << 20
 READ_SHARE = 0.7  # of the load time, for the progress bar: unpickling is most of it
 
 
@@ -92,6 +94,8 @@ def _global_refused(source: str, name: str) -> MemlensFormatError:
 
 def _format_error(exc: Exception, source: str) -> MemlensFormatError:
     """The one-line error for an unpickling failure (globals are refused, so it is damage)."""
+    if isinstance(exc, PickleRefused):
+        return MemlensFormatError(source, str(exc))
     if isinstance(exc, EOFError):
         return MemlensFormatError(source, "the file ends early: it is truncated or was still being written")
     if isinstance(exc, RecursionError):
@@ -161,6 +165,29 @@ class _ProgressReader:
         return data
 
 
+class _Inflation:
+    """Refuses a gzip stream that inflates beyond ``limit`` bytes (a compression bomb).
+
+    Real snapshots compress 10-15x; the limit is GZIP_MAX_RATIO times the file, at least
+    GZIP_MIN_LIMIT, so memory stays proportional to what was uploaded.
+    """
+
+    def __init__(self, stream: Any, limit: int) -> None:
+        self._stream = stream
+        self._left = limit
+        self._limit = limit
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size if size is not None and 0 <= size <= self._left + 1 else self._left + 1)
+        self._left -= len(data)
+        if self._left < 0:
+            raise PickleRefused(
+                f"refused to load: the gzip stream inflates to more than {self._limit:,} bytes "
+                f"({GZIP_MAX_RATIO}x the file; real snapshots compress about 12x)"
+            )
+        return data
+
+
 def _read_raw(path: str | os.PathLike[str], on_read: Callable[[float], None] | None = None) -> Any:
     source = str(path)
     try:
@@ -178,7 +205,8 @@ def _read_raw(path: str | os.PathLike[str], on_read: Callable[[float], None] | N
         handle.seek(0)
         if head.startswith(GZIP_MAGIC):
             with gzip.GzipFile(fileobj=handle) as unzipped:
-                stream: Any = io.BufferedReader(unzipped, buffer_size=1 << 20)
+                limit = max(GZIP_MIN_LIMIT, GZIP_MAX_RATIO * os.fstat(handle.fileno()).st_size)
+                stream: Any = _Inflation(io.BufferedReader(unzipped, buffer_size=1 << 20), limit)
                 if on_read is not None:  # progress follows the compressed bytes read
                     total = os.fstat(handle.fileno()).st_size
                     stream = _ProgressReader(stream, total, lambda _f: on_read(handle.tell() / max(total, 1)))

@@ -29,6 +29,7 @@ EXPECTED = {
     ("reference amplification", "DUP"): "DUP",
     ("reference amplification", "annotations"): "refers to objects met elsewhere",
     ("reference amplification", "gzip"): "refers to objects met elsewhere",
+    ("reference amplification", "gzip bomb"): "inflates to more than",
     ("deep nesting", "frames"): "a stack frame should be a dict",
     ("deep nesting", "marks"): "not a readable pickle",
     ("types and numbers", "sizes near 2**62"): "'size' is implausibly large",

@@ -1,0 +1,90 @@
+"""Hostile snapshot files: how long ``memlens triage`` takes on each and its peak RSS.
+
+Writes every file of ``tests/hostile_files.CORPUS`` (hash bombs, shared references, deep
+nesting, bad numbers, huge strings, many devices) and runs ``memlens triage FILE --no-cache``
+on each in a fresh process under an address-space limit, reading the child's own peak RSS
+from ``os.wait4``. Target (issue 11): each ends in one line on stderr and exit 2, or in an
+analysis (exit 0), within seconds and with memory bounded by its content.
+
+    python benchmarks/hostile_corpus.py [--keep DIR] [--limit-gib 2] [--timeout 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.hostile_files import ACCEPTED, CORPUS  # noqa: E402 - after the path is set
+
+
+def run(path: Path, limit: int, timeout: float) -> tuple[int | None, float, int, str]:
+    """(exit code or None on timeout, seconds, peak RSS bytes, stderr's last line)."""
+
+    def cap_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    started = time.perf_counter()
+    with tempfile.TemporaryFile() as err:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "memlens", "triage", str(path), "--no-cache"],
+            stdout=subprocess.DEVNULL, stderr=err, cwd=REPO, preexec_fn=cap_memory,
+        )
+        code: int | None = None
+        while time.perf_counter() - started < timeout:
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                code = os.waitstatus_to_exitcode(status)
+                break
+            time.sleep(0.02)
+        else:
+            child.kill()
+            _, _, usage = os.wait4(child.pid, 0)
+        elapsed = time.perf_counter() - started
+        err.seek(0)
+        lines = err.read().decode(errors="replace").strip().splitlines()
+    return code, elapsed, usage.ru_maxrss * 1024, lines[-1] if lines else ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keep", help="write the files into this folder and keep them")
+    parser.add_argument("--limit-gib", type=float, default=2.0, help="address-space limit per run")
+    parser.add_argument("--timeout", type=float, default=60.0)
+    args = parser.parse_args()
+    folder = Path(args.keep or tempfile.mkdtemp(prefix="memlens-hostile-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    limit = int(args.limit_gib * (1 << 30))
+
+    print(f"{'attack':25} {'file':18} {'size':>11} {'exit':>4} {'seconds':>7} {'peak RSS':>9}  outcome")
+    worst_time, worst_rss, bad = 0.0, 0, []
+    for attack, files in CORPUS.items():
+        for name, build in files.items():
+            path = folder / f"{attack}-{name}.pickle".replace(" ", "_").replace("*", "")
+            path.write_bytes(build())
+            code, seconds, rss, last = run(path, limit, args.timeout)
+            accepted = (attack, name) in ACCEPTED
+            ok = code == (0 if accepted else 2)
+            worst_time, worst_rss = max(worst_time, seconds), max(worst_rss, rss)
+            outcome = "analysed" if code == 0 else ("timeout" if code is None else last.split(": ", 3)[-1])
+            if not ok:
+                bad.append(f"{attack}/{name}")
+            print(f"{attack:25} {name:18} {path.stat().st_size:>11,} {code if code is not None else '-':>4} "
+                  f"{seconds:7.2f} {rss / 2**20:7.0f}Mi  {'' if ok else 'UNEXPECTED '}{outcome[:90]}")
+    print(f"\nlargest time {worst_time:.2f} s, largest peak RSS {worst_rss / 2**20:.0f} MiB "
+          f"(fresh process each, memlens imports included; limit {args.limit_gib:g} GiB)")
+    if bad:
+        print("unexpected outcomes: " + ", ".join(bad))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
