@@ -404,7 +404,7 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
         severity = "low"
     stranded = max((c.pool.free_in_pieces_bytes for c in blocked), default=oom.free_bytes if oom else 0)
     lead = "oom" if oom_blocked else "worst_blocked"
-    facts = _ordered(facts, [
+    facts = lead_with(facts, [
         f"{lead}_event", f"{lead}_request_bytes", f"{lead}_pool_free_bytes", f"{lead}_largest_free_block_bytes",
         "oom_device_free_bytes" if oom_blocked else "blocked_cudamallocs",
         "expandable_segments_avoids_oom" if oom_blocked else "expandable_segments_saving_bytes",
@@ -429,7 +429,7 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
     ]
 
 
-def _ordered(facts: Evidence, first: list[str]) -> Evidence:
+def lead_with(facts: Evidence, first: list[str]) -> Evidence:
     """The same evidence with ``first`` (those present) leading: reporters show the first few."""
     leading = {key: facts[key] for key in first if key in facts}
     return {**leading, **{key: value for key, value in facts.items() if key not in leading}}

@@ -108,6 +108,11 @@ def find(ctx: DeviceContext) -> list[Finding]:
     evidence.update({f"live_{name}_bytes": value for name, value in live.items()})
     if ctx.capacity:
         evidence["capacity_bytes"] = ctx.capacity
+    # Reporters show the first few entries: the moment, the request and what was free then.
+    evidence = fragmentation.lead_with(evidence, [
+        "oom_event", "moment", "requested_bytes", "device_free_bytes", "pool_free_bytes",
+        "pool_largest_free_block_bytes", "explained_by",
+    ])
     asked = f"asked for {format_bytes(requested)} with " if requested else ""
     summary = (
         f"Out of memory: {asked}{format_bytes(device_free)} free on the device and "
