@@ -88,6 +88,9 @@ def synthetic_snapshot(
         return [inner, *rng.sample(frame_pool, depth - 1)]
 
     stacks = {tag: [make_stack(tag) for _ in range(60)] for tag in ("forward", "backward", "optim", "temp")}
+    # A leak is one line keeping something every step (``kept.append(x)`` in the training loop):
+    # one stack, built without the generator so snapshots without a leak stay as they were.
+    leak_stack = [{"filename": files[3], "line": 88, "name": "train_step"}, *stacks["forward"][0][1:]]
     trace: list[dict[str, Any]] = []
     clock = [1_700_000_000_000_000]
     heap = _SlabHeap(0x7F0000000000, trace, clock)
@@ -97,7 +100,7 @@ def synthetic_snapshot(
 
     def alloc(size: int, tag: str) -> int:
         address = heap.take(size)
-        frames = rng.choice(stacks[tag])
+        frames = leak_stack if tag == "leak" else rng.choice(stacks[tag])
         live[address] = (size, frames)
         if heap.in_window:
             clock[0] += rng.randint(1, 20)
@@ -132,7 +135,7 @@ def synthetic_snapshot(
             tmp = alloc(rng.choice([64 << 10, 512 << 10, 2 << 20]), "temp")
             free(tmp)
         if leak_bytes_per_step:
-            leaked.append(alloc(leak_bytes_per_step, "forward"))
+            leaked.append(alloc(leak_bytes_per_step, "leak"))
         for address in reversed(acts):  # backward: they fall, gradients appear
             tmp = alloc(rng.choice([256 << 10, 1 << 20]), "backward")
             free(address)
