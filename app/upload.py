@@ -7,7 +7,8 @@ a body that grows past it (chunked uploads) is refused when it does. A body that
 (the client went away), stalls longer than ``idle_timeout_s`` between reads, or is still
 arriving at its deadline (``idle_timeout_s`` plus its size at ``MIN_UPLOAD_RATE``) is dropped
 with its partial file. The answer is JSON: ``{"id", "name", ...}`` on success, ``{"error"}``
-with status 400 (not a snapshot, hostile pickle, a limit of the analysis), 408, 413 or 500.
+with status 400 (not a snapshot, hostile pickle, a limit of the analysis), 408, 413, 500 or
+507 (a declared size that the server's disk has no room for).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import socket
 import threading
 from collections.abc import Iterator
@@ -26,7 +28,7 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import ClientDisconnected
 
 from memlens.errors import MemlensError
-from memlens.units import KiB, format_bytes
+from memlens.units import GiB, KiB, format_bytes
 from memlens_app.library import Library
 from memlens_app.worker import AnalysisCrashed
 
@@ -34,6 +36,8 @@ CHUNK_BYTES = 1 << 20
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 # The slowest upload accepted end to end: 2 GiB at 256 KiB/s is a little over two hours.
 MIN_UPLOAD_RATE = 256 * KiB
+# Disk left free for the rest of the machine when an upload declares its size.
+DISK_MARGIN_BYTES = 1 * GiB
 log = logging.getLogger("memlens.app")
 
 
@@ -71,6 +75,9 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
             source_id, path = library.new_upload_file(name)
         except MemlensError as exc:
             return _error(503, str(exc), close=True)
+        if declared is not None and not _room_for(path, declared):
+            return _error(507, f"{name}: not enough free disk space on the server for "
+                               f"{format_bytes(declared)}", close=True)
         try:
             written = _spool(request.stream, path, name, declared, limits)
         except _UploadFailed as exc:
@@ -152,6 +159,15 @@ def _read_deadline(limits: UploadLimits, declared: int | None) -> Iterator[None]
         yield
     finally:
         timer.cancel()
+
+
+def _room_for(path: str, size: int) -> bool:
+    """Whether the upload folder's disk has ``size`` bytes free, plus a margin for everyone else."""
+    try:
+        free = shutil.disk_usage(os.path.dirname(path)).free
+    except OSError:
+        return True  # unknown: the write itself will fail cleanly if the disk fills
+    return free >= size + DISK_MARGIN_BYTES
 
 
 def _shut_reading(connection: socket.socket) -> None:

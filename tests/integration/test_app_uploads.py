@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psutil
@@ -24,6 +26,7 @@ import pytest
 import requests
 
 from memlens.synthetic import synthetic_snapshot, write_pickle
+from memlens_app import upload as upload_module
 from memlens_app.library import remove_stale_upload_dirs
 from memlens_app.main import create_app
 from memlens_app.worker import AnalysisLimits, AnalysisStopped, WorkerGroup, analyse_in_worker
@@ -389,3 +392,14 @@ def _string_places(node: Any, component: str = "", prop: str = "") -> Any:
             for key, value in node.items():
                 yield from _string_places(value, component, key)
 
+
+
+def test_a_declared_size_the_disk_has_no_room_for_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = create_app([], sample_dir=None)
+    monkeypatch.setattr(upload_module.shutil, "disk_usage", lambda path: SimpleNamespace(total=10, used=10, free=0))
+    response = app.server.test_client().post("/upload?name=big.pickle", data=b"\x80" * 4096)
+    assert response.status_code == 507
+    assert response.get_json()["error"] == "big.pickle: not enough free disk space on the server for 4.00 KiB"
+    library = app.server.config["MEMLENS_LIBRARY"]
+    assert library.upload_dir is not None and os.listdir(library.upload_dir) == []
+    library.close()
