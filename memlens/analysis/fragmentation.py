@@ -388,7 +388,9 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
                 f"and the device {format_bytes(evidence.oom_device_free_bytes)}, together enough"
             )
     for trial in savings:
-        name = trial.setting.split(":")[0]
+        name, value = trial.setting.split(":")
+        if name == "max_split_size_mb":
+            facts["max_split_size_mb_tried"] = int(value)
         facts[f"{name}_peak_reserved_bytes"] = trial.peak_reserved
         facts[f"{name}_saving_bytes"] = trial.saving
         if oom is not None:

@@ -67,6 +67,11 @@ def test_blocked_cudamallocs_are_counted_and_the_replay_gives_the_saving() -> No
     assert frag.severity == "high"  # 14% of peak reserved
     assert "expandable_segments:True" in frag.recommendation
     assert "2.23 GiB" in frag.recommendation and "1.91 GiB" in frag.recommendation
+    # Blocked requests of 120 MiB: max_split_size_mb:64 is replayed too, and reported as it is:
+    # the 200 MiB tensors may then not take the 240 MiB cached blocks, which costs 1.56 GiB more.
+    assert evidence["max_split_size_mb_tried"] == 64
+    assert evidence["max_split_size_mb_saving_bytes"] == -1600 * MiB
+    assert evidence["best_setting"] == "expandable_segments:True"
     del kept, later
 
 
