@@ -14,6 +14,9 @@ bytes are in the evidence too, and so is the allocated level at the step ends, w
 requested bytes and corroborates the rise (``level_rise_per_step_bytes``). Severity is how many
 steps until the device is full (or, capacity unknown, until the leak adds another peak's worth).
 
+State made inside optimizer.step and kept (``optimizer_state``) is never a candidate: it is
+bounded by the parameters, even when it appears over several steps.
+
 Allocations that grow a buffer by replacing it (``buf = torch.cat([buf, x])``) leave one
 survivor at a time: the level rises but the lifetimes show no pile, and no finding is made.
 """
@@ -26,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memlens.allocator.simulator import K_MIN_BLOCK_SIZE
+from memlens.analysis.categories import OPTIMIZER_STATE
 from memlens.analysis.context import DeviceContext
 from memlens.analysis.report import Finding, Step
 from memlens.analysis.settings import (
@@ -67,7 +71,10 @@ def survivors(ctx: DeviceContext, steps: list[Step]) -> Survivors:
     # Made inside a comparable step (gaps between steps belong to none) and alive at its end:
     # DeviceTrace.allocated counts a block after row e while alloc <= e < free.
     made_in_step = (lt.alloc_event >= 0) & (position >= 0) & (lt.alloc_event < ends[safe])
-    survived = made_in_step & (lt.free_event >= ends[safe])
+    # State an optimizer creates inside optimizer.step (on the first step, or later for parameters
+    # that get their first gradient late, e.g. MoE experts) is bounded by the parameters: not a leak.
+    optimizer_state = ctx.category == OPTIMIZER_STATE
+    survived = made_in_step & (lt.free_event >= ends[safe]) & ~optimizer_state
     rows = np.flatnonzero(survived).astype(np.int64)
     last_alive = np.searchsorted(ends, lt.free_event[rows], side="right") - 1
     return Survivors(rows, lt.stack_id[rows].astype(np.int64), position[rows], last_alive.astype(np.int64))

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from memlens.analysis import Finding, Report, analyze
 from memlens.analysis.settings import LEAK_HIGH_SEVERITY_STEPS_LEFT, LEAK_MEDIUM_SEVERITY_STEPS_LEFT
 from memlens.units import GiB
-from tests.unit.tracebuilder import LEAKY, MODEL, MiB, TraceBuilder, frame, training_run
+from tests.unit.tracebuilder import LEAKY, MODEL, OPTIM, MiB, TraceBuilder, frame, training_run
 
 HANDOVER = [frame("train", "/work/proj/train.py", 60)]
 
@@ -139,3 +139,12 @@ def test_a_leak_every_other_step_is_a_leak() -> None:
 
     (leak,) = _leaks(analyze(_loop(9, every_other).snapshot()))
     assert leak.evidence["kept_steps"] == 4
+
+
+def test_optimizer_state_made_lazily_over_several_steps_is_not_a_leak() -> None:
+    def late_experts(b: TraceBuilder, step: int) -> None:  # an expert's first gradient: its Adam state
+        with b.scope("Optimizer.step#AdamW.step"):
+            b.alloc(8 * MiB, OPTIM)
+            b.alloc(8 * MiB, OPTIM)
+
+    assert _leaks(analyze(_loop(6, late_experts).snapshot())) == []
