@@ -30,6 +30,8 @@ from memlens.recorder.cpu_tracker import StorageTracker
 from memlens.recorder.stacks import StackCapture
 
 _PREDICT_DIR = os.path.dirname(os.path.abspath(__file__))
+# The tracker's own frames (recorder) and ours sit between the op and the user's code.
+_OWN_DIRS = (_PREDICT_DIR, os.path.dirname(os.path.abspath(sys.modules[StorageTracker.__module__].__file__ or "")))
 
 _aten = torch.ops.aten
 # Ops whose CUDA kernels call cuBLAS (and so take the calling thread's handle and workspace).
@@ -54,7 +56,7 @@ class PredictStackCapture(StackCapture):
 
     def capture(self, start: FrameType | None = None) -> list[dict[str, object]]:
         frame = start if start is not None else sys._getframe(1)
-        while frame is not None and frame.f_code.co_filename.startswith(_PREDICT_DIR):
+        while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIRS):
             frame = frame.f_back
         return super().capture(frame)
 
