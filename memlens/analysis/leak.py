@@ -7,12 +7,13 @@ in it and still alive at its end *survives* the step. Gradients and handed-over 
 survivors of one stack from several steps are alive *at the same time*. A stack leaks when
 survivors from at least ``LEAK_MIN_KEPT_STEPS`` of its steps are alive together (its *depth*)
 and it recurs in most comparable steps. No absolute floor: a 512-byte ``losses.append(loss)``
-is as certain as a 5 MiB one. Bytes per step is the median of the leaking stacks' surviving
-bytes per step over the steps they span, counted as the caching allocator holds them (each
-request rounded up to its 512-byte block: a kept 0-d loss costs 512 bytes, not 4); the requested
-bytes are in the evidence too, and so is the allocated level at the step ends, which counts
-requested bytes and corroborates the rise (``level_rise_per_step_bytes``). Severity is how many
-steps until the device is full (or, capacity unknown, until the leak adds another peak's worth).
+is as certain as a 5 MiB one. Bytes per step is the leaking stacks' surviving bytes averaged
+over the steps they span (a leak made every other step grows half as fast), counted as the
+caching allocator holds them: each request rounded up to its 512-byte block, so a kept 0-d loss
+costs 512 bytes, not 4. The requested bytes are in the evidence too, and so is the allocated
+level at the step ends, which counts requested bytes and corroborates the rise
+(``level_rise_per_step_bytes``). Severity is how many steps until the device is full (or, with
+the capacity unknown, until the leak adds another peak's worth).
 
 State made inside optimizer.step and kept (``optimizer_state``) is never a candidate: it is
 bounded by the parameters, even when it appears over several steps.
@@ -136,7 +137,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
     span = last - first + 1
     per_step = np.bincount(made_at - first, weights=blocks.astype(np.float64), minlength=span)
     requested_per_step = np.bincount(made_at - first, weights=requested.astype(np.float64), minlength=span)
-    bytes_per_step = round(float(np.median(per_step)))
+    bytes_per_step = round(float(per_step.mean()))
     if bytes_per_step <= 0:
         return []
     # What the leak holds at the end of its last step: the survivors of the leaking stacks still alive.
@@ -151,7 +152,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
     level_first = int(allocated[first_step.end_event - 1])
     level_last = int(allocated[last_step.end_event - 1])
     step_end_levels = allocated[np.array([s.end_event - 1 for s in comparable[first : last + 1]])]
-    level_rise = round(float(np.median(np.diff(step_end_levels)))) if last > first else 0
+    level_rise = round(float(np.diff(step_end_levels).mean())) if last > first else 0
 
     if ctx.capacity:
         headroom, basis = max(ctx.capacity - ctx.peak_allocated, 0), "capacity"
@@ -176,7 +177,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
         "first_step_end_event": first_step.end_event - 1,
         "level_at_first_step_end_bytes": level_first,
         "level_at_last_step_end_bytes": level_last,
-        "requested_bytes_per_step": round(float(np.median(requested_per_step))),
+        "requested_bytes_per_step": round(float(requested_per_step.mean())),
         "comparable_steps": m,
         "steps_until_full" if basis == "capacity" else "steps_until_peak_doubles": int(steps_left),
         "leaking_stacks": int(leaking.size),
