@@ -139,6 +139,8 @@ def test_a_leak_every_other_step_is_a_leak() -> None:
 
     (leak,) = _leaks(analyze(_loop(9, every_other).snapshot()))
     assert leak.evidence["kept_steps"] == 4
+    # 2 MiB kept in steps 2, 4, 6 and 8: averaged over the 7 steps it spans, not 2 MiB a step.
+    assert leak.evidence["bytes_per_step"] == round(4 * 2 * MiB / 7)
 
 
 def test_optimizer_state_made_lazily_over_several_steps_is_not_a_leak() -> None:
