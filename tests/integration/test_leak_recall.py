@@ -13,6 +13,7 @@ import pytest
 
 import memlens
 from memlens.analysis import Finding
+from memlens.analysis.schema import validate
 from tests.integration import leaky_loop
 
 LOOP = Path(leaky_loop.__file__)
@@ -46,6 +47,7 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def leaks(pattern: str, way: str, out: Path) -> list[Finding]:
     report = memlens.analyze(memlens.load(recording(pattern, way, out), cache=False))
     assert report.device().step_source == "memlens"
+    assert validate(report.to_json()) == []
     return [f for f in report.findings if f.kind == "leak"]
 
 
