@@ -113,11 +113,13 @@ def find(ctx: DeviceContext) -> list[Finding]:
     }
     if step_index is not None:
         evidence["step"] = step_index
-    if ctx.trace.has_time:
-        evidence["forward_end_us"] = int(ctx.trace.time_us[peak])
     evidence.update({
         "allocated_at_forward_end_bytes": int(allocated[peak]),
         "peak_allocated_bytes": ctx.peak_allocated,
+    })
+    if ctx.trace.has_time:
+        evidence["forward_end_us"] = int(ctx.trace.time_us[peak])
+    evidence.update({
         "forward_end_source": "first autograd row" if moved[k] else "step-local peak",
         "rise_bytes": int(allocated[peak] - allocated[rise_start]),
         "fall_bytes": int(allocated[peak] - allocated[fall_end]),
