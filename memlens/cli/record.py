@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
 import traceback
 from collections.abc import Iterable
+from typing import Any
 
 import click
 
@@ -105,28 +107,67 @@ def record(
     from memlens.recorder import record as start_recording
 
     kind, target, argv = split_command(command)
-    recorder = start_recording(
-        out,
-        name=name,
-        steps=parse_steps(steps),
-        device=device,
-        capacity=capacity,
-        dump_every=dump_every,
-        max_entries=max_entries or DEFAULT_MAX_ENTRIES,
-        record_optimizer_steps=True,
-    )
-    exit_code = 0
-    with recorder:
-        try:
-            run_program(kind, target, argv)
-        except SystemExit as exc:
-            code = exc.code
-            exit_code = code if isinstance(code, int) else (0 if code is None else 1)
-        except Exception:
-            traceback.print_exc()
-            exit_code = 1
-            recorder.close(failed=True)
+    try:
+        recorder = start_recording(
+            out,
+            name=name,
+            steps=parse_steps(steps),
+            device=device,
+            capacity=capacity,
+            dump_every=dump_every,
+            max_entries=max_entries or DEFAULT_MAX_ENTRIES,
+            record_optimizer_steps=True,
+        )
+        # Entering reserves the snapshot's name, which checks --out, before the script runs.
+        with recorder:
+            exit_code = run_recorded(recorder, kind, target, argv)
+    except KeyboardInterrupt:
+        exit_code = INTERRUPTED  # Ctrl-C before or after the script: nothing (more) to write
     if exit_code:
         click.get_current_context().exit(exit_code)  # the script's own exit status
     return exit_code
 
+
+# What a shell reports for a process ended by SIGINT / SIGTERM (128 + the signal's number).
+INTERRUPTED = 128 + signal.SIGINT
+TERMINATED = 128 + signal.SIGTERM
+
+
+def run_recorded(recorder: Any, kind: str, target: str, argv: list[str]) -> int:
+    """Run the script inside ``recorder``; returns the exit status ``python SCRIPT`` would have.
+
+    An error, SIGTERM or Ctrl-C writes the snapshot first (the session's ``reason`` says which),
+    then: a traceback and 1, 143 (SIGTERM, as torchrun and job schedulers send it), or a
+    traceback and 130 (Ctrl-C). ``sys.exit(status)`` keeps its status and ``sys.exit("message")``
+    prints the message and gives 1, as Python does.
+    """
+    from memlens.recorder import Terminated
+
+    try:
+        run_program(kind, target, argv)
+    except Terminated as exc:
+        click.echo("memlens: terminated (SIGTERM); writing the snapshot", err=True)
+        recorder.close(failed=True, reason="terminated")
+        return TERMINATED if exc.signum == signal.SIGTERM else 128 + exc.signum
+    except SystemExit as exc:
+        return exit_status(exc.code)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        recorder.close(failed=True, reason="interrupted")
+        return INTERRUPTED
+    except Exception:
+        traceback.print_exc()
+        recorder.close(failed=True)
+        return 1
+    return 0
+
+
+def exit_status(code: object) -> int:
+    """``sys.exit(code)``'s status, printing a non-integer ``code`` to stderr the way Python does."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    sys.stderr.write(f"{code}\n")
+    sys.stderr.flush()
+    return 1

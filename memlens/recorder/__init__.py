@@ -3,6 +3,6 @@
 ``record`` is the entry point (``memlens.record`` re-exports it); see ``memlens.recorder.session``.
 """
 
-from memlens.recorder.session import DEFAULT_MAX_ENTRIES, Recorder, record
+from memlens.recorder.session import DEFAULT_MAX_ENTRIES, Recorder, Terminated, record
 
-__all__ = ["DEFAULT_MAX_ENTRIES", "Recorder", "record"]
+__all__ = ["DEFAULT_MAX_ENTRIES", "Recorder", "Terminated", "record"]

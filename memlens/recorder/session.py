@@ -38,18 +38,23 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import signal
 import sys
+import threading
 from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, Protocol, TypeVar
 
 from memlens.errors import MemlensUsageError
 from memlens.recorder.distributed import RankInfo, gather_rank_summaries, rank_info, summarize_ranks
 from memlens.recorder.sidecar import (
+    Reservation,
     build_sidecar,
     model_stats,
     optimizer_stats,
+    remove_stale_files,
+    reserve,
     sidecar_path,
     write_json,
     write_snapshot,
@@ -64,6 +69,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_MAX_ENTRIES = 200_000
 # The sidecar lists a steps= filter in full only up to this many steps.
 _MAX_LISTED_STEPS = 10_000
+
+
+class Terminated(SystemExit):
+    """SIGTERM in a recording process: unwinds the script (its ``finally`` blocks run, ``except
+    Exception`` does not catch it) so the session writes its snapshot, then ends the process with
+    128 + 15 = 143, the status a process killed by SIGTERM reports."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
 
 
 class Backend(Protocol):
@@ -113,6 +128,7 @@ class Recorder:
         # "-2", "-3", ... when an earlier run's files are where this one would write: set at
         # start, so the dumps of one session replace each other but never an earlier run's.
         self._run_suffix = ""
+        self._reservation: Reservation | None = None  # held from start() to the last write
         self.name = name
         self._steps, self._first_step, self._last_step = _step_filter(steps)
         self._model_stats = model_stats(model)
@@ -147,6 +163,11 @@ class Recorder:
         self._style: str | None = None
         self._completed_selected = 0
         self._hook: Any = None
+        # SIGTERM and SIGINT handlers while recording (only where the defaults were in place):
+        # a signal that arrives while a snapshot is being written waits for the write.
+        self._previous_handlers: dict[int, Any] = {}
+        self._writing = 0
+        self._pending_signal: int | None = None
 
     # ---------------------------------------------------------------- context manager
     def __enter__(self) -> Recorder:
@@ -156,19 +177,25 @@ class Recorder:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.close(failed=exc_type is not None)
+        self.close(failed=exc_type is not None, reason=_reason_for(exc))
 
     def start(self) -> Recorder:
         """Begin the session (what entering the ``with`` block does)."""
         if self._state != "new":
             raise MemlensUsageError("this recorder was already started; call memlens.record() again")
-        self._run_suffix = self._free_run_suffix(rank_info())
+        ranks = rank_info()
+        self._run_suffix, self._reservation = self._reserve_name(ranks)
         if self._run_suffix:
             sys.stderr.write(
-                f"memlens: {self._snapshot_path(rank_info(), '')} is from an earlier run; keeping it and "
-                f"writing {self._snapshot_path(rank_info()).name} instead\n"
+                f"memlens: {self._snapshot_path(ranks, '')} is taken (an earlier or a running recording); "
+                f"keeping it and writing {self._snapshot_path(ranks).name} instead\n"
             )
-        self.backend.install()
+        try:
+            self._install_signal_handlers()
+            self.backend.install()
+        except BaseException:
+            self._release_name()
+            raise
         self._state = "waiting"
         if self.record_optimizer_steps:
             from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -178,10 +205,18 @@ class Recorder:
         self._begin(0, style="mark", provisional=True)
         return self
 
-    def close(self, failed: bool = False) -> None:
-        """End the session: close the open step, write the final snapshot, remove hooks."""
+    def close(self, failed: bool = False, reason: str | None = None) -> None:
+        """End the session: close the open step, write the final snapshot, remove hooks.
+
+        ``reason`` goes into the sidecar (default: "exception" when ``failed``, else "exit").
+        """
         if self._state in ("new", "closed"):
             return
+        with self._signals_wait():
+            self._close(failed, reason or ("exception" if failed else "exit"))
+            sys.stderr.write(self.summary_line() + "\n")
+
+    def _close(self, failed: bool, reason: str) -> None:
         try:
             if self._open is not None and self._open_style == "mark" and not failed:
                 # What follows the last mark_step() (or optimizer.step()) is the script's tail,
@@ -191,7 +226,7 @@ class Recorder:
             elif self._open is not None:
                 self._end()
             if self._state == "recording":
-                self.dump("exception" if failed else "exit")
+                self.dump(reason)
                 self.backend.stop_history()
                 self._state = "done"
                 if not failed:
@@ -200,9 +235,12 @@ class Recorder:
             if self._hook is not None:
                 self._hook.remove()
                 self._hook = None
-            self.backend.uninstall()
-            self._state = "closed"
-        sys.stderr.write(self.summary_line() + "\n")
+            try:
+                self.backend.uninstall()
+            finally:
+                self._state = "closed"
+                self._release_name()
+                self._restore_signal_handlers()
 
     def summary_line(self) -> str:
         """``memlens: wrote PATH (N steps; peak ...)``: what the session says when it closes."""
@@ -339,25 +377,81 @@ class Recorder:
         stem = "_".join(part for part in (self.name, suffix) if part) or "snapshot"
         return self.out / f"{stem}{run}.pickle"
 
-    def _free_run_suffix(self, ranks: RankInfo) -> str:
-        """The first of "", "-2", "-3", ... whose snapshot and sidecar do not exist yet."""
-        for number in itertools.count(1):
-            run = "" if number == 1 else f"-{number}"
-            path = self._snapshot_path(ranks, run)
-            if not path.exists() and not sidecar_path(path).exists():
-                return run
+    def _reserve_name(self, ranks: RankInfo) -> tuple[str, Reservation]:
+        """Claim the first of "", "-2", "-3", ... that no earlier or running recording has.
+
+        The folder is checked here, before any training runs: one that cannot be created or
+        written to is a usage error now rather than an OSError after the whole run.
+        """
+        folder = self._snapshot_path(ranks, "").parent
+        try:
+            if folder.exists() and not folder.is_dir():
+                raise MemlensUsageError(f"cannot write snapshots into {folder}: it is a file, not a folder")
+            folder.mkdir(parents=True, exist_ok=True)
+            remove_stale_files(folder)
+            for number in itertools.count(1):
+                run = "" if number == 1 else f"-{number}"
+                reservation = reserve(self._snapshot_path(ranks, run))
+                if reservation is not None:
+                    return run, reservation
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise MemlensUsageError(f"cannot write snapshots into {folder}: {reason}") from None
         raise AssertionError("unreachable")
+
+    def _release_name(self) -> None:
+        if self._reservation is not None:
+            self._reservation.release()
+            self._reservation = None
 
     def dump(self, reason: str = "manual") -> Path:
         """Write the snapshot and its sidecar now; returns the snapshot's path."""
         ranks = rank_info()
         path = self._snapshot_path(ranks)
-        snapshot = self.backend.snapshot()
-        self._add_missing_step_annotations(snapshot)
-        write_snapshot(path, snapshot)
-        write_json(sidecar_path(path), self._sidecar(reason, ranks))
-        self.paths.append(path)
+        with self._signals_wait():
+            snapshot = self.backend.snapshot()
+            self._add_missing_step_annotations(snapshot)
+            write_snapshot(path, snapshot)
+            write_json(sidecar_path(path), self._sidecar(reason, ranks))
+            self.paths.append(path)
         return path
+
+    # ---------------------------------------------------------------- signals
+    def _install_signal_handlers(self) -> None:
+        """SIGTERM raises ``Terminated``, SIGINT ``KeyboardInterrupt``, both deferred while writing.
+
+        Only in the main thread (the only one Python delivers signals to) and only over the
+        defaults: a handler the script or a launcher installed is left alone.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        defaults = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+        for signum, default in defaults.items():
+            if signal.getsignal(signum) is default:
+                self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+
+    def _restore_signal_handlers(self) -> None:
+        for signum, previous in self._previous_handlers.items():
+            signal.signal(signum, previous)
+        self._previous_handlers.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._writing:
+            self._pending_signal = signum
+            return
+        _raise_for_signal(signum)
+
+    @contextlib.contextmanager
+    def _signals_wait(self) -> Iterator[None]:
+        """Hold SIGTERM/SIGINT back until the files being written are complete."""
+        self._writing += 1
+        try:
+            yield
+        finally:
+            self._writing -= 1
+        if not self._writing and self._pending_signal is not None:
+            signum, self._pending_signal = self._pending_signal, None
+            _raise_for_signal(signum)
 
     def _add_missing_step_annotations(self, snapshot: dict[str, Any]) -> None:
         recorded = {f"memlens.step#{step['index']}" for step in self.steps}
@@ -432,6 +526,21 @@ class Recorder:
     def peak_bytes(self) -> tuple[int, int]:
         """(peak allocated, peak reserved) bytes so far."""
         return self.backend.peak_bytes()
+
+
+def _raise_for_signal(signum: int) -> None:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated(signum)
+
+
+def _reason_for(exc: BaseException | None) -> str | None:
+    """The sidecar's ``reason`` for a session left by ``exc``."""
+    if isinstance(exc, Terminated):
+        return "terminated"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    return None
 
 
 def _is_step_marker(name: Any) -> bool:
@@ -521,4 +630,4 @@ def record(out: str | Path = "memlens_runs", **options: Any) -> Recorder:
     return Recorder(out, **options)
 
 
-__all__ = ["DEFAULT_MAX_ENTRIES", "Recorder", "record"]
+__all__ = ["DEFAULT_MAX_ENTRIES", "Recorder", "Terminated", "record"]

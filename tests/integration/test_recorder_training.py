@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import json
 import pickle
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -150,8 +152,6 @@ def test_cli_simulated_oom_exits_nonzero_with_a_snapshot(tmp_path: Path) -> None
 
 @pytest.mark.slow
 def test_memlens_record_subprocess(tmp_path: Path) -> None:
-    import subprocess
-
     out = tmp_path / "sub"
     completed = subprocess.run(
         [sys.executable, "-m", "memlens", "record", "--out", str(out), "--", "python", str(TRAIN_TINY), "--steps", "2"],
@@ -163,3 +163,147 @@ def test_memlens_record_subprocess(tmp_path: Path) -> None:
     assert completed.returncode == 0, completed.stderr
     assert "memlens: wrote" in completed.stderr
     assert (out / "snapshot.pickle").stat().st_size > 0
+
+
+# ------------------------------------------------------------- memlens record as a real process
+SCRIPT = '''
+import os, signal, sys, time
+from pathlib import Path
+
+import torch
+
+model = torch.nn.Linear(16, 16)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def step():
+    model(torch.randn(8, 16)).pow(2).mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+mode = sys.argv[1]
+Path(sys.argv[2], f"ran-{os.getpid()}").touch()
+for _ in range(3):
+    step()
+print("started", flush=True)
+if mode == "until-signalled":
+    while True:
+        step()
+        time.sleep(0.01)
+elif mode == "exit-message":
+    sys.exit("the loss is nan")
+elif mode == "meet":  # wait until the other run is this far too: both are recording now
+    while len(list(Path(sys.argv[2]).glob("ran-*"))) < 2:
+        time.sleep(0.05)
+    step()
+elif mode == "killed-while-writing":  # SIGKILL in the middle of the next periodic dump
+    os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)
+    step()
+'''
+
+
+def memlens_record(tmp_path: Path, out: Path | str, mode: str, *options: str) -> subprocess.Popen[str]:
+    script = tmp_path / "train_script.py"
+    if not script.exists():
+        script.write_text(SCRIPT)
+    (tmp_path / "marks").mkdir(exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "memlens", "record", "--out", str(out), *options, "--",
+         "python", str(script), mode, str(tmp_path / "marks")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )
+
+
+def wait_until_started(process: subprocess.Popen[str]) -> None:
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.strip() == "started", line + (process.stderr.read() if process.stderr else "")
+
+
+def wrote_line(stderr: str) -> str:
+    (line,) = [line for line in stderr.splitlines() if line.startswith("memlens: wrote ")]
+    return line
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_recordings_started_at_once_keep_both_snapshots(tmp_path: Path) -> None:
+    out = tmp_path / "shared"
+    runs = [memlens_record(tmp_path, out, "meet") for _ in range(2)]
+    results = [run.communicate(timeout=240) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], results
+    written = sorted(wrote_line(stderr).split()[2] for _, stderr in results)
+    assert written == [str(out / "snapshot-2.pickle"), str(out / "snapshot.pickle")]
+    for path in written:
+        assert len(memlens.analyze(memlens.load(path)).device().steps) == 4
+    assert sorted(p.name for p in out.iterdir()) == [
+        "snapshot-2.memlens.json", "snapshot-2.pickle", "snapshot.memlens.json", "snapshot.pickle"
+    ]  # no reservation or temporary file left behind
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["a file", "under a file"])
+def test_an_out_that_cannot_be_written_stops_before_the_script(tmp_path: Path, kind: str) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a folder")
+    out = blocker if kind == "a file" else blocker / "runs"
+    run = memlens_record(tmp_path, out, "exit-message")
+    stdout, stderr = run.communicate(timeout=240)
+    assert run.returncode == 2
+    assert stderr.splitlines() == [stderr.strip()]
+    assert stderr.startswith(f"memlens: error: cannot write snapshots into {out}")
+    assert "Traceback" not in stderr and stdout == ""
+    assert not list((tmp_path / "marks").iterdir())  # the script never ran
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("signum", "status", "reason"), [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")]
+)
+def test_a_signal_writes_the_snapshot_then_exits_like_the_signal(
+    tmp_path: Path, signum: int, status: int, reason: str
+) -> None:
+    out = tmp_path / "run"
+    run = memlens_record(tmp_path, out, "until-signalled")
+    wait_until_started(run)
+    run.send_signal(signum)
+    _, stderr = run.communicate(timeout=240)
+    assert run.returncode == status, stderr
+    assert "Aborted!" not in stderr
+    assert wrote_line(stderr).startswith(f"memlens: wrote {out / 'snapshot.pickle'} (")
+    sidecar = json.loads((out / "snapshot.memlens.json").read_text())
+    assert sidecar["reason"] == reason and len(sidecar["steps"]) >= 4
+    assert memlens.load(out / "snapshot.pickle").devices[0].events > 0
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sys_exit_with_a_message_prints_it(tmp_path: Path) -> None:
+    run = memlens_record(tmp_path, tmp_path / "run", "exit-message")
+    _, stderr = run.communicate(timeout=240)
+    assert run.returncode == 1
+    assert "the loss is nan" in stderr.splitlines()
+    assert wrote_line(stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_what_a_kill_9_leaves_is_cleaned_by_the_next_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    killed = memlens_record(tmp_path, out, "killed-while-writing", "--dump-every", "1")
+    killed.communicate(timeout=240)
+    assert killed.returncode == -signal.SIGKILL
+    leftovers = sorted(p.name for p in out.iterdir())
+    assert any(name.endswith(".tmp") for name in leftovers) and ".snapshot.pickle.reserved" in leftovers, leftovers
+    # the periodic dump before the one it was killed in is whole
+    assert memlens.load(out / "snapshot.pickle").devices[0].events > 0
+    again = memlens_record(tmp_path, out, "exit-message")
+    _, stderr = again.communicate(timeout=240)
+    assert wrote_line(stderr).startswith(f"memlens: wrote {out / 'snapshot-2.pickle'} (")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "snapshot-2.memlens.json", "snapshot-2.pickle", "snapshot.memlens.json", "snapshot.pickle"
+    ]

@@ -424,5 +424,5 @@ def test_an_earlier_runs_files_are_never_overwritten(tmp_path: Path, capsys: pyt
     assert first.name == "snapshot.pickle" and second.name == "snapshot-2.pickle"
     assert first.read_bytes() == first_bytes  # untouched
     assert sidecar_path(second).exists()
-    assert "is from an earlier run; keeping it" in capsys.readouterr().err
+    assert "snapshot.pickle is taken (an earlier or a running recording); keeping it" in capsys.readouterr().err
     assert run_once().name == "snapshot-3.pickle"
