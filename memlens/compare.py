@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from memlens.analysis.lifetimes import build_lifetimes
+from memlens.analysis.live import BEFORE_FIRST_ROW
 from memlens.analysis.report import CATEGORIES, DeviceReport, Report
 from memlens.analysis.stacks import StackFacts
 
@@ -60,7 +61,9 @@ def live_bytes_by_stack(report: Report, device: DeviceReport) -> dict[tuple[str,
     """Bytes live at the peak, per displayed stack (all of them, not only the top few)."""
     trace = report.snapshot.device(device.device)
     lifetimes = build_lifetimes(trace, report.snapshot.segments_on(device.device))
-    peak = device.peak_allocated_event if device.peak_allocated_event is not None else trace.events - 1
+    # No peak row: a dump without rows or a peak before the first row; either way the lifetimes
+    # live at the instant before row 0.
+    peak = device.peak_allocated_event if device.peak_allocated_event is not None else BEFORE_FIRST_ROW
     mask = lifetimes.live_at(peak)
     facts = StackFacts.build(report.snapshot.stacks)
     sizes = lifetimes.size[mask]

@@ -17,7 +17,7 @@ import numpy as np
 
 from memlens.analysis import activations, fragmentation, leak, oom, optimizer
 from memlens.analysis.context import DeviceContext, build_context
-from memlens.analysis.live import LiveBreakdown, LiveIndex, breakdown, live_at
+from memlens.analysis.live import BEFORE_FIRST_ROW, LiveBreakdown, LiveIndex, breakdown, live_at
 from memlens.analysis.report import (
     CATEGORIES,
     FINDING_KINDS,
@@ -84,16 +84,14 @@ def _device_report(ctx: DeviceContext) -> DeviceReport:
     lt = ctx.lifetimes
     n = ctx.events
     index = LiveIndex.build(lt, ctx.category, ctx.facts, ctx.settings.top_stacks)
-    if n:
-        peak: int | None = int(ctx.peak_event or 0)
-        peak_reserved_event: int | None = int(np.argmax(trace.reserved))
+    peak_reserved_event: int | None = None  # None: the instant before the first row (or no rows)
+    peak_reserved = trace.baseline_reserved
+    if n and int(trace.reserved.max()) >= trace.baseline_reserved:
+        peak_reserved_event = int(np.argmax(trace.reserved))
         peak_reserved = int(trace.reserved[peak_reserved_event])
-        peak_allocated = int(trace.allocated[peak])
-    else:
-        peak = None  # no rows: what the dump holds
-        peak_reserved_event = None
-        peak_reserved = trace.baseline_reserved
-        peak_allocated = trace.baseline_allocated
+    # No rows: what the dump holds (every lifetime); a peak before the first row: the lifetimes
+    # live when the history began.
+    peak = ctx.peak_event if ctx.peak_event is not None else (BEFORE_FIRST_ROW if n else None)
     categories, top = breakdown(index, trace, peak)
     category_of_event = np.full(n, -1, dtype=np.int8)
     made = lt.alloc_event >= 0
@@ -103,14 +101,16 @@ def _device_report(ctx: DeviceContext) -> DeviceReport:
         events=n,
         steps=ctx.steps,
         step_source=ctx.step_source,
-        peak_allocated_bytes=peak_allocated,
+        peak_allocated_bytes=ctx.peak_allocated,
         peak_allocated_event=ctx.peak_event,
         peak_reserved_bytes=peak_reserved,
         peak_reserved_event=peak_reserved_event,
-        peak_time_us=ctx.time_at(ctx.peak_event) if ctx.peak_event is not None else None,
+        peak_time_us=ctx.time_at(ctx.peak_event if ctx.peak_event is not None else 0) if n else None,
         baseline_allocated_bytes=trace.baseline_allocated,
         final_allocated_bytes=trace.final_allocated,
         final_reserved_bytes=trace.final_reserved,
+        pending_free_peak_bytes=trace.pending_free_peak,
+        pending_free_final_bytes=trace.pending_free_final,
         capacity_bytes=ctx.capacity,
         categories_at_peak=categories,
         top_stacks_by_category=top,

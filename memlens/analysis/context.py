@@ -18,6 +18,7 @@ from memlens.analysis.settings import AnalysisSettings
 from memlens.analysis.stacks import StackFacts
 from memlens.analysis.steps import detect_steps, device_annotations, optimizer_windows
 from memlens.snapshot.model import Action, DeviceTrace, Segment, Snapshot
+from memlens.units import format_bytes
 
 
 @dataclass
@@ -102,12 +103,19 @@ def build_context(
     capacity = settings.capacity or sidecar_number(
         snapshot.sidecar, trace.device, "total_memory", "capacity_bytes", "capacity", "total_memory_bytes"
     )
-    if len(trace):
-        peak_event: int | None = int(np.argmax(trace.allocated))
+    # The instant before the first row is a moment too: when the history opens on frees (a ring
+    # buffer that dropped the allocations), the most memory was live when it began.
+    peak_event: int | None = None
+    peak_allocated = trace.baseline_allocated
+    if len(trace) and int(trace.allocated.max()) >= trace.baseline_allocated:
+        peak_event = int(np.argmax(trace.allocated))
         peak_allocated = int(trace.allocated[peak_event])
-    else:
-        peak_event, peak_allocated = None, trace.baseline_allocated
     notes = list(detection.notes) + list(trace.curve_warnings)
+    if len(trace) and peak_event is None:
+        notes.append("the allocated peak is what was live when the history began, before its first row")
+    if trace.pending_free_final:
+        notes.append(f"{format_bytes(trace.pending_free_final)} freed but waiting on another stream at the dump "
+                     "(active_pending_free): not allocated, still reserved")
     if not has_history:
         notes.append("no allocations recorded: categories and time-based findings need a trace")
     return DeviceContext(

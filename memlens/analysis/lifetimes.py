@@ -50,10 +50,11 @@ def byte_counts(positions: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64], 
 
 
 def free_action(trace: DeviceTrace) -> int:
-    """Frees count at ``free_completed``; writers that never emit it count at the request."""
-    if bool((trace.action == Action.FREE_COMPLETED).any()):
-        return int(Action.FREE_COMPLETED)
-    return int(Action.FREE_REQUESTED)
+    """The row that ends an allocation, as ``DeviceTrace.allocated`` counts it: the program's free
+    (``free_requested``, as ``torch.cuda.memory_allocated``); old writers emit only ``free``."""
+    if bool((trace.action == Action.FREE_REQUESTED).any()):
+        return int(Action.FREE_REQUESTED)
+    return int(Action.FREE_COMPLETED)
 
 
 def build_lifetimes(trace: DeviceTrace, segments: list[Segment]) -> Lifetimes:
@@ -87,7 +88,7 @@ def build_lifetimes(trace: DeviceTrace, segments: list[Segment]) -> Lifetimes:
     # Blocks live at dump time whose address the window never left allocated: ghosts too.
     live_at_end = {int(a) for a in trace.address[alloc_event[free_event == n]]}
     ghost_blocks = [
-        b for s in segments for b in s.blocks if b.is_active and b.address not in live_at_end
+        b for s in segments for b in s.blocks if b.is_allocated and b.address not in live_at_end
     ]
     block_address = np.array([b.address for b in ghost_blocks], dtype=np.int64)
     block_size = np.array([b.requested_size for b in ghost_blocks], dtype=np.int64)

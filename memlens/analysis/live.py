@@ -24,6 +24,10 @@ from memlens.snapshot.model import DeviceTrace
 I64 = npt.NDArray[np.int64]
 
 
+# The instant before the first trace row, as an event index: what was live when the history began.
+BEFORE_FIRST_ROW = -1
+
+
 @dataclass(frozen=True)
 class LiveIndex:
     """The per-lifetime arrays ``live_at`` needs, as ``analyze()`` built them (one device)."""
@@ -44,7 +48,8 @@ class LiveIndex:
                    category, facts, top_stacks)
 
     def live_mask(self, event: int | None) -> npt.NDArray[np.bool_]:
-        """Lifetimes live after row ``event``; ``None`` (a trace without rows): all of them."""
+        """Lifetimes live after row ``event``; ``None`` (a trace without rows): all of them;
+        ``BEFORE_FIRST_ROW``: those live when the history began."""
         if event is None:
             return np.ones(self.size.shape[0], dtype=bool)
         return (self.alloc_event <= event) & (self.free_event > event)
@@ -79,7 +84,7 @@ def breakdown(index: LiveIndex, trace: DeviceTrace, event: int | None) -> tuple[
     """Categories and top stacks of what is live after ``event`` (``None``: every lifetime)."""
     live = index.live_mask(event)
     categories = bytes_by_category(index.category, index.size, live)
-    allocated = int(trace.allocated[event]) if event is not None else trace.baseline_allocated
+    allocated = int(trace.allocated[event]) if event is not None and event >= 0 else trace.baseline_allocated
     # What the lifetimes cannot account for (a curve lifted over a wrapped ring buffer) is unknown.
     categories["unknown"] += max(allocated - sum(categories.values()), 0)
     top = {}
@@ -100,6 +105,8 @@ def live_at(report: Report, device: int | None, event: int | None = None) -> Liv
     trace = report.snapshot.device(device_report.device)
     n = len(trace)
     peak = device_report.peak_allocated_event
+    if peak is None and n:
+        peak = BEFORE_FIRST_ROW  # the peak was the instant the history began
     if event is None:
         event = peak
     elif not 0 <= int(event) < n:
@@ -116,7 +123,7 @@ def live_at(report: Report, device: int | None, event: int | None = None) -> Liv
     else:
         raise MemlensUsageError("this report keeps no per-allocation data (it was not built by "
                                 "memlens.analyze), so only the peak can be shown")
-    time_us = int(trace.time_us[event]) if event is not None and trace.has_time else None
+    time_us = int(trace.time_us[max(event, 0)]) if event is not None and trace.has_time else None
     seconds = (time_us - int(trace.time_us[0])) / 1e6 if time_us is not None else None
     return LiveBreakdown(
         device=device_report.device,

@@ -140,6 +140,9 @@ class DeviceReport:
     categories_at_peak: dict[str, int]
     top_stacks_by_category: dict[str, list[StackBytes]]
     findings: list[Finding]
+    # Freed by the program, still waiting on another stream: not allocated, still reserved.
+    pending_free_peak_bytes: int = 0
+    pending_free_final_bytes: int = 0
     # Optimizer.step windows as [start_event, end_event) and where they came from.
     optimizer_windows: list[tuple[int, int]] = field(default_factory=list)
     optimizer_window_source: str = "none"
@@ -166,6 +169,8 @@ class DeviceReport:
             "baseline_allocated_bytes": self.baseline_allocated_bytes,
             "final_allocated_bytes": self.final_allocated_bytes,
             "final_reserved_bytes": self.final_reserved_bytes,
+            "pending_free_peak_bytes": self.pending_free_peak_bytes,
+            "pending_free_final_bytes": self.pending_free_final_bytes,
             "capacity_bytes": self.capacity_bytes,
             "categories_at_peak": {name: int(self.categories_at_peak.get(name, 0)) for name in CATEGORIES},
             "top_stacks_by_category": {

@@ -9,8 +9,13 @@ Per device: ``events`` (trace rows), ``window_complete`` (the history saw every 
 optimizer_frames | none) and ``steps`` (``index``, ``start_event``/``end_event`` as a half-open
 row range, ``start_us``/``end_us`` or null without timestamps, ``partial`` when the window cut
 the step); ``peak_allocated_bytes``/``peak_allocated_event``, ``peak_reserved_bytes``/
-``peak_reserved_event``, ``peak_time_us``; ``baseline_allocated_bytes`` (live before the first
-row), ``final_allocated_bytes``, ``final_reserved_bytes``, ``capacity_bytes`` (null if unknown);
+``peak_reserved_event``, ``peak_time_us`` (a peak event of null on a device with rows: the peak
+is the instant before the first row, what was live when the history began);
+``baseline_allocated_bytes`` (live before the first row), ``final_allocated_bytes``,
+``final_reserved_bytes``; allocated counts what ``torch.cuda.memory_allocated`` counts, so blocks
+freed but waiting on another stream are apart: ``pending_free_peak_bytes`` and
+``pending_free_final_bytes`` (optional: absent in reports from before they existed);
+``capacity_bytes`` (null if unknown);
 ``categories_at_peak`` (bytes live at the allocated peak for each of parameters, gradients,
 optimizer_state, activations, temporary, unknown: they sum to ``peak_allocated_bytes``),
 ``top_stacks_by_category`` (per category, stacks as below), ``optimizer_windows`` (row ranges
@@ -109,6 +114,8 @@ DEVICE_SCHEMA: dict[str, Any] = {
         "baseline_allocated_bytes": _INT,
         "final_allocated_bytes": _INT,
         "final_reserved_bytes": _INT,
+        "pending_free_peak_bytes": _INT,
+        "pending_free_final_bytes": _INT,
         "capacity_bytes": _NULLABLE_INT,
         "categories_at_peak": _CATEGORY_BYTES,
         "top_stacks_by_category": {

@@ -76,7 +76,7 @@ from memlens.units import parse_bytes
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: allocated as memory_allocated counts it, pending frees apart
 # Below this, parsing the pickle takes well under a second: not worth a file on disk.
 CACHE_MIN_BYTES = 8 << 20
 CACHE_DIR_ENV = "MEMLENS_CACHE_DIR"
@@ -545,6 +545,8 @@ def _encode(snapshot: Snapshot, digest: str) -> dict[str, np.ndarray]:
             "compile_context": trace.compile_context,
             "baseline_allocated": trace.baseline_allocated,
             "baseline_reserved": trace.baseline_reserved,
+            "pending_free_peak": trace.pending_free_peak,
+            "pending_free_final": trace.pending_free_final,
             "window_complete": trace.window_complete,
             "has_time": trace.has_time,
             "curve_warnings": trace.curve_warnings,
@@ -720,6 +722,8 @@ def _decode_device(info: Any, members: dict[str, np.ndarray], stack_count: int) 
         _expect(type(info[flag]) is bool, flag)
     for baseline in ("baseline_allocated", "baseline_reserved"):
         _expect(_is_int(info[baseline]), baseline)
+    for pending in ("pending_free_peak", "pending_free_final"):
+        _expect(_is_int(info[pending]) and info[pending] >= 0, pending)
     if events:
         action = columns["action"]
         _expect(int(action.min()) >= 0 and int(action.max()) < len(Action), "action code out of range")
@@ -734,6 +738,8 @@ def _decode_device(info: Any, members: dict[str, np.ndarray], stack_count: int) 
         compile_context=compile_context,
         baseline_allocated=info["baseline_allocated"],
         baseline_reserved=info["baseline_reserved"],
+        pending_free_peak=info["pending_free_peak"],
+        pending_free_final=info["pending_free_final"],
         window_complete=info["window_complete"],
         has_time=info["has_time"],
         curve_warnings=info["curve_warnings"],

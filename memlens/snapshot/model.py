@@ -92,8 +92,13 @@ class Block:
 
     @property
     def is_active(self) -> bool:
-        """Counted as allocated: memory is reusable only at ``free_completed``."""
+        """Occupies memory: allocated, or freed and pending (reusable only at ``free_completed``)."""
         return self.state != "inactive"
+
+    @property
+    def is_allocated(self) -> bool:
+        """Counted by ``torch.cuda.memory_allocated``: a pending free no longer is."""
+        return self.state == "active_allocated"
 
 
 @dataclass(slots=True)
@@ -149,7 +154,9 @@ class DeviceTrace:
 
     ``allocated[i]`` and ``reserved[i]`` are the bytes in use *after* event ``i``, including
     memory that was live before the window began (the baseline), so the curves are true
-    totals rather than deltas from zero.
+    totals rather than deltas from zero. Allocated means what ``torch.cuda.memory_allocated``
+    means: a block stops counting when the program frees it (``free_requested``), also while the
+    allocator still waits on another stream before reusing it (those bytes are ``pending_free_*``).
     """
 
     device: int
@@ -168,6 +175,10 @@ class DeviceTrace:
     reserved: Int64Array = field(default_factory=lambda: _empty(np.int64))
     baseline_allocated: int = 0
     baseline_reserved: int = 0
+    # Freed by the program but still waiting on another stream's work (``active_pending_free``):
+    # not allocated as ``torch.cuda.memory_allocated`` counts it, yet still holding reserved memory.
+    pending_free_peak: int = 0
+    pending_free_final: int = 0
     window_complete: bool = True
     has_time: bool = False
     # Set when the recorded history disagrees with the final state (e.g. a ring buffer that

@@ -797,15 +797,20 @@ _RESERVE_DELTA[[Action.SEGMENT_FREE, Action.SEGMENT_UNMAP]] = -1
 def _build_curves(trace: DeviceTrace, segments: list[Segment], check: _Checker | None = None) -> None:
     """Absolute allocated/reserved curves: the final state minus what the window changed.
 
-    Memory is counted free at ``free_completed`` (when it can be reused). A trace that has
-    ``free_requested`` but never ``free_completed`` (some writers) counts frees at the request.
+    Allocated is PyTorch's ``memory_allocated``: a block stops counting at ``free_requested``
+    (the program freed it), not at ``free_completed`` (the allocator may reuse it), and a block
+    in ``active_pending_free`` at the dump is not allocated. The bytes between the two are
+    reported on their own (``pending_free_peak``/``_final``). Traces with only one kind of free
+    row (``free`` in old builds, or requests never completed) count the free at that row.
     """
     live_blocks = [b for s in segments for b in s.blocks if b.is_active]
-    final_allocated = sum(b.requested_size for b in live_blocks)
+    final_allocated = sum(b.requested_size for b in live_blocks if b.is_allocated)
+    final_pending = sum(b.requested_size for b in live_blocks if not b.is_allocated)
     final_reserved = sum(s.total_size for s in segments)
     if check is not None and max(final_allocated, final_reserved) > MAX_TOTAL_BYTES:
         raise check.fail(f"device {trace.device}: the segments hold more than 2**56 bytes in all")
     n = len(trace)
+    trace.pending_free_final = trace.pending_free_peak = final_pending
     if n == 0:
         trace.baseline_allocated, trace.baseline_reserved = final_allocated, final_reserved
         trace.allocated = np.zeros(0, dtype=np.int64)
@@ -813,12 +818,19 @@ def _build_curves(trace: DeviceTrace, segments: list[Segment], check: _Checker |
         trace.window_complete = final_allocated == 0 and final_reserved == 0
         return
     action = trace.action.astype(np.intp)
-    alloc_sign = _ALLOC_DELTA[action]
+    requested = trace.action == Action.FREE_REQUESTED
     completed = trace.action == Action.FREE_COMPLETED
-    if not completed.any():
+    alloc_sign = _ALLOC_DELTA[action]
+    freed = completed
+    if requested.any():
         alloc_sign = alloc_sign.copy()
-        alloc_sign[trace.action == Action.FREE_REQUESTED] = -1
-        completed = trace.action == Action.FREE_REQUESTED
+        alloc_sign[completed] = 0
+        alloc_sign[requested] = -1
+        freed = requested
+        if completed.any():
+            pending_change = np.cumsum((requested.astype(np.int64) - completed.astype(np.int64)) * trace.size)
+            pending_before = final_pending - int(pending_change[-1])  # at the instant before row 0
+            trace.pending_free_peak = max(pending_before, pending_before + int(pending_change.max()))
     alloc_change = np.cumsum(alloc_sign * trace.size)
     reserve_change = np.cumsum(_RESERVE_DELTA[action] * trace.size)
     trace.baseline_allocated = final_allocated - int(alloc_change[-1])
@@ -842,7 +854,7 @@ def _build_curves(trace: DeviceTrace, segments: list[Segment], check: _Checker |
             trace.curve_warnings.append(
                 f"{name} history disagrees with the final state by {-lowest} bytes; curve lifted"
             )
-    trace.window_complete = _window_complete(trace, completed, live_blocks)
+    trace.window_complete = _window_complete(trace, freed, live_blocks)
 
 
 def _window_complete(trace: DeviceTrace, free_rows: np.ndarray, live_blocks: list[Block]) -> bool:

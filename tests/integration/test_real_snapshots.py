@@ -37,8 +37,10 @@ def test_loads_with_final_state_identities(path: Path) -> None:
     trace = snap.device(0)
     assert trace.events == EXPECTED_EVENTS[path.name]
     segments = snap.segments_on(0)
-    live_requested = sum(b.requested_size for s in segments for b in s.blocks if b.is_active)
-    assert trace.final_allocated == live_requested
+    allocated = sum(b.requested_size for s in segments for b in s.blocks if b.state == "active_allocated")
+    pending = sum(b.requested_size for s in segments for b in s.blocks if b.state == "active_pending_free")
+    assert trace.final_allocated == allocated  # torch.cuda.memory_allocated leaves pending frees out
+    assert trace.pending_free_final == pending
     assert trace.final_reserved == sum(s.total_size for s in segments)
     assert trace.baseline_allocated >= 0 and trace.baseline_reserved >= 0
     if trace.events:

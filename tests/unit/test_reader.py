@@ -58,7 +58,7 @@ def test_tiny_snapshot_columns_and_curves(tmp_path: Path) -> None:
     trace = snap.device(0)
     assert [Action(a) for a in trace.action] == [
         Action.SEGMENT_ALLOC, Action.ALLOC, Action.ALLOC, Action.FREE_REQUESTED, Action.FREE_COMPLETED]
-    assert trace.allocated.tolist() == [0, 1000, 5096, 5096, 4096]
+    assert trace.allocated.tolist() == [0, 1000, 5096, 4096, 4096]  # freed at the request, as memory_allocated
     assert trace.reserved.tolist() == [2 << 20] * 5
     assert trace.baseline_allocated == 0 and trace.baseline_reserved == 0
     assert trace.window_complete
@@ -77,7 +77,7 @@ def test_window_that_starts_late_gets_a_baseline() -> None:
     trace = parse(raw).device(0)
     assert trace.baseline_allocated == 1000  # the first allocation was live before the window
     assert trace.baseline_reserved == 2 << 20
-    assert trace.allocated.tolist() == [5096, 5096, 4096]
+    assert trace.allocated.tolist() == [5096, 4096, 4096]
     assert not trace.window_complete
 
 
@@ -230,3 +230,26 @@ def test_sidecar_is_read_when_present(tmp_path: Path) -> None:
     assert memlens.load(path).sidecar == {"rank": 3}
     (tmp_path / "run.memlens.json").write_text("{broken")
     assert read_sidecar(str(path)) == {}
+
+
+def test_pending_free_is_not_allocated_but_reported_apart() -> None:
+    """A free waiting on another stream: out of memory_allocated at the request, pending until done."""
+    frames: list[dict[str, Any]] = []
+    trace = [
+        {"action": "alloc", "addr": 0x1000, "size": 4096, "stream": 0, "frames": frames},
+        {"action": "alloc", "addr": 0x2000, "size": 1024, "stream": 0, "frames": frames},
+        {"action": "free_requested", "addr": 0x1000, "size": 4096, "stream": 0, "frames": frames},
+        {"action": "free_requested", "addr": 0x2000, "size": 1024, "stream": 0, "frames": frames},
+        {"action": "free_completed", "addr": 0x2000, "size": 1024, "stream": 0, "frames": frames},
+    ]
+    blocks = [
+        {"address": 0x1000, "size": 4096, "requested_size": 4096, "state": "active_pending_free", "frames": []},
+        {"address": 0x2000, "size": 2 << 20, "requested_size": 0, "state": "inactive", "frames": []},
+    ]
+    segment = {"device": 0, "address": 0x1000, "total_size": (2 << 20) + 4096, "stream": 0,
+               "segment_type": "large", "blocks": blocks}
+    snap = parse({"segments": [segment], "device_traces": [trace]})
+    curve = snap.device(0)
+    assert curve.allocated.tolist() == [4096, 5120, 1024, 0, 0]
+    assert curve.baseline_allocated == 0
+    assert curve.pending_free_final == 4096 and curve.pending_free_peak == 5120

@@ -51,4 +51,4 @@ def test_every_device_holding_memory_is_summarised(tmp_path: Path) -> None:
     chosen = CliRunner().invoke(cli, ["triage", str(path), "--no-cache", "--width", "100", "--device", "0"])
     assert chosen.exit_code == 0, chosen.output
     assert "· device 0 ·" in chosen.output
-    assert [line for line in chosen.output.splitlines() if "◀ shown" in line][0].startswith("  device 0")
+    assert next(line for line in chosen.output.splitlines() if "◀ shown" in line).startswith("  device 0")
