@@ -55,7 +55,12 @@ def register_callbacks(app: Dash, library: Library) -> None:
     def report_of(source_id: str | None) -> Any:
         if not source_id:
             raise PreventUpdate
-        return library.report(source_id)
+        try:
+            return library.report(source_id)
+        except MemlensError:
+            # An upload gone from the server, or a file stopped by the analysis limits:
+            # load_source shows why in the message area; the other panes stay as they are.
+            raise PreventUpdate from None
 
     def device_of(report: Any, device: int | None) -> int:
         return device if device is not None and device in report.devices else figures.primary_device(report)

@@ -4,8 +4,9 @@ Reports stay on the server (a million-event trace is tens of megabytes of numpy 
 browser only ever holds an id. Analysed reports are a bounded LRU map, so a long-running
 server's memory returns to its resting level as sessions end. Uploaded files live in one
 private folder per server (``memlens-upload-<pid>-*``, mode 0700) that is deleted when the
-server stops; within it, analysed uploads are evicted least recently used first once they
-exceed a byte budget, and an upload is never evicted before its first analysis has finished.
+server stops; within it, analysed uploads are evicted once they exceed a byte budget (those
+the page has already shown first, least recently used first), and an upload is never evicted
+before its first analysis has finished.
 Every analysis runs in a child process with time and memory limits (``memlens_app.worker``).
 """
 
@@ -119,6 +120,7 @@ class Library:
         # analysed now, are never evicted (their file is still needed).
         self._upload_lru: OrderedDict[str, None] = OrderedDict()
         self._unanalysed: set[str] = set()
+        self._unshown: set[str] = set()  # analysed by the upload, not yet asked for by the page
         self._busy: Counter[str] = Counter()
         self._upload_dir: str | None = None
         self._closed = False
@@ -132,6 +134,8 @@ class Library:
                 self._sources.pop(source_id, None)
                 self._reports.pop(source_id, None)
             self._upload_lru.clear()
+            self._unanalysed.clear()
+            self._unshown.clear()
             upload_dir, self._upload_dir = self._upload_dir, None
         self._workers.kill_all()
         if upload_dir is not None:
@@ -181,6 +185,7 @@ class Library:
             self._sources[source_id] = source
             self._upload_lru[source_id] = None
             self._unanalysed.add(source_id)
+            self._unshown.add(source_id)
         return source
 
     def forget(self, source_id: str) -> None:
@@ -190,22 +195,26 @@ class Library:
             self._reports.pop(source_id, None)
             self._upload_lru.pop(source_id, None)
             self._unanalysed.discard(source_id)
+            self._unshown.discard(source_id)
         if source is not None and source.kind == "upload":
             _remove_file(source.path)
 
     def _evict_uploads(self) -> None:
-        """Delete least recently used analysed uploads until the rest fit the byte budget."""
+        """Delete analysed uploads until the rest fit the byte budget: those the page has shown
+        first, least recently used first, then those it has not shown yet. Uploads not yet
+        analysed, or being analysed, stay whatever the total."""
         evicted: list[Source] = []
         with self._lock:
             total = sum(self._sources[i].bytes for i in self._upload_lru)
-            for source_id in list(self._upload_lru):
+            evictable = [i for i in self._upload_lru if i not in self._unanalysed and not self._busy[i]]
+            shown_first = sorted(evictable, key=lambda i: i in self._unshown)  # stable: LRU within each
+            for source_id in shown_first:
                 if total <= self.upload_budget_bytes:
                     break
-                if source_id in self._unanalysed or self._busy[source_id]:
-                    continue
                 source = self._sources.pop(source_id)
                 del self._upload_lru[source_id]
                 self._reports.pop(source_id, None)
+                self._unshown.discard(source_id)
                 total -= source.bytes
                 evicted.append(source)
         for source in evicted:
@@ -225,9 +234,14 @@ class Library:
 
     # ----------------------------------------------------------------- reports
 
-    def report(self, source_id: str) -> Any:
-        """The analysed report of a source, from the cache or analysed now (one build per id)."""
+    def report(self, source_id: str, *, showing: bool = True) -> Any:
+        """The analysed report of a source, from the cache or analysed now (one build per id).
+
+        ``showing=False``: the upload route's own first analysis, not the page asking to show it.
+        """
         with self._lock:
+            if showing:
+                self._unshown.discard(source_id)
             cached = self._cached(source_id)
             if cached is not None:
                 return cached

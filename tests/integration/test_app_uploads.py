@@ -27,7 +27,7 @@ import requests
 
 from memlens.synthetic import synthetic_snapshot, write_pickle
 from memlens_app import upload as upload_module
-from memlens_app.library import remove_stale_upload_dirs
+from memlens_app.library import Library, remove_stale_upload_dirs
 from memlens_app.main import create_app
 from memlens_app.worker import AnalysisLimits, AnalysisStopped, WorkerGroup, analyse_in_worker
 from tests.conftest import REAL_SNAPSHOTS_DIR, REAL_SNAPSHOTS_MISSING, SAMPLE_SNAPSHOTS_DIR
@@ -403,3 +403,52 @@ def test_a_declared_size_the_disk_has_no_room_for_is_refused(monkeypatch: pytest
     library = app.server.config["MEMLENS_LIBRARY"]
     assert library.upload_dir is not None and os.listdir(library.upload_dir) == []
     library.close()
+
+
+@pytest.mark.timeout(300)
+def test_uploads_over_the_byte_budget_evict_shown_ones_first_never_unanalysed_ones() -> None:
+    sample = SAMPLE_SNAPSHOTS_DIR / "leak.pickle"
+    size = sample.stat().st_size
+    library = Library(report_cache=1, upload_budget_bytes=int(3.5 * size))
+    app = create_app([], sample_dir=None, library=library)
+    try:
+        ids = {}
+
+        def upload(name: str) -> str:
+            source_id, path = library.new_upload_file(name)
+            shutil.copyfile(sample, path)
+            library.add_upload(source_id, name, path, size)
+            ids[name] = source_id
+            return source_id
+
+        upload("waiting.pickle")  # the oldest, and never analysed: it must stay
+        library.report(upload("older.pickle"), showing=False)  # analysed at upload, never shown
+        library.report(upload("shown.pickle"), showing=False)
+        library.report(ids["shown.pickle"])  # the page showed it
+        assert len(library.sources()) == 3  # within the budget of 3.5 files
+        library.report(upload("newest.pickle"), showing=False)
+        # 4 files: the shown one goes first, although "older" was used less recently.
+        assert {s.name for s in library.sources()} == {"waiting.pickle", "older.pickle", "newest.pickle"}
+        library.upload_budget_bytes = int(1.5 * size)
+        library.report(upload("last.pickle"), showing=False)
+        # Then the unshown ones, least recently used first, down to the budget; the one not
+        # analysed yet stays although it is the oldest.
+        assert {s.name for s in library.sources()} == {"waiting.pickle"}
+        assert os.listdir(library.upload_dir) == [f"{ids['waiting.pickle']}-waiting.pickle"]
+
+        # The page asks for the evicted one: a message, not an error in every pane.
+        client = app.server.test_client()
+        _, status = _dash_call(client, [("device-picker", "options"), ("device-picker", "value"),
+                                        ("message", "children"), ("card-peak", "children"),
+                                        ("card-reserved", "children"), ("card-capacity", "children"),
+                                        ("card-events", "children"), ("card-findings", "children")],
+                               ids["shown.pickle"])
+        assert "no longer on the server" in json.dumps(status["message"])
+        payload = {"output": "findings.children", "outputs": {"id": "findings", "property": "children"},
+                   "inputs": [{"id": "source-picker", "property": "value", "value": ids["shown.pickle"]},
+                              {"id": "device-picker", "property": "value", "value": None}],
+                   "changedPropIds": ["source-picker.value"]}
+        assert client.post("/_dash-update-component", json=payload).status_code == 204
+    finally:
+        library.close()
+    assert library.upload_dir is None
