@@ -144,13 +144,16 @@ def render_header(console: Console, report: Report, device: DeviceReport) -> Non
         console.print("  no recorded history: only the state at dump time")
     for label, size, event in (("allocated", device.peak_allocated_bytes, device.peak_allocated_event),
                                ("reserved ", device.peak_reserved_bytes, device.peak_reserved_event)):
-        where = when(report, device, event)
+        where = when(report, device, event) if event is not None or not device.events else "when the history began"
         console.print(Text.assemble(f"  peak {label} ", (f"{format_bytes(size):>10}", "bold"),
                                     f"  ({where})" if where else ""))
     if device.baseline_allocated_bytes and device.events:
         console.print(f"  {format_bytes(device.baseline_allocated_bytes)} was already live when the history began")
     for note in device.notes:
-        console.print(Text(f"  note: {printable(note)}", style="dim"))
+        lines = Text(printable(note), style="dim").wrap(console, max(console.width - 8, 20))
+        for number, line in enumerate(lines):
+            line.rstrip()
+            console.print(Text("  note: " if number == 0 else " " * 8, style="dim") + line, soft_wrap=True)
 
 
 def render_devices(console: Console, report: Report, shown: DeviceReport) -> None:
