@@ -38,6 +38,7 @@ KIND_LABEL = {
     "activation_plateau": "ACTIVATIONS",
     "optimizer_spike": "OPTIMIZER",
     "fragmentation": "FRAGMENTATION",
+    "idle_cache": "IDLE CACHE",
     "oom": "OOM",
 }
 
