@@ -16,7 +16,15 @@ import torch
 from memlens.errors import MemlensUsageError
 from memlens.recorder import record
 from memlens.recorder.cpu_tracker import StorageTracker, live_tensors
-from memlens.recorder.sidecar import model_stats, sidecar_path, write_atomic
+from memlens.recorder.sidecar import (
+    _host_tag,
+    model_stats,
+    remove_stale_files,
+    reservation_path,
+    reserve,
+    sidecar_path,
+    write_atomic,
+)
 from memlens.recorder.stacks import StackCapture, relative_filename_map
 
 
@@ -426,3 +434,116 @@ def test_an_earlier_runs_files_are_never_overwritten(tmp_path: Path, capsys: pyt
     assert sidecar_path(second).exists()
     assert "snapshot.pickle is taken (an earlier or a running recording); keeping it" in capsys.readouterr().err
     assert run_once().name == "snapshot-3.pickle"
+
+
+# ------------------------------------------------------------------------- names and leftovers
+def test_a_reserved_name_is_not_given_twice(tmp_path: Path) -> None:
+    target = tmp_path / "snapshot.pickle"
+    first = reserve(target)
+    assert first is not None and reservation_path(target).exists()
+    assert reserve(target) is None  # held: a recording is running under this name
+    first.release()
+    assert not reservation_path(target).exists()
+    again = reserve(target)
+    assert again is not None  # released before anything was written: free again
+    write_atomic(target, b"done")
+    again.release()
+    assert reserve(target) is None  # an earlier run's file
+
+
+def test_concurrent_sessions_in_one_process_get_two_names(tmp_path: Path) -> None:
+    with record(tmp_path, clock=fake_clock()) as first, record(tmp_path, clock=fake_clock()) as second:
+        assert (first.path.name, second.path.name) == ("snapshot.pickle", "snapshot-2.pickle")
+        first.mark_step()
+        second.mark_step()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "snapshot-2.memlens.json", "snapshot-2.pickle", "snapshot.memlens.json", "snapshot.pickle"
+    ]
+
+
+def test_stale_temporary_files_and_reservations_are_removed(tmp_path: Path) -> None:
+    import subprocess
+
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    dead_pid = int(finished.stdout)
+    host = _host_tag()
+    dead = tmp_path / f".snapshot.pickle.{host}.{dead_pid}.k2j4h5g6.tmp"
+    live = tmp_path / f".snapshot.pickle.{host}.{os.getpid()}.a1b2c3d4.tmp"
+    elsewhere = tmp_path / f".snapshot.pickle.some-other-host.{dead_pid}.a1b2c3d4.tmp"
+    abandoned = reservation_path(tmp_path / "snapshot-3.pickle")
+    for path in (dead, live, elsewhere, abandoned):
+        path.write_bytes(b"x")
+    held = reserve(tmp_path / "snapshot-4.pickle")
+    assert held is not None
+    assert sorted(remove_stale_files(tmp_path)) == sorted([dead, abandoned])
+    assert live.exists() and elsewhere.exists() and reservation_path(tmp_path / "snapshot-4.pickle").exists()
+    held.release()
+
+
+def test_temporary_names_carry_host_and_pid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+    real_replace = os.replace
+
+    def spy(source: str, target: Any) -> None:
+        seen.append(os.path.basename(source))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", spy)
+    write_atomic(tmp_path / "snapshot.pickle", b"data")
+    (name,) = seen
+    assert name.startswith(f".snapshot.pickle.{_host_tag()}.{os.getpid()}.") and name.endswith(".tmp")
+
+
+def test_an_out_that_is_a_file_is_refused_at_start(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(MemlensUsageError, match="it is a file, not a folder"):
+        record(blocker, clock=fake_clock()).start()
+    with pytest.raises(MemlensUsageError, match="cannot write snapshots into"):
+        record(blocker / "runs", clock=fake_clock()).start()
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_under_the_python_api_writes_then_exits_143(tmp_path: Path) -> None:
+    import subprocess
+
+    script = (
+        "import os, signal, sys, torch, memlens\n"
+        "with memlens.record(sys.argv[1]) as rec:\n"
+        "    for i in range(5):\n"
+        "        with rec.step():\n"
+        "            torch.ones(1000).sum()\n"
+        "            if i == 2:\n"
+        "                os.kill(os.getpid(), signal.SIGTERM)\n"
+        "print('not reached')\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                               timeout=240, check=False)
+    assert completed.returncode == 143, completed.stderr
+    assert "not reached" not in completed.stdout and "Traceback" not in completed.stderr
+    sidecar = json.loads(sidecar_path(tmp_path / "snapshot.pickle").read_text())
+    assert sidecar["reason"] == "terminated" and [s["index"] for s in sidecar["steps"]] == [0, 1, 2]
+
+
+def test_a_signal_during_a_write_waits_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    from memlens.recorder import Terminated
+
+    with pytest.raises(Terminated), record(tmp_path, clock=fake_clock()) as rec:
+        real_dumps = pickle.dumps
+
+        def dumps_then_signalled(*args: Any, **kwargs: Any) -> bytes:
+            monkeypatch.setattr(pickle, "dumps", real_dumps)
+            data = real_dumps(*args, **kwargs)
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives in the middle of the dump
+            return data
+
+        monkeypatch.setattr(pickle, "dumps", dumps_then_signalled)
+        with rec.step():
+            torch.ones(10)
+        rec.dump("manual")
+    # the manual dump was completed (and listed) before the signal ended the session
+    assert len(rec.paths) == 2 and rec.paths[0] == rec.paths[1]
+    assert json.loads(sidecar_path(rec.paths[-1]).read_text())["reason"] == "terminated"
