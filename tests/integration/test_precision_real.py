@@ -48,15 +48,22 @@ def trace(prefix: str) -> list[Entry]:
     return max(traces, key=len)
 
 
+def free_action(entries: list[Entry]) -> str:
+    """The row that ends an allocation as torch.cuda.memory_allocated counts it: the program's
+    free (``free_requested``); writers that record one kind of free call it ``free``."""
+    actions = {e["action"] for e in entries}
+    return next((a for a in ("free_requested", "free_completed", "free") if a in actions), "free_requested")
+
+
 def deltas(entries: list[Entry]) -> list[int]:
-    """Allocated-byte change of each row (frees count when completed, if the file records that)."""
-    free = "free_completed" if any(e["action"] == "free_completed" for e in entries) else "free_requested"
+    """Allocated-byte change of each row."""
+    free = free_action(entries)
     return [e["size"] if e["action"] == "alloc" else -e["size"] if e["action"] == free else 0 for e in entries]
 
 
 def lifetimes(entries: list[Entry]) -> list[tuple[int, int, int]]:
     """(alloc row, free row or len(entries), size) for every allocation the trace saw."""
-    free = "free_completed" if any(e["action"] == "free_completed" for e in entries) else "free_requested"
+    free = free_action(entries)
     live: dict[int, tuple[int, int]] = {}
     out = []
     for row, e in enumerate(entries):
