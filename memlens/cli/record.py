@@ -8,7 +8,10 @@ step ends at every optimizer.step() (any optimizer). On a GPU the CUDA allocator
 history; without one every tensor is tracked on the CPU and replayed through memlens' caching
 allocator simulator, and --capacity makes it raise an out-of-memory error like a GPU of that
 size. The snapshot (DIR/snapshot.pickle, or DIR/rank{N}.pickle under torchrun) and its
-.memlens.json sidecar are written at the end, on an error and at an out-of-memory error.
+.memlens.json sidecar are written at the end, on an error, at an out-of-memory error, at SIGTERM
+and at Ctrl-C. DIR is checked before the script starts. A snapshot another run wrote, or is
+writing, is never replaced: this run takes snapshot-2.pickle. Exit status: the script's own;
+143 after SIGTERM, 130 after Ctrl-C, 2 when DIR cannot be written.
 """
 
 from __future__ import annotations
@@ -81,7 +84,9 @@ def run_program(kind: str, target: str, argv: list[str]) -> None:
 )
 @click.option("--out", "out", default="memlens_runs", show_default=True, help="Directory for the snapshot.")
 @click.option("--name", default=None, help="File stem instead of 'snapshot'.")
-@click.option("--capacity", default=None, help="Device memory to simulate on the CPU, e.g. 16GiB.")
+@click.option(
+    "--capacity", default=None, help="Device memory, e.g. 16GiB: simulated on the CPU, a cap for the session on CUDA."
+)
 @click.option(
     "--device",
     type=click.Choice(["auto", "cpu", "cuda"]),

@@ -21,11 +21,15 @@ last chosen step ends, the snapshot is written and recording stops: the rest of 
 at full speed. Steps between chosen ones inside that window are recorded, unannotated.
 
 A snapshot is written on leaving the ``with`` block (also when it raises), every
-``dump_every`` chosen steps, after the last chosen step, and at an out-of-memory error. Files:
+``dump_every`` chosen steps, after the last chosen step, at an out-of-memory error, and at
+SIGTERM (then the process exits with 143, as SIGTERM's default would) or Ctrl-C (as
+``KeyboardInterrupt``); a signal that arrives during a write waits for it. Files:
 ``<out>/snapshot.pickle`` (``<out>/rank{N}.pickle`` under torch.distributed; ``name=`` replaces
-``snapshot``; an ``out`` ending in ``.pickle`` is the file itself; files an earlier run left there
-are kept and this run writes ``snapshot-2.pickle``, ``-3`` ...), each with a
-``.memlens.json`` sidecar (keys in ``memlens.recorder.sidecar``). With more than one rank, rank 0
+``snapshot``; an ``out`` ending in ``.pickle`` is the file itself). The name is reserved when the
+session starts (which also checks that ``out`` can be written): files an earlier run left there,
+or a name another running session holds, are kept and this run writes ``snapshot-2.pickle``,
+``-3`` ... Each comes with a ``.memlens.json`` sidecar (keys in ``memlens.recorder.sidecar``).
+Closing prints ``memlens: wrote PATH (N steps; peak ...)`` on stderr. With more than one rank, rank 0
 also writes ``<out>/ranks.json`` (``<stem>_ranks.json`` beside an ``out`` file) with every rank's peak.
 
 On a GPU the CUDA caching allocator records its own history (``memlens.recorder.cuda_adapter``);
@@ -620,7 +624,8 @@ def record(out: str | Path = "memlens_runs", **options: Any) -> Recorder:
     Options: ``steps`` (iterable of step indices to keep; default all), ``name`` (file stem),
     ``model`` / ``optimizer`` (parameter counts and optimizer class in the sidecar; their tensors
     are the first live blocks), ``device`` ("auto" | "cpu" | "cuda"), ``capacity`` (bytes or
-    "16GiB": the simulated device's memory on the CPU, a per-process limit on CUDA),
+    "16GiB": the simulated device's memory on the CPU; on CUDA a per-process memory fraction,
+    put back when the session ends),
     ``allocator_settings`` (simulated; default from ``PYTORCH_CUDA_ALLOC_CONF``),
     ``max_entries``, ``stacks`` ("python" | "all" | "none"), ``max_stack_depth``,
     ``dump_every`` (steps), ``record_optimizer_steps`` (mark a step after every

@@ -18,7 +18,8 @@ The sidecar, ``<name>.memlens.json`` next to ``<name>.pickle`` (keys, all always
 ``backend``                  ``"cuda"`` (real allocator history) or ``"cpu"`` (storages tracked on
                              the CPU and replayed through memlens' caching-allocator simulator).
 ``reason``                   why this dump happened: ``"exit"``, ``"exception"``, ``"oom"``,
-                             ``"periodic"`` (``dump_every``) or ``"steps_done"`` (last selected step).
+                             ``"periodic"`` (``dump_every``), ``"steps_done"`` (last selected step),
+                             ``"terminated"`` (SIGTERM) or ``"interrupted"`` (SIGINT, Ctrl-C).
 ``torch_version``, ``python_version``.
 ``device``                   ``{type, index, name, total_memory_bytes, simulated}``; CUDA adds
                              ``compute_capability``. ``total_memory_bytes`` is the simulated
