@@ -91,6 +91,11 @@ class WorkerGroup:
         with self._lock:
             self._live.discard(process)
 
+    @property
+    def closed(self) -> bool:
+        with self._lock:
+            return self._closed
+
     def kill_all(self) -> None:
         with self._lock:
             self._closed = True
@@ -148,8 +153,11 @@ def analyse_in_worker(path: str, *, uploaded: bool, limits: AnalysisLimits, work
         raise AnalysisStopped(f"analysis stopped: needed over {format_bytes(memory)}")
     if outcome == "died":
         code = process.exitcode
-        if code == -signal.SIGKILL:
-            # Only this module and the OOM killer kill analyses; ours were handled above.
+        if workers.closed:
+            raise AnalysisStopped("analysis stopped: the server is shutting down")
+        if code == -signal.SIGXCPU:  # the CPU-time backstop, reached before our deadline
+            raise AnalysisStopped(f"analysis stopped: took over {_seconds(limits.timeout_s)}")
+        if code == -signal.SIGKILL:  # not ours (those are handled above): the OOM killer
             raise AnalysisStopped("analysis stopped: the analysis process was killed (out of memory?)")
         raise AnalysisCrashed(f"the analysis process exited with code {code}")
     raise AnalysisCrashed(str(detail))
