@@ -189,19 +189,21 @@ class CacheEntry:
         return cls(str(source), quick, _identity(st))
 
     def _hash(self) -> None:
+        digest: str | None = None
         try:
             digest, identity = _hash_file(self.source)
-        except OSError as error:
+            if identity != self.identity:  # replaced since the fingerprint: no trustworthy digest
+                digest = None
+        except Exception as error:  # the thread must always leave an answer (None: don't use the cache)
             log.debug("memlens cache: cannot hash %s: %s", self.source, error)
-            digest, identity = None, ()
-        # A file replaced between the fingerprint and the hash has no trustworthy digest.
-        self._digest.append(digest if identity == self.identity else None)
+        finally:
+            self._digest.append(digest)
 
     @property
     def content_hash(self) -> str | None:
         """The SHA-256 of the file's bytes (waits for the hashing thread)."""
         self._hasher.join()
-        return self._digest[0]
+        return self._digest[0] if self._digest else None
 
     def read(self) -> Snapshot | None:
         folder = _CacheFolder.open(create=False)
@@ -221,7 +223,18 @@ class CacheEntry:
                 return None
 
     def write(self, snapshot: Snapshot) -> Path | None:
-        """Store ``snapshot``; returns the entry's path, or ``None`` when nothing was stored."""
+        """Store ``snapshot``; returns the entry's path, or ``None`` when nothing was stored.
+
+        A cache that cannot be written costs speed only: no error reaches the caller, whose
+        snapshot loaded fine (temporary files are removed on every path, interrupts included).
+        """
+        try:
+            return self._write(snapshot)
+        except Exception as error:
+            log.debug("memlens cache: %s not cached: %s: %s", self.source, type(error).__name__, error)
+            return None
+
+    def _write(self, snapshot: Snapshot) -> Path | None:
         digest = self.content_hash
         try:
             unchanged = _identity(os.stat(self.source)) == self.identity

@@ -412,3 +412,24 @@ def test_an_unexpected_error_while_writing_still_removes_the_temporary(snapshot_
     with pytest.raises(KeyboardInterrupt):
         memlens.load(snapshot_file, cache=True)
     assert temporaries(cache_home) == []
+
+
+def test_a_bug_while_writing_costs_the_cache_not_the_load(snapshot_file: Path, cache_home: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(handle: Any, **members: Any) -> None:
+        handle.write(b"PK\x03\x04 partial")
+        raise ValueError("a numpy that cannot save")
+
+    monkeypatch.setattr(np, "savez", broken)
+    snapshot = memlens.load(snapshot_file, cache=True)
+    assert answer(snapshot) == answer(memlens.load(snapshot_file, cache=False))
+    assert temporaries(cache_home) == []
+
+
+def test_a_failed_hash_means_no_cache(snapshot_file: Path, cache_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreadable(source: str) -> Any:
+        raise MemoryError
+
+    memlens.load(snapshot_file, cache=True)
+    monkeypatch.setattr(cache, "_hash_file", unreadable)
+    assert not memlens.load(snapshot_file, cache=True).from_cache
