@@ -22,8 +22,10 @@ BATCH, FEATURES, HIDDEN, CLASSES = 8, 32, 64, 10
 # Tens of KiB and hundreds of KiB kept per step (float32 elements).
 TENS_OF_KIB_ELEMENTS = 6_000  # 24,000 bytes
 HUNDREDS_OF_KIB_ELEMENTS = 75_000  # 300,000 bytes
+# Exactly 1 MiB a step: the size the old slope threshold caught or missed by rounding.
+ONE_MIB_ELEMENTS = 262_144
 # "healthy" keeps floats; "handover" keeps only the latest step's logits (prev = logits): no leak.
-PATTERNS = ("healthy", "handover", "loss", "tens_kib", "hundreds_kib", "logits")
+PATTERNS = ("healthy", "handover", "loss", "tens_kib", "hundreds_kib", "one_mib", "logits")
 # The caching allocator rounds every block up to a multiple of 512 bytes.
 ROUNDING = 512
 
@@ -40,6 +42,7 @@ def expected_bytes_per_step(pattern: str) -> int:
         "loss": _rounded(4),  # a 0-d float32 loss: one 512-byte block (its graph is freed by backward)
         "tens_kib": _rounded(4 * TENS_OF_KIB_ELEMENTS),
         "hundreds_kib": _rounded(4 * HUNDREDS_OF_KIB_ELEMENTS),
+        "one_mib": _rounded(4 * ONE_MIB_ELEMENTS),
         "logits": _rounded(4 * BATCH * CLASSES),
     }[pattern]
 
@@ -68,6 +71,8 @@ def train(pattern: str, steps: int, step_scope: Callable[[], AbstractContextMana
                 kept.append(torch.zeros(TENS_OF_KIB_ELEMENTS))  # leak line: tens_kib
             elif pattern == "hundreds_kib":
                 kept.append(torch.zeros(HUNDREDS_OF_KIB_ELEMENTS))  # leak line: hundreds_kib
+            elif pattern == "one_mib":
+                kept.append(torch.zeros(ONE_MIB_ELEMENTS))  # leak line: one_mib
             elif pattern == "logits":
                 kept.append(logits.detach())
             elif pattern == "handover":

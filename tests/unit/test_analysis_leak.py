@@ -150,3 +150,11 @@ def test_optimizer_state_made_lazily_over_several_steps_is_not_a_leak() -> None:
             b.alloc(8 * MiB, OPTIM)
 
     assert _leaks(analyze(_loop(6, late_experts).snapshot())) == []
+
+
+def test_half_a_mebibyte_over_ten_steps_and_exactly_one_mebibyte_are_leaks() -> None:
+    (half,) = _leaks(analyze(training_run(10, leak=512 * 1024).snapshot()))
+    assert half.evidence["bytes_per_step"] == 512 * 1024 and half.evidence["kept_steps"] == 9
+    for markers in ("memlens", "metadata"):  # steps from annotations or from user_metadata: one verdict
+        (one,) = _leaks(analyze(training_run(6, leak=1 * MiB, markers=markers).snapshot()))
+        assert one.evidence["bytes_per_step"] == 1 * MiB
