@@ -40,6 +40,7 @@ go, then the least recently used until the total is under ``$MEMLENS_CACHE_MAX_B
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import itertools
@@ -535,7 +536,24 @@ def _expect_cacheable(condition: bool, problem: str) -> None:
         raise _NotCacheable(problem)
 
 
+# What the entry stores besides the columns; a model field in neither is not cached (see _encode).
+_TRACE_SCALARS = ("user_metadata", "compile_context", "baseline_allocated", "baseline_reserved", "pending_free_peak",
+                  "pending_free_final", "window_complete", "has_time", "curve_warnings")
+_SNAPSHOT_FIELDS = frozenset(("source", "devices", "segments", "stacks", "annotations", "allocator_settings", "extra",
+                              "sidecar", "format_guess", "from_cache"))
+
+
+def _model_is_covered() -> bool:
+    """True when every field of the model is stored (or, like ``source``, set on load). A field
+    added to ``DeviceTrace`` or ``Snapshot`` without a place here turns the cache off rather
+    than letting it drop the field and change an answer."""
+    trace_fields = {f.name for f in dataclasses.fields(DeviceTrace)}
+    snapshot_fields = {f.name for f in dataclasses.fields(Snapshot)}
+    return trace_fields <= {"device", *_COLUMNS, *_TRACE_SCALARS} and snapshot_fields <= _SNAPSHOT_FIELDS
+
+
 def _encode(snapshot: Snapshot, digest: str) -> dict[str, np.ndarray]:
+    _expect_cacheable(_model_is_covered(), "the snapshot model has fields this cache does not store")
     members: dict[str, np.ndarray] = {}
     devices_meta = []
     for device, trace in snapshot.devices.items():
@@ -550,20 +568,9 @@ def _encode(snapshot: Snapshot, digest: str) -> dict[str, np.ndarray]:
                 column = column[:1].copy()
                 constant.append(name)
             members[f"d{device}_{name}"] = column
-        devices_meta.append({
-            "device": device,
-            "events": events,
-            "constant_columns": constant,
-            "user_metadata": trace.user_metadata,
-            "compile_context": trace.compile_context,
-            "baseline_allocated": trace.baseline_allocated,
-            "baseline_reserved": trace.baseline_reserved,
-            "pending_free_peak": trace.pending_free_peak,
-            "pending_free_final": trace.pending_free_final,
-            "window_complete": trace.window_complete,
-            "has_time": trace.has_time,
-            "curve_warnings": trace.curve_warnings,
-        })
+        info: dict[str, Any] = {"device": device, "events": events, "constant_columns": constant}
+        info.update((name, getattr(trace, name)) for name in _TRACE_SCALARS)
+        devices_meta.append(info)
     stacks = snapshot.stacks.stacks
     members["stack_offsets"] = np.cumsum([0] + [len(s) for s in stacks], dtype=np.int64)
     members["stack_frames"] = np.fromiter((f for s in stacks for f in s), dtype=np.int32)
@@ -715,7 +722,8 @@ def _decode_stacks(members: dict[str, np.ndarray], meta: dict[str, Any]) -> Stac
 
 
 def _decode_device(info: Any, members: dict[str, np.ndarray], stack_count: int) -> DeviceTrace:
-    _expect(type(info) is dict, "device info")
+    _expect(type(info) is dict and set(info) == {"device", "events", "constant_columns", *_TRACE_SCALARS},
+            "device info fields")
     device, events, constant = info["device"], info["events"], info["constant_columns"]
     _expect(_is_int(device) and device >= 0, "device number")
     _expect(_is_int(events) and events >= 0, "event count")
@@ -745,19 +753,9 @@ def _decode_device(info: Any, members: dict[str, np.ndarray], stack_count: int) 
     _check_ids(columns["stack_id"], stack_count, "stack id")
     _check_ids(columns["metadata_id"], len(user_metadata), "user_metadata id")
     _check_ids(columns["context_id"], len(compile_context), "compile_context id")
-    return DeviceTrace(
-        device=device,
-        user_metadata=user_metadata,
-        compile_context=compile_context,
-        baseline_allocated=info["baseline_allocated"],
-        baseline_reserved=info["baseline_reserved"],
-        pending_free_peak=info["pending_free_peak"],
-        pending_free_final=info["pending_free_final"],
-        window_complete=info["window_complete"],
-        has_time=info["has_time"],
-        curve_warnings=info["curve_warnings"],
-        **columns,
-    )
+    fields: dict[str, Any] = {name: info[name] for name in _TRACE_SCALARS}
+    fields.update(columns)
+    return DeviceTrace(device=device, **fields)
 
 
 def _decode_segment(item: Any, devices: dict[int, DeviceTrace], stack_count: int) -> Segment:

@@ -433,3 +433,11 @@ def test_a_failed_hash_means_no_cache(snapshot_file: Path, cache_home: Path, mon
     memlens.load(snapshot_file, cache=True)
     monkeypatch.setattr(cache, "_hash_file", unreadable)
     assert not memlens.load(snapshot_file, cache=True).from_cache
+
+
+def test_a_model_field_the_cache_does_not_know_turns_caching_off(snapshot_file: Path, cache_home: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache, "_TRACE_SCALARS", tuple(n for n in cache._TRACE_SCALARS if n != "has_time"))
+    snapshot = memlens.load(snapshot_file, cache=True)
+    assert cache.write(snapshot_file, snapshot) is None
+    assert not memlens.load(snapshot_file, cache=True).from_cache
