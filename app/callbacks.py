@@ -7,6 +7,7 @@ No analysis happens here. Numbers come from ``memlens.analyze`` (through ``Libra
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import plotly.graph_objects as go
@@ -20,6 +21,8 @@ from memlens.errors import MemlensError
 from memlens.units import format_bytes, parse_bytes
 from memlens_app.layout import source_options
 from memlens_app.library import Library
+
+FP32_BYTES = 4  # a parameter count guessed from bytes assumes fp32 weights, and says so
 
 log = logging.getLogger("memlens.app")
 
@@ -280,7 +283,10 @@ def register_callbacks(app: Dash, library: Library) -> None:
     @app.callback(
         Output("b-params", "value"),
         Output("b-optimizer", "value"),
+        Output("b-precision", "value"),
         Output("b-capacity", "value"),
+        Output("b-params-note", "children"),
+        Output("b-inferred", "data"),
         Input("source-picker", "value"),
         State("device-picker", "value"),
     )
@@ -290,14 +296,15 @@ def register_callbacks(app: Dash, library: Library) -> None:
         except MemlensError:
             raise PreventUpdate from None
         sidecar = report.sidecar or getattr(report.snapshot, "sidecar", {}) or {}
-        model = sidecar.get("model") or {}
-        params = model.get("parameters_total")
-        optimizer = ((sidecar.get("optimizer") or {}).get("class") or "").lower()
-        capacity = report.devices[device_of(report, device)].capacity_bytes or (
-            (sidecar.get("device") or {}).get("total_memory_bytes"))
-        return (f"{params / 1e6:.3f}M" if params else no_update,
-                _OPTIMIZER_CLASSES.get(optimizer, no_update),
-                format_bytes(capacity) .replace(" ", "") if capacity else no_update)
+        dr = report.devices[device_of(report, device)]
+        prefill = budget_prefill(sidecar, dr.categories_at_peak.get("parameters", 0))
+        capacity = dr.capacity_bytes or (sidecar.get("device") or {}).get("total_memory_bytes")
+        return (prefill.params or "",
+                _OPTIMIZER_CLASSES.get(prefill.optimizer, no_update),
+                prefill.precision or no_update,
+                format_bytes(capacity).replace(" ", "") if capacity else no_update,
+                prefill.note,
+                prefill.params if prefill.inferred else None)
 
     @app.callback(
         Output("budget-graph", "figure"),
@@ -318,11 +325,13 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Input("b-lora", "value"),
         Input("b-flags", "value"),
         Input("b-capacity", "value"),
+        State("b-inferred", "data"),
     )
     def draw_budget(source_id: str | None, device: int | None, params: str | None, hidden: int | None,
                     layers: int | None, heads: int | None, vocab: int | None, precision: str, optimizer: str,
                     batch: int | None, seq: int | None, accum: int | None, checkpointing: str,
-                    lora: int | None, flags: list[str] | None, capacity_text: str | None) -> Any:
+                    lora: int | None, flags: list[str] | None, capacity_text: str | None,
+                    inferred_params: str | None) -> Any:
         from memlens import budget as budget_api
 
         try:
@@ -348,7 +357,8 @@ def register_callbacks(app: Dash, library: Library) -> None:
         except MemlensError as exc:
             return empty_figure(str(exc)), alert(str(exc))
         fig = figures.budget_figure(reconciliation, capacity=capacity)
-        return fig, budget_verdict(estimate, reconciliation, capacity)
+        described = not inferred_params or (params or "").strip() != inferred_params
+        return fig, budget_verdict(estimate, reconciliation, capacity, described=described)
 
     @app.callback(
         Output("whatif-result", "children"),
@@ -467,7 +477,37 @@ def finding_card(index: int, finding: Any, device_report: Any) -> html.Div:
         ])
 
 
-def budget_verdict(estimate: Any, reconciliation: Any, capacity: int | None) -> html.Div:
+@dataclass(frozen=True)
+class BudgetPrefill:
+    """What the budget form can be filled with from what is known, and where it came from."""
+
+    params: str | None = None
+    optimizer: str = ""
+    precision: str | None = None
+    inferred: bool = False  # from the snapshot's parameter bytes, not from the user or the recorder
+    note: str = ""
+
+
+def budget_prefill(sidecar: dict[str, Any], parameter_bytes: int) -> BudgetPrefill:
+    """The recorder's sidecar first; else the parameter bytes the analysis found, as an fp32 guess.
+
+    Nothing is invented: a snapshot with neither leaves the form empty, and no verdict is shown.
+    """
+    model = sidecar.get("model") or {}
+    optimizer = str((sidecar.get("optimizer") or {}).get("class") or "").lower()
+    count = model.get("parameters_total")
+    if isinstance(count, int | float) and count > 0:
+        return BudgetPrefill(f"{count / 1e6:.3f}M", optimizer, None, False,
+                             "from the recorder's sidecar (the model it saw)")
+    if parameter_bytes > 0:
+        guessed = parameter_bytes / FP32_BYTES
+        return BudgetPrefill(f"{guessed / 1e6:.3f}M", optimizer, "fp32", True,
+                             f"inferred: {format_bytes(parameter_bytes)} of parameters at the peak, at 4 bytes "
+                             "each (fp32). Correct it (16-bit weights hold 2 bytes each) to get a verdict.")
+    return BudgetPrefill(optimizer=optimizer)
+
+
+def budget_verdict(estimate: Any, reconciliation: Any, capacity: int | None, described: bool = True) -> html.Div:
     parts: list[Any] = [html.P([html.B("Theory: "), f"{format_bytes(estimate.total_bytes)} in total "
                                f"({format_bytes(estimate.static_bytes)} static, "
                                f"{format_bytes(estimate.batch_bytes)} per micro-batch)."])]
@@ -487,7 +527,12 @@ def budget_verdict(estimate: Any, reconciliation: Any, capacity: int | None) -> 
         except MemlensError as exc:
             parts.append(html.P(str(exc), className="muted"))
     notes = list(getattr(reconciliation, "notes", []))
-    if notes:
+    if not described:
+        # The parameter count was inferred from the measurement itself: comparing the two would
+        # only echo the guess back as a verdict.
+        parts.append(html.P("No verdict on the measurement yet: the parameter count was inferred from it. "
+                            "Describe the model (or confirm the count) to compare.", className="muted"))
+    elif notes:
         parts.append(html.Ul([html.Li(n) for n in notes], className="notes"))
     return html.Div(parts)
 

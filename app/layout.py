@@ -59,6 +59,9 @@ def budget_form() -> html.Div:
     return html.Div(className="budget-form", children=[
         html.H3("Model"),
         _field("parameters", _text("b-params", placeholder="e.g. 7B, 124M"), "total count; K/M/B suffixes"),
+        # Where a prefilled count came from (the recorder's sidecar, or inferred from the snapshot).
+        html.Div(id="b-params-note", className="muted"),
+        dcc.Store(id="b-inferred"),
         _field("hidden size", _number("b-hidden", placeholder="d")),
         _field("layers", _number("b-layers", placeholder="L")),
         _field("attention heads", _number("b-heads", placeholder="a")),
