@@ -10,7 +10,8 @@
 #  2. pytest -m gpu (tests/gpu: recording with step markers, stacks="none", OOM observer, cap restored)
 #  3. memlens record of examples/train_tiny.py on CUDA, through the CLI, six optimizer steps
 #  4. memlens triage and memlens whatif of that snapshot
-#  5. that record/triage/whatif never imported plotly, dash or orjson
+#  5. SIGTERM mid-recording on CUDA (snapshot written, exit 143); two recordings at once into one folder
+#  6. that record/triage/whatif never imported plotly, dash or orjson
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 repo="$PWD"
@@ -60,6 +61,54 @@ sidecar = json.load(open(sys.argv[1].removesuffix('.pickle') + '.memlens.json'))
 print(json.dumps({k: sidecar[k] for k in ('backend', 'reason', 'device', 'steps', 'peak_allocated_bytes', 'torch_version')}, indent=1))
 assert sidecar['backend'] == 'cuda' and len(sidecar['steps']) == 6, 'expected six CUDA steps'
 " "${snapshot:-$out/run/snapshot.pickle}"
+
+# SIGTERM (what torchrun and schedulers send) in the middle of a CUDA recording: the snapshot is
+# written, then the run exits 143; two recordings at once into one folder keep both snapshots.
+cat >"$out/until_signalled.py" <<'PY'
+import sys, time
+import torch
+model = torch.nn.Linear(1024, 1024).cuda()
+optimizer = torch.optim.AdamW(model.parameters())
+for step in range(100_000):
+    model(torch.randn(256, 1024, device="cuda")).square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    if step == 3:
+        print("started", flush=True)
+    if step >= 3 and len(sys.argv) > 1 and step >= int(sys.argv[1]):
+        break
+    time.sleep(0.005)
+PY
+sigterm_check() {
+    "${memlens[@]}" record --device cuda --out "$out/sigterm" -- "$python" "$out/until_signalled.py" \
+        >"$out/sigterm.stdout" 2>&1 &
+    local pid=$! waited=0
+    until grep -qs started "$out/sigterm.stdout" || [ "$waited" -ge 120 ]; do sleep 0.5; waited=$((waited + 1)); done
+    kill -TERM "$pid"
+    wait "$pid"
+    local code=$?
+    cat "$out/sigterm.stdout"
+    echo "exit status $code (expected 143)"
+    "$python" -c "
+import json, sys, memlens
+sidecar = json.load(open(sys.argv[1] + '/snapshot.memlens.json'))
+print('reason', sidecar['reason'], 'backend', sidecar['backend'], 'steps', len(sidecar['steps']))
+print('events', memlens.load(sys.argv[1] + '/snapshot.pickle').devices[0].events)
+assert sidecar['reason'] == 'terminated' and sidecar['backend'] == 'cuda'
+" "$out/sigterm" && [ "$code" -eq 143 ]
+}
+step sigterm sigterm_check
+concurrent_check() {
+    "${memlens[@]}" record --device cuda --out "$out/both" -- "$python" "$out/until_signalled.py" 40 &
+    local first=$!
+    "${memlens[@]}" record --device cuda --out "$out/both" -- "$python" "$out/until_signalled.py" 40
+    local second=$?
+    wait "$first"
+    local first_code=$?
+    ls -a "$out/both"
+    [ "$first_code" -eq 0 ] && [ "$second" -eq 0 ] && [ -f "$out/both/snapshot.pickle" ] && [ -f "$out/both/snapshot-2.pickle" ]
+}
+step concurrent concurrent_check
 
 printf 'import torch\nprint(torch.ones(4).sum().item())\n' >"$out/no_training.py"
 step imports "$python" -c "
