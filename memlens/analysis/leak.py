@@ -59,14 +59,15 @@ class Survivors:
 
 def comparable_steps(steps: list[Step]) -> list[Step]:
     """Whole steps after the warm-up: the ones whose survivors can be compared."""
-    complete = [s for s in steps if not s.partial]
+    complete = sorted((s for s in steps if not s.partial), key=lambda s: s.start_event)
     return complete[LEAK_WARMUP_STEPS:]
 
 
 def survivors(ctx: DeviceContext, steps: list[Step]) -> Survivors:
     lt = ctx.lifetimes
     starts = np.array([s.start_event for s in steps], dtype=np.int64)
-    ends = np.array([s.end_event for s in steps], dtype=np.int64)
+    # Non-decreasing, so the searches below stay valid even if a writer's scopes overlap.
+    ends = np.maximum.accumulate(np.array([s.end_event for s in steps], dtype=np.int64))
     position = np.searchsorted(starts, lt.alloc_event, side="right") - 1
     safe = np.maximum(position, 0)
     # Made inside a comparable step (gaps between steps belong to none) and alive at its end:
