@@ -9,6 +9,13 @@ what stands when backward begins. Any plateau of at least ``ACTIVATION_MIN_BYTES
 ``ACTIVATION_MIN_FRACTION_OF_PEAK`` is reported; severity follows its share of the peak.
 Savings follow memory-budget.md and are estimates: full checkpointing keeps only the block
 inputs (~1/12 of the rule-of-thumb activations); selective checkpointing keeps ~60%.
+
+Evidence keys: ``height_bytes``, ``share_of_peak``, the moment: ``forward_end_event`` (row),
+``step``, ``forward_end_us``, ``allocated_at_forward_end_bytes``, ``peak_allocated_bytes``,
+``forward_end_source`` (step-local peak | first autograd row); ``rise_bytes``/``fall_bytes``
+with ``rise_start_event``/``fall_end_event``, ``duration_events``/``duration_us``,
+``activation_allocations``, the two checkpointing savings with their ``saving_basis``,
+``steps_with_plateau`` and ``backward_rows_share``.
 """
 
 from __future__ import annotations

@@ -20,6 +20,15 @@ bounded by the parameters, even when it appears over several steps.
 
 Allocations that grow a buffer by replacing it (``buf = torch.cat([buf, x])``) leave one
 survivor at a time: the level rises but the lifetimes show no pile, and no finding is made.
+
+Evidence keys: ``bytes_per_step`` (512-byte blocks), ``requested_bytes_per_step``,
+``kept_steps`` (the pile's depth), ``held_bytes`` (the leaking stacks' survivors alive at the end
+of ``last_step``; also the finding's ``bytes``), ``level_rise_per_step_bytes``, the moment:
+``first_step``/``last_step`` (indices), ``first_step_end_event``/``last_step_end_event`` (rows),
+``first_step_end_us``/``last_step_end_us``, ``level_at_first_step_end_bytes``/
+``level_at_last_step_end_bytes``; ``comparable_steps``, ``leaking_stacks``,
+``warmup_steps_skipped``, ``steps_until_full`` (with ``capacity_bytes``) or
+``steps_until_peak_doubles``, and ``severity_basis`` (capacity | peak).
 """
 
 from __future__ import annotations

@@ -15,6 +15,15 @@ the lifetimes:
   place: an optimizer that writes new moment tensors and drops the old ones).
 
 Adam's state is compared with 8 bytes per parameter when the parameter count is known.
+
+Evidence keys: ``spike_bytes`` = ``new_state_bytes`` + ``transient_bytes`` - ``released_bytes``,
+the moment: ``spike_event`` (row), ``step``, ``spike_us``, ``level_before_bytes``/
+``level_at_spike_bytes``, ``window_start_event``/``window_end_event``; ``windows``,
+``window_source``, ``state_kept_after_window_bytes``, ``state_replaced_bytes`` (earlier optimizer
+state freed in the window), ``state_kept_all_windows_bytes``, ``transient_peak_bytes`` (most
+transient bytes live at once in the window), ``state_bytes_at_peak``, ``global_peak_inside``,
+``parameters`` with ``parameters_source`` and ``adam_state_8p_bytes`` when known, and the
+``foreach_off_saving_bytes`` / ``eight_bit_state_saving_bytes`` estimates.
 """
 
 from __future__ import annotations
