@@ -27,6 +27,7 @@ from memlens.analysis.report import (
     Report,
     StackBytes,
     Step,
+    finding_rank,
 )
 from memlens.analysis.settings import AnalysisSettings
 from memlens.analysis.stacks import StackFacts
@@ -68,7 +69,7 @@ def analyze(source: str | os.PathLike[str] | Snapshot, **settings: Any) -> Repor
         for _, find in FINDERS:
             ctx.findings.extend(find(ctx))
         devices[trace.device] = _device_report(ctx)
-    findings = sorted((f for d in devices.values() for f in d.findings), key=lambda f: -f.bytes)
+    findings = sorted((f for d in devices.values() for f in d.findings), key=finding_rank)
     return Report(
         source=snapshot.source,
         snapshot=snapshot,
@@ -114,7 +115,7 @@ def _device_report(ctx: DeviceContext) -> DeviceReport:
         capacity_bytes=ctx.capacity,
         categories_at_peak=categories,
         top_stacks_by_category=top,
-        findings=sorted(ctx.findings, key=lambda f: -f.bytes),
+        findings=sorted(ctx.findings, key=finding_rank),
         optimizer_windows=ctx.optimizer_windows,
         optimizer_window_source=ctx.optimizer_window_source,
         window_complete=trace.window_complete,

@@ -24,6 +24,16 @@ SCHEMA_VERSION = 1
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporary", "unknown")
 FINDING_KINDS = ("leak", "activation_plateau", "optimizer_spike", "fragmentation", "idle_cache", "oom")
 SEVERITIES = ("high", "medium", "low")
+
+
+def finding_rank(finding: Finding) -> tuple[int, int]:
+    """The order findings are read in: the most severe first, then the most bytes.
+
+    By bytes alone, a low idle-cache note (memory the next step reuses) would top a medium
+    fragmentation finding that actually blocked allocations.
+    """
+    severity = SEVERITIES.index(finding.severity) if finding.severity in SEVERITIES else len(SEVERITIES)
+    return severity, -finding.bytes
 STEP_SOURCES = (
     "memlens",
     "profiler",

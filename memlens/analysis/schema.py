@@ -2,7 +2,7 @@
 
 Top level: ``schema_version`` (1), ``source`` (the file or "<memory>"), ``format_guess`` (which
 PyTorch wrote it), ``devices`` (object keyed by the device number as text) and ``findings`` (all
-devices' findings, largest ``bytes`` first).
+devices' findings, most severe first, then largest ``bytes``).
 
 Per device: ``events`` (trace rows), ``window_complete`` (the history saw every live byte),
 ``step_source`` (memlens | profiler | optimizer_annotations | user_metadata | periodic |

@@ -11,6 +11,7 @@ import os
 import tempfile
 from typing import TYPE_CHECKING
 
+from memlens.analysis.report import finding_rank
 from memlens.units import format_bytes
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ def render_html(report: Report, device: int | None = None) -> str:
         figures.segment_map_figure(report.snapshot, dev.device),
     ]
     plots = "".join(pio.to_html(fig, full_html=False, include_plotlyjs=False) for fig in parts)
-    findings = "".join(_finding_html(f) for f in sorted(dev.findings, key=lambda f: -f.bytes)) or (
+    findings = "".join(_finding_html(f) for f in sorted(dev.findings, key=finding_rank)) or (
         "<p>No leak, activation plateau, optimizer spike, fragmentation or OOM stood out.</p>")
     title = f"memlens report: {os.path.basename(report.source)}"
     peaks = (f"peak allocated {format_bytes(dev.peak_allocated_bytes)} · "

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from memlens.analysis.report import format_evidence
+from memlens.analysis.report import finding_rank, format_evidence
 from memlens.printable import printable
 from memlens.units import format_bytes
 
@@ -252,11 +252,11 @@ def render_finding(console: Console, rank: int, finding: Finding) -> None:
 
 
 def render_findings(console: Console, device: DeviceReport) -> None:
-    console.print(Text("\nFindings", style="bold") + Text("  ranked by bytes"))
+    console.print(Text("\nFindings", style="bold") + Text("  most severe first, then by bytes"))
     if not device.findings:
         console.print("  none: no leak, activation plateau, optimizer spike, fragmentation or OOM stood out")
         return
-    ranked = sorted(device.findings, key=lambda f: f.bytes, reverse=True)
+    ranked = sorted(device.findings, key=finding_rank)
     for rank, finding in enumerate(ranked[:MAX_FINDINGS], start=1):
         render_finding(console, rank, finding)
     if len(ranked) > MAX_FINDINGS:

@@ -24,7 +24,9 @@ def test_json_matches_the_schema_and_round_trips() -> None:
     assert device["steps"][0]["start_us"] is not None
     assert {f["kind"] for f in data["findings"]} <= set(FINDING_KINDS)
     assert {"leak", "activation_plateau", "optimizer_spike"} <= {f["kind"] for f in data["findings"]}
-    assert [f["bytes"] for f in data["findings"]] == sorted((f["bytes"] for f in data["findings"]), reverse=True)
+    order = ["high", "medium", "low"]
+    ranks = [(order.index(f["severity"]), -f["bytes"]) for f in data["findings"]]
+    assert ranks == sorted(ranks)  # most severe first, then most bytes
 
 
 def test_validator_catches_mistakes() -> None:
