@@ -114,8 +114,8 @@ class SimulatedDevice:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, *exc: object) -> bool:
-        return False
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 def _noop() -> Any:

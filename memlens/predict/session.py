@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -128,7 +129,6 @@ class PredictSession:
         reserve_outside: int = 0,
         settings: AllocatorSettings | None = None,
         stacks: bool = True,
-        eager_compile: bool = True,
     ) -> None:
         spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu or DEFAULT_GPU)
         if capacity is not None:
@@ -148,7 +148,6 @@ class PredictSession:
         self.tracker.active = True
         self.tracker.on_oom = self._on_oom
         self.workspace_bytes = cublas_workspace_bytes(spec, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
-        self.eager_compile = eager_compile
         self.snapshot_paths: list[str] = []
         self.oom_at: str | None = None
         self.oom_message: str | None = None
@@ -157,10 +156,12 @@ class PredictSession:
         self._fake_mode: FakeTensorMode | None = None
         self._mode: PredictMode | None = None
         self._saved: list[tuple[Any, str, Any]] = []
+        self._thread = threading.get_ident()
 
     # ------------------------------------------------------------------ enter / exit
     def __enter__(self) -> PredictSession:
         ensure_cuda_guard()
+        self._thread = threading.get_ident()
         # Before patching: building the mode imports torch._dynamo, which indexes torch.cuda.
         self._fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self._patch_all()
@@ -192,9 +193,6 @@ class PredictSession:
         patches.append(
             (functional, "scaled_dot_product_attention", fused_sdpa(self.gpu, functional.scaled_dot_product_attention))
         )
-        if self.eager_compile:
-            patches.append((torch, "compile", _eager_compile))
-            patches.append((torch.nn.Module, "compile", _eager_module_compile))
         for owner, name, value in patches:
             self._saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
             setattr(owner, name, value)
@@ -222,7 +220,53 @@ class PredictSession:
     def _op_hook(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if func is torch.ops.aten._fused_sdp_choice.default:
             return choose_sdpa_backend(self.gpu, args, kwargs)
+        if threading.get_ident() != self._thread and (
+            func is torch.ops.aten.add.Tensor or func.overloadpacket in _SCATTER_INTO_FRESH_OPS
+        ):
+            return self._in_place_on_the_gpu(func, args, kwargs)
         return NotImplemented
+
+    def _in_place_on_the_gpu(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Where the backward pass works in place on a real GPU but out of place on fakes.
+
+        A FakeTensor is a tensor subclass, and PyTorch's backward code takes the out-of-place
+        road for subclasses: autograd's ``InputBuffer`` sums two gradients with ``old + new``
+        instead of ``old.add_(new)``, and the backward formulas fill fresh zeros with
+        ``scatter``/``index_put``/``slice_scatter`` instead of their in-place forms. Each would
+        allocate a block the GPU never does. On the backward thread, without grad mode, when the
+        first operand is a CUDA tensor that nothing else holds (no Python reference beyond this
+        call's, and no other tensor on its storage: no more than a fresh tensor's), the result
+        takes over its block, as the in-place op would."""
+        if torch.is_grad_enabled() or kwargs.get("alpha", 1) != 1 or not args:
+            return NotImplemented
+        old = args[0]
+        if func is torch.ops.aten.add.Tensor:
+            new = args[1] if len(args) > 1 else None
+            if not (isinstance(new, torch.Tensor) and new.shape == getattr(old, "shape", None)):
+                return NotImplemented
+        if not (
+            isinstance(old, FakeTensor)
+            and old.device.type == "cuda"
+            and old.is_contiguous()
+            and old.storage_offset() == 0
+        ):
+            return NotImplemented
+        # Held from Python too (a variable, a list): the GPU's op would leave it alone as well.
+        # Here: the args tuple, ``old``, getrefcount's argument and the C++ owner's reference.
+        if sys.getrefcount(old) > _REFERENCES_OF_AN_UNHELD_ARGUMENT:
+            return NotImplemented
+        old_references = torch._C._storage_Use_Count(old.untyped_storage()._cdata)
+        result = func(*args, **kwargs)
+        fresh_references = torch._C._storage_Use_Count(result.untyped_storage()._cdata)
+        if (
+            isinstance(result, torch.Tensor)
+            and result.dtype == old.dtype
+            and old_references <= fresh_references
+            and self.tracker.transfer_allocation(old, result)
+        ):
+            return result
+        self.tracker.on_outputs(func, result)
+        return result
 
     # ------------------------------------------------------------------ allocator state
     def allocator_state(self) -> dict[str, int]:
@@ -287,6 +331,29 @@ class PredictSession:
 
 _MISSING = object()
 
+_aten = torch.ops.aten
+_REFERENCES_OF_AN_UNHELD_ARGUMENT = 4
+# Out-of-place ops that backward formulas use on a fresh tensor of zeros only for subclasses
+# (``isTensorSubclassLike``); on the GPU they are the in-place forms.
+_SCATTER_INTO_FRESH_OPS = frozenset(
+    {
+        _aten.scatter,
+        _aten.scatter_add,
+        _aten.scatter_reduce,
+        _aten.index_add,
+        _aten.index_put,
+        _aten._index_put_impl,
+        _aten.index_copy,
+        _aten.index_fill,
+        _aten.masked_fill,
+        _aten.masked_scatter,
+        _aten.slice_scatter,
+        _aten.select_scatter,
+        _aten.diagonal_scatter,
+        _aten.as_strided_scatter,
+    }
+)
+
 
 def _swap_fake_tensors(original: Callable[[torch.Tensor, torch.Tensor], None]) -> Callable[..., None]:
     """``Module.to('cuda')`` swaps FakeTensor parameters, which the fake-tensor memo's weak
@@ -319,18 +386,6 @@ def _skipped_initialisers() -> list[tuple[Any, str, Any]]:
         if name.endswith("_") and not name.startswith("_") and callable(getattr(torch.nn.init, name))
     ]
     return [(torch.nn.init, name, skip) for name in names]
-
-
-def _eager_compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
-    """``torch.compile`` runs the model eagerly: inductor's kernels need the real GPU (see
-    the README's limits); eager memory is the one an uncompiled run would use."""
-    if model is None:
-        return lambda fn: fn
-    return model
-
-
-def _eager_module_compile(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
-    return None
 
 
 def predict(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -55,7 +56,7 @@ class PredictStackCapture(StackCapture):
     """Python stacks that start in the user's code: this package's frames are left out."""
 
     def capture(self, start: FrameType | None = None) -> list[dict[str, object]]:
-        frame = start if start is not None else sys._getframe(1)
+        frame: FrameType | None = start if start is not None else sys._getframe(1)
         while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIRS):
             frame = frame.f_back
         return super().capture(frame)
@@ -86,6 +87,25 @@ class CudaStorageTracker(StorageTracker):
         reserved = self.simulator.reserved_bytes
         if reserved > self.run_peak_reserved_bytes:
             self.run_peak_reserved_bytes = reserved
+
+    def transfer_allocation(self, source: torch.Tensor, target: torch.Tensor) -> bool:
+        """Let ``target``'s new storage take over ``source``'s block instead of allocating one
+        (what an in-place op on the GPU does where the fake run had to go out of place)."""
+        self.drain()
+        source_storage, target_storage = source.untyped_storage(), target.untyped_storage()
+        if source_storage.nbytes() != target_storage.nbytes() or id(target_storage) in self._live:
+            return False
+        with self._lock:
+            address = self._live.pop(id(source_storage), None)
+            if address is None:
+                return False
+            finalizer = self._finalizers.pop(id(source_storage), None)
+            if finalizer is not None:
+                finalizer.detach()
+            key = id(target_storage)
+            self._live[key] = address
+            self._finalizers[key] = weakref.finalize(target_storage, self._on_storage_freed, key, address)
+        return True
 
     def allocate_workspace(self, size: int) -> None:
         """Malloc this thread's cuBLAS workspace if it has none yet (never freed, like PyTorch's)."""

@@ -237,3 +237,68 @@ def test_everything_is_restored_after_the_session() -> None:
     active.close()
     assert torch.cuda.is_available() is False
     assert torch.ones(2).sum().item() == 2.0
+
+
+def _log_softmax(x: torch.Tensor) -> torch.Tensor:
+    x = x - torch.max(x, dim=-1, keepdim=True)[0]
+    return x - torch.log(torch.sum(torch.exp(x), dim=-1, keepdim=True))
+
+
+def test_backward_works_in_place_where_the_gpu_does() -> None:
+    """The CS336 cross-entropy's backward on a real GPU (the MAGMA27 trace) allocates six
+    logit-sized blocks: gather's zeros (scattered into in place), three negations, exp's
+    product, max's zeros (scattered into in place); the two gradient sums are in place. Fakes
+    take the out-of-place road in all four places; the prediction must not count them."""
+
+    def step() -> int:
+        logits = torch.empty(8, 64, 1000, device="cuda", requires_grad=True)
+        targets = torch.zeros(8, 64, dtype=torch.long, device="cuda")
+        loss = torch.mean(torch.gather(-_log_softmax(logits), -1, targets.unsqueeze(-1)))
+        before = len(active.simulator.trace)
+        loss.backward()
+        active.tracker.drain()
+        size = logits.numel() * 4
+        return sum(1 for e in active.simulator.trace[before:] if e["action"] == "alloc" and e["size"] == size)
+
+    with PredictSession(stacks=False) as active:
+        count = step()
+    active.close()
+    assert count == 6
+
+
+_KEPT: list[torch.Tensor] = []
+
+
+class _ScatterKeepingItsInput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x * 1
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        base = torch.zeros_like(grad)
+        _KEPT.append(base)  # still referenced: no in-place reuse on a GPU either
+        return base.scatter(0, torch.zeros_like(grad, dtype=torch.long), grad)
+
+
+def test_out_of_place_stays_out_of_place_when_the_input_lives_on() -> None:
+    with PredictSession(stacks=False) as active:
+        x = torch.empty(256, 1024, device="cuda", requires_grad=True)
+        y = _ScatterKeepingItsInput.apply(x)
+        before = len(active.simulator.trace)
+        y.backward(torch.empty_like(y))
+        active.tracker.drain()
+        sizes = [e["size"] for e in active.simulator.trace[before:] if e["action"] == "alloc"]
+        _KEPT.clear()
+    active.close()
+    # x * 1's backward (grad * 1), the zeros, and the scatter's own result beside them.
+    assert sizes.count(256 * 1024 * 4) == 3
+
+
+def test_the_package_is_the_function() -> None:
+    import memlens.predict
+
+    result = memlens.predict(lambda: torch.empty(1000, device="cuda"), capacity="1GiB")
+    assert result.capacity_bytes == 1 << 30
+    assert result.peak_allocated_bytes == 4096  # 4000 bytes, rounded up to a multiple of 512
+    assert set(result.to_json()) >= {"peak_allocated_bytes", "peak_reserved_bytes", "oom", "snapshots"}
