@@ -92,6 +92,7 @@ def test_recipe_reproduces_the_real_snapshot(
     snapshot = tmp_path / written
     assert snapshot.is_file(), "the script's own snapshot was not written where it asked"
     fidelity = compare(REAL_SNAPSHOTS_DIR / real, snapshot)
+    print(f"{folder}: {fidelity.to_json()}")  # the README's table (pytest -s)
     assert fidelity.allocated_error < 0.03, fidelity.to_json()
     assert fidelity.reserved_error < 0.05, fidelity.to_json()
     assert fidelity.match_rate >= least_match, fidelity.to_json()
