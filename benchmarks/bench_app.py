@@ -196,7 +196,7 @@ def main() -> None:
         path = os.path.join(workdir, "large.pickle")
         # Many alloc/free pairs whose frames are shared dicts, as in real PyTorch files.
         write_pickle(synthetic_snapshot(args.events, seed=1), path)
-        env = dict(os.environ, XDG_CACHE_HOME=os.path.join(workdir, "cache"))
+        env = dict(os.environ, MEMLENS_CACHE_DIR=os.path.join(workdir, "cache"))
         memlens = shutil.which("memlens") or "memlens"
         triage_cmd = [memlens, "triage", path, "--no-color", "--no-cache", "--width", "100"]
 

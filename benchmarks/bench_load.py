@@ -61,7 +61,7 @@ def main() -> None:
     # held the snapshot would inflate every child's measurement.
     subprocess.run([sys.executable, "-m", "memlens.synthetic", str(args.events), path], check=True)
     print(f"generated {path}: {os.path.getsize(path) / 2**20:.1f} MiB in {time.perf_counter() - started:.1f} s")
-    env = dict(os.environ, XDG_CACHE_HOME=os.path.join(workdir, "cache"))
+    env = dict(os.environ, MEMLENS_CACHE_DIR=os.path.join(workdir, "cache"))
 
     # Interleave the modes so drift on a noisy machine hits them alike.
     bare = best_of(args.runs, "pickle", path, env)

@@ -36,7 +36,7 @@ def main() -> None:
     path = os.path.join(workdir, "large.pickle")
     subprocess.run([sys.executable, "-m", "memlens.synthetic", str(args.events), path], check=True)
     # No cache: the first open of a file is what someone triaging an OOM waits for.
-    env = dict(os.environ, XDG_CACHE_HOME=os.path.join(workdir, "cache"))
+    env = dict(os.environ, MEMLENS_CACHE_DIR=os.path.join(workdir, "cache"))
     memlens = shutil.which("memlens") or "memlens"
     bare_cmd = [sys.executable, "-c", "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))", path]
     triage_cmd = [memlens, "triage", path, "--width", "100"]
