@@ -734,18 +734,33 @@ def _bounded(column: np.ndarray, check: _Checker, device: int, field_name: str, 
 
 def _intern_strings(values: list[Any], check: _Checker, where: str) -> tuple[np.ndarray, list[str]]:
     """Ids into a table of the distinct strings; "" / "N/A" / missing become -1."""
-    if not all(map(isinstance, values, itertools.repeat(str | None))):
-        bad = next(v for v in values if not isinstance(v, str | None))
-        raise check.fail(f"{where} should be text, found {_what(bad)}")
+    distinct = _distinct_texts(values, check, where, allow_none=True)
     table: dict[Any, int] = {}
     names: list[str] = []
-    for value in dict.fromkeys(values):  # the distinct values, found in C (str hashes are linear)
+    for value in distinct:
         if not value or value == "N/A":
             table[value] = -1
         else:
             table[value] = len(names)
             names.append(_short(value))
     return np.fromiter(map(table.__getitem__, values), dtype=np.int32, count=len(values)), names
+
+
+def _distinct_texts(values: list[Any], check: _Checker, where: str, allow_none: bool = False) -> list[Any]:
+    """The distinct values, found in C; each must be text (or None when allowed).
+
+    Hashing is safe here: the vetted pickle holds no tuple of containers, and string hashes
+    are cached, so a shared 10 MB string costs one hash. Checking the types of the distinct
+    values only saves a pass over every entry.
+    """
+    try:
+        distinct = list(dict.fromkeys(values))
+    except TypeError:  # a list or dict: unhashable
+        distinct = None
+    if distinct is None or not all(isinstance(v, str) or (allow_none and v is None) for v in distinct):
+        bad = next(v for v in values if not (isinstance(v, str) or (allow_none and v is None)))
+        raise check.fail(f"{where} should be text, found {_what(bad)}")
+    return distinct
 
 
 def _column(entries: list[dict[str, Any]], key: str, default: Any) -> list[Any]:
@@ -760,17 +775,14 @@ def _has_key(entries: list[dict[str, Any]], key: str) -> bool:
 def _parse_trace(device: int, entries: list[Any], check: _Checker, interner: _Interner) -> DeviceTrace:
     # Every pass below is one C-level map over the entries: at a million entries each pass
     # costs tens of milliseconds, a Python-level loop would cost a second.
-    if not all(map(isinstance, entries, itertools.repeat(dict))):
-        bad = next(e for e in entries if not isinstance(e, dict))
-        raise check.fail(f"device_traces[{device}] should hold dicts, found {_what(bad)}")
-    try:
+    try:  # only a dict can be indexed by a string: this also checks every entry is one
         names = list(map(operator.itemgetter("action"), entries))
     except KeyError:
         raise check.fail(f"device_traces[{device}]: an entry has no 'action'") from None
-    if not all(map(isinstance, names, itertools.repeat(str))):
-        bad = next(n for n in names if not isinstance(n, str))
-        raise check.fail(f"device_traces[{device}]: an 'action' is not text ({_what(bad)})")
-    distinct = list(dict.fromkeys(names))
+    except TypeError:
+        bad = next(e for e in entries if not isinstance(e, dict))
+        raise check.fail(f"device_traces[{device}] should hold dicts, found {_what(bad)}") from None
+    distinct = _distinct_texts(names, check, f"device_traces[{device}]: 'action'")
     position = {name: i for i, name in enumerate(distinct)}
     codes = np.array([ACTION_CODES.get(name, int(Action.OTHER)) for name in distinct], dtype=np.int8)
     action = codes[np.fromiter(map(position.__getitem__, names), dtype=np.intp, count=len(names))]
