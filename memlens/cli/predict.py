@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import runpy
 import sys
 import traceback
@@ -25,6 +24,7 @@ import click
 
 from memlens.cli.common import help_text
 from memlens.errors import MemlensUsageError
+from memlens.recorder.sidecar import build_sidecar, sidecar_path, write_json, write_snapshot
 from memlens.units import format_bytes, parse_bytes
 
 
@@ -48,18 +48,19 @@ def split_command(command: tuple[str, ...]) -> tuple[str, str, list[str]]:
 
 
 def run_command(kind: str, target: str, argv: list[str]) -> Any:
-    """Run a script or module in this process as ``python`` would (``__main__``, argv, path)."""
+    """Run a script or module in this process as ``python`` would (``__main__``, argv, path);
+    returns its globals, which keeps a module-level model alive for the budget."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = argv
     sys.path.insert(0, os.path.dirname(os.path.abspath(target)) if kind == "path" else os.getcwd())
     try:
         if kind == "path":
-            runpy.run_path(target, run_name="__main__")
-        else:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+            return runpy.run_path(target, run_name="__main__")
+        return runpy.run_module(target, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
         if stop.code not in (None, 0):
             raise
+        return None
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
 
@@ -106,13 +107,65 @@ def predict(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     predicted = out / "predicted.pickle"
-    with open(predicted, "wb") as handle:
-        pickle.dump(result.snapshot, handle)
+    write_snapshot(predicted, result.snapshot or {})
+    write_json(sidecar_path(predicted), predicted_sidecar(session, result))
     result.snapshots.append(str(predicted.resolve()))
+    result.value = None  # the script's globals: let them go
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
         click.echo(render(result))
+        budget = budget_beside(predicted)
+        if budget:
+            click.echo(budget)
+
+
+def predicted_sidecar(session: Any, result: Any) -> dict[str, Any]:
+    """The recorder's sidecar for ``predicted.pickle``: device, peaks, OOM, and the model and
+    optimizer found at the end, so ``triage`` sets the budget beside the prediction."""
+    oom = None
+    if result.oom:
+        oom = {"requested_bytes": None, "device_free_bytes": session.simulator.device_free_bytes}
+    return build_sidecar(
+        backend="cpu",
+        reason="oom" if result.oom else "exit",
+        device={
+            "type": "cuda",
+            "index": 0,
+            "name": f"{session.gpu.name} (memlens predict, simulated)",
+            "total_memory_bytes": session.capacity,
+            "simulated": True,
+            "compute_capability": list(session.gpu.capability),
+        },
+        allocator_settings=session.settings.to_snapshot_dict(),
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        steps=[],
+        steps_selected=None,
+        peak_allocated_bytes=result.peak_allocated_bytes,
+        peak_reserved_bytes=result.peak_reserved_bytes,
+        oom=oom,
+        model=result.model,
+        optimizer=result.optimizer,
+        recorder={"stacks": session.tracker.stacks is not None, "max_entries": None,
+                  "max_stack_depth": None, "dump_every": None, "predict": True},
+    )  # fmt: skip
+
+
+def budget_beside(predicted: Path) -> str | None:
+    """The theoretical budget (from the parameters found) next to the predicted categories,
+    as ``memlens triage`` shows it; None when no model was found."""
+    from memlens.analysis import analyze
+    from memlens.budget import render_reconciliation
+    from memlens.cli.triage import BudgetFlags, budget_reconciliation
+
+    report = analyze(str(predicted))
+    reconciliation = budget_reconciliation(report, None, BudgetFlags())
+    if reconciliation is None:
+        return None
+    table = render_reconciliation(reconciliation, binary=True)
+    return "  budget (formulas) beside the prediction at its peak:\n" + table
 
 
 def render(result: Any) -> str:

@@ -10,6 +10,7 @@ made as on the named GPU. ``predict(fn)`` runs a function in one and returns a
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -59,6 +60,8 @@ class PredictResult:
     stopped_at: str | None = None
     stop_reason: str | None = None
     snapshots: list[str] = field(default_factory=list)
+    model: dict[str, Any] | None = None
+    optimizer: dict[str, Any] | None = None
     seconds: float = 0.0
     value: Any = None
     snapshot: dict[str, Any] | None = field(default=None, repr=False)
@@ -77,6 +80,8 @@ class PredictResult:
             "stopped_at": self.stopped_at,
             "stop_reason": self.stop_reason,
             "gpu": self.gpu,
+            "model": self.model,
+            "optimizer": self.optimizer,
             "capacity_bytes": self.capacity_bytes,
             "reserve_outside_bytes": self.reserve_outside_bytes,
             "seconds": round(self.seconds, 3),
@@ -423,10 +428,12 @@ def run_in_session(session: PredictSession, body: Callable[[], Any]) -> PredictR
     started = time.perf_counter()
     value = None
     stopped_at = stop_reason = None
+    model = optimizer = None
     try:
         with session:
             try:
                 value = body()
+                model, optimizer = simulated_model_and_optimizer()
             except torch.OutOfMemoryError:
                 if session.oom_at is None:
                     raise  # the script's own OutOfMemoryError, not the simulator's
@@ -453,10 +460,55 @@ def run_in_session(session: PredictSession, body: Callable[[], Any]) -> PredictR
         stopped_at=stopped_at,
         stop_reason=stop_reason,
         snapshots=list(session.snapshot_paths),
+        model=model,
+        optimizer=optimizer,
         seconds=time.perf_counter() - started,
         value=value,
         snapshot=snapshot,
     )
+
+
+def simulated_model_and_optimizer() -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The parameters on the simulated GPU that are still alive (the recorder's ``model`` stats:
+    counts and bytes by dtype), and the optimizer holding most of them: what the budget needs.
+    Found by the garbage collector at the end of the run, so a model that lived only in a
+    function's locals is gone by then (None)."""
+    from memlens.recorder.sidecar import optimizer_stats
+
+    # type() first: isinstance reads __class__, which deprecated module attributes
+    # (torch.distributed.reduce_op) answer with a warning. A parameter made from a FakeTensor is
+    # a FakeTensor marked ``_is_param`` (what isinstance(x, nn.Parameter) looks at).
+    objects = gc.get_objects()
+    tensor_type, optimizer_type = torch.Tensor, torch.optim.Optimizer
+    parameters = {
+        id(obj): obj
+        for obj in objects
+        if issubclass(type(obj), tensor_type) and isinstance(obj, torch.nn.Parameter) and obj.device.type == "cuda"
+    }
+    if not parameters:
+        return None, None
+    total = trainable = total_bytes = 0
+    by_dtype: dict[str, int] = {}
+    for param in parameters.values():
+        count, size = param.numel(), param.numel() * param.element_size()
+        total += count
+        trainable += count if param.requires_grad else 0
+        total_bytes += size
+        by_dtype[str(param.dtype)] = by_dtype.get(str(param.dtype), 0) + size
+    model = {
+        "parameters_total": total,
+        "parameters_trainable": trainable,
+        "parameter_bytes_total": total_bytes,
+        "parameter_bytes_by_dtype": dict(sorted(by_dtype.items())),
+        "buffer_bytes_total": 0,
+    }
+    optimizers = [obj for obj in objects if issubclass(type(obj), optimizer_type)]
+    best = max(
+        optimizers,
+        key=lambda o: sum(1 for group in o.param_groups for p in group["params"] if id(p) in parameters),
+        default=None,
+    )
+    return model, optimizer_stats(best)
 
 
 def _op_name(error: BaseException) -> str:

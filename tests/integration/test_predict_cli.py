@@ -63,6 +63,11 @@ def test_json_result_and_snapshots(tmp_path: Path) -> None:
     step, predicted = (tmp_path / "step.pickle").resolve(), (tmp_path / "out" / "predicted.pickle").resolve()
     assert result["snapshots"] == [str(step), str(predicted)]
     assert len(load(step, cache=False).device()) > 0
+    parameters = 512 * 2048 + 2048 + 2048 * 512 + 512
+    assert result["model"]["parameters_trainable"] == parameters and result["optimizer"]["class"] == "AdamW"
+    sidecar = json.loads((tmp_path / "out" / "predicted.memlens.json").read_text())
+    assert sidecar["model"]["parameters_trainable"] == parameters
+    assert sidecar["device"]["total_memory_bytes"] == result["capacity_bytes"]
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     triage_command = [sys.executable, "-m", "memlens", "triage", "--json", str(predicted)]
     triage = subprocess.run(triage_command, env=env, capture_output=True, text=True, timeout=120)
@@ -83,6 +88,8 @@ def test_reserve_outside_and_text_output(tmp_path: Path) -> None:
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "NVIDIA A10G" in completed.stdout and "reserved outside" in completed.stdout
     assert "fits" in completed.stdout
+    assert "budget (formulas) beside the prediction" in completed.stdout
+    assert "optimizer_state" in completed.stdout
 
 
 def test_script_errors_are_shown_and_fail(tmp_path: Path) -> None:
