@@ -74,6 +74,11 @@ def run_command(kind: str, target: str, argv: list[str]) -> Any:
     help="Memory outside PyTorch's allocator (CUDA context, NCCL), e.g. 1.5GiB; taken off the capacity.",
 )
 @click.option("--out", "out_dir", default="memlens_predict", help="Folder for predicted.pickle (the whole run).")
+@click.option(
+    "--placeholder-values",
+    is_flag=True,
+    help="Let .item(), bool(t), tolist() on GPU tensors return NaN/0/False instead of stopping the run.",
+)
 @click.option("--no-stacks", is_flag=True, help="Do not capture Python stacks (faster; snapshots have no frames).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
@@ -82,6 +87,7 @@ def predict(
     capacity: str | None,
     reserve_outside: str,
     out_dir: str,
+    placeholder_values: bool,
     no_stacks: bool,
     as_json: bool,
     command: tuple[str, ...],
@@ -94,6 +100,7 @@ def predict(
         capacity=parse_bytes(capacity) if capacity else None,
         reserve_outside=parse_bytes(reserve_outside),
         stacks=not no_stacks,
+        placeholder_values=placeholder_values,
     )
     failure: BaseException | None = None
     try:
@@ -182,6 +189,11 @@ def render(result: Any) -> str:
         lines.append(f"  stopped at {result.stopped_at or '?'}: {result.stop_reason}")
     else:
         lines.append("  fits: the run completed within capacity")
+    if result.placeholder_values:
+        lines.append(
+            f"  {result.placeholder_values} value(s) read from the GPU were placeholders (NaN, 0, False), "
+            f"first at {result.first_placeholder_at or '?'}: branches on them may differ from the real run"
+        )
     lines.append("  not counted: the CUDA context, NCCL and cuBLAS handles outside the allocator (--reserve-outside)")
     lines += [f"  snapshot: {path}" for path in result.snapshots]
     return "\n".join(lines)

@@ -62,6 +62,8 @@ class PredictResult:
     snapshots: list[str] = field(default_factory=list)
     model: dict[str, Any] | None = None
     optimizer: dict[str, Any] | None = None
+    placeholder_values: int = 0
+    first_placeholder_at: str | None = None
     seconds: float = 0.0
     value: Any = None
     snapshot: dict[str, Any] | None = field(default=None, repr=False)
@@ -80,6 +82,8 @@ class PredictResult:
             "stopped_at": self.stopped_at,
             "stop_reason": self.stop_reason,
             "gpu": self.gpu,
+            "placeholder_values": self.placeholder_values,
+            "first_placeholder_at": self.first_placeholder_at,
             "model": self.model,
             "optimizer": self.optimizer,
             "capacity_bytes": self.capacity_bytes,
@@ -134,6 +138,7 @@ class PredictSession:
         reserve_outside: int = 0,
         settings: AllocatorSettings | None = None,
         stacks: bool = True,
+        placeholder_values: bool = False,
     ) -> None:
         spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu or DEFAULT_GPU)
         if capacity is not None:
@@ -154,6 +159,9 @@ class PredictSession:
         self.tracker.on_oom = self._on_oom
         self.workspace_bytes = cublas_workspace_bytes(spec, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
         self.snapshot_paths: list[str] = []
+        self.placeholder_values = placeholder_values
+        self.placeholders_used = 0
+        self.first_placeholder_at: str | None = None
         self.oom_at: str | None = None
         self.oom_message: str | None = None
         self._script_history_start: int | None = None
@@ -225,11 +233,28 @@ class PredictSession:
     def _op_hook(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if func is torch.ops.aten._fused_sdp_choice.default:
             return choose_sdpa_backend(self.gpu, args, kwargs)
+        if func is torch.ops.aten._local_scalar_dense.default and self.placeholder_values:
+            return self._placeholder(args[0])
         if threading.get_ident() != self._thread and (
             func is torch.ops.aten.add.Tensor or func.overloadpacket in _SCATTER_INTO_FRESH_OPS
         ):
             return self._in_place_on_the_gpu(func, args, kwargs)
         return NotImplemented
+
+    def _placeholder(self, tensor: torch.Tensor) -> bool | int | float | complex:
+        """A stand-in for a value the simulated GPU does not hold (``.item()``, ``bool(t)``,
+        ``tolist``): NaN for floating point, so a check on it fails loudly rather than quietly
+        ending a loop early; 0 for integers; False for booleans."""
+        self.placeholders_used += 1
+        if self.first_placeholder_at is None:
+            self.first_placeholder_at = _caller_location(sys._getframe(1))
+        if tensor.dtype == torch.bool:
+            return False
+        if tensor.dtype.is_complex:
+            return complex(float("nan"), float("nan"))
+        if tensor.dtype.is_floating_point:
+            return float("nan")
+        return 0
 
     def _in_place_on_the_gpu(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Where the backward pass works in place on a real GPU but out of place on fakes.
@@ -401,6 +426,7 @@ def predict(
     reserve_outside: int | str = 0,
     settings: AllocatorSettings | None = None,
     stacks: bool = True,
+    placeholder_values: bool = False,
     **kwargs: Any,
 ) -> PredictResult:
     """Run ``fn(*args, **kwargs)`` on a simulated CUDA GPU and say how much memory it needs.
@@ -409,7 +435,8 @@ def predict(
     ``memlens.predict.GPUS`` (default ``a100-80gb``); ``reserve_outside`` is memory outside
     PyTorch's allocator (CUDA context, NCCL) taken off the capacity. An out-of-memory error
     and an operation that needs a real value end the run and are reported, not raised; any
-    other exception propagates.
+    other exception propagates. ``placeholder_values=True`` lets ``.item()`` and friends go on
+    with a stand-in (NaN, 0, False), counted in the result.
     """
     from memlens.units import parse_bytes
 
@@ -419,6 +446,7 @@ def predict(
         reserve_outside=parse_bytes(reserve_outside),
         settings=settings,
         stacks=stacks,
+        placeholder_values=placeholder_values,
     )
     return run_in_session(session, lambda: fn(*args, **kwargs))
 
@@ -441,7 +469,8 @@ def run_in_session(session: PredictSession, body: Callable[[], Any]) -> PredictR
                 stopped_at = user_location(error.__traceback__)
                 stop_reason = (
                     f"needs a real value ({_op_name(error)}): tensors on the simulated GPU hold no data; "
-                    "compute it on the CPU or take it out of the predicted run"
+                    "compute it on the CPU, take it out of the predicted run, or let a placeholder stand "
+                    "in (--placeholder-values)"
                 )
             except UnsupportedOperatorException as error:
                 stopped_at = user_location(error.__traceback__)
@@ -462,6 +491,8 @@ def run_in_session(session: PredictSession, body: Callable[[], Any]) -> PredictR
         snapshots=list(session.snapshot_paths),
         model=model,
         optimizer=optimizer,
+        placeholder_values=session.placeholders_used,
+        first_placeholder_at=session.first_placeholder_at,
         seconds=time.perf_counter() - started,
         value=value,
         snapshot=snapshot,

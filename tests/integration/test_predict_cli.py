@@ -100,3 +100,25 @@ def test_script_errors_are_shown_and_fail(tmp_path: Path) -> None:
                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert completed.returncode == 1
     assert "the script itself is wrong" in completed.stderr
+
+
+def test_a_printed_loss_stops_the_run_or_takes_a_placeholder(tmp_path: Path) -> None:
+    script = tmp_path / "printing.py"
+    script.write_text(
+        "import torch\n"
+        "x = torch.ones(4, 4, device='cuda', requires_grad=True)\n"
+        "loss = (x * 2).sum()\n"
+        "print('loss', loss.item())\n"
+        "loss.backward()\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    base = [sys.executable, "-m", "memlens", "predict", "--json"]
+    stopped = subprocess.run([*base, "--", "python", str(script)], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = json.loads(stopped.stdout[stopped.stdout.index("{\n") :])
+    assert result["stopped_at"] == f"{script}:4" and "real value" in result["stop_reason"]
+    went_on = subprocess.run([*base, "--placeholder-values", "--", "python", str(script)], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = json.loads(went_on.stdout[went_on.stdout.index("{\n") :])
+    assert result["stopped_at"] is None and result["placeholder_values"] == 1
+    assert result["first_placeholder_at"] == f"{script}:4" and "loss nan" in went_on.stdout

@@ -302,3 +302,17 @@ def test_the_package_is_the_function() -> None:
     assert result.capacity_bytes == 1 << 30
     assert result.peak_allocated_bytes == 4096  # 4000 bytes, rounded up to a multiple of 512
     assert set(result.to_json()) >= {"peak_allocated_bytes", "peak_reserved_bytes", "oom", "snapshots"}
+
+
+def test_placeholder_values_stand_in_and_are_counted() -> None:
+    def step() -> tuple[float, int, bool, list[float]]:
+        x = torch.ones(3, device="cuda")
+        return x.sum().item(), int(x.long().sum()), bool((x > 0).all()), x.tolist()
+
+    result = predict(step, placeholder_values=True)
+    assert result.completed
+    loss, count, flag, values = result.value
+    assert loss != loss and count == 0 and flag is False  # NaN, 0, False
+    assert len(values) == 3 and all(v != v for v in values)
+    assert result.placeholder_values == 6
+    assert result.first_placeholder_at is not None and result.first_placeholder_at.startswith(__file__)
