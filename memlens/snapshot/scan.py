@@ -24,8 +24,8 @@ length prefix, a text line or a tuple drop back to Python.
 
 from __future__ import annotations
 
+import bisect
 import re
-from collections import deque
 from typing import IO, Any
 
 MAX_TUPLE_ITEMS = 8
@@ -36,20 +36,21 @@ PIECE = 16 << 10  # bytes tokenised per regex call
 MAX_TOKEN = 260
 # How far back from a tuple opcode its items can start (8 text floats/longs and a MARK).
 TUPLE_WINDOW = 1024
-SHORT_TUPLE_WINDOW = 48
 
 
 class PickleRefused(Exception):
     """The opcode stream holds something a memory snapshot never needs; message says what."""
 
 
-def _length_prefixed(opcode: bytes) -> bytes:
-    """``opcode``, a 1-byte length n, then exactly n bytes (one alternative per n)."""
-    lengths = b"|".join(re.escape(bytes([n])) + b"." * n for n in range(256))
-    return re.escape(opcode) + b"(?:" + lengths + b")"
+def _length_prefixed(opcode: bytes, lengths: int) -> bytes:
+    """``opcode``, a 1-byte length n < ``lengths``, then exactly n bytes (one alternative per n;
+    longer ones are vetted in Python: every alternative costs compile time at import)."""
+    alternatives = b"|".join(re.escape(bytes([n])) + b"." * n for n in range(lengths))
+    return re.escape(opcode) + b"(?:" + alternatives + b")"
 
 
-_INTS = [rb"J....", rb"K.", rb"M..", _length_prefixed(b"\x8a")]  # BININT BININT1 BININT2 LONG1
+# LONG1 of up to 16 bytes (real files: 5-7), BININT, BININT1, BININT2
+_INTS = [_length_prefixed(b"\x8a", 17), rb"J....", rb"K.", rb"M.."]
 _TEXT_NUMBERS = [rb"I-?[0-9]{1,25}\n", rb"L-?[0-9]{1,80}L?\n", rb"F[-+.0-9a-zA-Z]{1,40}\n"]  # protocol 0
 # What a tuple may hold: numbers, None, True, False.
 _SCALAR_PARTS = [*_INTS, rb"[N\x88\x89]", rb"G........", *_TEXT_NUMBERS]
@@ -60,28 +61,30 @@ _TOKEN_PARTS = [
     # MEMOIZE EMPTY_DICT EMPTY_LIST MARK SETITEMS APPENDS APPEND EMPTY_TUPLE POP POP_MARK
     # SETITEM LIST DICT NONE NEWTRUE NEWFALSE
     rb"[\x94}\](uea)01sldN\x88\x89]",
-    _INTS[3], *_INTS[:3], rb"G........", *_TEXT_NUMBERS,
-    _length_prefixed(b"\x8c"),  # SHORT_BINUNICODE
+    *_INTS, rb"G........", *_TEXT_NUMBERS,
+    _length_prefixed(b"\x8c", 128),  # SHORT_BINUNICODE (95% of real ones are under 32 bytes)
     rb"q.", rb"\x80.", rb"\x95........",  # BINPUT, PROTO, FRAME (its contents are tokens too)
     rb"g[0-9]{1,19}\n",  # GET (protocol 0)
-    _length_prefixed(b"C"), _length_prefixed(b"U"),  # SHORT_BINBYTES, SHORT_BINSTRING
 ]
-_TOKEN = b"(?:" + b"|".join(_TOKEN_PARTS) + b")"
-_RUN = re.compile(b"(?s:" + _TOKEN + b"*+)")
+_RUN = re.compile(b"(?s:(?:" + b"|".join(_TOKEN_PARTS) + b")*+)")
+_ONE_SCALAR = re.compile(b"(?s:(?:" + b"|".join(_SCALAR_PARTS) + b"))")
 
 
 def _run_end(buffer: bytearray, start: int, end: int | None = None) -> int:
-    """Where the run of regex tokens from ``start`` (a token start) stops, before ``end``."""
+    """Where the run of regex tokens from ``start`` (a token start) stops, before ``end``.
+
+    Each token is told by its first byte, so a run cut short by ``end`` still stops on a
+    token start: the last one at or before ``end``.
+    """
     match = _RUN.match(buffer, start, len(buffer) if end is None else end)
     return match.end() if match is not None else start  # the run matches the empty string
 
 
-_ONE_TOKEN = re.compile(b"(?s:" + _TOKEN + b")")
-_ONE_SCALAR = re.compile(b"(?s:(?:" + b"|".join(_SCALAR_PARTS) + b"))")
-
 # Opcodes with a little-endian length prefix of this many bytes, then that many bytes of data.
 _PAYLOAD_PREFIX = {
-    ord("X"): 4, 0x8D: 8,  # BINUNICODE, BINUNICODE8
+    0x8C: 1, ord("X"): 4, 0x8D: 8,  # SHORT_BINUNICODE (the long ones), BINUNICODE, BINUNICODE8
+    0x8A: 1,  # LONG1 of 17 to 255 bytes (tuples may not hold these)
+    ord("C"): 1, ord("U"): 1,  # SHORT_BINBYTES, SHORT_BINSTRING
     ord("B"): 4, 0x8E: 8, 0x96: 8,  # BINBYTES, BINBYTES8, BYTEARRAY8
     ord("T"): 4,  # BINSTRING
 }
@@ -119,7 +122,7 @@ class VettedStream:
         self._base = 0  # absolute offset of _buf[0] in the stream
         self._out = 0  # _buf[:_out] was handed to the unpickler
         self._vetted = 0  # _buf[:_vetted] is vetted
-        self._boundaries: deque[int] = deque([0])  # recent token starts (absolute), oldest first
+        self._boundaries: list[int] = [0]  # recent token starts (absolute), ascending
         self._payload_left = 0  # bytes of a length-prefixed payload not yet vetted
         self._eof = False
         self._stopped = False  # after STOP (or a refusal) nothing more is handed out
@@ -140,7 +143,7 @@ class VettedStream:
         while self._vetted - self._out < size and not self._done():
             self._vet_more()
         end = min(self._out + size, self._vetted)
-        data = bytes(self._buf[self._out:end])
+        data = self._copy(self._out, end)
         self._out = end
         return data
 
@@ -156,14 +159,18 @@ class VettedStream:
         end = newline + 1 if newline >= 0 else self._vetted
         if size is not None and size >= 0:
             end = min(end, self._out + size)
-        data = bytes(self._buf[self._out:end])
+        data = self._copy(self._out, end)
         self._out = end
         return data
 
     def peek(self, size: int = 0) -> bytes:
         if self._vetted == self._out and not self._done():
             self._vet_more()
-        return bytes(self._buf[self._out:self._vetted])
+        return self._copy(self._out, self._vetted)
+
+    def _copy(self, start: int, end: int) -> bytes:
+        with memoryview(self._buf) as view:  # released at once: the buffer must stay resizable
+            return bytes(view[start:end])
 
     # ---------------------------------------------------------------- buffering
 
@@ -179,8 +186,8 @@ class VettedStream:
             return
         if not keep:
             limit = self._base + min(self._out, self._vetted - TUPLE_WINDOW)
-            while len(self._boundaries) > 1 and self._boundaries[1] <= limit:
-                self._boundaries.popleft()
+            oldest_needed = max(bisect.bisect_right(self._boundaries, limit) - 1, 0)
+            del self._boundaries[:oldest_needed]
             drop = self._boundaries[0] - self._base
             if drop > 0:
                 del self._buf[:drop]
@@ -281,12 +288,11 @@ class VettedStream:
             lines = bytes(self._buf[at + 1:at + MAX_TOKEN]).split(b"\n")
             if len(lines) >= 3:
                 return ".".join(part.decode("utf-8", "replace") for part in lines[:2])
-        if opcode == 0x93:
-            texts = [bytes(self._buf[s + 2:e]) for s, e in self._tokens_before(at, TUPLE_WINDOW)
-                     if self._buf[s] == 0x8C]
-            names = [t.decode("utf-8", "replace") for t in texts]
-            if len(names) >= 2:
-                return f"{names[-2]}.{names[-1]}"
+        if opcode == 0x93:  # the module and name strings (and their MEMOIZEs) just before
+            texts = [bytes(self._buf[start + 2:end]) for start, end in self._tokens_before(at, 4)
+                     if self._buf[start] == 0x8C]
+            if len(texts) >= 2:
+                return ".".join(text.decode("utf-8", "replace") for text in texts[-2:])
         return f"named by opcode 0x{opcode:02x}"
 
     def _vet_lines(self, at: int, lines: int) -> None:
@@ -328,47 +334,46 @@ class VettedStream:
 
     def _vet_tuple(self, at: int, opcode: int) -> None:
         """A tuple may hold only scalars, which the tokens just before it must all be."""
-        # Look a little way back first (a pair of small ints); the full window only when needed.
-        if not self._tuple_items_are_scalars(at, opcode, SHORT_TUPLE_WINDOW) and not (
-            self._tuple_items_are_scalars(at, opcode, TUPLE_WINDOW)
-        ):
+        if opcode in _TUPLE_SIZES:
+            items = self._tokens_before(at, _TUPLE_SIZES[opcode])
+            ok = len(items) == _TUPLE_SIZES[opcode]
+        else:  # MARK ... TUPLE: the tokens after the nearest MARK
+            tokens = self._tokens_before(at, MAX_TUPLE_ITEMS + 1, stop_at_mark=True)
+            ok = bool(tokens) and self._buf[tokens[0][0]] == ord("(")
+            items = tokens[1:]
+        if not ok or not all(_ONE_SCALAR.fullmatch(self._buf, start, end) for start, end in items):
             raise self._refuse(
                 "a tuple of containers, strings, memo references or many items (a snapshot's "
                 "tuples hold a few numbers; hashing the other kind can take forever)", at)
         self._boundary(at + 1)
 
-    def _tokens_before(self, at: int, window: int) -> list[tuple[int, int]]:
-        """(start, end) of the regex tokens that end exactly at ``at``, from about ``window``
-        bytes back (empty when a payload or text line ends right before ``at``)."""
-        start = self._boundaries[0] - self._base
-        for boundary in reversed(self._boundaries):
-            if boundary - self._base <= at - window:
-                start = boundary - self._base
-                break
-        if start < at - window:  # a token start close before the window (C speed)
-            start = _run_end(self._buf, start, at - window)
+    def _tokens_before(self, at: int, count: int, stop_at_mark: bool = False) -> list[tuple[int, int]]:
+        """(start, end) of up to ``count`` regex tokens ending exactly at ``at``, oldest first
+        (fewer when a payload, text line or other special opcode comes first)."""
+        start = self._run_start_before(at)
         tokens: list[tuple[int, int]] = []
-        position = start
-        while position < at:
-            match = _ONE_TOKEN.match(self._buf, position, at)
-            if match is None:  # a payload or a text line: restart at the token start after it
-                later = [b - self._base for b in self._boundaries if position < b - self._base < at]
-                if not later:
-                    break
-                tokens, position = [], later[0]
-                continue
-            tokens.append((position, match.end()))
-            position = match.end()
-        return tokens if position == at else []
+        end = at
+        while end > start and len(tokens) < count:
+            begin = _run_end(self._buf, start, end - 1)  # the last token start before end
+            tokens.append((begin, end))
+            if stop_at_mark and self._buf[begin] == ord("("):
+                break
+            end = begin
+        return tokens[::-1]
 
-    def _tuple_items_are_scalars(self, at: int, opcode: int, window: int) -> bool:
-        tokens = self._tokens_before(at, window)
-        if opcode in _TUPLE_SIZES:
-            count = _TUPLE_SIZES[opcode]
-            items = tokens[-count:] if len(tokens) >= count else None
-        else:
-            marks = [i for i, (s, _e) in enumerate(tokens) if self._buf[s] == ord("(")]
-            items = tokens[marks[-1] + 1:] if marks else None
-            if items is not None and len(items) > MAX_TUPLE_ITEMS:
-                items = None
-        return items is not None and all(_ONE_SCALAR.fullmatch(self._buf, s, e) for s, e in items)
+    def _run_start_before(self, at: int) -> int:
+        """A token start, about TUPLE_WINDOW before ``at``, from which regex tokens run to ``at``
+        (``at`` itself when a special opcode ends right before it)."""
+        base = self._base
+        index = bisect.bisect_right(self._boundaries, base + at - TUPLE_WINDOW) - 1
+        start = self._boundaries[max(index, 0)] - base
+        while True:
+            if start < at - TUPLE_WINDOW:
+                start = _run_end(self._buf, start, at - TUPLE_WINDOW)  # closer, at C speed
+            if _run_end(self._buf, start, at) == at:
+                return start
+            # A special opcode in between: start again at the token start recorded after it.
+            index = bisect.bisect_right(self._boundaries, base + start)
+            if index >= len(self._boundaries) or self._boundaries[index] - base > at:
+                return at
+            start = self._boundaries[index] - base

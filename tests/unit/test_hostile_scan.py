@@ -60,7 +60,8 @@ def test_every_protocol_passes_unchanged(protocol: int) -> None:
 
 
 values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.floats(allow_nan=False)
+    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.integers(-(1 << 1000), 1 << 1000)
+    | st.floats(allow_nan=False)
     | st.text(max_size=300),
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5)
     | st.tuples(st.integers(0, 1 << 40), st.integers(0, 9)),
