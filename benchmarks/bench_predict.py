@@ -4,16 +4,20 @@
 
 Builds a GPT-style decoder (the CS336 "xl" shape by default: 32 layers, d_model 2560, d_ff
 10240, vocab 50257, about 2.7 billion parameters) on the simulated GPU and runs one training
-step: forward, cross-entropy, backward, AdamW (foreach, as on CUDA). It prints the wall time
-against the one-minute bound, and the host memory the process grew by, next to the same for a
-model 32 times smaller: the prediction holds no tensor data, so host memory should not follow
-the model's size (only the simulator's bookkeeping grows with the number of allocations).
+step: forward, cross-entropy, backward, AdamW (foreach, as on CUDA). Each model runs in a fresh
+process. It prints the wall time against the one-minute bound, and each process's peak host
+memory next to that of a model about 30 times smaller: the prediction holds no tensor data, so
+host memory should not follow the model's size (only the simulator's bookkeeping grows, with the
+number of allocations).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import resource
+import subprocess
+import sys
 import time
 
 import torch
@@ -76,37 +80,57 @@ def max_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def measure(label: str, **shape: int) -> tuple[float, int]:
-    rss_before = max_rss_bytes()
+def measure(**shape: int) -> dict[str, float]:
     started = time.perf_counter()
     result = predict(train_step, stacks=False, gpu="h100-80gb", **shape)
     seconds = time.perf_counter() - started
-    grown = max(0, max_rss_bytes() - rss_before)
-    print(
-        f"{label:>7}: {result.value / 1e9:6.2f} B params  {seconds:6.1f} s  peak allocated "
-        f"{format_bytes(result.peak_allocated_bytes)}, reserved {format_bytes(result.peak_reserved_bytes)}"
-        f"{'  OOM at ' + str(result.oom_at) if result.oom else ''}  host memory grew {format_bytes(grown)}"
-    )
-    return seconds, grown
+    return {
+        "parameters": result.value,
+        "seconds": seconds,
+        "peak_allocated_bytes": result.peak_allocated_bytes,
+        "peak_reserved_bytes": result.peak_reserved_bytes,
+        "oom": result.oom,
+        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+
+
+def in_fresh_process(shape: dict[str, int]) -> dict[str, float]:
+    command = [sys.executable, __file__, "--measure", json.dumps(shape)]
+    completed = subprocess.run(command, capture_output=True, text=True, check=True)
+    return dict(json.loads(completed.stdout.strip().splitlines()[-1]))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--d-model", type=int, default=2560)
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=50257)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure(**json.loads(args.measure))))
+        return
     common = {"vocab": args.vocab, "heads": args.heads, "batch": args.batch, "seq": args.seq}
-    # The small model first: the guard library is built (once) and torch warmed up outside the big run.
-    _, small_grown = measure("small", d_model=args.d_model // 4, layers=max(1, args.layers // 2), **common)
-    big_seconds, big_grown = measure("large", d_model=args.d_model, layers=args.layers, **common)
-    ratio = big_seconds / TIME_LIMIT_S
-    print(f"time for the large step: {big_seconds:.1f} s = {ratio:.2f} x the {TIME_LIMIT_S:.0f} s bound")
-    print(f"peak host memory added by the large model after the small one: {format_bytes(big_grown)} "
-          f"(the small one added {format_bytes(small_grown)}, imports included)")
+    shapes = {
+        "small": {"d_model": args.d_model // 4, "layers": max(1, args.layers // 2), **common},
+        "large": {"d_model": args.d_model, "layers": args.layers, **common},
+    }
+    figures = {label: in_fresh_process(shape) for label, shape in shapes.items()}
+    for label, row in figures.items():
+        print(
+            f"{label:>6}: {row['parameters'] / 1e9:5.2f} B params  {row['seconds']:5.1f} s  "
+            f"peak allocated {format_bytes(row['peak_allocated_bytes'])}, reserved "
+            f"{format_bytes(row['peak_reserved_bytes'])}{'  OOM' if row['oom'] else ''}  "
+            f"host memory peak {format_bytes(row['max_rss_bytes'])}"
+        )
+    large, small = figures["large"], figures["small"]
+    print(f"time for the large step: {large['seconds']:.1f} s = {large['seconds'] / TIME_LIMIT_S:.2f} x the "
+          f"{TIME_LIMIT_S:.0f} s bound")  # fmt: skip
+    print(f"host memory, large / small model: {large['max_rss_bytes'] / small['max_rss_bytes']:.2f} x, for "
+          f"{large['parameters'] / small['parameters']:.0f} x the parameters")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -122,3 +122,20 @@ def test_a_printed_loss_stops_the_run_or_takes_a_placeholder(tmp_path: Path) -> 
     result = json.loads(went_on.stdout[went_on.stdout.index("{\n") :])
     assert result["stopped_at"] is None and result["placeholder_values"] == 1
     assert result["first_placeholder_at"] == f"{script}:4" and "loss nan" in went_on.stdout
+
+
+def test_a_module_runs_with_dash_m(tmp_path: Path) -> None:
+    package = tmp_path / "trainpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text(
+        "import sys, torch\n"
+        "x = torch.empty(int(sys.argv[1]), device='cuda', dtype=torch.uint8)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    command = [sys.executable, "-m", "memlens", "predict", "--json", "--", "python", "-m", "trainpkg.train", "3000000"]
+    completed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(completed.stdout[completed.stdout.index("{\n") :])
+    assert result["peak_allocated_bytes"] == 3_000_320  # 3,000,000 rounded up to a multiple of 512
+    assert result["peak_reserved_bytes"] == 20 << 20  # a 1-10 MiB request gets a 20 MiB segment

@@ -316,3 +316,14 @@ def test_placeholder_values_stand_in_and_are_counted() -> None:
     assert len(values) == 3 and all(v != v for v in values)
     assert result.placeholder_values == 6
     assert result.first_placeholder_at is not None and result.first_placeholder_at.startswith(__file__)
+
+
+def test_alloc_conf_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    with PredictSession(stacks=False) as active:
+        x = torch.empty(30 * MiB, device="cuda", dtype=torch.uint8)
+        assert active.settings.expandable_segments
+        assert torch.cuda.memory_reserved() == active.simulator.reserved_bytes
+        assert any(entry["action"] == "segment_map" for entry in active.simulator.trace)
+        del x
+    active.close()
