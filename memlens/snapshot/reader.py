@@ -30,6 +30,7 @@ from typing import IO, Any
 import numpy as np
 
 from memlens.errors import MemlensFormatError
+from memlens.snapshot import scan
 from memlens.snapshot.model import (
     ACTION_CODES,
     BLOCK_STATE_ALIASES,
@@ -43,7 +44,7 @@ from memlens.snapshot.model import (
     Snapshot,
     StackTable,
 )
-from memlens.snapshot.scan import PickleRefused, VettedStream
+from memlens.snapshot.scan import PickleRefused, PipedVetting, VettedStream
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -68,8 +69,9 @@ class _GlobalRefused(Exception):
     pass
 
 
-def _unpickle(stream: IO[bytes], source: str) -> Any:
-    vetted = VettedStream(stream)
+def _unpickle(stream: IO[bytes], source: str, vetted: VettedStream | PipedVetting | None = None) -> Any:
+    """Unpickle ``stream`` through the opcode vetting (``vetted``: vetting already in place)."""
+    vetted = vetted if vetted is not None else VettedStream(stream)
     try:
         return _RefuseGlobals(vetted).load()
     except _GlobalRefused as exc:
@@ -96,7 +98,7 @@ def _format_error(exc: Exception, source: str) -> MemlensFormatError:
     """The one-line error for an unpickling failure (globals are refused, so it is damage)."""
     if isinstance(exc, PickleRefused):
         return MemlensFormatError(source, str(exc))
-    if isinstance(exc, EOFError):
+    if isinstance(exc, EOFError) or (isinstance(exc, pickle.UnpicklingError) and "truncated" in str(exc)):
         return MemlensFormatError(source, "the file ends early: it is truncated or was still being written")
     if isinstance(exc, RecursionError):
         return MemlensFormatError(source, "the pickle is nested too deeply to be a memory snapshot")
@@ -217,10 +219,34 @@ def _read_raw(path: str | os.PathLike[str], on_read: Callable[[float], None] | N
             )
         if head[:1] != b"\x80" and head[:1] not in (b"(", b"]", b"}"):
             raise MemlensFormatError(source, "not a pickle (expected a pickle written by _dump_snapshot)")
+        size = os.fstat(handle.fileno()).st_size
+        if scan.parallel_vetting_pays(size):
+            piped = _start_piped_vetting(source, size, on_read)
+            if piped is not None:
+                try:
+                    return _unpickle(handle, source, vetted=piped)
+                finally:
+                    piped.close()
         if on_read is not None:
-            counted: Any = _ProgressReader(handle, os.fstat(handle.fileno()).st_size, on_read)
+            counted: Any = _ProgressReader(handle, size, on_read)
             return _unpickle(counted, source)
         return _unpickle(handle, source)
+
+
+def _start_piped_vetting(
+    path: str, size: int, on_read: Callable[[float], None] | None,
+) -> PipedVetting | None:
+    """A child process that vets ``path`` while this one unpickles what it sends, or None if
+    none starts (then vetting runs in-process, as for small files)."""
+    report = None if on_read is None else (lambda received: on_read(received / max(size, 1)))
+    try:
+        piped = PipedVetting(path, report)
+    except OSError:  # no process can be started here (limits, sandbox)
+        return None
+    if piped.started():
+        return piped
+    piped.close()
+    return None
 
 
 def load(

@@ -142,3 +142,60 @@ def test_a_global_is_named_even_when_its_arguments_are_refused(tmp_path: Path, p
     path.write_bytes(pickle.dumps(snapshot(extra=_System()), protocol=protocol))
     with pytest.raises(MemlensFormatError, match=r"names the global (posix|os)\.system"):
         memlens.load(path, cache=False)
+
+
+# --------------------------------------------------------------------------- vetting in a child process
+
+
+@pytest.fixture
+def always_parallel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Vet every plain file in a child process, whatever its size and the CPU count."""
+    monkeypatch.setattr(scan, "parallel_vetting_pays", lambda size: True)
+
+
+@pytest.mark.parametrize("path", real_snapshots()[:4], ids=lambda p: p.name[:40])
+def test_a_child_process_vets_to_the_same_snapshot(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    in_process = memlens.load(path, cache=False)
+    monkeypatch.setattr(scan, "parallel_vetting_pays", lambda size: True)
+    fractions: list[float] = []
+    piped = memlens.load(path, cache=False, progress=lambda stage, fraction: fractions.append(fraction))
+    for device in in_process.devices:
+        for column in ("action", "address", "size", "time_us", "stack_id", "allocated", "reserved"):
+            assert (getattr(piped.device(device), column) == getattr(in_process.device(device), column)).all()
+    assert len(piped.segments) == len(in_process.segments)
+    assert fractions[-1] == 1.0 and fractions == sorted(fractions)
+
+
+@pytest.mark.usefixtures("always_parallel")
+@pytest.mark.parametrize(("build", "problem"), [
+    (lambda: pickle.dumps(snapshot(extra=_System()), protocol=4), r"names the global (posix|os)\.system"),
+    (lambda: pickle.dumps(snapshot(extra={"x": tuple_dag(3)}), protocol=4), "a tuple of containers"),
+    (lambda: b"\x80\x04]" + text("a") + b"2a.", "DUP"),
+    (lambda: pickle.dumps(snapshot(), protocol=4)[:300], "ends early"),
+])
+def test_a_child_process_refuses_as_the_in_process_vetting_does(tmp_path: Path, build: Any, problem: str) -> None:
+    path = tmp_path / "hostile.pickle"
+    path.write_bytes(build())
+    with pytest.raises(MemlensFormatError, match=problem):
+        memlens.load(path, cache=False)
+
+
+@pytest.mark.usefixtures("always_parallel")
+def test_a_child_that_cannot_start_leaves_vetting_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scan, "_CHILD", "import sys; sys.exit(3)")
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(snapshot(), protocol=4))
+    assert memlens.load(path, cache=False).device(0).events == 5
+
+
+@pytest.mark.usefixtures("always_parallel")
+def test_a_child_that_dies_midway_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = pickle.dumps(snapshot(), protocol=4)
+    first = data[:40]
+    monkeypatch.setattr(scan, "_CHILD", (
+        "import struct, sys; out = sys.stdout.buffer; "
+        f"out.write(struct.pack('<cQ', b'D', {len(first)}) + {first!r}); out.flush(); sys.exit(5)"))
+    path = tmp_path / "s.pickle"
+    path.write_bytes(data)
+    with pytest.raises(MemlensFormatError, match=r"the vetting process stopped \(exit code 5\)"):
+        memlens.load(path, cache=False)
