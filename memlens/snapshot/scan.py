@@ -41,7 +41,7 @@ except ImportError:  # not on a POSIX system: the pipe keeps its default size
 MAX_TUPLE_ITEMS = 8
 CHUNK = 1 << 20
 PIECE = 16 << 10  # bytes tokenised per regex call
-# The longest token the regular expression matches (a 1-byte length prefix and 255 bytes);
+# More than the longest token the regular expression matches (a short string: 129 bytes);
 # a run that stops closer than this to the end of the buffer may have cut a token in two.
 MAX_TOKEN = 260
 # How far back from a tuple opcode its items can start (8 text floats/longs and a MARK).
@@ -61,7 +61,8 @@ def _length_prefixed(opcode: bytes, lengths: int) -> bytes:
 
 # LONG1 of up to 16 bytes (real files: 5-7), BININT, BININT1, BININT2
 _INTS = [_length_prefixed(b"\x8a", 17), rb"J....", rb"K.", rb"M.."]
-_TEXT_NUMBERS = [rb"I-?[0-9]{1,25}\n", rb"L-?[0-9]{1,80}L?\n", rb"F[-+.0-9a-zA-Z]{1,40}\n"]  # protocol 0
+# Protocol 0 numbers (longer ones are vetted in Python, a line at a time: see MAX_TOKEN).
+_TEXT_NUMBERS = [rb"I-?[0-9]{1,25}\n", rb"L-?[0-9]{1,40}L?\n", rb"F[-+.0-9a-zA-Z]{1,40}\n"]
 # What a tuple may hold: numbers, None, True, False.
 _SCALAR_PARTS = [*_INTS, rb"[N\x88\x89]", rb"G........", *_TEXT_NUMBERS]
 # Ordered by how often each appears in real snapshots (the regex tries alternatives in turn;
@@ -109,6 +110,7 @@ _PASS_THROUGH = {
 }
 _GLOBAL_OPCODES = {ord("c"), ord("i"), 0x93, 0x82, 0x83, 0x84}
 _TUPLE_SIZES = {0x85: 1, 0x86: 2, 0x87: 3}
+_TEXT_LINES = {ord("S"), ord("V"), ord("I"), ord("L"), ord("F")}  # STRING UNICODE INT LONG FLOAT
 _REFUSED = {
     ord("2"): "the DUP opcode (no pickler emits it for plain data; it multiplies references)",
     0x8F: "a set (a memory snapshot holds none)",
@@ -270,7 +272,7 @@ class VettedStream:
             self._payload_left = max(length, 0)
             if not self._payload_left:
                 self._boundary(self._vetted)
-        elif opcode in (ord("S"), ord("V")):  # text STRING / UNICODE: one line
+        elif opcode in _TEXT_LINES:  # a text string or a long text number: one line
             self._vet_lines(at, 1)
         elif opcode in (ord("r"), ord("p")):  # LONG_BINPUT / PUT
             self._vet_put(at, opcode)
