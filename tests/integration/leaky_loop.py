@@ -1,9 +1,9 @@
-"""Small CPU training loops with a known leak, for the leak recall tests.
+"""Small training loops with a known leak (on the CPU unless told), for the leak recall tests.
 
-Run as a script (recorded by ``memlens record -- python leaky_loop.py PATTERN STEPS``: a step
+Run as a script (recorded by ``memlens record -- python leaky_loop.py PATTERN STEPS [DEVICE]``: a step
 ends at every ``optimizer.step()``) or imported (``train(PATTERN, STEPS, step_scope)``, with
 ``rec.step`` of ``memlens.record`` as the scope). Each pattern keeps something from every step;
-``LEAK_LINES`` names the line that allocates what is kept, and ``expected_bytes_per_step`` what
+``leak_line`` names the line that allocates what is kept, and ``expected_bytes_per_step`` what
 a caching allocator holds for it (its 512-byte rounding included).
 """
 
@@ -47,15 +47,20 @@ def expected_bytes_per_step(pattern: str) -> int:
     }[pattern]
 
 
-def train(pattern: str, steps: int, step_scope: Callable[[], AbstractContextManager[Any]] | None = None) -> list[Any]:
-    """``steps`` steps of a two-layer MLP with AdamW; returns what the loop kept."""
+def train(
+    pattern: str,
+    steps: int,
+    step_scope: Callable[[], AbstractContextManager[Any]] | None = None,
+    device: str = "cpu",
+) -> list[Any]:
+    """``steps`` steps of a two-layer MLP with AdamW on ``device``; returns what the loop kept."""
     if pattern not in PATTERNS:
         raise ValueError(f"unknown pattern {pattern!r}: one of {PATTERNS}")
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+    model = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    inputs = torch.randn(BATCH, FEATURES)
-    targets = torch.randint(0, CLASSES, (BATCH,))
+    inputs = torch.randn(BATCH, FEATURES, device=device)
+    targets = torch.randint(0, CLASSES, (BATCH,), device=device)
     kept: list[Any] = []
     scope = step_scope or contextlib.nullcontext
     for _ in range(steps):
@@ -68,11 +73,11 @@ def train(pattern: str, steps: int, step_scope: Callable[[], AbstractContextMana
             if pattern == "loss":
                 kept.append(loss)  # the recipe's mistake: loss, not loss.item()
             elif pattern == "tens_kib":
-                kept.append(torch.zeros(TENS_OF_KIB_ELEMENTS))  # leak line: tens_kib
+                kept.append(torch.zeros(TENS_OF_KIB_ELEMENTS, device=device))  # leak line: tens_kib
             elif pattern == "hundreds_kib":
-                kept.append(torch.zeros(HUNDREDS_OF_KIB_ELEMENTS))  # leak line: hundreds_kib
+                kept.append(torch.zeros(HUNDREDS_OF_KIB_ELEMENTS, device=device))  # leak line: hundreds_kib
             elif pattern == "one_mib":
-                kept.append(torch.zeros(ONE_MIB_ELEMENTS))  # leak line: one_mib
+                kept.append(torch.zeros(ONE_MIB_ELEMENTS, device=device))  # leak line: one_mib
             elif pattern == "logits":
                 kept.append(logits.detach())
             elif pattern == "handover":
@@ -93,4 +98,4 @@ def leak_line(pattern: str) -> int:
 
 
 if __name__ == "__main__":
-    train(sys.argv[1], int(sys.argv[2]))
+    train(sys.argv[1], int(sys.argv[2]), device=sys.argv[3] if len(sys.argv) > 3 else "cpu")
