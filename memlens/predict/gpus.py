@@ -1,8 +1,9 @@
 """The GPUs ``memlens predict --gpu`` can stand in for.
 
 ``total_memory`` is what ``torch.cuda.get_device_properties(0).total_memory`` reports on that
-board (nvidia-smi's total, in MiB, which is also the capacity the caching allocator can reach
-before the CUDA context takes its share; pass ``reserve_outside`` for that share). The compute
+board: read on an H200; for the others nvidia-smi's total in MiB, which can differ from torch's
+figure by a few hundred MiB. It is the capacity the caching allocator can reach before the CUDA
+context takes its share; pass ``reserve_outside`` for that share. The compute
 capability decides the choices PyTorch makes per device: the default cuBLAS workspace (Hopper
 and later use a larger one), whether bf16 is native, which fused attention kernels exist.
 """
@@ -35,7 +36,7 @@ GPUS: dict[str, GpuSpec] = {
     for spec in (
         GpuSpec("h100-80gb", "NVIDIA H100 80GB HBM3", 81_559 * MIB, 9, 0, 132),
         GpuSpec("h100-94gb", "NVIDIA H100 NVL", 95_830 * MIB, 9, 0, 132),
-        GpuSpec("h200", "NVIDIA H200", 143_771 * MIB, 9, 0, 132),
+        GpuSpec("h200", "NVIDIA H200", 150_109_880_320, 9, 0, 132),  # as torch reported it on one
         GpuSpec("a100-80gb", "NVIDIA A100-SXM4-80GB", 81_920 * MIB, 8, 0, 108),
         GpuSpec("a100-40gb", "NVIDIA A100-SXM4-40GB", 40_960 * MIB, 8, 0, 108),
         GpuSpec("l40s", "NVIDIA L40S", 46_068 * MIB, 8, 9, 142),
@@ -66,9 +67,11 @@ def with_capacity(spec: GpuSpec, total_memory: int) -> GpuSpec:
 
 def default_cublas_workspace_bytes(spec: GpuSpec) -> int:
     """The workspace PyTorch gives each cuBLAS handle when ``CUBLAS_WORKSPACE_CONFIG`` is unset:
-    ``:4096:2:16:8`` (2 x 4 MiB + 8 x 16 KiB) before Hopper, ``:4096:8:16:8`` from Hopper on."""
-    big_chunks = 8 if spec.major >= 9 else 2
-    return big_chunks * 4096 * 1024 + 8 * 16 * 1024
+    ``:4096:2:16:8`` (2 x 4 MiB + 8 x 16 KiB, seen as 8,519,680-byte blocks in the real CS336
+    snapshots) before Hopper, ``:4096:8`` (32 MiB, seen on an H200) from Hopper on."""
+    if spec.major >= 9:
+        return 8 * 4096 * 1024
+    return 2 * 4096 * 1024 + 8 * 16 * 1024
 
 
 def cublas_workspace_bytes(spec: GpuSpec, config: str | None) -> int:

@@ -134,6 +134,7 @@ def test_cublas_workspace_per_thread_sized_for_the_gpu() -> None:
             del out, out2
         active.close()
     assert default_cublas_workspace_bytes(GPUS["a100-80gb"]) == 8_519_680
+    assert default_cublas_workspace_bytes(GPUS["h100-80gb"]) == 32 << 20
 
 
 def test_history_snapshot_and_dump(session: PredictSession, tmp_path: Path) -> None:
