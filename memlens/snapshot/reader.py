@@ -49,6 +49,8 @@ from memlens.snapshot.scan import PickleRefused, PipedVetting, VettedStream
 GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
 SIDECAR_SUFFIX = ".memlens.json"
+SIDECAR_MAX_BYTES = 16 << 20
+SIDECAR_MAX_INT = 1 << 56
 BARE_LIST_FORMAT = "memory_snapshot() segment list"
 GZIP_MAX_RATIO = 100
 GZIP_MIN_LIMIT = 64 << 20
@@ -305,11 +307,48 @@ def read_sidecar(path: str) -> dict[str, Any]:
     if not os.path.isfile(candidate):
         return {}
     try:
+        if os.path.getsize(candidate) > SIDECAR_MAX_BYTES:
+            return {}  # the recorder writes a few kilobytes
         with open(candidate, encoding="utf-8") as handle:
             data = json.load(handle)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}  # a broken sidecar only loses extras; the snapshot itself is still good
-    return data if isinstance(data, dict) else {}
+    # Bounded like the snapshot's own extras: no deep nesting, no huge strings, and numbers the
+    # analysis may use (capacity, parameter counts) finite and within 2**56.
+    plain = _plain(data, int_limit=SIDECAR_MAX_INT, max_nodes=SIDECAR_MAX_BYTES // 2)
+    return _sidecar_fields(plain) if isinstance(plain, dict) else {}
+
+
+# The sidecar fields the analysis, the budget and the app read, with the type each must have;
+# a field of another type is dropped, as a broken sidecar loses only what is broken.
+_SIDECAR_SECTIONS: dict[str, type | tuple[type, ...]] = {
+    "device": dict, "model": dict, "optimizer": dict, "recorder": dict, "allocator_settings": dict,
+    "devices": (dict, list), "steps": list, "oom": dict,
+}
+_SIDECAR_COUNTS = {
+    "device": ("total_memory_bytes", "index"),
+    "model": ("parameters_total", "parameters_trainable", "parameter_bytes_total", "buffer_bytes_total"),
+}
+
+
+def _sidecar_fields(sidecar: dict[str, Any]) -> dict[str, Any]:
+    for key, kind in _SIDECAR_SECTIONS.items():
+        if key in sidecar and not isinstance(sidecar[key], kind):
+            del sidecar[key]
+    for section, keys in _SIDECAR_COUNTS.items():
+        fields = sidecar.get(section, {})
+        for key in keys:
+            value = fields.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                del fields[key]
+    model = sidecar.get("model", {})
+    dtypes = model.get("parameter_bytes_by_dtype")
+    if dtypes is not None and not (isinstance(dtypes, dict) and all(isinstance(v, int) for v in dtypes.values())):
+        del model["parameter_bytes_by_dtype"]
+    optimizer = sidecar.get("optimizer", {})
+    if "class" in optimizer and not isinstance(optimizer["class"], str):
+        del optimizer["class"]
+    return sidecar
 
 
 # --------------------------------------------------------------------------- parsing
@@ -564,18 +603,19 @@ def parse(raw: Any, source: str = "<memory>") -> Snapshot:
     )
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, int_limit: int = INT64_MAX, max_nodes: int = MAX_EXTRA_NODES) -> Any:
     """A bounded JSON-ready copy of an unknown value (what the cache and sidecar writers store).
 
     Self-references, deep nesting and huge strings are cut, not followed: at most
-    MAX_EXTRA_DEPTH levels and MAX_EXTRA_NODES values, strings cut to MAX_TEXT characters.
+    MAX_EXTRA_DEPTH levels and ``max_nodes`` values, strings cut to MAX_TEXT characters;
+    integers beyond ``int_limit`` and non-finite floats become text describing them.
     Iterative, so no nesting depth can reach the recursion limit.
     """
-    budget = MAX_EXTRA_NODES
+    budget = max_nodes
 
     def scalar(item: Any) -> Any:
         if item is None or isinstance(item, bool | int | float | str):
-            if isinstance(item, int) and not isinstance(item, bool) and not INT64_MIN <= item <= INT64_MAX:
+            if isinstance(item, int) and not isinstance(item, bool) and not -int_limit <= item <= int_limit:
                 return _what(item)
             if isinstance(item, float) and not math.isfinite(item):
                 return repr(item)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile_files import ACCEPTED, CORPUS
+from tests.hostile_files import ACCEPTED, CORPUS, dumps, snapshot
 
 MEMORY_LIMIT = 2 << 30
 REPO = Path(__file__).resolve().parents[2]
@@ -105,3 +105,28 @@ def test_every_corpus_file_has_an_expected_outcome() -> None:
     names = {(attack, name) for attack, files in CORPUS.items() for name in files}
     assert names == set(EXPECTED) | ACCEPTED
     assert not set(EXPECTED) & ACCEPTED
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sidecar", [
+    "[" * 100_000 + "]" * 100_000,
+    '{"device": {"total_memory_bytes": 1e999}, "model": {"parameters_total": Infinity}}',
+    '{"device": {"total_memory_bytes": NaN}, "trainable_parameters": -Infinity}',
+    '{"device": {"total_memory_bytes": 1208925819614629174706176}, "model": {"parameters_total": "7e9"}}',
+    '{"model": [1, 2], "optimizer": "adam", "steps": {"0": null}, "device": []}',
+    '{"device": {"total_memory_bytes": 2048}, "allocator_settings": {"max_split_size": "big"}}',
+    '{"x": "' + "y" * 1_000_000 + '"}',
+    "not json at all",
+], ids=["deep", "inf", "nan", "2**80", "wrong shapes", "small capacity", "huge string", "not json"])
+def test_hostile_sidecars_only_lose_extras(tmp_path: Path, sidecar: str) -> None:
+    """The recorder's JSON sidecar next to a snapshot is input too: the analysis still runs."""
+    path = tmp_path / "run.pickle"
+    path.write_bytes(dumps(snapshot()))
+    (tmp_path / "run.memlens.json").write_text(sidecar)
+    for command in (["triage"], ["whatif"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "memlens", *command, str(path)],
+            capture_output=True, text=True, cwd=REPO, preexec_fn=_limit_memory, timeout=50, check=False,
+        )
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr
