@@ -1,10 +1,11 @@
 """Which fused attention kernel ``scaled_dot_product_attention`` would pick on the named GPU.
 
-A CPU build has no CUDA ``_fused_sdp_choice``; this answers it with the main rules of PyTorch's
-``sdp_utils.cpp`` (flash first, then memory-efficient, then math), which is what decides the
-memory: flash and memory-efficient attention keep a log-sum-exp per row, the math path keeps
-the whole ``seq x seq`` attention matrix. The rarer conditions (nested tensors, dropout on old
-GPUs, cuDNN attention) are not modelled.
+A CPU build makes that choice inside C++ and, for a device it has no kernels for, always takes
+the math path. ``choose_sdpa_backend`` makes it with the main rules of PyTorch's
+``sdp_utils.cpp`` (flash first, then memory-efficient, then math), and ``fused_sdpa`` calls the
+chosen kernel's op. The choice decides the memory: flash and memory-efficient attention keep a
+log-sum-exp per row, the math path keeps the whole ``seq x seq`` attention matrix. The rarer
+conditions (nested tensors, dropout on old GPUs, cuDNN attention) are not modelled.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def _efficient_fits(gpu: GpuSpec, query: torch.Tensor, value: torch.Tensor) -> b
 
 
 def choose_sdpa_backend(gpu: GpuSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    """The ``SDPBackend`` value for ``aten._fused_sdp_choice(query, key, value, attn_mask, ...)``."""
+    """The ``SDPBackend`` value CUDA's ``_fused_sdp_choice(query, key, value, attn_mask, ...)``
+    would return on ``gpu``."""
     query, key, value = args[:3]
     attn_mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
     if _flash_fits(gpu, query, key, attn_mask):

@@ -35,7 +35,7 @@ from memlens.errors import MemlensUsageError
 from memlens.predict.cuda_api import CudaApi
 from memlens.predict.gpus import DEFAULT_GPU, GpuSpec, cublas_workspace_bytes, gpu_spec, with_capacity
 from memlens.predict.guard import ensure_cuda_guard
-from memlens.predict.sdpa import choose_sdpa_backend, fused_sdpa
+from memlens.predict.sdpa import fused_sdpa
 from memlens.predict.tracking import CudaStorageTracker, PredictMode, PredictStackCapture
 
 _MEMLENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -231,8 +231,6 @@ class PredictSession:
 
     # ------------------------------------------------------------------ op hook
     def _op_hook(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if func is torch.ops.aten._fused_sdp_choice.default:
-            return choose_sdpa_backend(self.gpu, args, kwargs)
         if func is torch.ops.aten._local_scalar_dense.default and self.placeholder_values:
             return self._placeholder(args[0])
         if threading.get_ident() != self._thread and (
