@@ -2,9 +2,14 @@
 
 A snapshot pickle holds only plain values (dict, list, tuple, str, int, float, bool, None),
 so the unpickler refuses *every* global: a file that names ``os.system`` or any class is
-rejected before anything runs. Everything that can go wrong with a file (empty, truncated,
-not a pickle, wrong shape, negative sizes) becomes one ``MemlensFormatError`` naming the
-file and the problem.
+rejected before anything runs. Before the C unpickler executes any opcode, the stream is
+vetted (``memlens.snapshot.scan``): tuples of containers (hash bombs), sets, DUP, huge
+integers and memo indices are refused. Everything that can go wrong with a file (empty,
+truncated, not a pickle, wrong shape, a field of the wrong type or out of range, objects
+shared where snapshots never share them) becomes one ``MemlensFormatError`` naming the file,
+the field and the problem. Work and memory stay proportional to the file: strings are cut to
+4 KiB, unknown keys and settings are copied with bounded depth and size, and shared
+segments, blocks or entries are refused instead of being walked again.
 
 The raw dicts are turned into columns in a few list-comprehension passes. Frames in real
 files are shared objects (PyTorch's pickler memoises them), so stacks are interned by the
@@ -464,7 +469,7 @@ class _Checker:
         if value < 0:
             raise self.fail(f"{where}: {key!r} is negative ({value})")
         if value > MAX_BYTES:
-            raise self.fail(f"{where}: {key!r} is implausibly large ({_what(value)} bytes; at most 2**50)")
+            raise self.fail(f"{where}: {key!r} is implausibly large ({_what(value)}; at most 2**50 bytes)")
         return value
 
     def address_(self, container: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
