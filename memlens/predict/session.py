@@ -36,7 +36,7 @@ from memlens.predict.cuda_api import CudaApi
 from memlens.predict.gpus import DEFAULT_GPU, GpuSpec, cublas_workspace_bytes, gpu_spec, with_capacity
 from memlens.predict.guard import ensure_cuda_guard
 from memlens.predict.sdpa import fused_sdpa
-from memlens.predict.tracking import CudaStorageTracker, PredictMode, PredictStackCapture
+from memlens.predict.tracking import CudaStorageTracker, MissingFakeKernel, PredictMode, PredictStackCapture
 
 _MEMLENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -470,9 +470,13 @@ def run_in_session(session: PredictSession, body: Callable[[], Any]) -> PredictR
                     "compute it on the CPU, take it out of the predicted run, or let a placeholder stand "
                     "in (--placeholder-values)"
                 )
-            except UnsupportedOperatorException as error:
+            except (MissingFakeKernel, UnsupportedOperatorException) as error:
                 stopped_at = user_location(error.__traceback__)
-                stop_reason = f"operator {error.func} has no meta implementation (a custom CUDA/Triton kernel?)"
+                stop_reason = (
+                    f"operator {error.func} has no meta (fake) implementation, so its outputs cannot be "
+                    "sized without running it: register one (torch.library.register_fake) for a custom "
+                    "CUDA/Triton kernel"
+                )
         snapshot = session.full_snapshot()
     finally:
         session.close()

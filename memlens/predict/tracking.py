@@ -132,6 +132,28 @@ class CudaStorageTracker(StorageTracker):
         return address
 
 
+class MissingFakeKernel(Exception):
+    """An operator the fake tensors cannot run: a custom CUDA/Triton kernel with no meta (fake)
+    implementation, which is the only way to know its outputs' shapes without running it."""
+
+    def __init__(self, func: Any) -> None:
+        self.func = func
+        super().__init__(f"operator {func} has no meta (fake) implementation")
+
+
+# What PyTorch says when an operator has no kernel for fake/meta tensors.
+_NO_FAKE_KERNEL_MESSAGES = ("no fake impl", "'Meta' backend", "meta kernel", "no meta", "Meta tensor")
+
+
+def _is_missing_fake_kernel(error: BaseException) -> bool:
+    from torch._subclasses.fake_tensor import UnsupportedOperatorException
+
+    if isinstance(error, UnsupportedOperatorException):
+        return True
+    message = str(error)
+    return any(text in message for text in _NO_FAKE_KERNEL_MESSAGES)
+
+
 class PredictMode(TorchDispatchMode):
     """Runs each op (on the fake tensors below it) and shows its CUDA outputs to the tracker."""
 
@@ -150,7 +172,12 @@ class PredictMode(TorchDispatchMode):
             replaced = hook(func, args, kwargs)
             if replaced is not NotImplemented:
                 return replaced
-        outputs = func(*args, **kwargs)
+        try:
+            outputs = func(*args, **kwargs)
+        except (RuntimeError, NotImplementedError) as error:
+            if _is_missing_fake_kernel(error):
+                raise MissingFakeKernel(func) from error
+            raise
         tracker = self.tracker
         tracker.on_outputs(func, outputs)
         if func in CUBLAS_OPS and isinstance(outputs, torch.Tensor) and outputs.device.type == "cuda":
@@ -158,4 +185,4 @@ class PredictMode(TorchDispatchMode):
         return outputs
 
 
-__all__ = ["CUBLAS_OPS", "CudaStorageTracker", "PredictMode", "PredictStackCapture"]
+__all__ = ["CUBLAS_OPS", "CudaStorageTracker", "MissingFakeKernel", "PredictMode", "PredictStackCapture"]

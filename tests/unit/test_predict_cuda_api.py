@@ -328,3 +328,56 @@ def test_alloc_conf_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> Non
         assert any(entry["action"] == "segment_map" for entry in active.simulator.trace)
         del x
     active.close()
+
+
+@torch.library.custom_op("memlens_predict_test::no_fake", mutates_args=())
+def _custom_kernel_without_fake(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@torch.library.custom_op("memlens_predict_test::with_fake", mutates_args=())
+def _custom_kernel_with_fake(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([x, x])
+
+
+@_custom_kernel_with_fake.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((2 * x.shape[0], *x.shape[1:]))
+
+
+def test_a_custom_kernel_without_fake_stops_and_is_named() -> None:
+    def step() -> None:
+        x = torch.empty(1024, device="cuda")
+        _custom_kernel_without_fake(x)
+
+    result = predict(step)
+    assert not result.completed
+    assert result.stopped_at is not None and result.stopped_at.startswith(__file__)
+    assert "memlens_predict_test.no_fake" in (result.stop_reason or "")
+
+
+def test_a_custom_kernel_with_fake_is_sized() -> None:
+    def step() -> int:
+        x = torch.empty(1024, device="cuda")
+        before = torch.cuda.memory_allocated()
+        y = _custom_kernel_with_fake(x)
+        return torch.cuda.memory_allocated() - before + 0 * y.numel()
+
+    result = predict(step)
+    assert result.completed and result.value == 2 * 1024 * 4
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_torch_compile_runs_the_model_eagerly() -> None:
+    """Dynamo does not compile while a dispatch mode is on the stack: compiled code runs as
+    eager code, and the prediction is the uncompiled program's memory."""
+
+    def step(compiled: bool) -> int:
+        model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).to("cuda")
+        run = torch.compile(model) if compiled else model
+        run(torch.empty(64, 256, device="cuda")).sum().backward()
+        return torch.cuda.max_memory_allocated()
+
+    eager, compiled = predict(step, False), predict(step, True)
+    assert compiled.completed
+    assert compiled.value == eager.value
