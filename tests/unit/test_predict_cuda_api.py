@@ -381,3 +381,19 @@ def test_torch_compile_runs_the_model_eagerly() -> None:
     eager, compiled = predict(step, False), predict(step, True)
     assert compiled.completed
     assert compiled.value == eager.value
+
+
+def test_the_smaller_calls_scripts_make(session: PredictSession) -> None:
+    torch.cuda.set_device(0)
+    torch.cuda.manual_seed(0)
+    torch.cuda.manual_seed_all(0)
+    assert torch.cuda.is_initialized()
+    with torch.cuda.device(0):
+        x = torch.empty(2 * MiB, device="cuda", dtype=torch.uint8)
+    assert torch.cuda.memory_cached() == torch.cuda.memory_reserved() == session.simulator.reserved_bytes
+    assert torch.cuda.max_memory_cached() == session.simulator.peak_reserved_bytes
+    torch.cuda.reset_max_memory_allocated()
+    assert torch.cuda.max_memory_allocated() == session.simulator.allocated_bytes
+    assert f"allocated_bytes.all.current: {session.simulator.allocated_bytes}" in torch.cuda.memory_summary()
+    assert torch.cuda.memory.memory_allocated() == torch.cuda.memory_allocated()
+    del x
