@@ -129,8 +129,7 @@ def test_a_module_runs_with_dash_m(tmp_path: Path) -> None:
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "train.py").write_text(
-        "import sys, torch\n"
-        "x = torch.empty(int(sys.argv[1]), device='cuda', dtype=torch.uint8)\n"
+        "import sys, torch\nx = torch.empty(int(sys.argv[1]), device='cuda', dtype=torch.uint8)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     command = [sys.executable, "-m", "memlens", "predict", "--json", "--", "python", "-m", "trainpkg.train", "3000000"]
