@@ -16,7 +16,6 @@ import json
 import os
 import runpy
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -102,15 +101,9 @@ def predict(
         stacks=not no_stacks,
         placeholder_values=placeholder_values,
     )
-    failure: BaseException | None = None
-    try:
-        result = run_in_session(session, lambda: run_command(kind, target, argv))
-    except Exception as error:  # the script's own error: show it as Python would, then the figures
-        failure = error
-        traceback.print_exception(error, file=sys.stderr)
-        result = None
-    if result is None:
-        raise click.exceptions.Exit(1) if failure is not None else click.exceptions.Exit(2)
+    result = run_in_session(session, lambda: run_command(kind, target, argv), capture_errors=True)
+    if result.error_traceback:  # the script's own error: shown as Python shows it, then the figures
+        sys.stderr.write(result.error_traceback)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     predicted = out / "predicted.pickle"
@@ -125,6 +118,8 @@ def predict(
         budget = budget_beside(predicted)
         if budget:
             click.echo(budget)
+    if result.error is not None:
+        raise click.exceptions.Exit(1)
 
 
 def predicted_sidecar(session: Any, result: Any) -> dict[str, Any]:
@@ -185,6 +180,8 @@ def render(result: Any) -> str:
     ]
     if result.oom:
         lines.append(f"  OUT OF MEMORY at {result.oom_at or 'an allocation outside your code'}")
+    elif result.error is not None:
+        lines.append(f"  the script failed: {result.error}; the figures are up to that point")
     elif result.stopped_at is not None or result.stop_reason is not None:
         lines.append(f"  stopped at {result.stopped_at or '?'}: {result.stop_reason}")
     else:

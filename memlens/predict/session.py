@@ -64,13 +64,15 @@ class PredictResult:
     optimizer: dict[str, Any] | None = None
     placeholder_values: int = 0
     first_placeholder_at: str | None = None
+    error: str | None = None
+    error_traceback: str | None = field(default=None, repr=False)
     seconds: float = 0.0
     value: Any = None
     snapshot: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def completed(self) -> bool:
-        return not self.oom and self.stopped_at is None
+        return not self.oom and self.stopped_at is None and self.error is None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,6 +83,7 @@ class PredictResult:
             "oom_at": self.oom_at,
             "stopped_at": self.stopped_at,
             "stop_reason": self.stop_reason,
+            "error": self.error,
             "gpu": self.gpu,
             "placeholder_values": self.placeholder_values,
             "first_placeholder_at": self.first_placeholder_at,
@@ -449,11 +452,14 @@ def predict(
     return run_in_session(session, lambda: fn(*args, **kwargs))
 
 
-def run_in_session(session: PredictSession, body: Callable[[], Any]) -> PredictResult:
-    """Run ``body`` inside ``session`` and turn what happened into a ``PredictResult``."""
+def run_in_session(session: PredictSession, body: Callable[[], Any], capture_errors: bool = False) -> PredictResult:
+    """Run ``body`` inside ``session`` and turn what happened into a ``PredictResult``.
+
+    ``capture_errors``: an exception of the program's own (not an OOM, not a missing value) is
+    kept in ``error``/``error_traceback`` with the figures up to it, instead of propagating."""
     started = time.perf_counter()
     value = None
-    stopped_at = stop_reason = None
+    stopped_at = stop_reason = error = error_traceback = None
     model = optimizer = None
     try:
         with session:
@@ -463,20 +469,26 @@ def run_in_session(session: PredictSession, body: Callable[[], Any]) -> PredictR
             except torch.OutOfMemoryError:
                 if session.oom_at is None:
                     raise  # the script's own OutOfMemoryError, not the simulator's
-            except DATA_DEPENDENT_ERRORS as error:
-                stopped_at = user_location(error.__traceback__)
+            except DATA_DEPENDENT_ERRORS as data_dependent:
+                stopped_at = user_location(data_dependent.__traceback__)
                 stop_reason = (
-                    f"needs a real value ({_op_name(error)}): tensors on the simulated GPU hold no data; "
+                    f"needs a real value ({_op_name(data_dependent)}): tensors on the simulated GPU hold no data; "
                     "compute it on the CPU, take it out of the predicted run, or let a placeholder stand "
                     "in (--placeholder-values)"
                 )
-            except (MissingFakeKernel, UnsupportedOperatorException) as error:
-                stopped_at = user_location(error.__traceback__)
+            except (MissingFakeKernel, UnsupportedOperatorException) as missing:
+                stopped_at = user_location(missing.__traceback__)
                 stop_reason = (
-                    f"operator {error.func} has no meta (fake) implementation, so its outputs cannot be "
+                    f"operator {missing.func} has no meta (fake) implementation, so its outputs cannot be "
                     "sized without running it: register one (torch.library.register_fake) for a custom "
                     "CUDA/Triton kernel"
                 )
+            except Exception as failure:
+                if not capture_errors:
+                    raise
+                location = user_location(failure.__traceback__)
+                error = f"{type(failure).__name__}: {failure}" + (f" (at {location})" if location else "")
+                error_traceback = "".join(traceback.format_exception(failure))
         snapshot = session.full_snapshot()
     finally:
         session.close()
@@ -495,6 +507,8 @@ def run_in_session(session: PredictSession, body: Callable[[], Any]) -> PredictR
         optimizer=optimizer,
         placeholder_values=session.placeholders_used,
         first_placeholder_at=session.first_placeholder_at,
+        error=error,
+        error_traceback=error_traceback,
         seconds=time.perf_counter() - started,
         value=value,
         snapshot=snapshot,

@@ -99,7 +99,9 @@ def test_script_errors_are_shown_and_fail(tmp_path: Path) -> None:
     completed = subprocess.run([sys.executable, "-m", "memlens", "predict", "--", "python", str(script)],
                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert completed.returncode == 1
-    assert "the script itself is wrong" in completed.stderr
+    assert "the script itself is wrong" in completed.stderr  # Python's traceback
+    assert f"the script failed: ValueError: the script itself is wrong (at {script}:1)" in completed.stdout
+    assert (tmp_path / "memlens_predict" / "predicted.pickle").is_file()
 
 
 def test_a_printed_loss_stops_the_run_or_takes_a_placeholder(tmp_path: Path) -> None:
