@@ -234,6 +234,8 @@ class CudaApi:
         *args: Any,
         **kwargs: Any,
     ) -> None:
+        # Before PyTorch 2.1 the ring buffer's size was ``trace_alloc_max_entries``.
+        max_entries = int(kwargs.get("trace_alloc_max_entries", max_entries))
         if enabled is None or enabled is False:
             self.session.stop_script_history()
         else:

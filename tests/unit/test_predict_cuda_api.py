@@ -397,3 +397,12 @@ def test_the_smaller_calls_scripts_make(session: PredictSession) -> None:
     assert f"allocated_bytes.all.current: {session.simulator.allocated_bytes}" in torch.cuda.memory_summary()
     assert torch.cuda.memory.memory_allocated() == torch.cuda.memory_allocated()
     del x
+
+
+def test_history_ring_buffer_keeps_the_newest_entries(session: PredictSession) -> None:
+    torch.cuda.memory._record_memory_history(True, trace_alloc_max_entries=3)
+    kept = [torch.empty(n * MiB, device="cuda", dtype=torch.uint8) for n in (1, 2, 3, 4, 5)]
+    trace = torch.cuda.memory._snapshot()["device_traces"][0]
+    assert len(trace) == 3
+    assert trace[-1]["action"] == "alloc" and trace[-1]["size"] == 5 * MiB
+    del kept
