@@ -1,7 +1,8 @@
 """memlens: GPU memory profiling and snapshot analysis for PyTorch training.
 
 The public face, nothing else: ``load`` a snapshot, ``analyze`` it, compute a ``budget``,
-``record`` a training loop, ``whatif`` replay it through the allocator simulator. Heavy
+``record`` a training loop, ``whatif`` replay it through the allocator simulator, ``predict``
+a CUDA run's memory on a machine without a GPU. Heavy
 modules (torch, dash) are imported only when the function that needs them is called.
 """
 
@@ -32,6 +33,17 @@ def record(*args: Any, **kwargs: Any) -> Any:
     return _record(*args, **kwargs)
 
 
+def predict(*args: Any, **kwargs: Any) -> Any:
+    """Predict a CUDA run's memory on the CPU: see ``memlens.predict.predict``.
+
+    ``import memlens.predict`` replaces this function with the (callable) subpackage, so both
+    spellings call the same thing.
+    """
+    from memlens.predict import predict as _predict
+
+    return _predict(*args, **kwargs)
+
+
 def whatif(*args: Any, **kwargs: Any) -> Any:
     """Replay a snapshot through the allocator simulator: see ``memlens.allocator.whatif``."""
     from memlens.allocator import whatif as _whatif
@@ -48,6 +60,7 @@ __all__ = [
     "__version__",
     "analyze",
     "load",
+    "predict",
     "record",
     "whatif",
 ]
