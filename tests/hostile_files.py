@@ -231,6 +231,46 @@ def huge_long4_integer() -> bytes:
     return dumps(snapshot(extra=1 << 100_000))
 
 
+def _long1(value: int) -> bytes:
+    encoded = pickle.encode_long(value)
+    return b"\x8a" + bytes([len(encoded)]) + encoded
+
+
+def _dict_under_extra(items: bytes) -> bytes:
+    """A snapshot whose key "extra" holds the dict built by ``items`` (key, value opcodes),
+    assembled by hand: building such a dict in Python to pickle it would take the quadratic
+    time the file is meant to cause."""
+    head, _ = open_snapshot()
+    return head + text("extra") + b"}(" + items + b"us" + STOP
+
+
+def colliding_int_keys(count: int = 50_000) -> bytes:
+    """Dict keys equal modulo 2**61 - 1: one hash, so building the dict takes count**2 probes."""
+    return _dict_under_extra(b"".join(_long1(1 + i * ((1 << 61) - 1)) + b"K\x00" for i in range(count)))
+
+
+def colliding_tuple_keys(count: int = 50_000) -> bytes:
+    """Pairs (a, b) whose tuple hashes are equal: b solved from a through CPython's tuple hash."""
+    prime1, prime2, prime5 = 11400714785074694791, 14029467366897019727, 2870177450012600261
+    mask = (1 << 64) - 1
+
+    def rounds(acc: int, lane: int) -> int:
+        acc = (acc + lane * prime2) & mask
+        return (((acc << 31) | (acc >> 33)) & mask) * prime1 & mask
+
+    target = rounds(rounds(prime5, 7), 7)  # the state (7, 7) leaves before the length is added
+    unrotated = (target * pow(prime1, -1, 1 << 64)) & mask
+    unrotated = ((unrotated >> 31) | (unrotated << 33)) & mask
+    items, found, a = [], 0, 1
+    while found < count:
+        lane = ((unrotated - rounds(prime5, a)) * pow(prime2, -1, 1 << 64)) & mask
+        if lane < (1 << 61) - 1:  # an int's hash is the int itself below 2**61 - 1
+            items.append(_long1(a) + _long1(lane) + b"\x86" + b"K\x00")
+            found += 1
+        a += 1
+    return _dict_under_extra(b"".join(items))
+
+
 def huge_memo_index() -> bytes:
     """LONG_BINPUT with index 2**31: the C unpickler would size its memo table to it."""
     return PROTO4 + b"]r" + struct.pack("<I", 1 << 31) + STOP
@@ -304,6 +344,8 @@ CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
         "action": hash_bomb_as_action,
         "user_metadata": hash_bomb_as_user_metadata,
         "frozenset": hash_bomb_in_a_frozenset,
+        "colliding ints": colliding_int_keys,
+        "colliding tuples": colliding_tuple_keys,
     },
     "reference amplification": {
         "segments x blocks": shared_segments_and_blocks,

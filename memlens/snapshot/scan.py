@@ -9,8 +9,10 @@ it is before the opcodes execute.
 ``VettedStream`` wraps the file: every byte the unpickler reads has been tokenised first,
 and the stream is refused at the first opcode that a memory snapshot never needs:
 
-* tuples may hold only scalars (ints, floats, None, bools: PyTorch's ``segment_pool_id``
-  is a pair of ints), at most ``MAX_TUPLE_ITEMS`` of them, so hashing any key is cheap;
+* tuples may hold only integers within 32 bits, None and bools (PyTorch's
+  ``segment_pool_id`` is a pair of small ints), at most ``MAX_TUPLE_ITEMS`` of them, so
+  hashing any key is cheap and no two crafted tuples share a hash;
+* at most ``MAX_LARGE_INTS`` integers beyond +-2**61 (below that ints never share a hash);
 * no sets or frozensets (hashable containers again), no ``DUP`` (Pickler never emits it;
   it multiplies references), no ``LONG4`` integers (thousands of digits are not a size);
 * memo ``PUT`` indices must not exceed the bytes read so far (a huge index makes the C
@@ -41,6 +43,9 @@ except ImportError:  # not on a POSIX system: the pipe keeps its default size
     fcntl = None  # type: ignore[assignment]
 
 MAX_TUPLE_ITEMS = 8
+# Integers beyond +-2**61 a file may hold: PyTorch writes none, and a dict keyed by ints that
+# are equal modulo 2**61 - 1 (equal hashes) takes time quadratic in their number to build.
+MAX_LARGE_INTS = 10_000
 CHUNK = 1 << 20
 PIECE = 16 << 10  # bytes tokenised per regex call
 # More than the longest token the regular expression matches (a short string: 129 bytes);
@@ -61,12 +66,22 @@ def _length_prefixed(opcode: bytes, lengths: int) -> bytes:
     return re.escape(opcode) + b"(?:" + alternatives + b")"
 
 
-# LONG1 of up to 16 bytes (real files: 5-7), BININT, BININT1, BININT2
-_INTS = [_length_prefixed(b"\x8a", 17), rb"J....", rb"K.", rb"M.."]
+# Integers are kept below 2**61 in magnitude by the regular expression: below that, distinct
+# ints have distinct hashes (CPython hashes an int modulo 2**61 - 1), so no dict of int keys
+# can be made to collide. Larger ones are vetted in Python and counted (MAX_LARGE_INTS).
+_LONG1_SMALL = (  # LONG1 of up to 7 bytes, or 8 whose top byte keeps it within +-2**61
+    _length_prefixed(b"\x8a", 8)[:-1] + rb"|\x08.......[\x00-\x1f\xe0-\xff])"
+)
+_INTS = [_LONG1_SMALL, rb"J....", rb"K.", rb"M.."]  # LONG1, BININT, BININT1, BININT2
 # Protocol 0 numbers (longer ones are vetted in Python, a line at a time: see MAX_TOKEN).
-_TEXT_NUMBERS = [rb"I-?[0-9]{1,25}\n", rb"L-?[0-9]{1,40}L?\n", rb"F[-+.0-9a-zA-Z]{1,40}\n"]
-# What a tuple may hold: numbers, None, True, False.
-_SCALAR_PARTS = [*_INTS, rb"[N\x88\x89]", rb"G........", *_TEXT_NUMBERS]
+_TEXT_NUMBERS = [rb"I-?[0-9]{1,18}\n", rb"L-?[0-9]{1,18}L?\n", rb"F[-+.0-9a-zA-Z]{1,40}\n"]
+# What a tuple may hold: integers within 32 bits, None, True, False. Not floats and not larger
+# integers: with those, many tuples with one hash are easy to compute, and a dict keyed by
+# them takes quadratic time to build.
+_TUPLE_ITEM_PARTS = [
+    _length_prefixed(b"\x8a", 5), rb"J....", rb"K.", rb"M..", rb"[N\x88\x89]",
+    rb"I-?[0-9]{1,10}\n", rb"L-?[0-9]{1,10}L?\n",
+]
 # Ordered by how often each appears in real snapshots (the regex tries alternatives in turn;
 # this order is 15% faster than the opcode table's).
 _TOKEN_PARTS = [
@@ -80,7 +95,7 @@ _TOKEN_PARTS = [
     rb"g[0-9]{1,19}\n",  # GET (protocol 0)
 ]
 _RUN = re.compile(b"(?s:(?:" + b"|".join(_TOKEN_PARTS) + b")*+)")
-_ONE_SCALAR = re.compile(b"(?s:(?:" + b"|".join(_SCALAR_PARTS) + b"))")
+_TUPLE_ITEM = re.compile(b"(?s:(?:" + b"|".join(_TUPLE_ITEM_PARTS) + b"))")
 
 
 def _run_end(buffer: bytearray, start: int, end: int | None = None) -> int:
@@ -96,7 +111,7 @@ def _run_end(buffer: bytearray, start: int, end: int | None = None) -> int:
 # Opcodes with a little-endian length prefix of this many bytes, then that many bytes of data.
 _PAYLOAD_PREFIX = {
     0x8C: 1, ord("X"): 4, 0x8D: 8,  # SHORT_BINUNICODE (the long ones), BINUNICODE, BINUNICODE8
-    0x8A: 1,  # LONG1 of 17 to 255 bytes (tuples may not hold these)
+    0x8A: 1,  # LONG1 beyond +-2**61 (counted: see MAX_LARGE_INTS)
     ord("C"): 1, ord("U"): 1,  # SHORT_BINBYTES, SHORT_BINSTRING
     ord("B"): 4, 0x8E: 8, 0x96: 8,  # BINBYTES, BINBYTES8, BYTEARRAY8
     ord("T"): 4,  # BINSTRING
@@ -112,6 +127,7 @@ _PASS_THROUGH = {
 }
 _GLOBAL_OPCODES = {ord("c"), ord("i"), 0x93, 0x82, 0x83, 0x84}
 _TUPLE_SIZES = {0x85: 1, 0x86: 2, 0x87: 3}
+_LARGE_INT_OPCODES = {0x8A, ord("I"), ord("L")}  # LONG1, INT, LONG
 _TEXT_LINES = {ord("S"), ord("V"), ord("I"), ord("L"), ord("F")}  # STRING UNICODE INT LONG FLOAT
 _REFUSED = {
     ord("2"): "the DUP opcode (no pickler emits it for plain data; it multiplies references)",
@@ -138,6 +154,7 @@ class VettedStream:
         self._vetted = 0  # _buf[:_vetted] is vetted
         self._boundaries: list[int] = [0]  # recent token starts (absolute), ascending
         self._payload_left = 0  # bytes of a length-prefixed payload not yet vetted
+        self._large_ints = 0
         self._eof = False
         self._stopped = False  # after STOP (or a refusal) nothing more is handed out
         # Set when vetting refused the stream: the unpickler gets the bytes before the refused
@@ -261,6 +278,12 @@ class VettedStream:
     def _special(self, at: int) -> None:
         """The opcode at ``at`` (== _vetted) is one the regular expression does not take."""
         opcode = self._buf[at]
+        if opcode in _LARGE_INT_OPCODES:  # the regular expression takes the small ones
+            self._large_ints += 1
+            if self._large_ints > MAX_LARGE_INTS:
+                raise self._refuse(
+                    f"more than {MAX_LARGE_INTS:,} integers beyond +-2**61 (PyTorch writes none; as dict "
+                    "keys they can share one hash and take quadratic time)", at)
         if opcode == ord("."):  # STOP: the unpickler reads nothing after it
             self._boundary(at + 1)
             self._stopped = True
@@ -355,10 +378,10 @@ class VettedStream:
             tokens = self._tokens_before(at, MAX_TUPLE_ITEMS + 1, stop_at_mark=True)
             ok = bool(tokens) and self._buf[tokens[0][0]] == ord("(")
             items = tokens[1:]
-        if not ok or not all(_ONE_SCALAR.fullmatch(self._buf, start, end) for start, end in items):
+        if not ok or not all(_TUPLE_ITEM.fullmatch(self._buf, start, end) for start, end in items):
             raise self._refuse(
-                "a tuple of containers, strings, memo references or many items (a snapshot's "
-                "tuples hold a few numbers; hashing the other kind can take forever)", at)
+                "a tuple of anything but a few small integers (a snapshot's tuples hold two; "
+                "hashing other tuples can take forever)", at)
         self._boundary(at + 1)
 
     def _tokens_before(self, at: int, count: int, stop_at_mark: bool = False) -> list[tuple[int, int]]:
