@@ -197,7 +197,8 @@ class VettedStream:
     def peek(self, size: int = 0) -> bytes:
         if self._vetted == self._out and not self._done():
             self._vet_more()
-        return self._copy(self._out, self._vetted)
+        end = self._vetted if size <= 0 else min(self._vetted, self._out + size)
+        return self._copy(self._out, end)
 
     def _copy(self, start: int, end: int) -> bytes:
         with memoryview(self._buf) as view:  # released at once: the buffer must stay resizable
@@ -551,8 +552,9 @@ class PipedVetting:
 
     def peek(self, size: int = 0) -> bytes:
         self._want(1)
+        end = len(self._buf) if size <= 0 else min(len(self._buf), self._out + size)
         with memoryview(self._buf) as view:
-            return bytes(view[self._out:])
+            return bytes(view[self._out:end])
 
     def close(self) -> None:
         if self._child.poll() is None:
