@@ -335,6 +335,19 @@ def gzip_bomb(inflated: int = 1 << 30) -> bytes:
     return out.getvalue()
 
 
+def gzip_bomb_of_many_strings(inflated: int = 1 << 30) -> bytes:
+    """A megabyte of gzip that inflates to a gigabyte of 1 KiB strings, each one small."""
+    piece = text("a" * 1024) + b"a"  # a 1 KiB string appended to the list on the stack
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=9) as zipped:
+        zipped.write(b"\x80\x04}" + text("segments") + b"]s" + text("junk") + b"]")
+        block = piece * ((1 << 20) // len(piece))
+        for _ in range(inflated // len(block)):
+            zipped.write(block)
+        zipped.write(b"s.")
+    return out.getvalue()
+
+
 # Attack class -> name -> builder. "accept": a correct analysis is the right answer
 # (the file is odd but real-shaped); every other file must be refused with one line.
 CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
@@ -354,6 +367,7 @@ CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
         "annotations": shared_annotations,
         "gzip": gzip_of_shared_entries,
         "gzip bomb": gzip_bomb,
+        "gzip bomb strings": gzip_bomb_of_many_strings,
     },
     "deep nesting": {
         "unknown key": deep_unknown_key,

@@ -76,9 +76,13 @@ class _GlobalRefused(Exception):
     pass
 
 
-def _unpickle(stream: IO[bytes], source: str, vetted: VettedStream | PipedVetting | None = None) -> Any:
-    """Unpickle ``stream`` through the opcode vetting (``vetted``: vetting already in place)."""
-    vetted = vetted if vetted is not None else VettedStream(stream)
+def _unpickle(
+    stream: IO[bytes], source: str, vetted: VettedStream | PipedVetting | None = None, total: int | None = None,
+    total_is_limit: bool = False,
+) -> Any:
+    """Unpickle ``stream`` through the opcode vetting (``vetted``: vetting already in place;
+    ``total``: the stream's length, or with ``total_is_limit`` the most it may hold)."""
+    vetted = vetted if vetted is not None else VettedStream(stream, total, total_is_limit)
     try:
         return _RefuseGlobals(vetted).load()
     except _GlobalRefused as exc:
@@ -219,7 +223,7 @@ def _read_raw(path: str | os.PathLike[str], on_read: Callable[[float], None] | N
                 if on_read is not None:  # progress follows the compressed bytes read
                     total = os.fstat(handle.fileno()).st_size
                     stream = _ProgressReader(stream, total, lambda _f: on_read(handle.tell() / max(total, 1)))
-                return _unpickle(stream, source)
+                return _unpickle(stream, source, total=limit, total_is_limit=True)
         if head == ZIP_MAGIC:
             raise MemlensFormatError(
                 source, "is a zip archive (a torch.save checkpoint?), not a memory snapshot pickle"
@@ -236,8 +240,8 @@ def _read_raw(path: str | os.PathLike[str], on_read: Callable[[float], None] | N
                     piped.close()
         if on_read is not None:
             counted: Any = _ProgressReader(handle, size, on_read)
-            return _unpickle(counted, source)
-        return _unpickle(handle, source)
+            return _unpickle(counted, source, total=size)
+        return _unpickle(handle, source, total=size)
 
 
 def _start_piped_vetting(

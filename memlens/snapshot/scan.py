@@ -146,8 +146,13 @@ class VettedStream:
     Positions in ``_boundaries`` are absolute stream offsets where a token starts.
     """
 
-    def __init__(self, raw: IO[bytes] | Any) -> None:
+    def __init__(self, raw: IO[bytes] | Any, total: int | None = None, total_is_limit: bool = False) -> None:
+        """``total``: the stream's length (a file's size) or, with ``total_is_limit``, the most
+        it may hold (a gzip stream's inflation limit): a string or bytes payload longer than
+        what is left is refused before the unpickler allocates it."""
         self._raw = raw
+        self._total = total
+        self._total_is_limit = total_is_limit
         self._buf = bytearray()
         self._base = 0  # absolute offset of _buf[0] in the stream
         self._out = 0  # _buf[:_out] was handed to the unpickler
@@ -295,6 +300,14 @@ class VettedStream:
                 return
             length = int.from_bytes(self._buf[at + 1:at + 1 + width], "little", signed=opcode == ord("T"))
             self._vetted = at + 1 + width
+            left = None if self._total is None else self._total - (self._base + at + 1 + width)
+            if left is not None and length > left:
+                # BINBYTES8 / BYTEARRAY8 make the unpickler allocate the length before reading.
+                where = f"a {length:,}-byte string at byte {self._base + at:,}"
+                if self._total_is_limit:
+                    raise PickleRefused(f"refused to load: {where} would inflate the stream past {self._total:,} bytes")
+                raise PickleRefused(f"the file ends early: {where} runs past its end (truncated, or still being "
+                                    "written)")
             self._payload_left = max(length, 0)
             if not self._payload_left:
                 self._boundary(self._vetted)
@@ -439,7 +452,7 @@ def vet_to_pipe(path: str) -> None:
     """
     out = sys.stdout.buffer
     with open(path, "rb") as handle:
-        stream = VettedStream(handle)
+        stream = VettedStream(handle, total=os.fstat(handle.fileno()).st_size)
         _send(stream, out)
 
 
