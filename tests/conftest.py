@@ -21,6 +21,13 @@ REAL_SNAPSHOTS_MISSING = (
 )
 needs_real_snapshots = pytest.mark.skipif(not REAL_SNAPSHOTS_DIR.is_dir(), reason=REAL_SNAPSHOTS_MISSING)
 
+# memlens.predict registers an emulated CUDA device for the life of a process, and PyTorch's
+# autograd engine sizes its device queues once, at the first backward() of the process. The
+# in-process predict tests therefore run in an interpreter of their own
+# (tests/integration/test_predict_isolated.py starts it with this variable set).
+PREDICT_IN_PROCESS_ENV = "MEMLENS_PREDICT_TESTS_IN_PROCESS"
+collect_ignore = [] if os.environ.get(PREDICT_IN_PROCESS_ENV) else ["unit/test_predict_cuda_api.py"]
+
 
 def real_snapshot_paths() -> list[Path]:
     return sorted(REAL_SNAPSHOTS_DIR.glob("*.pickle"))

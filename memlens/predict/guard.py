@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from memlens.errors import MemlensError
+from memlens.errors import MemlensError, MemlensUsageError
 
 _SOURCE = r"""
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -84,8 +84,27 @@ class GuardBuildError(MemlensError):
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "memlens" / "predict"
+    """Where the built library is kept: a folder only this user can write, or a fresh private one.
+
+    The file is loaded into the process (``ctypes.CDLL``), so it must never come from a folder
+    someone else could have written to: the same ownership rule as the snapshot cache.
+    """
+    base = os.environ.get("MEMLENS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "memlens")
+    folder = Path(base) / "predict"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if _private(folder) and _private(folder.parent):
+            return folder
+    except OSError:
+        pass
+    return Path(tempfile.mkdtemp(prefix="memlens-predict-"))
+
+
+def _private(path: Path) -> bool:
+    """Owned by this user and writable by nobody else (no symlink followed)."""
+    info = os.lstat(path)
+    return info.st_uid == os.geteuid() and not info.st_mode & 0o022
 
 
 def _library_path() -> Path:
@@ -124,7 +143,9 @@ def ensure_cuda_guard() -> None:
     if _loaded or torch.backends.cuda.is_built():
         return
     path = _library_path()
-    if not path.exists():
+    if not path.exists() or not _private(path):
+        if path.exists():
+            path = Path(tempfile.mkdtemp(prefix="memlens-predict-")) / path.name  # never load a foreign file
         _build(path)
     library = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     offset = _hooks_offset()
@@ -135,6 +156,29 @@ def ensure_cuda_guard() -> None:
             "symbol table to find them in (a stripped build?)"
         )
     _loaded = True
+
+
+def check_autograd_sees_cuda() -> None:
+    """Fail in one clear line if this process's autograd engine started before the emulated GPU.
+
+    The engine sizes its per-device queues once, the first time ``backward()`` runs in a process;
+    if that happened before memlens registered its CUDA device, every later CUDA backward trips
+    an internal assertion of PyTorch's. Nothing can resize the queues, so say what to do instead.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode():
+            probe = torch.empty(1, device="cuda", requires_grad=True)
+            probe.sum().backward()
+    except RuntimeError as exc:
+        if "device_ready_queues_" not in str(exc):
+            raise
+        raise MemlensUsageError(
+            "memlens.predict needs a process in which backward() has not run yet (autograd started "
+            "before the emulated GPU existed): call it before any training code runs, or use "
+            "`memlens predict -- python script.py`"
+        ) from None
 
 
 _GETTER = b"_ZN2at6detail12getCUDAHooksEv"
@@ -194,4 +238,4 @@ def _elf_symbol_values(path: Path, names: tuple[bytes, ...]) -> dict[bytes, int]
         return found
 
 
-__all__ = ["GuardBuildError", "ensure_cuda_guard"]
+__all__ = ["GuardBuildError", "check_autograd_sees_cuda", "ensure_cuda_guard"]

@@ -34,7 +34,7 @@ from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, Simu
 from memlens.errors import MemlensUsageError
 from memlens.predict.cuda_api import CudaApi
 from memlens.predict.gpus import DEFAULT_GPU, GpuSpec, cublas_workspace_bytes, gpu_spec, with_capacity
-from memlens.predict.guard import ensure_cuda_guard
+from memlens.predict.guard import check_autograd_sees_cuda, ensure_cuda_guard
 from memlens.predict.sdpa import fused_sdpa
 from memlens.predict.tracking import CudaStorageTracker, MissingFakeKernel, PredictMode, PredictStackCapture
 
@@ -177,6 +177,7 @@ class PredictSession:
     # ------------------------------------------------------------------ enter / exit
     def __enter__(self) -> PredictSession:
         ensure_cuda_guard()
+        check_autograd_sees_cuda()  # before anything is tracked: the probe is not the script's memory
         self._thread = threading.get_ident()
         # Before patching: building the mode imports torch._dynamo, which indexes torch.cuda.
         self._fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
