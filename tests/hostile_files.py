@@ -13,6 +13,7 @@ import gzip
 import io
 import math
 import pickle
+import pickletools
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -104,9 +105,7 @@ def open_snapshot() -> tuple[bytes, int]:
     """A snapshot's opcodes (protocol 2: no frames, explicit memo) without the final STOP, so
     the top dict is still on the stack for more SETITEMs; and the next free memo index."""
     data = pickle.dumps(snapshot(), protocol=2)
-    import pickletools
-
-    puts = [arg for op, arg, _ in pickletools.genops(data) if op.name in ("BINPUT", "LONG_BINPUT")]
+    puts = [int(arg) for op, arg, _ in pickletools.genops(data) if op.name in ("BINPUT", "LONG_BINPUT")]
     return data[:-1], max(puts, default=-1) + 1
 
 

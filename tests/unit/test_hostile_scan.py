@@ -8,7 +8,9 @@ import io
 import math
 import os
 import pickle
+import pickletools
 import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +212,40 @@ def test_a_child_that_dies_midway_is_one_clear_error(tmp_path: Path, monkeypatch
     path.write_bytes(data)
     with pytest.raises(MemlensFormatError, match=r"the vetting process stopped \(exit code 5\)"):
         memlens.load(path, cache=False)
+
+
+# --------------------------------------------------------------------------- random opcode streams
+
+
+def _argument(opcode: pickletools.OpcodeInfo, draw: st.DrawFn) -> bytes:
+    """Bytes for ``opcode``'s argument: well-formed or not, lengths small or absurd."""
+    kind = opcode.arg.n if opcode.arg is not None else 0
+    if kind > 0:
+        return draw(st.binary(min_size=kind, max_size=kind))
+    if kind == pickletools.UP_TO_NEWLINE:
+        return draw(st.sampled_from([b"0", b"-5", b"x", b"9" * 30, b"'a'", b"os", b"1.5", b"\x1b[2J"])) + b"\n"
+    width = {pickletools.TAKEN_FROM_ARGUMENT1: 1, pickletools.TAKEN_FROM_ARGUMENT4: 4,
+             pickletools.TAKEN_FROM_ARGUMENT4U: 4, pickletools.TAKEN_FROM_ARGUMENT8U: 8}.get(kind)
+    if width is None:
+        return b""
+    length = draw(st.sampled_from([0, 1, 3, 200, (1 << (8 * width - 1)) - 1]))
+    return length.to_bytes(width, "little") + draw(st.binary(max_size=min(length, 16)))
+
+
+@st.composite
+def opcode_streams(draw: st.DrawFn) -> bytes:
+    opcodes = draw(st.lists(st.sampled_from(pickletools.opcodes), min_size=1, max_size=30))
+    body = b"".join(op.code.encode("latin-1") + _argument(op, draw) for op in opcodes)
+    return b"\x80\x04" + body + draw(st.sampled_from([b".", b""]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=opcode_streams())
+def test_random_opcode_streams_give_one_line_or_a_snapshot(data: bytes) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "random.pickle"
+        path.write_bytes(data)
+        try:
+            memlens.load(path, cache=False)
+        except MemlensFormatError as exc:
+            assert "\n" not in str(exc) and str(exc).isprintable()
