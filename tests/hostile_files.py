@@ -105,7 +105,8 @@ def open_snapshot() -> tuple[bytes, int]:
     """A snapshot's opcodes (protocol 2: no frames, explicit memo) without the final STOP, so
     the top dict is still on the stack for more SETITEMs; and the next free memo index."""
     data = pickle.dumps(snapshot(), protocol=2)
-    puts = [int(arg) for op, arg, _ in pickletools.genops(data) if op.name in ("BINPUT", "LONG_BINPUT")]
+    puts = [arg for op, arg, _ in pickletools.genops(data) if op.name in ("BINPUT", "LONG_BINPUT")
+            and isinstance(arg, int)]
     return data[:-1], max(puts, default=-1) + 1
 
 
