@@ -11,7 +11,8 @@
 #  3. memlens record of examples/train_tiny.py on CUDA, through the CLI, six optimizer steps
 #  4. memlens triage and memlens whatif of that snapshot
 #  5. SIGTERM mid-recording on CUDA (snapshot written, exit 143); two recordings at once into one folder
-#  6. that record/triage/whatif never imported plotly, dash or orjson
+#  6. leak recall on CUDA: the loops of tests/integration/leaky_loop.py (scripts/gpu_leak_recall.py)
+#  7. that record/triage/whatif never imported plotly, dash or orjson
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 repo="$PWD"
@@ -109,6 +110,9 @@ concurrent_check() {
     [ "$first_code" -eq 0 ] && [ "$second" -eq 0 ] && [ -f "$out/both/snapshot.pickle" ] && [ -f "$out/both/snapshot-2.pickle" ]
 }
 step concurrent concurrent_check
+
+# Leak recall on a real caching allocator: each loop of tests/integration/leaky_loop.py, API and CLI.
+step leak_recall "$python" scripts/gpu_leak_recall.py "$out/leaks"
 
 printf 'import torch\nprint(torch.ones(4).sum().item())\n' >"$out/no_training.py"
 step imports "$python" -c "
