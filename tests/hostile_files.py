@@ -314,6 +314,26 @@ def devices_at_the_cap(count: int = 1024) -> bytes:
     return dumps({"segments": [], "device_traces": traces})
 
 
+# --------------------------------------------------------------------------- many steps
+
+
+def unclosed_step_scopes(count: int = 200_000) -> bytes:
+    """200,000 ProfilerStep scopes that START and never END, over as many trace rows: every
+    step runs to the end of the trace (the analysis took 150 s at 500,000)."""
+    annotations = [{"name": f"ProfilerStep#{i}", "stage": "START", "device": 0, "time_us": i}
+                   for i in range(count)]
+    trace = [entry("alloc", 0x1000 + 512 * i, 512, time_us=i) for i in range(count)]
+    return dumps({"segments": [], "device_traces": [trace], "external_annotations": annotations})
+
+
+def identical_steps(count: int = 100_000) -> bytes:
+    """100,000 closed steps that all start and end at the same time."""
+    annotations = [{"name": f"ProfilerStep#{i}", "stage": stage, "device": 0, "time_us": 1 if stage == "START" else 9}
+                   for i in range(count) for stage in ("START", "END")]
+    trace = [entry("alloc", 0x1000 + 512 * i, 512, time_us=1 + i % 9) for i in range(count)]
+    return dumps({"segments": [], "device_traces": [trace], "external_annotations": annotations})
+
+
 # --------------------------------------------------------------------------- compression
 
 
@@ -389,6 +409,10 @@ CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
         "frame name": huge_frame_name,
         "long stacks": huge_frame_in_long_stacks,
     },
+    "many steps": {
+        "unclosed scopes": unclosed_step_scopes,
+        "identical steps": identical_steps,
+    },
     "many devices": {
         "device_traces": many_device_traces,
         "segment devices": many_segment_devices,
@@ -398,4 +422,4 @@ CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
 # Files whose right answer is an analysis, not a refusal.
 ACCEPTED = {("huge strings", "frame name"), ("huge strings", "long stacks"), ("deep nesting", "unknown key"),
             ("deep nesting", "self reference"), ("deep nesting", "allocator_settings"),
-            ("many devices", "at the cap")}
+            ("many devices", "at the cap"), ("many steps", "unclosed scopes"), ("many steps", "identical steps")}

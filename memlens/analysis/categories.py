@@ -95,10 +95,14 @@ def build_phases(
     delta -= byte_counts(f[local], lifetimes.size[local], events + 1)
     curve = np.cumsum(delta[:events])
     peaks = start.copy()
+    # Steps do not overlap in real files; where they do (START scopes never closed, say 500,000
+    # of them), each range stops at the next step's start so the argmaxes stay linear in rows.
+    next_start = np.append(start[1:], events)
     for k in range(start.size):  # one argmax per step, not per row
         lo, hi = int(start[k]), int(backward_end[k])
         if hi <= lo:
             hi = int(end[k])
+        hi = min(hi, max(int(next_start[k]), lo + 1))
         if hi > lo:
             peaks[k] = lo + int(np.argmax(curve[lo:hi]))
     phases.forward_peak = peaks

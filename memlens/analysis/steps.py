@@ -8,6 +8,7 @@ of the allocated curve. Annotation times map to rows with ``np.searchsorted`` on
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 
@@ -95,18 +96,30 @@ def _steps_from_scopes(
             continue
         cut_start = start_us is None or (n > 0 and start_us < int(times[0]))
         raw.append((index, start, end, start_us, end_us, cut_start or end_us is None))
-    counts = [end - start for _, start, end, _, _, _ in raw]
+    counts = sorted(end - start for _, start, end, _, _, _ in raw)  # sorted once: not per step
     steps: list[Step] = []
-    for i, (index, start, end, start_us, end_us, suspicious) in enumerate(raw):
-        others = counts[:i] + counts[i + 1 :]
+    for index, start, end, start_us, end_us, suspicious in raw:
         partial = False
         if suspicious:
             if end_us is None:
                 partial = True  # the window ended inside it
-            elif others:
-                partial = (end - start) < PARTIAL_STEP_EVENT_SHARE * float(np.median(others))
+            elif len(counts) > 1:
+                partial = (end - start) < PARTIAL_STEP_EVENT_SHARE * _median_without(counts, end - start)
         steps.append(Step(index, start, end, start_us, end_us, partial))
     return steps
+
+
+def _median_without(sorted_values: list[int], value: int) -> float:
+    """The median of ``sorted_values`` less one occurrence of ``value`` (which it holds)."""
+    removed = bisect.bisect_left(sorted_values, value)
+    count = len(sorted_values) - 1
+
+    def at(position: int) -> int:
+        return sorted_values[position if position < removed else position + 1]
+
+    if count % 2:
+        return float(at(count // 2))
+    return (at(count // 2 - 1) + at(count // 2)) / 2
 
 
 def _steps_from_boundaries(trace: DeviceTrace, boundaries: list[int]) -> list[Step]:

@@ -100,6 +100,11 @@ def test_huge_strings_are_cut_and_analysed(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_many_steps_are_analysed_in_linear_time(tmp_path: Path) -> None:
+    check_class("many steps", tmp_path)
+
+
+@pytest.mark.timeout(300)
 def test_many_devices_are_refused_or_analysed_in_linear_time(tmp_path: Path) -> None:
     check_class("many devices", tmp_path)
 
