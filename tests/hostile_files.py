@@ -326,6 +326,13 @@ def unclosed_step_scopes(count: int = 200_000) -> bytes:
     return dumps({"segments": [], "device_traces": [trace], "external_annotations": annotations})
 
 
+def one_stream_per_allocation(count: int = 150_000) -> bytes:
+    """150,000 allocations, each on its own stream: each makes a segment in the what-if replay
+    (whose overlap test scanned every segment: hours)."""
+    trace = [entry("alloc", 0x1000 + 512 * i, 512, stream=i, time_us=i) for i in range(count)]
+    return dumps({"segments": [], "device_traces": [trace]})
+
+
 def identical_steps(count: int = 100_000) -> bytes:
     """100,000 closed steps that all start and end at the same time."""
     annotations = [{"name": f"ProfilerStep#{i}", "stage": stage, "device": 0, "time_us": 1 if stage == "START" else 9}
@@ -409,9 +416,10 @@ CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
         "frame name": huge_frame_name,
         "long stacks": huge_frame_in_long_stacks,
     },
-    "many steps": {
+    "many steps and streams": {
         "unclosed scopes": unclosed_step_scopes,
         "identical steps": identical_steps,
+        "one stream per allocation": one_stream_per_allocation,
     },
     "many devices": {
         "device_traces": many_device_traces,
@@ -420,6 +428,10 @@ CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
     },
 }
 # Files whose right answer is an analysis, not a refusal.
-ACCEPTED = {("huge strings", "frame name"), ("huge strings", "long stacks"), ("deep nesting", "unknown key"),
-            ("deep nesting", "self reference"), ("deep nesting", "allocator_settings"),
-            ("many devices", "at the cap"), ("many steps", "unclosed scopes"), ("many steps", "identical steps")}
+ACCEPTED = {
+    ("huge strings", "frame name"), ("huge strings", "long stacks"),
+    ("deep nesting", "unknown key"), ("deep nesting", "self reference"), ("deep nesting", "allocator_settings"),
+    ("many devices", "at the cap"),
+    ("many steps and streams", "unclosed scopes"), ("many steps and streams", "identical steps"),
+    ("many steps and streams", "one stream per allocation"),
+}

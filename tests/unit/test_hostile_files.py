@@ -51,11 +51,15 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
 
-def triage(path: Path) -> subprocess.CompletedProcess[str]:
+def memlens(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "memlens", "triage", str(path), "--no-cache"],
+        [sys.executable, "-m", "memlens", *args],
         capture_output=True, text=True, cwd=REPO, preexec_fn=_limit_memory, timeout=50, check=False,
     )
+
+
+def triage(path: Path) -> subprocess.CompletedProcess[str]:
+    return memlens("triage", str(path), "--no-cache")
 
 
 def check_class(attack: str, tmp_path: Path) -> None:
@@ -66,6 +70,8 @@ def check_class(attack: str, tmp_path: Path) -> None:
         if (attack, name) in ACCEPTED:
             assert result.returncode == 0, (name, result.stderr[-2000:])
             assert "peak allocated" in result.stdout, name
+            replay = memlens("whatif", str(path))  # the allocator replay of what was accepted
+            assert replay.returncode == 0, (name, replay.stderr[-2000:])
             continue
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2, (name, result.returncode, result.stderr[-2000:])
@@ -100,8 +106,8 @@ def test_huge_strings_are_cut_and_analysed(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_many_steps_are_analysed_in_linear_time(tmp_path: Path) -> None:
-    check_class("many steps", tmp_path)
+def test_many_steps_and_streams_are_analysed_in_linear_time(tmp_path: Path) -> None:
+    check_class("many steps and streams", tmp_path)
 
 
 @pytest.mark.timeout(300)
@@ -131,10 +137,7 @@ def test_hostile_sidecars_only_lose_extras(tmp_path: Path, sidecar: str) -> None
     path = tmp_path / "run.pickle"
     path.write_bytes(dumps(snapshot()))
     (tmp_path / "run.memlens.json").write_text(sidecar)
-    for command in (["triage"], ["whatif"]):
-        result = subprocess.run(
-            [sys.executable, "-m", "memlens", *command, str(path)],
-            capture_output=True, text=True, cwd=REPO, preexec_fn=_limit_memory, timeout=50, check=False,
-        )
+    for command in ("triage", "whatif"):
+        result = memlens(command, str(path))
         assert result.returncode == 0, (command, result.stderr[-2000:])
         assert "Traceback" not in result.stderr
