@@ -123,13 +123,16 @@ def budget_reconciliation(report: Report, device: int | None, flags: BudgetFlags
               help="Budget: a transformers-style config.json for the model's shape.")
 @click.option("--cache/--no-cache", default=None,
               help="Keep a fast .npz copy for the next open (default: for files of 8 MiB or more).")
-@click.option("--width", type=int, default=None, help="Terminal width (default: detected).")
+@click.option("--top", type=click.IntRange(1, 1000), default=6, show_default=True,
+              help="How many findings to show (the JSON has them all).")
+@click.option("--full-stacks", is_flag=True, help="Print each finding's stacks whole, one frame a line.")
+@click.option("--width", type=int, default=None, help="Terminal width (default: detected; piped output: 80).")
 @click.option("--color/--no-color", default=None, help="Force colour on or off (default: only on a terminal).")
 def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None, as_json: bool,
            fail_on: tuple[str, ...], params: float | None, optimizer: str | None, precision: str | None,
            hidden: int | None, layers: int | None, heads: int | None, vocab: int | None, batch: int | None,
            seq: int | None, checkpointing: str | None, config_path: str | None,
-           cache: bool | None, width: int | None, color: bool | None) -> None:
+           cache: bool | None, top: int, full_stacks: bool, width: int | None, color: bool | None) -> None:
     from memlens.reporters.terminal import make_console, render_ranks, render_triage
 
     kinds = _split_kinds(fail_on)
@@ -156,7 +159,7 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
                 if flags.given:
                     raise
                 reconciliation = None  # a sidecar we cannot turn into a budget only loses that section
-            render_triage(console, report, device, reconciliation)
+            render_triage(console, report, device, reconciliation, top=top, full_stacks=full_stacks)
     found = {f.kind for r in reports for f in r.findings}
     hits = [k for k in kinds if k in found]
     if hits:

@@ -29,6 +29,13 @@ if TYPE_CHECKING:
 
 SPARK_LEVELS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 48
+MIN_SPARK_WIDTH = 16
+# label, value and "max ▲ peak" around a timeline row's sparkline: the row fits the console.
+TIMELINE_ROW_EXTRA = 34
+MEMORY_VIZ = "https://pytorch.org/memory_viz"
+BAR_WIDTH, MIN_BAR_WIDTH = 30, 8
+CATEGORY_ROW_EXTRA = 36  # name, bytes and share before a category's bar
+MIN_STACK_ROOM = 30  # enough for "name (file.py:123) ← …"
 MAX_STEP_ROWS = 12  # more steps than this are summarised: the screen is the budget
 MAX_FINDINGS = 6
 MAX_STACK_FRAMES = 3
@@ -133,7 +140,8 @@ def step_of_event(report: DeviceReport, event: int | None) -> int | None:
 
 
 def render_header(console: Console, report: Report, device: DeviceReport) -> None:
-    console.print(Text(f"memlens triage  {printable(report.source)}", style="bold"))
+    console.print(Text(f"memlens triage  {elide_middle(printable(report.source), console.width - 16)}",
+                       style="bold"))
     steps = f"{len(device.steps)} steps ({device.step_source})" if device.steps else "no steps found"
     capacity = f"capacity {format_bytes(device.capacity_bytes)}" if device.capacity_bytes else "capacity unknown"
     window = "complete history" if device.window_complete else "history starts mid-run"
@@ -200,6 +208,7 @@ def render_timeline(console: Console, report: Report, device: DeviceReport) -> N
             rows.append(("after", steps[-1].end_event, trace.events))
     else:
         rows.append(("all", 0, trace.events))
+    width = max(MIN_SPARK_WIDTH, min(SPARK_WIDTH, console.width - TIMELINE_ROW_EXTRA))
     for label, start, end in rows:
         if end <= start:
             continue
@@ -207,7 +216,7 @@ def render_timeline(console: Console, report: Report, device: DeviceReport) -> N
         peak = device.peak_allocated_event
         marker = " ▲ peak" if peak is not None and start <= peak < end else ""
         console.print(
-            f"  {label:>9} {sparkline(segment, low, top):<{SPARK_WIDTH}} "
+            f"  {label:>9} {sparkline(segment, low, top, width):<{width}} "
             f"{format_bytes(int(segment.max())):>10} max{marker}"
         )
     if device.steps and any(s.partial for s in device.steps):
@@ -222,13 +231,47 @@ def short_frame(frame: str) -> str:
     return _PATH_IN_FRAME.sub(r"(\1)", printable(frame))
 
 
-def _stack_line(frames: Sequence[str]) -> str:
-    shown = [short_frame(f) for f in frames[:MAX_STACK_FRAMES]]
+def _stack_line(frames: Sequence[str], width: int = 10**6, most: int = MAX_STACK_FRAMES) -> str:
+    """Innermost frames first, as many whole frames as fit in ``width`` with a "… N more" tail;
+    the innermost frame always shows, losing the middle of its function name (never its
+    ``file:line``) when even it is too long."""
+    shortened = [short_frame(f) for f in frames[:most]]
+    if not shortened:
+        return ""
+    shown = [elide_frame(shortened[0], width)]
+    for frame in shortened[1:]:
+        remaining = len(frames) - len(shown) - 1
+        tail = len(f" ← … {remaining} more") if remaining else 0
+        if len(" ← ".join([*shown, frame])) + tail > width:
+            break
+        shown.append(frame)
     more = len(frames) - len(shown)
-    return " ← ".join(shown) + (f" ← … {more} more" if more > 0 else "")
+    tail_text = f" ← … {more} more" if more else ""
+    line = " ← ".join(shown)
+    return line + tail_text if len(line) + len(tail_text) <= width else line
 
 
-def render_finding(console: Console, rank: int, finding: Finding) -> None:
+def elide_frame(frame: str, width: int) -> str:
+    """``a_very_long_function_name (train.py:12)`` -> ``a_ver…_name (train.py:12)`` in ``width``."""
+    if len(frame) <= width:
+        return frame
+    where = frame.rfind(" (")
+    name, place = (frame[:where], frame[where:]) if where > 0 else (frame, "")
+    keep = width - len(place) - 1
+    if keep < 4:  # no room for a name: the file and line are what the reader needs
+        return elide_middle(place.strip(" ()") or frame, width)
+    return f"{name[: (keep + 1) // 2]}…{name[len(name) - keep // 2:]}{place}"
+
+
+def elide_middle(text: str, width: int) -> str:
+    """The start and the end of ``text`` with ``…`` between, in ``width`` characters."""
+    if len(text) <= width:
+        return text
+    keep = max(width - 1, 2)
+    return f"{text[: (keep + 1) // 2]}…{text[len(text) - keep // 2:]}"
+
+
+def render_finding(console: Console, rank: int, finding: Finding, full_stacks: bool = False) -> None:
     label = KIND_LABEL.get(finding.kind, finding.kind.upper())
     style = SEVERITY_STYLE.get(finding.severity, "")
     step = f" · step {finding.step}" if finding.step is not None else ""
@@ -244,23 +287,30 @@ def render_finding(console: Console, rank: int, finding: Finding) -> None:
     if evidence:
         _indented(console, Text(f"evidence: {evidence}", style="dim"))
     for stack in finding.top_stacks[:2]:
-        console.print(f"     {format_bytes(stack.bytes):>10} × {stack.count:<4} {_stack_line(stack.frames)}",
-                      overflow="ellipsis", no_wrap=True)
+        head = f"     {format_bytes(stack.bytes):>10} × {stack.count:<4} "
+        if full_stacks:
+            console.print(head.rstrip(), soft_wrap=True)
+            for frame in stack.frames:
+                console.print(f"         {printable(frame)}", soft_wrap=True)
+        else:
+            console.print(head + _stack_line(stack.frames, console.width - len(head)), no_wrap=True,
+                          overflow="ellipsis")
     _indented(console, Text.assemble("fix: ", (printable(finding.recommendation), "green")))
     if finding.estimated_saving_bytes:
         _indented(console, Text.assemble("would save: ", (f"~{format_bytes(finding.estimated_saving_bytes)}", "green")))
 
 
-def render_findings(console: Console, device: DeviceReport) -> None:
+def render_findings(console: Console, device: DeviceReport, top: int = MAX_FINDINGS,
+                    full_stacks: bool = False) -> None:
     console.print(Text("\nFindings", style="bold") + Text("  most severe first, then by bytes"))
     if not device.findings:
         console.print("  none: no leak, activation plateau, optimizer spike, fragmentation or OOM stood out")
         return
     ranked = sorted(device.findings, key=finding_rank)
-    for rank, finding in enumerate(ranked[:MAX_FINDINGS], start=1):
-        render_finding(console, rank, finding)
-    if len(ranked) > MAX_FINDINGS:
-        console.print(Text(f"  … and {len(ranked) - MAX_FINDINGS} more (see --json)", style="dim"))
+    for rank, finding in enumerate(ranked[:top], start=1):
+        render_finding(console, rank, finding, full_stacks)
+    if len(ranked) > top:
+        console.print(Text(f"  … and {len(ranked) - top} more (--top {len(ranked)}, or --json)", style="dim"))
 
 
 def render_categories(console: Console, device: DeviceReport) -> None:
@@ -269,15 +319,17 @@ def render_categories(console: Console, device: DeviceReport) -> None:
     if total <= 0:
         console.print("  nothing live")
         return
+    # A narrow console shortens the bars before the stacks: the stack says where to look.
+    bar_width = max(MIN_BAR_WIDTH, min(BAR_WIDTH, console.width - CATEGORY_ROW_EXTRA - MIN_STACK_ROOM))
     for name, value in sorted(device.categories_at_peak.items(), key=lambda kv: kv[1], reverse=True):
         if value <= 0:
             continue
         share = value / total
-        bar = "█" * max(1, round(share * 30))
+        bar = "█" * max(1, round(share * bar_width))
         top = device.top_stacks_by_category.get(name) or []
-        where = f"  {_stack_line(top[0].frames[:2])}" if top and top[0].frames else ""
-        console.print(f"  {printable(name):<16}{format_bytes(value):>11} {share:5.0%} {bar:<30}{where}",
-                      overflow="ellipsis", no_wrap=True)
+        head = f"  {printable(name):<16}{format_bytes(value):>11} {share:5.0%} {bar:<{bar_width}}"
+        where = f"  {_stack_line(top[0].frames, console.width - len(head) - 2, 2)}" if top and top[0].frames else ""
+        console.print(head + where, overflow="ellipsis", no_wrap=True)
 
 
 def render_reconciliation(console: Console, reconciliation: Reconciliation) -> None:
@@ -298,16 +350,20 @@ def render_triage(
     report: Report,
     device: int | None = None,
     reconciliation: Reconciliation | None = None,
+    top: int = MAX_FINDINGS,
+    full_stacks: bool = False,
 ) -> None:
     """The whole one-screen report for one snapshot and device."""
     device_report = report.device(device)
     render_header(console, report, device_report)
     render_devices(console, report, device_report)
     render_timeline(console, report, device_report)
-    render_findings(console, device_report)
+    render_findings(console, device_report, top, full_stacks)
     render_categories(console, device_report)
     if reconciliation is not None:
         render_reconciliation(console, reconciliation)
+    if report.source and report.source != "<memory>":
+        console.print(Text(f"\nSame file in PyTorch's viewer: {MEMORY_VIZ}", style="dim"))
 
 
 def render_ranks(console: Console, reports: Sequence[Report]) -> None:

@@ -4,6 +4,7 @@ sizes that make sense, and a shared report anyone can open."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -60,3 +61,26 @@ def test_exported_report_is_readable_by_others(tmp_path: Path) -> None:
         os.umask(previous)
     assert result.exit_code == 0, result.output
     assert stat.S_IMODE(out.stat().st_mode) == 0o644
+
+
+def test_eighty_columns_keep_every_line_whole() -> None:
+    """Piped output is 80 columns: nothing wraps mid-row, stacks keep their file:line."""
+    frag = SAMPLE_SNAPSHOTS_DIR / "fragmentation_oom.pickle"
+    result = CliRunner().invoke(cli, ["triage", str(frag), "--no-cache", "--width", "80", "--no-color"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    peak_rows = [line for line in lines if "▲ peak" in line]
+    assert len(peak_rows) == 1 and peak_rows[0].lstrip().startswith("step ")
+    stack_rows = [line for line in lines if " × " in line]
+    assert stack_rows and all(re.search(r"\(\S+\.py:\d+\)", line) for line in stack_rows)
+    assert "pytorch.org/memory_viz" in result.output
+
+
+def test_top_and_full_stacks() -> None:
+    frag = SAMPLE_SNAPSHOTS_DIR / "fragmentation_oom.pickle"
+    one = CliRunner().invoke(cli, ["triage", str(frag), "--no-cache", "--top", "1", "--full-stacks"])
+    assert one.exit_code == 0, one.output
+    assert "  1. " in one.output and "  2. " not in one.output and "more (--top" in one.output
+    # whole stacks: the outermost frame of the script is printed, on a line of its own
+    assert any(line.strip().startswith("<module> (") for line in one.output.splitlines())

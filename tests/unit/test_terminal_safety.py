@@ -59,7 +59,7 @@ def test_printable_escapes_controls_and_bidi() -> None:
 @pytest.mark.timeout(120)
 def test_triage_shows_hostile_strings_as_text(tmp_path: Path) -> None:
     path = hostile_snapshot(tmp_path)
-    result = triage(path, "--no-color")
+    result = triage(path, "--no-color", "--full-stacks")  # whole frames: nothing elided
     assert result.exit_code == 0, result.output
     assert "\x1b" not in result.output and "\x07" not in result.output and "\u202e" not in result.output
     assert "\\x1b[2J" in result.output  # shown, made visible
