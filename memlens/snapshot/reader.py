@@ -296,7 +296,7 @@ def load(
         raw = _read_raw(source, on_read)
         if progress:
             progress("building timeline", READ_SHARE)
-        snapshot = parse(raw, source=source)
+        snapshot = parse(raw, source=source, text_budget=max(MIN_TEXT_BUDGET, 2 * os.path.getsize(source)))
         del raw
     snapshot.sidecar = read_sidecar(source)
     if cache_entry is not None:
@@ -372,9 +372,13 @@ MAX_TIME_US = 1 << 60  # microseconds since the epoch: year 36,000
 MAX_DEVICES = 1024  # device ordinals (one process sees at most a few dozen GPUs)
 MAX_LINE = (1 << 31) - 1
 MAX_TEXT = 4096  # characters kept of a frame's name or filename, a metadata or annotation string
+SHORT_TEXT = 256  # ... once the texts longer than this have used up the text budget
+DEFAULT_TEXT_BUDGET = 64 << 20  # characters of such long texts, for a file of unknown size
+MIN_TEXT_BUDGET = 16 << 20  # for a file: the larger of this and twice its size
 TRUNCATION_MARK = "…"
 MAX_EXTRA_DEPTH = 32  # nesting kept in unknown keys and allocator_settings (JSON in the cache)
 MAX_EXTRA_NODES = 10_000
+MAX_EXTRA_CHARS = 1 << 20  # characters of long strings in one such copy
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_SHARED_VISITS = 100_000
 
@@ -388,9 +392,9 @@ def _references_of_a_list_item() -> int:
 _SINGLE_REFERENCE = _references_of_a_list_item()
 
 
-def _short(text: str) -> str:
-    """``text`` cut to MAX_TEXT characters (a 10 MB frame name is no real frame's)."""
-    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + TRUNCATION_MARK
+def _short(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` cut to ``limit`` characters (a 10 MB frame name is no real frame's)."""
+    return text if len(text) <= limit else text[: limit - 1] + TRUNCATION_MARK
 
 
 def _what(value: Any) -> str:
@@ -409,13 +413,14 @@ def _what(value: Any) -> str:
 class _Checker:
     """Raises format errors that name the file and where in it the problem is."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, text_budget: int = DEFAULT_TEXT_BUDGET) -> None:
         self.source = source
         self._seen: set[int] = set()  # ids of shared items already walked (see walk)
         self._containers: set[int] = set()
         self._walked: list[Any] = []
         self._shared_visits = 0
-        self._cut_by_id: dict[int, str] = {}
+        self._cut_by_id: dict[tuple[int, int], str] = {}
+        self._text_left = text_budget
 
     def fail(self, problem: str) -> MemlensFormatError:
         return MemlensFormatError(self.source, problem)
@@ -483,14 +488,22 @@ class _Checker:
         value = container.get(key, default)
         if not isinstance(value, str):
             raise self.fail(f"{where}: {key!r} should be text, found {_what(value)}")
-        if len(value) <= MAX_TEXT:
+        if len(value) <= SHORT_TEXT:
             return value
-        # One cut copy per original string object: a 10 MB name shared by 100,000 frame dicts
-        # is cut once, and its copies share one cached hash.
-        cut = self._cut_by_id.get(id(value))
+        # Long texts share a budget: one long name in 100,000 distinct frame dicts costs the file
+        # a few bytes per dict but 4 KiB per frame in the model, the cache and the reports. Past
+        # the budget, long texts are cut to SHORT_TEXT characters.
+        limit = MAX_TEXT if self._text_left > 0 else SHORT_TEXT
+        if len(value) <= limit:
+            self._text_left -= len(value)
+            return value
+        # One cut copy per original string object (and limit): a name shared by many frame
+        # dicts is cut once, and its copies share one cached hash.
+        cut = self._cut_by_id.get((id(value), limit))
         if cut is None:
-            cut = self._cut_by_id[id(value)] = _short(value)
+            cut = self._cut_by_id[(id(value), limit)] = _short(value, limit)
             self._walked.append(value)  # keeps the id unique while parsing
+        self._text_left -= len(cut)
         return cut
 
 
@@ -559,9 +572,14 @@ def _describe_keys(raw: dict[Any, Any]) -> str:
     return ", ".join(sorted(names))[:200] or "none"
 
 
-def parse(raw: Any, source: str = "<memory>") -> Snapshot:
-    """Turn a raw snapshot object (as ``torch.cuda.memory._snapshot()`` returns) into a ``Snapshot``."""
-    check = _Checker(source)
+def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT_BUDGET) -> Snapshot:
+    """Turn a raw snapshot object (as ``torch.cuda.memory._snapshot()`` returns) into a ``Snapshot``.
+
+    ``text_budget``: characters of long texts (frame names and filenames, annotation names,
+    segment types over SHORT_TEXT characters) kept at up to MAX_TEXT each; later ones are cut
+    to SHORT_TEXT. ``load`` gives twice the file's size (at least MIN_TEXT_BUDGET).
+    """
+    check = _Checker(source, text_budget)
     bare_list = isinstance(raw, list | tuple)
     if bare_list:
         # torch.cuda.memory_snapshot() (no underscore) returns the bare list of segments.
@@ -616,19 +634,28 @@ def _plain(value: Any, int_limit: int = INT64_MAX, max_nodes: int = MAX_EXTRA_NO
     """A bounded JSON-ready copy of an unknown value (what the cache and sidecar writers store).
 
     Self-references, deep nesting and huge strings are cut, not followed: at most
-    MAX_EXTRA_DEPTH levels and ``max_nodes`` values, strings cut to MAX_TEXT characters;
+    MAX_EXTRA_DEPTH levels and ``max_nodes`` values, strings cut to MAX_TEXT characters (to
+    SHORT_TEXT once long ones have used MAX_EXTRA_CHARS);
     integers beyond ``int_limit`` and non-finite floats become text describing them.
     Iterative, so no nesting depth can reach the recursion limit.
     """
     budget = max_nodes
+    chars_left = MAX_EXTRA_CHARS  # of long strings; later ones are cut shorter
 
     def scalar(item: Any) -> Any:
-        if item is None or isinstance(item, bool | int | float | str):
+        nonlocal chars_left
+        if isinstance(item, str):
+            if len(item) <= SHORT_TEXT:
+                return item
+            cut = _short(item, MAX_TEXT if chars_left > 0 else SHORT_TEXT)
+            chars_left -= len(cut)
+            return cut
+        if item is None or isinstance(item, bool | int | float):
             if isinstance(item, int) and not isinstance(item, bool) and not -int_limit <= item <= int_limit:
                 return _what(item)
             if isinstance(item, float) and not math.isfinite(item):
                 return repr(item)
-            return _short(item) if isinstance(item, str) else item
+            return item
         return None
 
     root: list[Any] = [None]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile_files import ACCEPTED, CORPUS, dumps, snapshot
+from tests.hostile_files import ACCEPTED, CORPUS, dumps, entry, snapshot
 
 MEMORY_LIMIT = 2 << 30
 REPO = Path(__file__).resolve().parents[2]
@@ -141,3 +141,17 @@ def test_hostile_sidecars_only_lose_extras(tmp_path: Path, sidecar: str) -> None
         result = memlens(command, str(path))
         assert result.returncode == 0, (command, result.stderr[-2000:])
         assert "Traceback" not in result.stderr
+
+
+def test_one_long_name_shared_by_many_frames_costs_a_bounded_text_budget() -> None:
+    """100,000 frame dicts cost the file a few bytes each even when they share one 1 MB name;
+    kept at 4 KiB each they would cost the model and the cache 400 MB."""
+    from memlens.snapshot.reader import MAX_TEXT, SHORT_TEXT, parse
+
+    name = "n" * (1 << 20)
+    frames = [{"filename": "f.py", "line": line, "name": name} for line in range(100_000)]
+    raw = snapshot(device_traces=[[entry("alloc", 0x1000, 512, frames=frames)]])
+    table = parse(raw, text_budget=1 << 20).stacks
+    lengths = [len(frame.name) for frame in table.frames if frame.filename == "f.py"]
+    assert lengths[0] == MAX_TEXT and lengths[-1] == SHORT_TEXT
+    assert sum(lengths) < (1 << 20) + MAX_TEXT + SHORT_TEXT * len(lengths)
