@@ -26,7 +26,8 @@ sys.path.insert(0, str(REPO))
 from tests.hostile_files import ACCEPTED, CORPUS  # noqa: E402 - after the path is set
 
 
-def run(path: Path, limit: int, timeout: float) -> tuple[int | None, float, int, str]:
+def run(path: Path, limit: int, timeout: float, *extra: str, env: dict[str, str] | None = None,
+        ) -> tuple[int | None, float, int, str]:
     """(exit code or None on timeout, seconds, peak RSS bytes, stderr's last line)."""
 
     def cap_memory() -> None:
@@ -35,8 +36,8 @@ def run(path: Path, limit: int, timeout: float) -> tuple[int | None, float, int,
     started = time.perf_counter()
     with tempfile.TemporaryFile() as err:
         child = subprocess.Popen(
-            [sys.executable, "-m", "memlens", "triage", str(path), "--no-cache"],
-            stdout=subprocess.DEVNULL, stderr=err, cwd=REPO, preexec_fn=cap_memory,
+            [sys.executable, "-m", "memlens", "triage", str(path), *(extra or ("--no-cache",))],
+            stdout=subprocess.DEVNULL, stderr=err, cwd=REPO, preexec_fn=cap_memory, env=env,
         )
         code: int | None = None
         while time.perf_counter() - started < timeout:
@@ -75,6 +76,11 @@ def main() -> None:
             ok = code == (0 if accepted else 2)
             worst_time, worst_rss = max(worst_time, seconds), max(worst_rss, rss)
             outcome = "analysed" if code == 0 else ("timeout" if code is None else last.split(": ", 3)[-1])
+            if accepted:  # what the .npz cache of an accepted file costs on disk
+                with tempfile.TemporaryDirectory() as home:
+                    run(path, limit, args.timeout, "--cache", env=dict(os.environ, XDG_CACHE_HOME=home))
+                    cached = sum(f.stat().st_size for f in Path(home).rglob("*") if f.is_file())
+                outcome += f", cache {cached / path.stat().st_size:.1f}x the file"
             if not ok:
                 bad.append(f"{attack}/{name}")
             print(f"{attack:25} {name:18} {path.stat().st_size:>11,} {code if code is not None else '-':>4} "
