@@ -77,7 +77,7 @@ from memlens.units import parse_bytes
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 3  # 3: allocated as memory_allocated counts it, pending frees apart
+CACHE_VERSION = 4  # 3: allocated as memory_allocated counts it, pending frees apart; 4: strings cut at 4 KiB
 # Below this, parsing the pickle takes well under a second: not worth a file on disk.
 CACHE_MIN_BYTES = 8 << 20
 CACHE_DIR_ENV = "MEMLENS_CACHE_DIR"
