@@ -37,6 +37,7 @@ from memlens.predict.gpus import DEFAULT_GPU, GpuSpec, cublas_workspace_bytes, g
 from memlens.predict.guard import check_autograd_sees_cuda, ensure_cuda_guard
 from memlens.predict.sdpa import fused_sdpa
 from memlens.predict.tracking import CudaStorageTracker, MissingFakeKernel, PredictMode, PredictStackCapture
+from memlens.recorder.cpu_tracker import monotonic_epoch_clock
 
 _MEMLENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -118,19 +119,6 @@ def _caller_location(frame: Any) -> str | None:
     return None
 
 
-def _epoch_clock() -> Callable[[], int]:
-    """Microseconds since the epoch, strictly increasing (trace entries order exactly)."""
-    last = 0
-
-    def clock() -> int:
-        nonlocal last
-        now = time.time_ns() // 1000
-        last = now if now > last else last + 1
-        return last
-
-    return clock
-
-
 class PredictSession:
     """Enter to make ``cuda`` a simulated device in this process; exit to restore everything."""
 
@@ -155,7 +143,7 @@ class PredictSession:
             settings = AllocatorSettings.from_alloc_conf(os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
         self.settings = settings
         self.simulator = CachingAllocatorSimulator(
-            settings=settings, capacity=self.capacity, device=0, record_history=True, clock=_epoch_clock()
+            settings=settings, capacity=self.capacity, device=0, record_history=True, clock=monotonic_epoch_clock()
         )
         self.tracker = CudaStorageTracker(self.simulator, PredictStackCapture() if stacks else None)
         self.tracker.active = True

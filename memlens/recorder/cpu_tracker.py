@@ -248,7 +248,7 @@ class CpuSimulatedBackend:
         max_entries: int | None = None,
         roots: Iterable[object] = (),
     ) -> None:
-        self.clock = clock if clock is not None else _monotonic_epoch_clock()
+        self.clock = clock if clock is not None else monotonic_epoch_clock()
         self.settings = settings or AllocatorSettings()
         self.capacity = capacity
         self.max_entries = max_entries
@@ -349,7 +349,7 @@ def _apply_user_metadata(trace: list[dict[str, Any]], marks: list[tuple[int, str
         range_start, name_in_force = max(range_start, boundary), name
 
 
-def _monotonic_epoch_clock() -> Callable[[], int]:
+def monotonic_epoch_clock() -> Callable[[], int]:
     """Microseconds since the epoch, strictly increasing, so step boundaries order exactly."""
     import time
 
