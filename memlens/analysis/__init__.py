@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -45,13 +44,23 @@ FINDERS: tuple[tuple[str, Finder], ...] = (
 )
 
 
-def analyze(source: str | os.PathLike[str] | Snapshot, **settings: Any) -> Report:
+def analyze(
+    source: str | os.PathLike[str] | Snapshot,
+    *,
+    capacity: int | str | None = None,
+    device: int | None = None,
+    bytes_per_param: int | None = None,
+    top_stacks: int | None = None,
+) -> Report:
     """Analyse a snapshot file or a loaded ``Snapshot``.
 
-    Settings: ``capacity`` (bytes or "80GiB"; else the recorder's sidecar), ``device`` (one
-    device; default all), ``bytes_per_param`` (to turn parameter bytes into a count), ``top_stacks``.
+    ``capacity``: the device's memory (bytes or "80GiB"; default the recorder's sidecar);
+    ``device``: one device (default all); ``bytes_per_param``: to turn parameter bytes into a
+    count (default fp32's 4); ``top_stacks``: stacks kept per category (default 5).
     """
-    options = AnalysisSettings.from_kwargs(**settings)
+    options = AnalysisSettings.from_kwargs(
+        capacity=capacity, device=device, bytes_per_param=bytes_per_param, top_stacks=top_stacks
+    )
     if isinstance(source, Snapshot):
         snapshot = source
     else:
