@@ -24,8 +24,8 @@ import numpy as np
 import numpy.typing as npt
 
 from memlens.analysis.context import DeviceContext
+from memlens.analysis.datatypes import Finding
 from memlens.analysis.lifetimes import byte_counts
-from memlens.analysis.report import Finding
 from memlens.analysis.settings import (
     ACTIVATION_HIGH_SEVERITY_FRACTION,
     ACTIVATION_MEDIUM_SEVERITY_FRACTION,

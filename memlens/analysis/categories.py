@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from memlens.analysis.datatypes import CATEGORIES, Step
 from memlens.analysis.lifetimes import Lifetimes, byte_counts
-from memlens.analysis.report import CATEGORIES, Step
 from memlens.analysis.stacks import StackFacts
 
 I64 = npt.NDArray[np.int64]

@@ -12,8 +12,8 @@ import numpy as np
 import numpy.typing as npt
 
 from memlens.analysis.categories import Phases, build_phases, classify
+from memlens.analysis.datatypes import Finding, StackBytes, Step
 from memlens.analysis.lifetimes import Lifetimes, build_lifetimes
-from memlens.analysis.report import Finding, StackBytes, Step
 from memlens.analysis.settings import AnalysisSettings
 from memlens.analysis.stacks import StackFacts
 from memlens.analysis.steps import detect_steps, device_annotations, optimizer_windows

@@ -48,7 +48,7 @@ from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, what
 from memlens.allocator.settings import MIN_MAX_SPLIT_SIZE_MB
 from memlens.allocator.simulator import K_SMALL_SIZE
 from memlens.analysis.context import DeviceContext
-from memlens.analysis.report import Evidence, Finding
+from memlens.analysis.datatypes import Evidence, Finding
 from memlens.analysis.settings import (
     FRAGMENTATION_HIGH_SAVING_FRACTION,
     FRAGMENTATION_MIN_BLOCKED_FRACTION,

@@ -41,7 +41,7 @@ import numpy.typing as npt
 from memlens.allocator.simulator import K_MIN_BLOCK_SIZE
 from memlens.analysis.categories import OPTIMIZER_STATE
 from memlens.analysis.context import DeviceContext
-from memlens.analysis.report import Finding, Step
+from memlens.analysis.datatypes import Finding, Step
 from memlens.analysis.settings import (
     LEAK_HIGH_SEVERITY_STEPS_LEFT,
     LEAK_MEDIUM_SEVERITY_STEPS_LEFT,

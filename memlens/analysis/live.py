@@ -10,16 +10,21 @@ numbers with ``breakdown`` too). One call is a few vectorised passes over the li
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from memlens.analysis.categories import bytes_by_category
+from memlens.analysis.datatypes import CATEGORIES, StackBytes
 from memlens.analysis.lifetimes import Lifetimes
-from memlens.analysis.report import CATEGORIES, Report, StackBytes
 from memlens.analysis.stacks import StackFacts
 from memlens.errors import MemlensUsageError
 from memlens.snapshot.model import DeviceTrace
+
+if TYPE_CHECKING:
+    # Only ``live_at``'s annotation: report.py names ``LiveIndex`` the same way, type-only.
+    from memlens.analysis.report import Report
 
 I64 = npt.NDArray[np.int64]
 

@@ -15,7 +15,7 @@ import numpy as np
 from memlens.analysis import fragmentation
 from memlens.analysis.categories import bytes_by_category
 from memlens.analysis.context import DeviceContext
-from memlens.analysis.report import Finding
+from memlens.analysis.datatypes import Finding
 from memlens.analysis.settings import OOM_NEAR_CAPACITY_FRACTION
 from memlens.snapshot.model import Action
 from memlens.units import format_bytes

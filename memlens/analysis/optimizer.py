@@ -33,8 +33,8 @@ import numpy.typing as npt
 
 from memlens.analysis.categories import OPTIMIZER_STATE, PARAMETERS
 from memlens.analysis.context import DeviceContext, sidecar_number
+from memlens.analysis.datatypes import Finding
 from memlens.analysis.lifetimes import byte_counts
-from memlens.analysis.report import Finding
 from memlens.analysis.settings import (
     ADAM_STATE_BYTES_PER_PARAM,
     OPTIMIZER_MIN_BYTES,

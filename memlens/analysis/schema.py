@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memlens.analysis.report import CATEGORIES, FINDING_KINDS, SCHEMA_VERSION, SEVERITIES, STEP_SOURCES
+from memlens.analysis.datatypes import CATEGORIES, FINDING_KINDS, SCHEMA_VERSION, SEVERITIES, STEP_SOURCES
 
 _INT = {"type": "integer"}
 _NULLABLE_INT = {"type": ["integer", "null"]}

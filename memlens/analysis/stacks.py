@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from memlens.analysis.report import StackBytes
+from memlens.analysis.datatypes import StackBytes
 from memlens.analysis.settings import MAX_FRAMES_PER_STACK
 from memlens.snapshot.model import Frame, StackTable
 

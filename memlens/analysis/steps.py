@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from memlens.analysis.report import Step
+from memlens.analysis.datatypes import Step
 from memlens.analysis.settings import PERIODIC_BINS, PERIODIC_MIN_AUTOCORR, PERIODIC_MIN_STEPS
 from memlens.analysis.stacks import StackFacts, reduce_per_stack
 from memlens.snapshot.model import Annotation, DeviceTrace
