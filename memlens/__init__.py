@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from memlens._version import __version__
 from memlens.errors import MemlensError, MemlensFormatError, MemlensOutOfMemory, MemlensUsageError
 from memlens.snapshot import Snapshot, load
-
-__version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from memlens.analysis.report import Report

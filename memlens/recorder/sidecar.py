@@ -53,6 +53,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from memlens._version import __version__
+
 SIDECAR_VERSION = 1
 PICKLE_PROTOCOL = 4  # protocol 5 (the default) is not readable by the pytorch.org viewer
 
@@ -279,8 +281,6 @@ def build_sidecar(
     recorder: dict[str, Any],
 ) -> dict[str, Any]:
     import torch
-
-    from memlens import __version__
 
     return {
         "memlens_sidecar_version": SIDECAR_VERSION,
