@@ -99,7 +99,8 @@ class Budget:
         for line in self.items:
             if line.name == name:
                 return line
-        raise KeyError(name)
+        known = ", ".join(line.name for line in self.items)
+        raise MemlensUsageError(f"no budget item {name!r}; this budget has: {known}")
 
     def bytes_of(self, name: str) -> int:
         """Bytes of an item, 0 for one this setup does not have (e.g. activation_recompute)."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from memlens.errors import MemlensUsageError
+
 # Bytes of fp32 state ZeRO shards per parameter under mixed-precision Adam: 4 (master) + 8
 # (two moments). The reference, "Static memory", calls it K = 12.
 ZERO_STATE_BYTES_PER_PARAM = 12
@@ -149,7 +151,7 @@ def zero_static_bytes(n_params: int, stage: int, world_size: int) -> float:
         return 2 * n_params + (2 + k) * n_params / n
     if stage == 3:
         return (2 + 2 + k) * n_params / n
-    raise ValueError(f"ZeRO stage must be 0-3, not {stage}")
+    raise MemlensUsageError(f"ZeRO stage must be 0-3, not {stage}")
 
 
 def activation_rule_of_thumb_bytes(batch: int, seq: int, hidden: int, layers: int, bytes_per_element: float = 2) -> int:
@@ -181,7 +183,7 @@ def megatron_layer_activation_bytes(
     total = linear * seq * batch * hidden
     if not flash_attention:
         if heads is None:
-            raise ValueError("the attention-score term needs the number of heads")
+            raise MemlensUsageError("the attention-score term needs the number of heads")
         total += MEGATRON_ATTENTION_COEFF * heads * seq * seq * batch
     return round(total * bytes_scale)
 

@@ -81,7 +81,8 @@ class Reconciliation:
         for row in self.rows:
             if row.category == category:
                 return row
-        raise KeyError(category)
+        known = ", ".join(row.category for row in self.rows)
+        raise MemlensUsageError(f"no reconciled category {category!r}; the rows are: {known}")
 
     @property
     def ok(self) -> bool:

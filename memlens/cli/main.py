@@ -7,11 +7,11 @@ runs, so ``memlens triage`` never pays for importing dash or torch.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from memlens.errors import MemlensError
+from memlens.errors import MemlensError, MemlensOutOfMemory
 from memlens.printable import printable
 
 # name -> ("module:attribute", one-line help). Each module's docstring is its full help; the
@@ -45,9 +45,16 @@ class LazyGroup(click.Group):
         return command
 
     def invoke(self, ctx: click.Context) -> Any:
-        """User mistakes (``MemlensError``) become one line on stderr and exit code 2."""
+        """User mistakes (``MemlensError``) become one line on stderr and exit code 2.
+
+        A simulated out-of-memory is a result each command reports (``memlens whatif``: "out of
+        memory: yes", exit 0), never a mistake: one that escapes a command is our bug."""
         try:
             return super().invoke(ctx)
+        except MemlensOutOfMemory as exc:
+            if (ctx.obj or {}).get("debug"):
+                raise
+            _internal_error(ctx, exc)
         except MemlensError as exc:
             if (ctx.obj or {}).get("debug"):
                 raise
@@ -63,18 +70,22 @@ class LazyGroup(click.Group):
             click.echo(f"memlens: error: ran out of {what} on this input ({type(exc).__name__})", err=True)
             ctx.exit(2)
         except Exception as exc:
-            # Never a traceback for the user: a bug of ours (or a file we did not foresee) is still
-            # one line, naming the exception, with --debug to see where.
             if (ctx.obj or {}).get("debug"):
                 raise
-            click.echo(f"memlens: error: internal error: {type(exc).__name__}: {printable(exc, 300)} "
-                       "(rerun with --debug for the traceback, and please report it)", err=True)
-            ctx.exit(2)
+            _internal_error(ctx, exc)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, SUBCOMMANDS[name][1]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _internal_error(ctx: click.Context, exc: BaseException) -> NoReturn:
+    """Never a traceback for the user: a bug of ours (or a file we did not foresee) is still one
+    line, naming the exception, with --debug to see where."""
+    click.echo(f"memlens: error: internal error: {type(exc).__name__}: {printable(exc, 300)} "
+               "(rerun with --debug for the traceback, and please report it)", err=True)
+    ctx.exit(2)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -155,6 +155,18 @@ def test_zero_stages_match_the_reference_formulas() -> None:
     assert formulas.zero_static_bytes(7 * GB, 3, 8) == 14 * GB
 
 
+def test_bad_budget_inputs_are_usage_errors_and_still_value_errors() -> None:
+    budget = estimate(ModelSpec.from_numbers(1e9), adamw_mixed())
+    with pytest.raises(MemlensUsageError, match=r"no budget item 'wieghts'.*weights"):
+        budget.item("wieghts")
+    with pytest.raises(MemlensUsageError, match=r"no reconciled category 'param'.*parameters"):
+        reconcile(budget, {"parameters": GB}).row("param")
+    with pytest.raises(MemlensUsageError, match="ZeRO stage must be 0-3, not 4"):
+        formulas.zero_static_bytes(7 * GB, 4, 8)
+    with pytest.raises(ValueError, match="number of heads"):  # MemlensUsageError is a ValueError
+        formulas.megatron_layer_activation_bytes(1, 2048, 4096, None, flash_attention=False)
+
+
 def test_cpu_offload_moves_optimizer_state_and_master_to_host() -> None:
     budget = estimate(ModelSpec.from_numbers(1e9), adamw_mixed(offload_optimizer=True))
     assert budget.static_bytes == 4 * GB

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from memlens.allocator import CachingAllocatorSimulator
+from memlens.allocator import CachingAllocatorSimulator, SimulatedOOM
 from memlens.cli.main import cli, main
 from memlens.errors import MemlensUsageError
 from memlens.units import MiB
@@ -111,3 +111,23 @@ def test_help_is_the_module_docstring() -> None:
     result = CliRunner().invoke(cli, ["whatif", "--help"])
     assert result.exit_code == 0
     assert "Replay a snapshot through the caching-allocator simulator" in result.output
+
+
+def test_simulated_out_of_memory_is_a_result_not_an_error(snapshot_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["whatif", str(snapshot_path), "--capacity", "100MiB"])
+    assert result.exit_code == 0, result.output
+    oom_row = next(line for line in result.output.splitlines() if line.startswith("out of memory"))
+    assert oom_row.split()[3:5] == ["no", "yes"]  # recorded, simulated
+    assert "simulated OOM" in result.output
+
+
+def test_an_escaping_simulated_oom_is_reported_as_our_bug(snapshot_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import memlens.allocator
+
+    def escaping_oom(*args: object, **kwargs: object) -> None:
+        raise SimulatedOOM(requested=MiB, rounded=MiB, device_free=0, allocated=MiB, reserved=MiB)
+
+    monkeypatch.setattr(memlens.allocator, "whatif", escaping_oom)
+    result = CliRunner().invoke(cli, ["whatif", str(snapshot_path)])
+    assert result.exit_code == 2
+    assert "internal error: SimulatedOOM" in result.stderr and "please report it" in result.stderr
