@@ -4,10 +4,21 @@ The public face, nothing else: ``load`` a snapshot, ``analyze`` it, compute a ``
 ``record`` a training loop, ``whatif`` replay it through the allocator simulator, ``predict``
 a CUDA run's memory on a machine without a GPU. Heavy
 modules (torch, dash) are imported only when the function that needs them is called.
+
+The four entry points take the same explicit, typed keyword arguments as the functions they call
+(an IDE and ``mypy --strict`` see them; a misspelt option is a ``TypeError`` at the call), and
+import those functions' modules only when called. The subpackages (``memlens.budget``,
+``memlens.allocator``, ...) are attributes after a bare ``import memlens`` too, imported on first
+use (PEP 562 ``__getattr__``).
 """
 
 from __future__ import annotations
 
+import importlib
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from memlens._version import __version__
@@ -15,39 +26,147 @@ from memlens.errors import MemlensError, MemlensFormatError, MemlensOutOfMemory,
 from memlens.snapshot import Snapshot, load
 
 if TYPE_CHECKING:
+    # What the lazy attributes below are, for mypy and IDEs; at run time ``__getattr__`` imports them.
+    from memlens import allocator as allocator
+    from memlens import analysis as analysis
+    from memlens import budget as budget
+    from memlens import recorder as recorder
+    from memlens import reporters as reporters
+    from memlens import units as units
+    from memlens.allocator.replay import Observer, WhatIfResult
+    from memlens.allocator.settings import AllocatorSettings
     from memlens.analysis.report import Report
+    from memlens.predict.session import PredictResult
+    from memlens.recorder.session import Backend, Recorder
+
+# Subpackages a user reaches as ``memlens.<name>`` without importing them first. ``predict`` is
+# not here: it is the function below until ``import memlens.predict`` replaces it with the
+# (callable) subpackage.
+_LAZY_SUBMODULES = frozenset({"allocator", "analysis", "budget", "recorder", "reporters", "units"})
+
+# The recorder's defaults (memlens.recorder.session / .stacks), repeated so that the signature
+# below is complete without importing the recorder; tests/test_public_api.py keeps them equal.
+_RECORDER_MAX_ENTRIES = 200_000
+_RECORDER_MAX_STACK_DEPTH = 64
 
 
-def analyze(source: Any, **settings: Any) -> Report:
+def analyze(
+    source: str | os.PathLike[str] | Snapshot,
+    *,
+    capacity: int | str | None = None,
+    device: int | None = None,
+    bytes_per_param: int | None = None,
+    top_stacks: int | None = None,
+) -> Report:
     """Analyse a snapshot (a path or a loaded ``Snapshot``): see ``memlens.analysis.analyze``."""
     from memlens.analysis import analyze as _analyze
 
-    return _analyze(source, **settings)
+    return _analyze(source, capacity=capacity, device=device, bytes_per_param=bytes_per_param, top_stacks=top_stacks)
 
 
-def record(*args: Any, **kwargs: Any) -> Any:
+def record(
+    out: str | Path = "memlens_runs",
+    *,
+    steps: Iterable[int] | None = None,
+    name: str | None = None,
+    model: Any = None,
+    optimizer: Any = None,
+    device: str = "auto",
+    capacity: int | str | None = None,
+    allocator_settings: Any = None,
+    max_entries: int = _RECORDER_MAX_ENTRIES,
+    stacks: str = "python",
+    max_stack_depth: int = _RECORDER_MAX_STACK_DEPTH,
+    dump_every: int | None = None,
+    record_optimizer_steps: bool = False,
+    clock: Callable[[], int] | None = None,
+    filename_map: Callable[[str], str] | None = None,
+    backend: Backend | None = None,
+) -> Recorder:
     """Record a training loop's memory: see ``memlens.recorder.record``."""
     from memlens.recorder import record as _record
 
-    return _record(*args, **kwargs)
+    return _record(
+        out,
+        steps=steps,
+        name=name,
+        model=model,
+        optimizer=optimizer,
+        device=device,
+        capacity=capacity,
+        allocator_settings=allocator_settings,
+        max_entries=max_entries,
+        stacks=stacks,
+        max_stack_depth=max_stack_depth,
+        dump_every=dump_every,
+        record_optimizer_steps=record_optimizer_steps,
+        clock=clock,
+        filename_map=filename_map,
+        backend=backend,
+    )
 
 
-def predict(*args: Any, **kwargs: Any) -> Any:
+def predict(
+    fn: Callable[..., Any],
+    *args: Any,
+    capacity: int | str | None = None,
+    gpu: str | None = None,
+    reserve_outside: int | str = 0,
+    settings: AllocatorSettings | None = None,
+    stacks: bool = True,
+    placeholder_values: bool = False,
+    **kwargs: Any,
+) -> PredictResult:
     """Predict a CUDA run's memory on the CPU: see ``memlens.predict.predict``.
 
-    ``import memlens.predict`` replaces this function with the (callable) subpackage, so both
-    spellings call the same thing.
+    ``*args`` and ``**kwargs`` are ``fn``'s own arguments. ``import memlens.predict`` replaces
+    this function with the (callable) subpackage, so both spellings call the same thing.
     """
     from memlens.predict import predict as _predict
 
-    return _predict(*args, **kwargs)
+    return _predict(
+        fn,
+        *args,
+        capacity=capacity,
+        gpu=gpu,
+        reserve_outside=reserve_outside,
+        settings=settings,
+        stacks=stacks,
+        placeholder_values=placeholder_values,
+        **kwargs,
+    )
 
 
-def whatif(*args: Any, **kwargs: Any) -> Any:
+def whatif(
+    snapshot_or_path: Snapshot | str | Path,
+    settings: AllocatorSettings | None = None,
+    capacity: int | None = None,
+    device: int | None = None,
+    use_recorded_addresses: bool = True,
+    observer: Observer | None = None,
+) -> WhatIfResult:
     """Replay a snapshot through the allocator simulator: see ``memlens.allocator.whatif``."""
     from memlens.allocator import whatif as _whatif
 
-    return _whatif(*args, **kwargs)
+    return _whatif(
+        snapshot_or_path,
+        settings=settings,
+        capacity=capacity,
+        device=device,
+        use_recorded_addresses=use_recorded_addresses,
+        observer=observer,
+    )
+
+
+def __getattr__(name: str) -> ModuleType:
+    """``memlens.budget`` (and the other subpackages) after a bare ``import memlens``."""
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")  # also binds it in this module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _LAZY_SUBMODULES)
 
 
 __all__ = [
@@ -58,6 +177,7 @@ __all__ = [
     "Snapshot",
     "__version__",
     "analyze",
+    "budget",
     "load",
     "predict",
     "record",

@@ -618,7 +618,25 @@ def _allocator_settings(value: Any) -> Any:
     raise MemlensUsageError(f"allocator_settings must be AllocatorSettings or a string, got {value!r}")
 
 
-def record(out: str | Path = "memlens_runs", **options: Any) -> Recorder:
+def record(
+    out: str | Path = "memlens_runs",
+    *,
+    steps: Iterable[int] | None = None,
+    name: str | None = None,
+    model: Any = None,
+    optimizer: Any = None,
+    device: str = "auto",
+    capacity: int | str | None = None,
+    allocator_settings: Any = None,
+    max_entries: int = DEFAULT_MAX_ENTRIES,
+    stacks: str = "python",
+    max_stack_depth: int = DEFAULT_MAX_DEPTH,
+    dump_every: int | None = None,
+    record_optimizer_steps: bool = False,
+    clock: Callable[[], int] | None = None,
+    filename_map: Callable[[str], str] | None = None,
+    backend: Backend | None = None,
+) -> Recorder:
     """Record a training loop's memory; see this module's docstring for the whole story.
 
     Options: ``steps`` (iterable of step indices to keep; default all), ``name`` (file stem),
@@ -632,7 +650,24 @@ def record(out: str | Path = "memlens_runs", **options: Any) -> Recorder:
     ``optimizer.step()``), ``clock`` (``() -> int`` microseconds, for reproducible files) and
     ``filename_map`` (rewrite stack file names).
     """
-    return Recorder(out, **options)
+    return Recorder(
+        out,
+        steps=steps,
+        name=name,
+        model=model,
+        optimizer=optimizer,
+        device=device,
+        capacity=capacity,
+        allocator_settings=allocator_settings,
+        max_entries=max_entries,
+        stacks=stacks,
+        max_stack_depth=max_stack_depth,
+        dump_every=dump_every,
+        record_optimizer_steps=record_optimizer_steps,
+        clock=clock,
+        filename_map=filename_map,
+        backend=backend,
+    )
 
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "Recorder", "Terminated", "record"]
