@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, SimulatedOOM, get_allocation_size
-from memlens.errors import MemlensOutOfMemory, MemlensUsageError
+from memlens.errors import MemlensFormatError, MemlensOutOfMemory, MemlensUsageError
 from memlens.units import MiB
 
 
@@ -217,6 +217,7 @@ def test_oom_when_the_capacity_is_exceeded() -> None:
     with pytest.raises(SimulatedOOM) as caught:
         sim.malloc(20 * MiB)
     assert isinstance(caught.value, MemlensOutOfMemory)
+    assert not isinstance(caught.value, MemlensUsageError | MemlensFormatError)  # a result, not a mistake
     assert caught.value.requested == 20 * MiB
     assert caught.value.device_free == 10 * MiB
     assert actions(sim)[-1] == "oom"
