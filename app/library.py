@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from memlens.errors import MemlensError
+from memlens.files import process_alive
 from memlens.units import GiB
 from memlens_app.worker import AnalysisLimits, AnalysisStopped, WorkerGroup, analyse_in_worker
 
@@ -68,16 +69,6 @@ def _release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
 def remove_stale_upload_dirs(root: str | None = None) -> list[str]:
     """Delete upload folders left by memlens servers that were killed (their pid is gone)."""
     root = root or tempfile.gettempdir()
@@ -91,7 +82,7 @@ def remove_stale_upload_dirs(root: str | None = None) -> list[str]:
                 if entry.stat(follow_symlinks=False).st_uid != os.getuid():
                     continue
             pid = int(match.group(1))
-            if pid != os.getpid() and not _pid_alive(pid):
+            if not process_alive(pid):
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed.append(entry.path)
     return removed

@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 
 from memlens.errors import MemlensError, MemlensUsageError
+from memlens.files import trusted_file, trusted_folder
+from memlens.snapshot.cache import cache_dir
 
 _SOURCE = r"""
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -89,22 +91,14 @@ def _cache_dir() -> Path:
     The file is loaded into the process (``ctypes.CDLL``), so it must never come from a folder
     someone else could have written to: the same ownership rule as the snapshot cache.
     """
-    base = os.environ.get("MEMLENS_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "memlens")
-    folder = Path(base) / "predict"
     try:
+        folder = cache_dir() / "predict"
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if _private(folder) and _private(folder.parent):
+        if trusted_folder(os.lstat(folder)) and trusted_folder(os.lstat(folder.parent)):
             return folder
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: no home folder to put it in
         pass
     return Path(tempfile.mkdtemp(prefix="memlens-predict-"))
-
-
-def _private(path: Path) -> bool:
-    """Owned by this user and writable by nobody else (no symlink followed)."""
-    info = os.lstat(path)
-    return info.st_uid == os.geteuid() and not info.st_mode & 0o022
 
 
 def _library_path() -> Path:
@@ -143,7 +137,7 @@ def ensure_cuda_guard() -> None:
     if _loaded or torch.backends.cuda.is_built():
         return
     path = _library_path()
-    if not path.exists() or not _private(path):
+    if not path.exists() or not trusted_file(os.lstat(path)):
         if path.exists():
             path = Path(tempfile.mkdtemp(prefix="memlens-predict-")) / path.name  # never load a foreign file
         _build(path)

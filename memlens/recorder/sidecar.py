@@ -49,10 +49,10 @@ import pickle
 import platform
 import re
 import socket
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from memlens import files
 from memlens._version import __version__
 
 SIDECAR_VERSION = 1
@@ -60,22 +60,9 @@ PICKLE_PROTOCOL = 4  # protocol 5 (the default) is not readable by the pytorch.o
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.{_host_tag()}.{os.getpid()}.", suffix=".tmp",
-                                     dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a snapshot is a normal file
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp_name)
-        raise
-    _fsync_directory(path.parent)
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part;
+    the temporary file names this host and process, for ``remove_stale_files``."""
+    files.write_atomic(path, data, temp_prefix=f".{path.name}.{_host_tag()}.{os.getpid()}.")
 
 
 def _host_tag() -> str:
@@ -162,7 +149,7 @@ def remove_stale_files(directory: Path) -> list[Path]:
     for name in names:
         candidate = directory / name
         temp = _TEMP_NAME.match(name)
-        if temp is not None and temp["host"] == host and not _process_exists(int(temp["pid"])):
+        if temp is not None and temp["host"] == host and not files.process_alive(int(temp["pid"])):
             with contextlib.suppress(FileNotFoundError):
                 candidate.unlink()
                 removed.append(candidate)
@@ -185,37 +172,6 @@ def _unheld(marker: Path) -> bool:
         return True
     except OSError:
         return False  # held by a running recorder
-    finally:
-        os.close(fd)
-
-
-def _process_exists(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, but is not ours to signal
-    return True
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # not every platform can open a directory
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
     finally:
         os.close(fd)
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import html
 import os
-import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from memlens.analysis.report import finding_rank
+from memlens.files import write_atomic
 from memlens.units import format_bytes
 
 if TYPE_CHECKING:
@@ -84,30 +85,7 @@ def render_html(report: Report, device: int | None = None) -> str:
 </body></html>"""
 
 
-def _current_umask() -> int:
-    """The process umask, read without changing it (``os.umask`` can only set it)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
-
-
 def write_html(report: Report, path: str, device: int | None = None) -> None:
-    """Write atomically: an existing report is replaced whole or not at all."""
-    text = render_html(report, device)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".memlens-", suffix=".html.tmp")
-    try:
-        # mkstemp makes the file 0600; a report is meant to be shared, so it gets the mode any
-        # new file of the user's would (0644 under the usual umask).
-        os.fchmod(fd, 0o666 & ~_current_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """Write atomically (an existing report is replaced whole or not at all), with the mode any
+    new file of the user's would get: a report is meant to be shared."""
+    write_atomic(Path(path), render_html(report, device).encode("utf-8"))

@@ -62,6 +62,7 @@ from typing import IO, Any, cast
 import numpy as np
 
 from memlens.errors import MemlensUsageError
+from memlens.files import process_alive, trusted_file, trusted_folder
 from memlens.snapshot.model import (
     BLOCK_STATES,
     Action,
@@ -316,19 +317,6 @@ def _hash_file(source: str) -> tuple[str, tuple[int, ...]]:
     return digest.hexdigest(), identity
 
 
-def _owned_by_me(st: os.stat_result) -> bool:
-    return st.st_uid == os.geteuid()
-
-
-def _trusted_folder(st: os.stat_result) -> bool:
-    """A folder only this user (and root) can add, rename or remove files in."""
-    return stat.S_ISDIR(st.st_mode) and _owned_by_me(st) and not st.st_mode & 0o022
-
-
-def _trusted_file(st: os.stat_result, forbidden_bits: int = 0o022) -> bool:
-    return stat.S_ISREG(st.st_mode) and _owned_by_me(st) and not st.st_mode & forbidden_bits
-
-
 def _max_bytes() -> int:
     text = os.environ.get(CACHE_MAX_BYTES_ENV)
     if not text:
@@ -338,16 +326,6 @@ def _max_bytes() -> int:
     except MemlensUsageError:
         log.debug("memlens cache: ignoring %s=%r", CACHE_MAX_BYTES_ENV, text)
         return DEFAULT_MAX_BYTES
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, but is not ours to signal
-    return True
 
 
 class _CacheFolder:
@@ -384,7 +362,7 @@ class _CacheFolder:
         except OSError:
             os.close(fd)
             return None
-        if not _trusted_folder(st):
+        if not trusted_folder(st):
             log.debug("memlens cache: %s is not a folder owned by this user and private to it; not used", path)
             os.close(fd)
             return None
@@ -441,7 +419,7 @@ class _CacheFolder:
                 fd = -1
             if fd >= 0:
                 with os.fdopen(fd, "rb") as handle:
-                    trusted = _trusted_file(os.fstat(handle.fileno()), forbidden_bits=0o077)
+                    trusted = trusted_file(os.fstat(handle.fileno()), forbidden_bits=0o077)
                     key = handle.read(KEY_BYTES + 1)
                 if trusted and len(key) == KEY_BYTES:
                     return key
@@ -470,7 +448,8 @@ class _CacheFolder:
             entry = _ENTRY_RE.match(name)
             if temp:
                 pid = int(temp.group(1))
-                stale = now - st.st_mtime > STALE_TEMP_SECONDS or (pid != os.getpid() and not _process_alive(pid))
+                # Our own temporaries (another thread may be writing one) go by age only.
+                stale = now - st.st_mtime > STALE_TEMP_SECONDS or not process_alive(pid)
                 if stale:
                     self._remove(name)
             elif _LEGACY_ENTRY_RE.search(name) or (entry and int(entry.group(1)) < CACHE_VERSION):
@@ -627,7 +606,7 @@ def _read_entry(folder_fd: int, name: str, key: bytes, digest: Callable[[], str 
     fd = os.open(name, os.O_RDONLY | _OPEN_NOFOLLOW, dir_fd=folder_fd)
     with open(fd, "rb", buffering=0) as handle:
         st = os.fstat(fd)
-        _expect(_trusted_file(st), "not a regular file owned by this user and private to it")
+        _expect(trusted_file(st), "not a regular file owned by this user and private to it")
         members = _read_members(handle, st.st_size)
         stored_mac = members.pop(_MAC, None)
         _expect(stored_mac is not None and stored_mac.dtype == _UINT8, "no MAC")
