@@ -15,18 +15,16 @@ replays the trace up to its last cudaMalloc (to read the pools) and once in full
 from __future__ import annotations
 
 import argparse
-import gc
 import random
 import time
-from collections.abc import Callable
 from typing import Any
+
+from bench_analysis import best_of, print_budget  # the sibling script: same timing, same budget
 
 import memlens
 from memlens.allocator import CachingAllocatorSimulator
 from memlens.snapshot.reader import parse
 from memlens.units import MiB, format_bytes
-
-BUDGET_RATIO = 0.5
 
 
 def fragmenting_loop(events: int, seed: int = 0) -> dict[str, Any]:
@@ -53,16 +51,6 @@ def fragmenting_loop(events: int, seed: int = 0) -> dict[str, Any]:
     return sim.snapshot()
 
 
-def _best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
-    best, result = float("inf"), None
-    for _ in range(repeat):
-        gc.collect()
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -71,8 +59,8 @@ def main() -> int:
     start = time.perf_counter()
     raw = fragmenting_loop(args.events)
     print(f"simulated {len(raw['device_traces'][0]):,} trace entries in {time.perf_counter() - start:.1f}s")
-    parse_s, snapshot = _best(lambda: parse(raw, source="<fragmenting loop>"), args.repeat)
-    analyze_s, report = _best(lambda: memlens.analyze(snapshot), args.repeat)
+    parse_s, snapshot = best_of(lambda: parse(raw, source="<fragmenting loop>"), args.repeat)
+    analyze_s, report = best_of(lambda: memlens.analyze(snapshot), args.repeat)
     print(f"parse   {parse_s:7.3f}s")
     print(f"analyze {analyze_s:7.3f}s")
     for finding in report.findings:
@@ -81,9 +69,7 @@ def main() -> int:
             print(f"  fragmentation {finding.severity}: {evidence['blocked_cudamallocs']} of "
                   f"{evidence['cudamallocs']} cudaMallocs blocked; replay saving "
                   f"{format_bytes(finding.estimated_saving_bytes or 0)}")
-    ratio = analyze_s / parse_s
-    print(f"analyze / parse = {ratio:.2f} (budget {BUDGET_RATIO:.2f}) -> {'OK' if ratio <= BUDGET_RATIO else 'OVER'}")
-    return 0 if ratio <= BUDGET_RATIO else 1
+    return print_budget(analyze_s, parse_s)
 
 
 if __name__ == "__main__":
