@@ -263,6 +263,12 @@ class CpuSimulatedBackend:
         self._metadata_marks: list[tuple[int, str]] = []
         self._installed = False
 
+    def add_root(self, root: object) -> None:
+        """A model, optimizer or tensor whose tensors come first among the seeded live blocks
+        (kept only until history starts; later ones are already tracked)."""
+        if not self.tracker.active:
+            self._roots.append(root)
+
     # ------------------------------------------------------------- backend protocol
     def install(self) -> None:
         self.mode.__enter__()

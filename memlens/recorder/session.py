@@ -45,6 +45,7 @@ import itertools
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -135,8 +136,11 @@ class Recorder:
         self._reservation: Reservation | None = None  # held from start() to the last write
         self.name = name
         self._steps, self._first_step, self._last_step = _step_filter(steps)
-        self._model_stats = model_stats(model)
-        self._optimizer_stats = optimizer_stats(optimizer)
+        self._model_stats: dict[str, Any] | None = None
+        self._optimizer_stats: dict[str, Any] | None = None
+        # Weak references: recording must not keep the user's model or optimizer alive.
+        self._models: list[weakref.ref[Any]] = []
+        self._optimizers: list[weakref.ref[Any]] = []
         self.capacity = parse_bytes(capacity) if capacity is not None else None
         self.max_entries = max_entries
         self.stacks = stacks
@@ -152,9 +156,9 @@ class Recorder:
             max_stack_depth=max_stack_depth,
             clock=clock,
             filename_map=filename_map,
-            roots=[root for root in (model, optimizer) if root is not None],
         )
         self.backend.set_oom_handler(self._on_oom)
+        self.watch(model=model, optimizer=optimizer)
 
         self.paths: list[Path] = []  # every file written, newest last
         self.steps: list[dict[str, Any]] = []  # {index, start_us, end_us} of recorded steps
@@ -258,6 +262,38 @@ class Recorder:
         if self.oom is not None:
             line += f"; out of memory asking for {format_bytes(self.oom['requested_bytes'])}"
         return line
+
+    def watch(self, model: Any = None, optimizer: Any = None) -> None:
+        """Attach a model and/or an optimizer, before or after the session started.
+
+        What ``record(model=..., optimizer=...)`` does, for callers that get them later (a
+        framework callback, ``memlens record`` finding them through the hooked optimizer): their
+        statistics go into the sidecar, and their tensors (parameters, buffers, gradients,
+        optimizer state) are recorded by role at every step boundary. Watching the same object
+        twice changes nothing; a second model or optimizer replaces the sidecar's statistics.
+        """
+        if model is not None and not any(ref() is model for ref in self._models):
+            self._models.append(weakref.ref(model))
+            self._model_stats = model_stats(model)
+            add_root = getattr(self.backend, "add_root", None)
+            if add_root is not None:
+                add_root(model)
+        if optimizer is not None and not any(ref() is optimizer for ref in self._optimizers):
+            self._optimizers.append(weakref.ref(optimizer))
+            self._optimizer_stats = optimizer_stats(optimizer)
+            add_root = getattr(self.backend, "add_root", None)
+            if add_root is not None:
+                add_root(optimizer)
+
+    @property
+    def models(self) -> list[Any]:
+        """The watched models still alive."""
+        return [model for model in (ref() for ref in self._models) if model is not None]
+
+    @property
+    def optimizers(self) -> list[Any]:
+        """The watched optimizers still alive."""
+        return [opt for opt in (ref() for ref in self._optimizers) if opt is not None]
 
     # ---------------------------------------------------------------- steps
     @contextlib.contextmanager
@@ -572,7 +608,6 @@ def _make_backend(
     max_stack_depth: int,
     clock: Callable[[], int] | None,
     filename_map: Callable[[str], str] | None,
-    roots: list[Any],
 ) -> Backend:
     import torch
 
@@ -598,7 +633,6 @@ def _make_backend(
         clock=clock,
         stacks=stack_capture,
         max_entries=max_entries,
-        roots=roots,
     )
 
 
