@@ -6,20 +6,30 @@ back what the real allocator did, so the replay takes care to start from the sam
 
 * A window that begins mid-run (no ``segment_alloc`` for segments that exist at the end, frees
   of addresses never allocated in the window) is seeded with the segments and live blocks that
-  existed when recording began: the final segments, minus those created in the window, plus
-  those freed in it; live blocks are the final live blocks the window never touched plus every
-  address whose first event is a free.
+  existed when recording began (``memlens.allocator.initial_state`` infers them and says how).
+  A complete history seeds nothing.
 * Memory becomes reusable at ``free_completed``; an address with only ``free_requested`` is
   freed there. Frees of addresses the replay never saw allocated are ignored.
 * New segments are placed at the addresses the recorded run's cudaMalloc returned (when the
-  sizes agree), so best-fit ties between equal-sized free blocks go the same way.
-* A run of recorded ``segment_free`` / ``segment_unmap`` entries (``empty_cache()``, or the
-  allocator's free-and-retry before an OOM) is replayed as ``empty_cache()``.
+  sizes agree), so best-fit ties between equal-sized free blocks go the same way. Each
+  simulated segment is paired with the recorded one it stands for (same size, among the next
+  few recorded ``segment_alloc``s), and where a tensor lands is compared as (segment, offset):
+  ``alloc_segment_offset_match``, which holds whether the bases were copied or fresh.
+  ``alloc_address_match`` (raw address equality) is 1.0 with copied bases only because the
+  bases are copied.
+* A run of recorded ``segment_free`` / ``segment_unmap`` entries is replayed by its cause
+  (``memlens.allocator.releases``): the program's ``empty_cache()`` is replayed as
+  ``empty_cache()`` under any settings; the allocator's own free-and-retry or garbage
+  collection is not replayed: the simulator, which runs the same rules against the capacity,
+  releases memory where the simulated settings make it run short. Without a capacity the
+  simulation can never run short, so such a run, and one whose cause cannot be told, is
+  replayed as ``empty_cache()`` (the recorded allocator's choice, carried into the what-if),
+  and the result's notes say so.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_right, insort
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,23 +37,27 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from memlens.allocator.initial_state import InitialState, infer_initial_state
+from memlens.allocator.releases import ALLOCATOR, EMPTY_CACHE, Release, classify_releases
 from memlens.allocator.settings import AllocatorSettings
-from memlens.allocator.simulator import (
-    K_SMALL_BUFFER,
-    K_SMALL_SIZE,
-    CachingAllocatorSimulator,
-    SimulatedOOM,
-)
+from memlens.allocator.simulator import CachingAllocatorSimulator, SimulatedOOM
 from memlens.errors import MemlensUsageError
+from memlens.snapshot.model import Action
 from memlens.units import format_bytes
 
 if TYPE_CHECKING:
-    from memlens.snapshot.model import DeviceTrace, Segment, Snapshot
+    from memlens.snapshot.model import DeviceTrace, Segment, Snapshot, StackTable
 
-# Action codes of memlens.snapshot.model.Action (kept as ints: the replay loop runs per event).
-_ALLOC, _FREE_REQUESTED, _FREE_COMPLETED = 0, 1, 2
-_SEGMENT_ALLOC, _SEGMENT_FREE, _SEGMENT_MAP, _SEGMENT_UNMAP, _OOM = 3, 4, 5, 6, 7
-_RELEASES = (_SEGMENT_FREE, _SEGMENT_UNMAP)
+# Plain ints of the one Action definition: the replay loop compares them once per event, and
+# an int compare is cheaper than an IntEnum member lookup there.
+_ALLOC = int(Action.ALLOC)
+_FREE_REQUESTED = int(Action.FREE_REQUESTED)
+_FREE_COMPLETED = int(Action.FREE_COMPLETED)
+_SEGMENT_ALLOC = int(Action.SEGMENT_ALLOC)
+_SEGMENT_FREE = int(Action.SEGMENT_FREE)
+_SEGMENT_MAP = int(Action.SEGMENT_MAP)
+_SEGMENT_UNMAP = int(Action.SEGMENT_UNMAP)
+_OOM = int(Action.OOM)
 # How far ahead in the recorded segment_alloc list a simulated cudaMalloc may look for a
 # segment of its size: a small window keeps the hint in step with the recorded order.
 _ADDRESS_HINT_LOOKAHEAD = 8
@@ -65,6 +79,10 @@ class WhatIfResult:
     recorded: dict[str, Any]
     simulated: dict[str, Any]
     seeded: bool = False
+    # What the replay was seeded with (empty for a complete history) and each recorded release
+    # run with its inferred cause.
+    initial_state: InitialState = field(default_factory=InitialState)
+    releases: list[Release] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     start_time_us: int | None = None
 
@@ -77,6 +95,12 @@ class WhatIfResult:
             "recorded_settings": self.recorded_settings.to_snapshot_dict(),
             "simulated_settings": self.settings.to_snapshot_dict(),
             "seeded_from_final_state": self.seeded,
+            "seeded_segments": len(self.initial_state.segments),
+            "seeded_live_blocks": self.initial_state.live_blocks,
+            "releases": [
+                {"first_event": r.start, "events": r.end - r.start, "cause": r.cause, "reason": r.reason}
+                for r in self.releases
+            ],
             "notes": list(self.notes),
             "recorded": dict(self.recorded),
             "simulated": dict(self.simulated),
@@ -134,7 +158,9 @@ def whatif(
         )
     segments = snapshot.segments_on(trace.device)
     recorded = recorded_figures(trace, segments)
-    replay = _Replay(trace, segments, recorded_settings, settings, capacity, use_recorded_addresses, observer)
+    replay = _Replay(
+        trace, segments, recorded_settings, settings, capacity, use_recorded_addresses, observer, snapshot.stacks
+    )
     simulated = replay.run()
     if capacity_note:
         replay.notes.insert(0, capacity_note)
@@ -147,6 +173,8 @@ def whatif(
         recorded=recorded,
         simulated=simulated,
         seeded=replay.seeded,
+        initial_state=replay.initial_state,
+        releases=replay.releases,
         notes=replay.notes,
         start_time_us=_time_at(trace, 0) if len(trace) else None,
     )
@@ -202,13 +230,33 @@ def _time_at(trace: DeviceTrace, index: int | None) -> int | None:
     return int(trace.time_us[index])
 
 
-@dataclass
-class _InitialSegment:
-    address: int
-    size: int
-    stream: int
-    is_small: bool
-    live: list[tuple[int, int, int]] = field(default_factory=list)
+class _RecordedSegments:
+    """The recorded run's live segments as the window goes, to name the segment of an address."""
+
+    def __init__(self, initial: InitialState, final_segments: list[Segment]) -> None:
+        self._sizes: dict[int, int] = {s.address: s.size for s in initial.segments}
+        # Expandable segments grow by page maps the trace cannot place in a reservation: their
+        # final extent stands for them throughout.
+        for segment in final_segments:
+            if segment.is_expandable:
+                self._sizes.setdefault(segment.address, segment.total_size)
+        self._starts = sorted(self._sizes)
+
+    def opened(self, address: int, size: int) -> None:
+        if address not in self._sizes:
+            insort(self._starts, address)
+        self._sizes[address] = size
+
+    def closed(self, address: int) -> None:
+        if self._sizes.pop(address, None) is not None:
+            del self._starts[bisect_right(self._starts, address) - 1]
+
+    def base_of(self, address: int) -> int | None:
+        index = bisect_right(self._starts, address) - 1
+        if index < 0:
+            return None
+        start = self._starts[index]
+        return start if address < start + self._sizes[start] else None
 
 
 class _Replay:
@@ -223,6 +271,7 @@ class _Replay:
         capacity: int | None,
         use_recorded_addresses: bool = True,
         observer: Observer | None = None,
+        stacks: StackTable | None = None,
     ) -> None:
         self.trace = trace
         self.observer = observer
@@ -231,8 +280,11 @@ class _Replay:
         self.recorded_settings = recorded_settings
         self.settings = settings
         self.capacity = capacity
+        self.stacks = stacks
         self.notes: list[str] = []
         self.seeded = False
+        self.initial_state = InitialState()
+        self.releases: list[Release] = []
         self.actions: list[int] = np.asarray(trace.action).tolist()
         self.addresses: list[int] = np.asarray(trace.address).tolist()
         self.sizes: list[int] = np.asarray(trace.size).tolist()
@@ -240,104 +292,64 @@ class _Replay:
         self._hints: list[tuple[int, int]] = [
             (a, s) for act, a, s in zip(self.actions, self.addresses, self.sizes, strict=True) if act == _SEGMENT_ALLOC
         ]
+        # The recorded segment a simulated cudaMalloc stands for, until the malloc that asked
+        # for it returns and the simulated base is known.
+        self._pending_pair: int | None = None
+        self._paired: dict[int, int] = {}  # simulated segment base -> recorded segment base
 
     # ------------------------------------------------------------------ address hints
     def _segment_address(self, size: int) -> int | None:
+        """Pair the new simulated segment with the recorded one of its size among the next few
+        recorded cudaMallocs; place it there if the replay copies the recorded bases."""
+        self._pending_pair = None
         for i, (address, hinted_size) in enumerate(self._hints[:_ADDRESS_HINT_LOOKAHEAD]):
             if hinted_size == size:
                 del self._hints[i]
-                return address
+                self._pending_pair = address
+                return address if self.use_recorded_addresses else None
         return None
 
-    # ------------------------------------------------------------------ initial state
-    def _initial_segments(self) -> list[_InitialSegment]:
-        """Segments (with their live blocks) that existed when the recording began."""
-        created: set[int] = set()
-        freed_initial: dict[int, _InitialSegment] = {}
-        has_map_events = False
-        events = zip(self.actions, self.addresses, self.sizes, self.streams, strict=True)
-        for act, address, size, stream in events:
-            if act == _SEGMENT_ALLOC:
-                created.add(address)
-            elif act == _SEGMENT_FREE:
-                if address in created:
-                    created.discard(address)
-                elif address not in freed_initial:
-                    freed_initial[address] = _InitialSegment(address, size, stream, size <= K_SMALL_BUFFER)
-            elif act in (_SEGMENT_MAP, _SEGMENT_UNMAP):
-                has_map_events = True
-        initial: dict[int, _InitialSegment] = dict(freed_initial)
-        final_live: list[tuple[int, int, int]] = []
-        for segment in self.segments:
-            if segment.address in created:
-                continue
-            if segment.is_expandable and has_map_events:
-                # Its mapped extent at the start cannot be told from the end state; the
-                # replay's own segment_map calls rebuild it.
-                continue
-            initial[segment.address] = _InitialSegment(
-                segment.address, segment.total_size, segment.stream, segment.segment_type == "small"
+    def _settle_pair(self, sim: CachingAllocatorSimulator, sim_address: int) -> None:
+        if self._pending_pair is None:
+            return
+        base = sim.segment_base(sim_address)
+        if base is not None:
+            self._paired[base] = self._pending_pair
+        self._pending_pair = None
+
+    # ------------------------------------------------------------------ releases
+    def _release_actions(self) -> dict[int, bool]:
+        """First row of each recorded release run -> whether the replay calls empty_cache() there."""
+        stacks = self.stacks
+        self.releases = classify_releases(
+            self.actions,
+            self.sizes,
+            np.asarray(self.trace.stack_id).tolist() if len(self.trace.stack_id) else [-1] * len(self.actions),
+            np.asarray(self.trace.reserved).tolist() if len(self.trace.reserved) else [0] * len(self.actions),
+            int(self.trace.baseline_reserved),
+            stacks.frames_of if stacks is not None else (lambda _stack: []),
+            self.recorded_settings,
+            self.capacity,
+        )
+        decisions: dict[int, bool] = {}
+        carried: list[int] = []
+        for release in self.releases:
+            if release.cause == EMPTY_CACHE:
+                decisions[release.start] = True
+            elif release.cause == ALLOCATOR and self.capacity is not None:
+                decisions[release.start] = False  # the simulator decides on its own
+            else:
+                decisions[release.start] = True
+                carried.append(release.start)
+        if carried:
+            why = "no capacity is known, so the simulation cannot run short" if self.capacity is None else (
+                "their cause cannot be told")
+            rows = ", ".join(str(r) for r in carried[:5]) + (" ..." if len(carried) > 5 else "")
+            self.notes.append(
+                f"{len(carried)} recorded release(s) (at event {rows}) replayed as empty_cache(): {why}; "
+                "a what-if with other settings inherits the recorded allocator's choice there"
             )
-            final_live.extend((b.address, b.size, b.requested_size) for b in segment.blocks if b.state != "inactive")
-        if has_map_events and any(s.is_expandable for s in self.segments):
-            self.notes.append("expandable segments mapped during the window are rebuilt by the replay")
-        if not initial:
-            return []
-
-        # Addresses the window touches: their first event says whether they were live at start.
-        first_event: dict[int, int] = {}
-        for i, (act, address) in enumerate(zip(self.actions, self.addresses, strict=True)):
-            if act <= _FREE_COMPLETED and address not in first_event:
-                first_event[address] = i
-        live: dict[int, tuple[int, int]] = {}  # address -> (size or 0 = unknown, requested)
-        for address, size, requested in final_live:
-            if address not in first_event:
-                live[address] = (size, requested)
-        for address, i in first_event.items():
-            if self.actions[i] != _ALLOC:
-                live[address] = (0, self.sizes[i])
-
-        starts = sorted(initial)
-        ordered = [initial[a] for a in starts]
-        ignored = 0
-        for address in sorted(live):
-            index = bisect_right(starts, address) - 1
-            if index < 0 or address >= ordered[index].address + ordered[index].size:
-                ignored += 1
-                continue
-            size, requested = live[address]
-            ordered[index].live.append((address, size, requested))
-        if ignored:
-            self.notes.append(f"{ignored} free(s) of addresses outside every known segment were ignored")
-        rounder = CachingAllocatorSimulator(self.recorded_settings, record_history=False)
-        for initial_segment in ordered:
-            initial_segment.live = self._block_sizes(initial_segment, rounder)
-        return ordered
-
-    def _block_sizes(self, segment: _InitialSegment, rounder: CachingAllocatorSimulator) -> list[tuple[int, int, int]]:
-        """Give blocks known only by their requested size a block size, in address order.
-
-        A large-pool block keeps the tail it was carved from when the remainder would have
-        been 1 MiB or less (``should_split``), and every cached large-pool block is over
-        1 MiB, so a gap of at most 1 MiB after a live block belongs to that block.
-        """
-        result: list[tuple[int, int, int]] = []
-        end = segment.address + segment.size
-        blocks = segment.live
-        for i, (address, size, requested) in enumerate(blocks):
-            boundary = blocks[i + 1][0] if i + 1 < len(blocks) else end
-            if size == 0:
-                size = rounder.round_size(requested)
-                gap = boundary - (address + size)
-                if not segment.is_small and 0 < gap <= K_SMALL_SIZE:
-                    size += gap
-            if address + size > boundary:
-                if result or boundary > address:
-                    size = boundary - address
-                if size <= 0:
-                    continue
-            result.append((address, size, requested))
-        return result
+        return decisions
 
     # ------------------------------------------------------------------ replay
     def run(self) -> dict[str, Any]:
@@ -346,14 +358,20 @@ class _Replay:
             capacity=self.capacity,
             device=self.trace.device,
             record_history=False,
-            segment_addresses=self._segment_address if self.use_recorded_addresses else None,
+            segment_addresses=self._segment_address,
         )
+        self.initial_state = infer_initial_state(
+            self.actions, self.addresses, self.sizes, self.streams, self.segments, self.recorded_settings
+        )
+        self.notes.extend(self.initial_state.notes)
+        recorded_segments = _RecordedSegments(self.initial_state, self.segments)
         mapping: dict[int, int] = {}
-        for segment in self._initial_segments():
+        for segment in self.initial_state.segments:
             try:
                 sim.restore_segment(segment.address, segment.size, segment.stream, segment.is_small, segment.live)
             except MemlensUsageError as exc:
                 self.notes.append(f"initial segment {segment.address:#x} skipped: {exc}")
+                recorded_segments.closed(segment.address)
                 continue
             self.seeded = True
             for address, _, _ in segment.live:
@@ -369,6 +387,7 @@ class _Replay:
                 )
 
         completes = self._completed_requests()
+        empty_cache_at = self._release_actions()
         peak_reserved = sim.reserved_bytes
         peak_event = -1
         fragmentation = sim.reserved_bytes - sim.requested_bytes
@@ -376,7 +395,8 @@ class _Replay:
         oom_event: int | None = 0 if over_capacity else None
         oom_size: int | None = None
         matches = allocs = 0
-        previous = -1
+        placed = same_place = 0  # allocs whose recorded segment is known; of those, same (segment, offset)
+        paired = self._paired
         actions, addresses, sizes, streams = self.actions, self.addresses, self.sizes, self.streams
         for i in range(0 if over_capacity else len(actions)):
             act = actions[i]
@@ -387,9 +407,16 @@ class _Replay:
                 except SimulatedOOM:
                     oom_event, oom_size = i, sizes[i]
                     break
+                self._settle_pair(sim, sim_address)
                 mapping[address] = sim_address
                 allocs += 1
                 matches += sim_address == address
+                recorded_base = recorded_segments.base_of(address)
+                if recorded_base is not None:
+                    placed += 1
+                    sim_base = sim.segment_base(sim_address)
+                    if sim_base is not None and paired.get(sim_base, sim_base) == recorded_base:
+                        same_place += sim_address - sim_base == address - recorded_base
                 if sim.requested_bytes > peak_allocated:
                     peak_allocated = sim.requested_bytes
                 reserved = sim.reserved_bytes
@@ -409,8 +436,17 @@ class _Replay:
                 sim_address = mapping.pop(addresses[i], -1)
                 if sim_address >= 0 and sim.is_allocated(sim_address):
                     sim.complete_free(sim_address)
-            elif act == _SEGMENT_ALLOC and self.observer is not None:
-                self.observer(i, sim)
+            elif act == _SEGMENT_ALLOC:
+                recorded_segments.opened(addresses[i], sizes[i])
+                if self.observer is not None:
+                    self.observer(i, sim)
+            elif act == _SEGMENT_FREE:
+                recorded_segments.closed(addresses[i])
+                if empty_cache_at.get(i):
+                    sim.empty_cache()
+            elif act == _SEGMENT_UNMAP:
+                if empty_cache_at.get(i):
+                    sim.empty_cache()
             elif act == _OOM:
                 if self.observer is not None:
                     self.observer(i, sim)
@@ -421,13 +457,11 @@ class _Replay:
                 except SimulatedOOM:
                     oom_event, oom_size = i, sizes[i]
                     break
+                self._settle_pair(sim, trial)
                 self.notes.append(
                     f"the request that failed at event {i} ({format_bytes(int(sizes[i]))}) fits in the simulation"
                 )
                 sim.free(trial)  # the recorded program never got it: keep the rest of the replay aligned
-            elif act in _RELEASES and previous not in _RELEASES:
-                sim.empty_cache()
-            previous = act
         return {
             "events": oom_event if oom_event is not None else len(actions),
             "peak_reserved_bytes": peak_reserved,
@@ -444,6 +478,8 @@ class _Replay:
             "oom_time_us": _time_at(self.trace, oom_event),
             "oom_size_bytes": oom_size,
             "alloc_address_match": (matches / allocs) if allocs else None,
+            "alloc_segment_offset_match": (same_place / placed) if placed else None,
+            "allocs_in_known_segment": placed,
         }
 
     def _completed_requests(self) -> set[int]:

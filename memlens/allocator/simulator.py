@@ -17,7 +17,7 @@ so a best-fit lookup is one ``bisect`` and ties go to the lower address, like Py
 from __future__ import annotations
 
 import itertools
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -285,6 +285,16 @@ class CachingAllocatorSimulator:
         pool = self._small if small else self._large
         blocks = (self._free[key & _ADDRESS_MASK] for key in pool.keys.get(stream, ()))
         return [(b.size, not b.is_split and b.expandable is None) for b in blocks]
+
+    def segment_base(self, address: int) -> int | None:
+        """Start of the segment (cudaMalloc'd range or expandable reservation) holding ``address``:
+        the replay compares where tensors land as (segment, offset), which does not depend on
+        where the segments themselves were placed."""
+        index = bisect_right(self._span_starts, address) - 1
+        if index < 0:
+            return None
+        start = self._span_starts[index]
+        return start if address < start + self._segment_spans[start] else None
 
     @property
     def device_free_bytes(self) -> int:
