@@ -1,33 +1,111 @@
-"""Write a self-contained HTML report (figures + findings) to share or attach to an issue.
+"""Export a snapshot: an HTML report to share, or its rows as JSON lines or CSV to query yourself.
 
-plotly.js is embedded, so the file opens offline in any browser.
+HTML (the default) is self-contained: plotly.js is embedded, so the file opens offline. JSON
+lines and CSV hold one table with fixed columns (README: "Export"): `events`, one row per trace
+event of every device with its frames resolved, its step and its category, or `blocks`, the
+allocator's segments and blocks when the snapshot was taken. Rows are streamed: memory stays flat
+however long the trace. `-o -` writes to standard output; a file appears whole or not at all.
+The format follows the output's suffix (.jsonl, .ndjson, .csv) unless --format says otherwise.
 
   memlens export snapshot.pickle -o report.html
+  memlens export snapshot.pickle -o events.jsonl
+  memlens export snapshot.pickle --format csv --table blocks -o blocks.csv
+  memlens export snapshot.pickle --format jsonl -o - | duckdb -c "select ... from read_json('/dev/stdin')"
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from typing import TYPE_CHECKING, cast
 
 import click
 
-from memlens.cli.common import CAPACITY, analyze_paths, help_text
+from memlens.cli.common import CAPACITY, analyze_paths, help_text, load_with_progress
 from memlens.errors import MemlensUsageError
+
+if TYPE_CHECKING:
+    from memlens.stream_export import Format, Table
+
+SUFFIX_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a writer killed by SIGPIPE (128 + 13)
+
+
+def _format_of(output: str | None, given: str | None) -> str:
+    if given is not None:
+        return given
+    suffix = os.path.splitext(output or "")[1].lower()
+    return SUFFIX_FORMATS.get(suffix, "html")
+
+
+def _check_output(output: str, snapshot: str) -> None:
+    if os.path.abspath(output) == os.path.abspath(snapshot):
+        raise MemlensUsageError("the output would overwrite the snapshot; choose another -o path")
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        raise MemlensUsageError(f"no such folder for the output: {folder}")
+    if os.path.isdir(output):
+        raise MemlensUsageError(f"{output} is a folder; -o names the file to write")
 
 
 @click.command(help=help_text(__doc__))
 @click.argument("snapshot", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True),
-              help="Where to write the HTML file.")
-@click.option("--device", type=int, default=None, help="Device index (default: the one with the most events).")
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Where to write ('-': standard output; JSON lines and CSV only). Needed for HTML; "
+                   "JSON lines and CSV default to standard output.")
+@click.option("--format", "fmt", type=click.Choice(["html", "jsonl", "csv"]), default=None,
+              help="html, jsonl or csv (default: from the output's suffix, else html).")
+@click.option("--table", type=click.Choice(["events", "blocks"]), default="events", show_default=True,
+              help="JSON lines and CSV: trace events, or the segments and blocks at the dump.")
+@click.option("--device", type=int, default=None,
+              help="HTML: the device detailed (default: the busiest). JSON lines and CSV: only this "
+                   "device's rows (default: every device).")
 @click.option("--capacity", type=CAPACITY, default=None, help="Device memory, e.g. 80GiB.")
-def export(snapshot: str, output: str, device: int | None, capacity: int | None) -> None:
-    from memlens.reporters.html import write_html
+@click.option("--analysis/--no-analysis", default=True, show_default=True,
+              help="JSON lines and CSV: fill the step and category columns (analyses the snapshot first).")
+@click.option("--cache/--no-cache", default=None,
+              help="Keep a fast .npz copy for the next open (default: for files of 8 MiB or more).")
+def export(snapshot: str, output: str | None, fmt: str | None, table: str, device: int | None,
+           capacity: int | None, analysis: bool, cache: bool | None) -> None:
+    fmt = _format_of(output, fmt)
+    if fmt == "html":
+        if output is None or output == "-":
+            raise MemlensUsageError("the HTML report needs a file: give -o report.html")
+        _check_output(output, snapshot)
+        from memlens.reporters.html import write_html
 
-    if os.path.abspath(output) == os.path.abspath(snapshot):
-        raise MemlensUsageError("the output would overwrite the snapshot; choose another -o path")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
-        raise MemlensUsageError(f"no such folder for the output: {os.path.dirname(os.path.abspath(output))}")
-    (report,) = analyze_paths([snapshot], capacity, device)
-    write_html(report, output, device)
-    click.echo(f"wrote {output} ({os.path.getsize(output) / 2**20:.1f} MiB)")
+        (report,) = analyze_paths([snapshot], capacity, device)
+        write_html(report, output, device)
+        click.echo(f"wrote {output} ({os.path.getsize(output) / 2**20:.1f} MiB)")
+        return
+    destination = output if output is not None else "-"
+    if destination != "-":
+        _check_output(destination, snapshot)
+    _export_rows(snapshot, destination, fmt, table, device, capacity, analysis, cache)
+
+
+def _export_rows(snapshot_path: str, destination: str, fmt: str, table: str, device: int | None,
+                 capacity: int | None, analysis: bool, cache: bool | None) -> None:
+    from memlens.stream_export import event_labels, open_output, write_table
+
+    snapshot = load_with_progress(snapshot_path, cache=cache)
+    devices = [device] if device is not None else None
+    if device is not None:
+        snapshot.device(device)  # an unknown device: one line naming the ones there are
+    labels = None
+    if analysis and table == "events":
+        from memlens.analysis import analyze_snapshot
+
+        labels = event_labels(analyze_snapshot(snapshot, capacity=capacity, device=device))
+    try:
+        with open_output(destination) as handle:
+            rows = write_table(snapshot, handle, cast("Format", fmt), cast("Table", table), labels, devices)
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, as a command killed by SIGPIPE would,
+        # and point stdout at /dev/null so the interpreter's last flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(EXIT_BROKEN_PIPE)
+    if destination != "-":
+        size = os.path.getsize(destination)
+        click.echo(f"wrote {destination} ({rows:,} rows of {table}, {size / 2**20:.1f} MiB)")

@@ -1,0 +1,433 @@
+"""A snapshot as rows for people who query it themselves: JSON lines or CSV, streamed.
+
+Two tables, each with fixed column names and types (``EVENT_COLUMNS``, ``BLOCK_COLUMNS``), so a
+file loads into pandas, DuckDB, Polars or Parquet with the same schema every time:
+
+* ``events``: one row per trace entry of every device (device, then trace order), with its
+  frames resolved to ``file:line:function`` and, where the analysis knows them, the category of
+  the allocation and the step;
+* ``blocks``: the allocator's state when the snapshot was taken, one row per block (a segment
+  without blocks gets one row whose block columns are null).
+
+A file holds one table, so every row of it has the same columns (what a Parquet or SQL table
+needs); ``memlens export --table blocks`` writes the second.
+
+Memory stays flat whatever the trace's length: rows are made and written a chunk at a time from
+the snapshot's columns (``CHUNK_ROWS`` rows), and resolved stacks are kept in a cache of bounded
+size. Files are written through a temporary file in the same folder and renamed at the end
+(``atomic_stream``), so a reader never sees half an export, and an interrupted one leaves none.
+
+Strings are the snapshot's own. JSON lines keep them exactly: JSON escapes control characters,
+and memlens also escapes what JSON would leave raw but a terminal acts on (DEL, C1 controls, line
+separators, bidi controls) and a lone surrogate (a pickle can hold one), so ``json.loads`` gives
+back the very string and ``cat`` shows only text. CSV is read by spreadsheets and terminals, so
+there a text cell has control, line-separator and bidi characters written as visible escapes
+(``\\x0a``, ``\\u202e``: ``memlens.printable``'s set, without its length cut), so one record is one
+line; and a cell a spreadsheet would run as a formula (starting with ``=``, ``+``, ``-`` or
+``@``) gets a leading ``'``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+import tempfile
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from memlens.analysis.datatypes import CATEGORIES
+from memlens.errors import MemlensUsageError
+from memlens.files import current_umask
+from memlens.printable import _UNPRINTABLE, _escape
+from memlens.snapshot.model import Action, DeviceTrace, Snapshot, StackTable
+
+if TYPE_CHECKING:
+    from memlens.analysis.analysis import Analysis
+
+Format = Literal["jsonl", "csv"]
+Table = Literal["events", "blocks"]
+FORMATS: tuple[Format, ...] = ("jsonl", "csv")
+TABLES: tuple[Table, ...] = ("events", "blocks")
+
+# Rows made and written at a time: large enough that numpy's per-call cost vanishes, small enough
+# that a chunk of rows with 60-frame stacks stays well under a MiB.
+CHUNK_ROWS = 2048
+# Resolved stacks kept for reuse; a training loop repeats a few thousand stacks, and a stack
+# longer than the limit (a hostile file's megabyte names) is resolved each time, never kept.
+STACK_CACHE_ENTRIES = 4096
+STACK_CACHE_MAX_CHARS = 16_384
+FRAME_SEPARATOR = ";"  # frames innermost first, as in flame-graph "folded" stacks (outermost last)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of an exported table: its name, its type and what a row's value means."""
+
+    name: str
+    type: Literal["int64", "string", "bool"]
+    nullable: bool
+    meaning: str
+
+
+EVENT_COLUMNS: tuple[Column, ...] = (
+    Column("device", "int64", False, "CUDA device index"),
+    Column("event", "int64", False, "row of this device's trace, from 0 (memlens' event numbers)"),
+    Column("action", "string", False, "alloc, free_requested, free_completed, segment_alloc, segment_free, "
+                                      "segment_map, segment_unmap, oom, snapshot or other"),
+    Column("address", "int64", False, "block or segment address"),
+    Column("size", "int64", False, "bytes"),
+    Column("stream", "int64", False, "CUDA stream"),
+    Column("time_us", "int64", True, "microseconds since the epoch; null when the file has no times"),
+    Column("allocated_bytes", "int64", False, "bytes allocated after this event (torch.cuda.memory_allocated), "
+                                              "memory live before the history began included"),
+    Column("reserved_bytes", "int64", False, "bytes reserved after this event (torch.cuda.memory_reserved)"),
+    Column("device_free", "int64", True, "free device memory the allocator saw, on oom rows; else null"),
+    Column("step", "int64", True, "index of the training step holding the event (the latest-started one); "
+                                  "null outside steps or with --no-analysis"),
+    Column("category", "string", True, "parameters, gradients, optimizer_state, activations, temporary or "
+                                      "unknown, on alloc rows and on the free that ends the allocation; "
+                                      "else null"),
+    Column("stack_id", "int64", True, "the stack's id, the same for every row with the same frames; "
+                                      "null without frames"),
+    Column("frames", "string", True, "the stack as file:line:function, innermost first, joined by ';'; "
+                                    "null without frames"),
+    Column("compile_context", "string", True, "torch.compile context; null when none"),
+    Column("user_metadata", "string", True, "torch.cuda.memory._set_memory_metadata text; null when none"),
+)
+
+BLOCK_COLUMNS: tuple[Column, ...] = (
+    Column("device", "int64", False, "CUDA device index"),
+    Column("segment", "int64", False, "the segment's position in the snapshot's list of segments"),
+    Column("segment_address", "int64", False, "segment address"),
+    Column("segment_size", "int64", False, "segment bytes (total_size)"),
+    Column("stream", "int64", False, "CUDA stream of the segment"),
+    Column("segment_type", "string", False, "large or small pool"),
+    Column("pool_id", "string", False, "memory pool id, its numbers joined by ','; '0,0' for the default pool"),
+    Column("is_expandable", "bool", False, "an expandable segment (expandable_segments:True)"),
+    Column("address", "int64", True, "block address; null for a segment without blocks"),
+    Column("size", "int64", True, "block bytes"),
+    Column("requested_size", "int64", True, "bytes the program asked for"),
+    Column("state", "string", True, "active_allocated, active_pending_free or inactive"),
+    Column("stack_id", "int64", True, "the allocating stack's id (as in the events table); null without frames"),
+    Column("frames", "string", True, "the allocating stack, as in the events table"),
+)
+
+COLUMNS: dict[Table, tuple[Column, ...]] = {"events": EVENT_COLUMNS, "blocks": BLOCK_COLUMNS}
+
+
+# --------------------------------------------------------------------------- what the analysis adds
+
+@dataclass(frozen=True)
+class EventLabels:
+    """What the analysis says about one device's rows: a category code per row (-1: none) and
+    the steps' row ranges, sorted by start."""
+
+    category: npt.NDArray[np.int8]
+    step_start: npt.NDArray[np.int64]
+    step_end: npt.NDArray[np.int64]
+    step_index: npt.NDArray[np.int64]
+
+    def steps_of(self, rows: npt.NDArray[np.int64]) -> list[int | None]:
+        """The latest-started step whose ``[start, end)`` holds each row, None where none does."""
+        if not self.step_start.size:
+            return [None] * len(rows)
+        k = np.searchsorted(self.step_start, rows, side="right") - 1
+        k_safe = np.maximum(k, 0)
+        inside = (k >= 0) & (rows < self.step_end[k_safe])
+        return [int(i) if ok else None for i, ok in zip(self.step_index[k_safe].tolist(), inside.tolist(), strict=True)]
+
+
+def event_labels(analysis: Analysis) -> dict[int, EventLabels]:
+    """Per analysed device, the category of every alloc row and of the free that ends the
+    allocation, and the steps' row ranges.
+
+    One byte per row: the categories are the ones the analysis gave each allocation (its
+    per-allocation index, ``Analysis.live``), never recomputed."""
+    labels = {}
+    for device, index in analysis.live.items():
+        n = len(analysis.snapshot.device(device))
+        category = np.full(n, -1, dtype=np.int8)
+        ended = (index.free_event >= 0) & (index.free_event < n)
+        category[index.free_event[ended]] = index.category[ended]
+        made = (index.alloc_event >= 0) & (index.alloc_event < n)
+        category[index.alloc_event[made]] = index.category[made]
+        steps = sorted(analysis.report.devices[device].steps, key=lambda s: (s.start_event, s.index))
+        labels[device] = EventLabels(
+            category=category,
+            step_start=np.array([s.start_event for s in steps], dtype=np.int64),
+            step_end=np.array([s.end_event for s in steps], dtype=np.int64),
+            step_index=np.array([s.index for s in steps], dtype=np.int64),
+        )
+    return labels
+
+
+# --------------------------------------------------------------------------- cells, per format
+
+def json_cell(text: str) -> bytes:
+    """A JSON string, exact once decoded. ensure_ascii=False keeps names readable; what JSON leaves
+    raw but a terminal acts on (DEL, C1 controls, line separators, bidi controls) is written as a
+    ``\\uXXXX`` escape, so ``cat``-ing the file is safe; a lone surrogate (legal in a pickle's str,
+    not encodable as UTF-8) becomes its escape too ("backslashreplace"), so it round-trips."""
+    dumped = _UNPRINTABLE.sub(_json_escape, json.dumps(text, ensure_ascii=False))
+    return dumped.encode("utf-8", "backslashreplace")
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+_FORMULA_STARTS = ("=", "+", "-", "@")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_CSV_QUOTED = re.compile('[,"\r\n]')
+
+
+def csv_text(text: str) -> str:
+    """What a CSV cell shows of ``text``: controls and bidi characters as visible escapes (the
+    ``printable`` set; a lone surrogate too: UTF-8 cannot hold one), and a leading ``'`` where a
+    spreadsheet would run the cell as a formula."""
+    shown = _LONE_SURROGATE.sub(_escape, _UNPRINTABLE.sub(_escape, text))
+    return "'" + shown if shown.startswith(_FORMULA_STARTS) else shown
+
+
+def csv_cell(text: str) -> bytes:
+    """``csv_text`` quoted as RFC 4180 asks (a comma or a quote inside: quoted, quotes doubled);
+    the empty string is ``""``, so it differs from null (an empty cell)."""
+    shown = csv_text(text)
+    if not shown or _CSV_QUOTED.search(shown):
+        shown = '"' + shown.replace('"', '""') + '"'
+    return shown.encode("utf-8")
+
+
+@dataclass(frozen=True)
+class _Syntax:
+    """How one format spells a row: the text cell, null, booleans and the row around the cells."""
+
+    text: Callable[[str], bytes]
+    null: bytes
+    header: Callable[[tuple[Column, ...]], bytes]
+    row_template: Callable[[tuple[Column, ...]], bytes]
+
+
+def _placeholder(column: Column) -> bytes:
+    # Non-null integers are formatted by %d; every other cell arrives as bytes already.
+    return b"%d" if column.type == "int64" and not column.nullable else b"%b"
+
+
+SYNTAX: dict[Format, _Syntax] = {
+    "jsonl": _Syntax(
+        text=json_cell,
+        null=b"null",
+        header=lambda columns: b"",
+        row_template=lambda columns: b"{" + b",".join(
+            json.dumps(c.name).encode("ascii") + b":" + _placeholder(c) for c in columns) + b"}\n",
+    ),
+    "csv": _Syntax(
+        text=csv_cell,
+        null=b"",
+        header=lambda columns: b",".join(c.name.encode("ascii") for c in columns) + b"\n",
+        row_template=lambda columns: b",".join(_placeholder(c) for c in columns) + b"\n",
+    ),
+}
+
+
+class _Cells:
+    """The cells of one format: text encoded once (stacks and interned strings in bounded caches),
+    optional integers, booleans."""
+
+    def __init__(self, stacks: StackTable, syntax: _Syntax) -> None:
+        self.stacks = stacks
+        self.encode = syntax.text
+        self.null = syntax.null
+        self.actions = [self.encode(a.label) for a in Action]
+        self.categories = [self.encode(name) for name in CATEGORIES]
+        self.stack_cache: OrderedDict[int, bytes] = OrderedDict()
+        self.text_cache: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+
+    def optional(self, value: int | None) -> bytes:
+        return self.null if value is None else b"%d" % value
+
+    def flag(self, value: bool) -> bytes:
+        return b"true" if value else b"false"
+
+    def frames(self, stack_id: int) -> bytes:
+        if stack_id < 0:
+            return self.null
+        cached = self.stack_cache.get(stack_id)
+        if cached is not None:
+            self.stack_cache.move_to_end(stack_id)
+            return cached
+        text = FRAME_SEPARATOR.join(f"{f.filename}:{f.line}:{f.name}" for f in self.stacks.frames_of(stack_id))
+        return _remember(self.stack_cache, stack_id, text, self.encode(text))
+
+    def category(self, code: int) -> bytes:
+        return self.categories[code] if code >= 0 else self.null
+
+    def text(self, table: list[str], index: int) -> bytes:
+        """Entry ``index`` of a trace's interned strings (compile contexts, metadata); -1: null."""
+        if index < 0:
+            return self.null
+        key = (id(table), index)
+        cached = self.text_cache.get(key)
+        if cached is not None:
+            self.text_cache.move_to_end(key)
+            return cached
+        text = table[index]
+        return _remember(self.text_cache, key, text, self.encode(text))
+
+
+def _remember(cache: OrderedDict[Any, bytes], key: Any, text: str, cell: bytes) -> bytes:
+    """Keep ``cell`` in the bounded ``cache`` unless its text is too long to be worth keeping."""
+    if len(text) <= STACK_CACHE_MAX_CHARS:
+        cache[key] = cell
+        if len(cache) > STACK_CACHE_ENTRIES:
+            cache.popitem(last=False)
+    return cell
+
+
+# --------------------------------------------------------------------------- rows
+
+def _event_rows(trace: DeviceTrace, labels: EventLabels | None, cells: _Cells, start: int,
+                stop: int) -> list[tuple[Any, ...]]:
+    """Rows ``start..stop-1`` of one trace in ``EVENT_COLUMNS`` order (``_placeholder``'s types)."""
+    count = stop - start
+    rows = np.arange(start, stop, dtype=np.int64)
+    action = trace.action[start:stop].tolist()
+    address = trace.address[start:stop].tolist()
+    size = trace.size[start:stop].tolist()
+    stream = trace.stream[start:stop].tolist()
+    optional = cells.optional
+    null = cells.null
+    times = list(map(optional, trace.time_us[start:stop].tolist())) if trace.has_time else [null] * count
+    allocated = trace.allocated[start:stop].tolist()
+    reserved = trace.reserved[start:stop].tolist()
+    device_free = trace.device_free[start:stop].tolist() if len(trace.device_free) else [0] * count
+    stack_ids = trace.stack_id[start:stop].tolist()
+    steps = list(map(optional, labels.steps_of(rows))) if labels is not None else [null] * count
+    categories = labels.category[start:stop].tolist() if labels is not None else [-1] * count
+    context_ids = trace.context_id[start:stop].tolist() if len(trace.context_id) else [-1] * count
+    metadata_ids = trace.metadata_id[start:stop].tolist() if len(trace.metadata_id) else [-1] * count
+    oom = int(Action.OOM)
+    device = trace.device
+    return [
+        (device, start + i, cells.actions[action[i]], address[i], size[i], stream[i], times[i],
+         allocated[i], reserved[i], b"%d" % device_free[i] if action[i] == oom else null, steps[i],
+         cells.category(categories[i]), optional(stack_ids[i]) if stack_ids[i] >= 0 else null,
+         cells.frames(stack_ids[i]), cells.text(trace.compile_context, context_ids[i]),
+         cells.text(trace.user_metadata, metadata_ids[i]))
+        for i in range(count)
+    ]
+
+
+def event_row_chunks(snapshot: Snapshot, cells: _Cells, labels: dict[int, EventLabels] | None = None,
+                     devices: list[int] | None = None) -> Iterator[list[tuple[Any, ...]]]:
+    """Every trace row of ``devices`` (default: all, in order) in chunks of ``CHUNK_ROWS``."""
+    for device in devices if devices is not None else snapshot.device_ids:
+        trace = snapshot.device(device)
+        device_labels = (labels or {}).get(device)
+        for start in range(0, len(trace), CHUNK_ROWS):
+            yield _event_rows(trace, device_labels, cells, start, min(start + CHUNK_ROWS, len(trace)))
+
+
+def block_row_chunks(snapshot: Snapshot, cells: _Cells,
+                     devices: list[int] | None = None) -> Iterator[list[tuple[Any, ...]]]:
+    """One row per block of the final state (a segment without blocks: one row, block columns null)."""
+    wanted = set(devices) if devices is not None else None
+    chunk: list[tuple[Any, ...]] = []
+    null = cells.null
+    for position, segment in enumerate(snapshot.segments):
+        if wanted is not None and segment.device not in wanted:
+            continue
+        head = (segment.device, position, segment.address, segment.total_size, segment.stream,
+                cells.encode(segment.segment_type), cells.encode(",".join(map(str, segment.pool_id))),
+                cells.flag(segment.is_expandable))
+        if not segment.blocks:
+            chunk.append((*head, null, null, null, null, null, null))
+        for block in segment.blocks:
+            stack_id = block.stack_id
+            chunk.append((*head, b"%d" % block.address, b"%d" % block.size, b"%d" % block.requested_size,
+                          cells.encode(block.state), cells.optional(stack_id) if stack_id >= 0 else null,
+                          cells.frames(stack_id)))
+        if len(chunk) >= CHUNK_ROWS:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+# --------------------------------------------------------------------------- writing
+
+def write_table(snapshot: Snapshot, handle: IO[bytes], fmt: Format = "jsonl", table: Table = "events",
+                labels: dict[int, EventLabels] | None = None, devices: list[int] | None = None) -> int:
+    """Write one table of ``snapshot`` to the binary ``handle`` in ``fmt``; returns the rows written.
+
+    ``labels`` (from ``event_labels``) fill the step and category columns; ``devices`` limits the
+    rows to those devices (each must be in the snapshot; default: all)."""
+    if fmt not in SYNTAX:
+        raise MemlensUsageError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
+    if table not in COLUMNS:
+        raise MemlensUsageError(f"unknown table {table!r} (use {', '.join(TABLES)})")
+    for device in devices or []:
+        snapshot.device(device)  # MemlensUsageError naming the devices there are
+    syntax = SYNTAX[fmt]
+    columns = COLUMNS[table]
+    cells = _Cells(snapshot.stacks, syntax)
+    template = syntax.row_template(columns)
+    chunks = (event_row_chunks(snapshot, cells, labels, devices) if table == "events"
+              else block_row_chunks(snapshot, cells, devices))
+    handle.write(syntax.header(columns))
+    written = 0
+    for rows in chunks:
+        handle.writelines(template % row for row in rows)  # one row's bytes at a time, never a chunk's
+        written += len(rows)
+    return written
+
+
+# --------------------------------------------------------------------------- destinations
+
+@contextlib.contextmanager
+def atomic_stream(path: Path) -> Iterator[IO[bytes]]:
+    """A binary handle whose bytes appear at ``path`` only when the block ends without error.
+
+    The streaming sibling of ``memlens.files.write_atomic``: a temporary file in the same folder
+    (named ``.NAME.PID.XXXXXXXX.tmp``), ``fsync``, ``os.replace``; the file gets the user's usual
+    mode. On any exception (Ctrl-C included) the temporary file is removed and ``path`` is left
+    as it was."""
+    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+        with os.fdopen(fd, "wb", buffering=1 << 20) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp_name)
+        raise
+    with contextlib.suppress(OSError):
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+@contextlib.contextmanager
+def open_output(output: str) -> Iterator[IO[bytes]]:
+    """``-``: standard output (flushed, left open); anything else: ``atomic_stream``."""
+    if output == "-":
+        stdout = sys.stdout.buffer
+        yield stdout
+        stdout.flush()
+    else:
+        with atomic_stream(Path(output)) as handle:
+            yield handle
