@@ -23,6 +23,7 @@ import click
 
 from memlens.analysis.report import FINDING_KINDS
 from memlens.cli.common import CAPACITY, analyze_paths, help_text
+from memlens.cli.lenses import lens_options, lenses_requested, run_lenses
 from memlens.errors import MemlensUsageError
 from memlens.units import parse_count
 
@@ -128,16 +129,21 @@ def budget_reconciliation(report: Report, device: int | None, flags: BudgetFlags
 @click.option("--full-stacks", is_flag=True, help="Print each finding's stacks whole, one frame a line.")
 @click.option("--width", type=int, default=None, help="Terminal width (default: detected; piped output: 80).")
 @click.option("--color/--no-color", default=None, help="Force colour on or off (default: only on a terminal).")
+@lens_options
 def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None, as_json: bool,
            fail_on: tuple[str, ...], params: float | None, optimizer: str | None, precision: str | None,
            hidden: int | None, layers: int | None, heads: int | None, vocab: int | None, batch: int | None,
            seq: int | None, checkpointing: str | None, config_path: str | None,
-           cache: bool | None, top: int, full_stacks: bool, width: int | None, color: bool | None) -> None:
+           cache: bool | None, top: int, full_stacks: bool, width: int | None, color: bool | None,
+           **lens: Any) -> None:
     from memlens.reporters.terminal import make_console, render_ranks, render_triage
 
     kinds = _split_kinds(fail_on)
     flags = BudgetFlags(params, optimizer, precision, hidden, layers, heads, vocab, batch, seq, checkpointing,
                         config_path)
+    if lenses_requested(lens):  # --group-by, --at, --file, --stages ...: those views, not the triage screen
+        run_lenses(list(snapshots), device, cache, as_json, width, color, lens)
+        return
     # Every device is analysed, so the summary can list each one holding memory; --device picks
     # the one detailed (and must exist in every file).
     reports = analyze_paths(list(snapshots), capacity, None, cache=cache)
