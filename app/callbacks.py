@@ -1,6 +1,7 @@
-"""Thin callbacks: look up the analysed report by id, hand it to a figure builder or a library call.
+"""Thin callbacks: look up the analysis by id, hand it to a figure builder or a library call.
 
-No analysis happens here. Numbers come from ``memlens.analyze`` (through ``Library``),
+No analysis happens here. Numbers come from ``memlens.analysis.analyze_snapshot`` (through
+``Library``: the report with its snapshot, for zoomed timelines, other moments and what-ifs),
 ``memlens.budget`` and ``memlens.allocator.whatif``; figures from ``memlens.figures``.
 """
 
@@ -15,9 +16,11 @@ from dash import ALL, Dash, Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
 from memlens import figures, units
-from memlens.analysis import live_at
-from memlens.analysis.report import format_evidence
+from memlens.analysis import Analysis, live_at
+from memlens.analysis.report import Report, format_evidence
+from memlens.analysis.views import timeline_of
 from memlens.errors import MemlensError
+from memlens.figures.compare import source_name
 from memlens.units import format_bytes, parse_bytes
 from memlens_app.layout import source_options
 from memlens_app.library import Library
@@ -55,17 +58,20 @@ def parse_count(text: str | None) -> int | None:
 
 
 def register_callbacks(app: Dash, library: Library) -> None:
-    def report_of(source_id: str | None) -> Any:
+    def analysis_of(source_id: str | None) -> Analysis:
         if not source_id:
             raise PreventUpdate
         try:
-            return library.report(source_id)
+            return library.analysis(source_id)
         except MemlensError:
             # An upload gone from the server, or a file stopped by the analysis limits:
             # load_source shows why in the message area; the other panes stay as they are.
             raise PreventUpdate from None
 
-    def device_of(report: Any, device: int | None) -> int:
+    def report_of(source_id: str | None) -> Report:
+        return analysis_of(source_id).report
+
+    def device_of(report: Report, device: int | None) -> int:
         return device if device is not None and device in report.devices else figures.primary_device(report)
 
     # ------------------------------------------------------------- uploads and picking
@@ -102,14 +108,14 @@ def register_callbacks(app: Dash, library: Library) -> None:
         if not source_id:
             return [], None, alert("Drop a snapshot above or pick one to begin.", "info"), *(["–"] * 5)
         try:
-            report = library.report(source_id)
+            report = library.analysis(source_id).report
         except MemlensError as exc:
             return [], None, alert(str(exc)), *(["–"] * 5)
         device_id = device_of(report, device if ctx.triggered_id == "device-picker" else None)
         dr = report.devices[device_id]
         options = [{"label": f"cuda:{d} ({report.devices[d].events:,} events)", "value": d}
                    for d in sorted(report.devices)]
-        notes = list(getattr(dr, "notes", [])) + list(report.snapshot.device(device_id).curve_warnings)
+        notes = list(dr.notes)
         message = html.Div([alert(n, "info") for n in notes[:4]]) if notes else None
         peak_at = ("before the window" if dr.peak_allocated_event is None
                    else f"event {dr.peak_allocated_event:,}")
@@ -151,9 +157,10 @@ def register_callbacks(app: Dash, library: Library) -> None:
         if trigger == "live-reset":
             view.pop("marker", None)
             return view
-        report = report_of(source_id)
+        analysis = analysis_of(source_id)
+        report = analysis.report
         device_id = device_of(report, device)
-        trace = report.snapshot.device(device_id)
+        trace = analysis.snapshot.device(device_id)
         if isinstance(trigger, dict) and trigger.get("type") == "finding":
             index = int(trigger["index"])
             if not any(clicks) or index >= len(report.devices[device_id].findings):
@@ -179,7 +186,9 @@ def register_callbacks(app: Dash, library: Library) -> None:
             x0, x1 = relayout["xaxis.range"]
         if x0 is None or x1 is None:
             raise PreventUpdate
-        start, end = figures.event_range(trace, float(x0), float(x1), x_axis)
+        shown = timeline_of(trace, report.devices[device_id].steps, start=view.get("start") or 0,
+                            end=view.get("end"), max_points=figures.DEFAULT_MAX_POINTS // 2)
+        start, end = figures.event_range(shown, float(x0), float(x1), x_axis)
         view.update({"start": start, "end": end})
         return view
 
@@ -196,17 +205,24 @@ def register_callbacks(app: Dash, library: Library) -> None:
         if not source_id:
             return empty_figure()
         try:
-            report = library.report(source_id)
+            analysis = library.analysis(source_id)
         except MemlensError:
             return empty_figure("This snapshot could not be loaded (see the message above).")
+        report = analysis.report
         view = view or {}
         device_id = device_of(report, device)
         if ctx.triggered_id in ("source-picker", "device-picker"):
             view = {}  # the old view belongs to the previous snapshot
         elif ctx.triggered_id == "x-axis":
             view = {k: v for k, v in view.items() if k not in ("start", "end")}
-        return figures.timeline_figure(report, view.get("start"), view.get("end"), device=device_id,
-                                       x_axis=x_axis, highlight=view.get("highlight"),
+        dr = report.devices[device_id]
+        zoomed = view.get("start") is not None or view.get("end") is not None
+        # The whole run, or the zoomed window at full resolution: cut from the trace, so a
+        # one-row spike inside the window still shows.
+        shown = timeline_of(analysis.snapshot.device(device_id), dr.steps, start=view.get("start") or 0,
+                            end=view.get("end"), max_points=figures.DEFAULT_MAX_POINTS // 2)
+        return figures.timeline_figure(dr, shown, x_axis="time" if x_axis == "time" else "event",
+                                       zoomed=zoomed, highlight=view.get("highlight"),
                                        marker_event=view.get("marker"))
 
     @app.callback(
@@ -249,16 +265,17 @@ def register_callbacks(app: Dash, library: Library) -> None:
     )
     def draw_live(source_id: str | None, device: int | None, moment: int | None) -> Any:
         try:
-            report = report_of(source_id)
+            analysis = analysis_of(source_id)
         except MemlensError:
             return empty_figure(""), "At the peak", None, True
+        report = analysis.report
         device_id = device_of(report, device)
         # A new snapshot or device starts at its peak (the moment belongs to the old one).
         event = None if ctx.triggered_id in ("source-picker", "device-picker") else moment
         try:
-            live = live_at(report, device_id, event)
+            live = live_at(analysis, device_id, event)
         except MemlensError:
-            live = live_at(report, device_id)
+            live = live_at(analysis, device_id)
         heading = f"Live {live.label}: {format_bytes(live.total_bytes)}"
         fig = figures.categories_figure(report.devices[device_id], live.categories, live.top_stacks_by_category,
                                         title=f"{heading} by category and stack")
@@ -276,7 +293,8 @@ def register_callbacks(app: Dash, library: Library) -> None:
             report = report_of(source_id)
         except MemlensError:
             return empty_figure("")
-        return figures.segment_map_figure(report.snapshot, device_of(report, device))
+        device_id = device_of(report, device)
+        return figures.segment_map_figure(report.devices[device_id].segment_map, device_id)
 
     # ------------------------------------------------------------- budget
 
@@ -295,7 +313,7 @@ def register_callbacks(app: Dash, library: Library) -> None:
             report = report_of(source_id)
         except MemlensError:
             raise PreventUpdate from None
-        sidecar = report.sidecar or getattr(report.snapshot, "sidecar", {}) or {}
+        sidecar = report.sidecar
         dr = report.devices[device_of(report, device)]
         prefill = budget_prefill(sidecar, dr.categories_at_peak.get("parameters", 0))
         capacity = dr.capacity_bytes or (sidecar.get("device") or {}).get("total_memory_bytes")
@@ -373,18 +391,19 @@ def register_callbacks(app: Dash, library: Library) -> None:
                    device: int | None) -> Any:
         from memlens.allocator import AllocatorSettings, whatif
 
-        report = report_of(source_id)
+        analysis = analysis_of(source_id)
+        report = analysis.report
         device_id = device_of(report, device)
         dr = report.devices[device_id]
         try:
             extra = parse_bytes(extra_text or "0")
             capacity = dr.capacity_bytes or (parse_bytes(capacity_text) if capacity_text else None)
-            recorded_settings = AllocatorSettings.from_snapshot_dict(report.snapshot.allocator_settings)
-            expandable = whatif(report.snapshot, AllocatorSettings(expandable_segments=True),
+            recorded_settings = AllocatorSettings.from_snapshot_dict(analysis.snapshot.allocator_settings)
+            expandable = whatif(analysis.snapshot, AllocatorSettings(expandable_segments=True),
                                 capacity=capacity, device=device_id)
             more = None
             if capacity:
-                more = whatif(report.snapshot, recorded_settings, capacity=capacity + extra, device=device_id)
+                more = whatif(analysis.snapshot, recorded_settings, capacity=capacity + extra, device=device_id)
         except MemlensError as exc:
             return alert(str(exc))
         columns = [("recorded", expandable.recorded), ("expandable_segments", expandable.simulated)]
@@ -406,7 +425,7 @@ def register_callbacks(app: Dash, library: Library) -> None:
         if not source_id:
             return [], None
         try:
-            report = library.report(source_id)
+            report = library.analysis(source_id).report
         except MemlensError:
             return [], None
         return ([{"label": f"cuda:{d}", "value": d} for d in sorted(report.devices)],
@@ -426,11 +445,11 @@ def register_callbacks(app: Dash, library: Library) -> None:
         if not source_a or not source_b:
             return empty_figure("Pick a second snapshot (another run or another rank) to compare."), None
         try:
-            a, b = library.report(source_a), library.report(source_b)
+            a, b = library.analysis(source_a).report, library.analysis(source_b).report
         except MemlensError as exc:
             return empty_figure(""), alert(str(exc))
         da, db = device_of(a, device_a), device_of(b, device_b)
-        names = (f"A: {figures._source_name(a, da)}", f"B: {figures._source_name(b, db)}")
+        names = (f"A: {source_name(a, da)}", f"B: {source_name(b, db)}")
         fig = figures.compare_figure(a, b, device_a=da, device_b=db, names=names, x_axis=x_axis)
         rows = figures.compare_rows(a, b, da, db)
         table = html.Table(className="table", children=[

@@ -225,8 +225,9 @@ class Library:
 
     # ----------------------------------------------------------------- reports
 
-    def report(self, source_id: str, *, showing: bool = True) -> Any:
-        """The analysed report of a source, from the cache or analysed now (one build per id).
+    def analysis(self, source_id: str, *, showing: bool = True) -> Any:
+        """The analysis (report and snapshot) of a source, from the cache or analysed now (one
+        build per id).
 
         ``showing=False``: the upload route's own first analysis, not the page asking to show it.
         """

@@ -99,7 +99,7 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
         except MemlensError as exc:
             return _error(503, str(exc))
         try:
-            report = library.report(source_id, showing=False)
+            report = library.analysis(source_id, showing=False).report
         except MemlensError as exc:
             library.forget(source_id)
             return _error(400, str(exc).replace(path, name))

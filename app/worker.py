@@ -9,7 +9,7 @@ and inherits none of the server's threads or sockets). The child caps its own ad
 the child when the deadline passes. The server's threads only wait on a pipe meanwhile, so
 every other request is answered.
 
-What comes back is the analysed ``Report`` (with its snapshot's numpy columns), pickled through
+What comes back is the ``Analysis`` (the report with its snapshot's numpy columns), pickled through
 the pipe: on a 1,000,000-event file that is ~76 MiB and well under a tenth of a second each way,
 next to ~2 s of analysis, so a plainer copy of the report would save little.
 """
@@ -119,7 +119,7 @@ def _forkserver() -> Any:
 
 
 def analyse_in_worker(path: str, *, uploaded: bool, limits: AnalysisLimits, workers: WorkerGroup) -> Any:
-    """Load and analyse ``path`` in a child process under ``limits``; the ``Report`` it built.
+    """Load and analyse ``path`` in a child process under ``limits``; the ``Analysis`` it built.
 
     Raises ``MemlensError`` for a file memlens cannot read (the reader's own message),
     ``AnalysisStopped`` when a limit was hit, ``AnalysisCrashed`` for a bug in memlens.
@@ -182,7 +182,9 @@ def analyze_file(path: str, uploaded: bool = False) -> Any:
 
     # An upload lives in a temporary folder: a cache file beside it would only cost disk.
     snapshot = memlens.load(path, cache=False if uploaded else None)
-    return memlens.analyze(snapshot)
+    from memlens.analysis import analyze_snapshot
+
+    return analyze_snapshot(snapshot)
 
 
 def _caused_by_memory_error(exc: BaseException) -> bool:

@@ -227,7 +227,7 @@ def main() -> None:
 
         report = memlens.analyze(memlens.load(path, cache=False))
         started = time.perf_counter()
-        fig = figures.timeline_figure(report)
+        fig = figures.timeline_figure(report.device())
         built = fig.to_json()
         build_s = time.perf_counter() - started
 

@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from memlens.analysis.lifetimes import build_lifetimes
+from memlens.analysis.analysis import Analysis
 from memlens.analysis.live import BEFORE_FIRST_ROW
-from memlens.analysis.report import CATEGORIES, DeviceReport, Report
-from memlens.analysis.stacks import StackFacts
+from memlens.analysis.report import CATEGORIES, DeviceReport
 
 TOP_STACKS = 10
 
@@ -57,26 +56,24 @@ class SnapshotDiff:
         }
 
 
-def live_bytes_by_stack(report: Report, device: DeviceReport) -> dict[tuple[str, ...], int]:
+def live_bytes_by_stack(analysis: Analysis, device: DeviceReport) -> dict[tuple[str, ...], int]:
     """Bytes live at the peak, per displayed stack (all of them, not only the top few)."""
-    trace = report.snapshot.device(device.device)
-    lifetimes = build_lifetimes(trace, report.snapshot.segments_on(device.device))
+    index = analysis.live_index(device.device)
     # No peak row: a dump without rows or a peak before the first row; either way the lifetimes
     # live at the instant before row 0.
     peak = device.peak_allocated_event if device.peak_allocated_event is not None else BEFORE_FIRST_ROW
-    mask = lifetimes.live_at(peak)
-    facts = StackFacts.build(report.snapshot.stacks)
-    sizes = lifetimes.size[mask]
-    stack_ids = lifetimes.stack_id[mask].astype(np.int64)
+    mask = index.live_mask(peak)
+    sizes = index.size[mask]
+    stack_ids = index.stack_id[mask].astype(np.int64)
     totals = np.bincount(stack_ids + 1, weights=sizes.astype(np.float64)) if sizes.size else np.zeros(0)
     out: dict[tuple[str, ...], int] = {}
     for slot in np.flatnonzero(totals):
-        key = tuple(facts.frames_for_display(int(slot) - 1)) or ("(no stack recorded)",)
+        key = tuple(index.facts.frames_for_display(int(slot) - 1)) or ("(no stack recorded)",)
         out[key] = out.get(key, 0) + round(totals[slot])
     return out
 
 
-def diff_reports(before: Report, after: Report, device_before: int | None = None,
+def diff_reports(before: Analysis, after: Analysis, device_before: int | None = None,
                  device_after: int | None = None, top: int = TOP_STACKS) -> SnapshotDiff:
     a, b = before.device(device_before), after.device(device_after)
     stacks_a, stacks_b = live_bytes_by_stack(before, a), live_bytes_by_stack(after, b)
@@ -84,8 +81,8 @@ def diff_reports(before: Report, after: Report, device_before: int | None = None
     changes = [c for c in changes if c.delta_bytes != 0]
     changes.sort(key=lambda c: (-abs(c.delta_bytes), c.frames))
     return SnapshotDiff(
-        before=before.source,
-        after=after.source,
+        before=before.report.source,
+        after=after.report.source,
         peak_allocated=(a.peak_allocated_bytes, b.peak_allocated_bytes),
         peak_reserved=(a.peak_reserved_bytes, b.peak_reserved_bytes),
         categories={name: (a.categories_at_peak.get(name, 0), b.categories_at_peak.get(name, 0))

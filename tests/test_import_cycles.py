@@ -160,3 +160,33 @@ def test_relative_and_type_checking_imports(tmp_path: Path) -> None:
 def test_memlens_has_no_import_cycles() -> None:
     cycle = find_cycle(import_graph(REPO_ROOT / PACKAGE))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def _all_imports(tree: ast.Module) -> Iterator[str]:
+    """Every module named by any import in the file: module level, in functions, type-only."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+# The report is plain data: what draws or prints it needs nothing of the snapshot it came from.
+REPORT_ONLY = ("memlens/reporters", "memlens/figures", "memlens/analysis/report.py",
+               "memlens/analysis/datatypes.py")
+
+
+def test_reporters_and_figures_read_the_report_alone() -> None:
+    checked = 0
+    for prefix in REPORT_ONLY:
+        root = REPO_ROOT / prefix
+        for path in ([root] if root.is_file() else sorted(root.rglob("*.py"))):
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            bad = sorted({name for name in _all_imports(tree)
+                          if name == "memlens.snapshot" or name.startswith("memlens.snapshot.")
+                          or name.startswith(("memlens.analysis.analysis", "memlens.analysis.live",
+                                              "memlens.analysis.views"))})
+            assert not bad, f"{path.relative_to(REPO_ROOT)} imports {bad}: take a Report, not a snapshot"
+            checked += 1
+    assert checked >= 8  # the walker found the files it guards

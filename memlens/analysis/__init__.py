@@ -1,10 +1,13 @@
 """Snapshot analysis: steps, categories at the peak, and findings (leak, activation plateau,
 optimizer spike, fragmentation, OOM).
 
-``analyze(path_or_snapshot, capacity=None, device=None) -> Report`` is the one entry point the
-CLI and the web app call. Each finder is a stateless ``find(ctx) -> list[Finding]`` run from
-``FINDERS`` in order; nothing here prints. ``live_at(report, device, event)`` tells what was
-live after any trace row (by category and stack), from the same per-allocation categories.
+``analyze(path_or_snapshot, capacity=None, device=None) -> Report`` returns plain data (what the
+terminal, the JSON and the HTML export show). ``analyze_snapshot(...) -> Analysis`` returns that
+report paired with its snapshot and per-allocation index, for consumers that ask new questions
+(the web app, ``live_at``, what-if, the lenses). Each finder is a stateless
+``find(ctx) -> list[Finding]`` run from ``FINDERS`` in order; nothing here prints.
+``live_at(analysis, device, event)`` tells what was live after any trace row (by category and
+stack), from the same per-allocation categories.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from memlens.analysis import activations, fragmentation, leak, oom, optimizer
+from memlens.analysis.analysis import Analysis
 from memlens.analysis.context import DeviceContext, build_context
 from memlens.analysis.live import BEFORE_FIRST_ROW, LiveBreakdown, LiveIndex, breakdown, live_at
 from memlens.analysis.report import (
@@ -30,6 +34,7 @@ from memlens.analysis.report import (
 )
 from memlens.analysis.settings import AnalysisSettings
 from memlens.analysis.stacks import StackFacts
+from memlens.analysis.views import segment_map_of, timeline_of
 from memlens.snapshot.model import Snapshot
 
 Finder = Callable[[DeviceContext], list[Finding]]
@@ -52,12 +57,25 @@ def analyze(
     bytes_per_param: int | None = None,
     top_stacks: int | None = None,
 ) -> Report:
-    """Analyse a snapshot file or a loaded ``Snapshot``.
+    """Analyse a snapshot file or a loaded ``Snapshot`` into a plain-data ``Report``.
 
     ``capacity``: the device's memory (bytes or "80GiB"; default the recorder's sidecar);
     ``device``: one device (default all); ``bytes_per_param``: to turn parameter bytes into a
     count (default fp32's 4); ``top_stacks``: stacks kept per category (default 5).
     """
+    return analyze_snapshot(source, capacity=capacity, device=device, bytes_per_param=bytes_per_param,
+                            top_stacks=top_stacks).report
+
+
+def analyze_snapshot(
+    source: str | os.PathLike[str] | Snapshot,
+    *,
+    capacity: int | str | None = None,
+    device: int | None = None,
+    bytes_per_param: int | None = None,
+    top_stacks: int | None = None,
+) -> Analysis:
+    """``analyze``, keeping the snapshot and the per-allocation index with the report."""
     options = AnalysisSettings.from_kwargs(
         capacity=capacity, device=device, bytes_per_param=bytes_per_param, top_stacks=top_stacks
     )
@@ -73,27 +91,27 @@ def analyze(
         traces = [snapshot.devices[d] for d in snapshot.device_ids]
     facts = StackFacts.build(snapshot.stacks)
     devices: dict[int, DeviceReport] = {}
+    live: dict[int, LiveIndex] = {}
     for trace in traces:
         ctx = build_context(snapshot, trace, options, facts)
         for _, find in FINDERS:
             ctx.findings.extend(find(ctx))
-        devices[trace.device] = _device_report(ctx)
+        live[trace.device] = LiveIndex.build(ctx.lifetimes, ctx.category, ctx.facts, ctx.settings.top_stacks)
+        devices[trace.device] = _device_report(ctx, live[trace.device])
     findings = sorted((f for d in devices.values() for f in d.findings), key=finding_rank)
-    return Report(
+    report = Report(
         source=snapshot.source,
-        snapshot=snapshot,
         devices=devices,
         findings=findings,
         format_guess=snapshot.format_guess,
         sidecar=dict(snapshot.sidecar),
     )
+    return Analysis(snapshot=snapshot, report=report, live=live)
 
 
-def _device_report(ctx: DeviceContext) -> DeviceReport:
+def _device_report(ctx: DeviceContext, index: LiveIndex) -> DeviceReport:
     trace = ctx.trace
-    lt = ctx.lifetimes
     n = ctx.events
-    index = LiveIndex.build(lt, ctx.category, ctx.facts, ctx.settings.top_stacks)
     peak_reserved_event: int | None = None  # None: the instant before the first row (or no rows)
     peak_reserved = trace.baseline_reserved
     if n and int(trace.reserved.max()) >= trace.baseline_reserved:
@@ -103,9 +121,6 @@ def _device_report(ctx: DeviceContext) -> DeviceReport:
     # live when the history began.
     peak = ctx.peak_event if ctx.peak_event is not None else (BEFORE_FIRST_ROW if n else None)
     categories, top = breakdown(index, trace, peak)
-    category_of_event = np.full(n, -1, dtype=np.int8)
-    made = lt.alloc_event >= 0
-    category_of_event[lt.alloc_event[made]] = ctx.category[made]
     return DeviceReport(
         device=ctx.device,
         events=n,
@@ -116,6 +131,8 @@ def _device_report(ctx: DeviceContext) -> DeviceReport:
         peak_reserved_bytes=peak_reserved,
         peak_reserved_event=peak_reserved_event,
         peak_time_us=ctx.time_at(ctx.peak_event if ctx.peak_event is not None else 0) if n else None,
+        start_time_us=ctx.time_at(0) if n else None,
+        peak_reserved_time_us=ctx.time_at(peak_reserved_event) if n and peak_reserved_event is not None else None,
         baseline_allocated_bytes=trace.baseline_allocated,
         final_allocated_bytes=trace.final_allocated,
         final_reserved_bytes=trace.final_reserved,
@@ -129,8 +146,8 @@ def _device_report(ctx: DeviceContext) -> DeviceReport:
         optimizer_window_source=ctx.optimizer_window_source,
         window_complete=trace.window_complete,
         notes=ctx.notes,
-        category_of_event=category_of_event,
-        live_index=index,
+        timeline=timeline_of(trace, ctx.steps) if n else None,
+        segment_map=segment_map_of(ctx.snapshot, ctx.device),
     )
 
 
@@ -139,6 +156,7 @@ __all__ = [
     "FINDERS",
     "FINDING_KINDS",
     "SCHEMA_VERSION",
+    "Analysis",
     "AnalysisSettings",
     "DeviceReport",
     "Finding",
@@ -147,5 +165,6 @@ __all__ = [
     "StackBytes",
     "Step",
     "analyze",
+    "analyze_snapshot",
     "live_at",
 ]

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from memlens.analysis.categories import Phases, build_phases, classify
-from memlens.analysis.datatypes import Finding, StackBytes, Step
+from memlens.analysis.categories import Phases, build_phases, classify, recorded_roles
+from memlens.analysis.datatypes import Finding, OptimizerWindowSource, StackBytes, Step, StepSource
 from memlens.analysis.lifetimes import Lifetimes, build_lifetimes
 from memlens.analysis.settings import AnalysisSettings
 from memlens.analysis.stacks import StackFacts
@@ -30,9 +30,9 @@ class DeviceContext:
     facts: StackFacts
     capacity: int | None
     steps: list[Step]
-    step_source: str
+    step_source: StepSource
     optimizer_windows: list[tuple[int, int]]
-    optimizer_window_source: str
+    optimizer_window_source: OptimizerWindowSource
     lifetimes: Lifetimes
     phases: Phases
     category: npt.NDArray[np.int8]
@@ -99,7 +99,8 @@ def build_context(
     lifetimes = build_lifetimes(trace, segments)
     phases = build_phases(detection.steps, len(trace), windows, lifetimes)
     has_history = bool((trace.action == Action.ALLOC).any())
-    category = classify(lifetimes, phases, facts, has_history)
+    roles = recorded_roles(snapshot.sidecar, trace.device, trace.time_us)
+    category = classify(lifetimes, phases, facts, has_history, roles)
     capacity = settings.capacity or sidecar_number(
         snapshot.sidecar, trace.device, "total_memory", "capacity_bytes", "capacity", "total_memory_bytes"
     )

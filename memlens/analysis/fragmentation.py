@@ -48,7 +48,7 @@ from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, what
 from memlens.allocator.settings import MIN_MAX_SPLIT_SIZE_MB
 from memlens.allocator.simulator import K_SMALL_SIZE
 from memlens.analysis.context import DeviceContext
-from memlens.analysis.datatypes import Evidence, Finding
+from memlens.analysis.datatypes import Evidence, Finding, Severity
 from memlens.analysis.settings import (
     FRAGMENTATION_HIGH_SAVING_FRACTION,
     FRAGMENTATION_MIN_BLOCKED_FRACTION,
@@ -398,6 +398,7 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
     if best is not None:
         facts["best_setting"] = best.setting
 
+    severity: Severity
     if avoids_oom or saving >= FRAGMENTATION_HIGH_SAVING_FRACTION * reference:
         severity = "high"
     elif oom_blocked or saving >= FRAGMENTATION_MIN_BYTES:

@@ -1,7 +1,7 @@
 """What was live after any trace row: bytes by category and the stacks holding them.
 
-``analyze()`` keeps, per device, the lifetimes it paired and the category it gave each one
-(``LiveIndex``, a private field of ``DeviceReport``). ``live_at(report, device, event)`` masks the
+The analysis keeps, per device, the lifetimes it paired and the category it gave each one
+(``LiveIndex``, in ``Analysis.live``). ``live_at(analysis, device, event)`` masks the
 lifetimes live after row ``event`` and sums them by that same category, so nothing is
 reclassified and ``live_at`` at the peak *is* ``categories_at_peak`` (``analyze`` builds the peak
 numbers with ``breakdown`` too). One call is a few vectorised passes over the lifetimes.
@@ -23,8 +23,8 @@ from memlens.errors import MemlensUsageError
 from memlens.snapshot.model import DeviceTrace
 
 if TYPE_CHECKING:
-    # Only ``live_at``'s annotation: report.py names ``LiveIndex`` the same way, type-only.
-    from memlens.analysis.report import Report
+    # Only ``live_at``'s annotation: analysis.py imports this module at run time.
+    from memlens.analysis.analysis import Analysis
 
 I64 = npt.NDArray[np.int64]
 
@@ -92,22 +92,22 @@ def breakdown(index: LiveIndex, trace: DeviceTrace, event: int | None) -> tuple[
     allocated = int(trace.allocated[event]) if event is not None and event >= 0 else trace.baseline_allocated
     # What the lifetimes cannot account for (a curve lifted over a wrapped ring buffer) is unknown.
     categories["unknown"] += max(allocated - sum(categories.values()), 0)
-    top = {}
+    top: dict[str, list[StackBytes]] = {}
     for code, name in enumerate(CATEGORIES):
         mask = live & (index.category == code)
         top[name] = index.facts.top_stacks(index.stack_id[mask], index.size[mask], index.top_stacks)
     return categories, top
 
 
-def live_at(report: Report, device: int | None, event: int | None = None) -> LiveBreakdown:
-    """What was live on ``device`` (``None``: the report's main device) after trace row ``event``.
+def live_at(analysis: Analysis, device: int | None, event: int | None = None) -> LiveBreakdown:
+    """What was live on ``device`` (``None``: the main device) after trace row ``event``.
 
     ``event=None`` means the peak. At the peak the result equals the device report's
     ``categories_at_peak`` and ``top_stacks_by_category``. Raises ``MemlensUsageError`` for an
     unknown device or a row outside the trace.
     """
-    device_report = report.device(device)  # MemlensUsageError for an unknown device
-    trace = report.snapshot.device(device_report.device)
+    device_report = analysis.device(device)  # MemlensUsageError for an unknown device
+    trace = analysis.snapshot.device(device_report.device)
     n = len(trace)
     peak = device_report.peak_allocated_event
     if peak is None and n:
@@ -118,26 +118,16 @@ def live_at(report: Report, device: int | None, event: int | None = None) -> Liv
         raise MemlensUsageError(f"event {event} is outside the trace of device {device_report.device} "
                                 f"(0..{n - 1})" if n else f"device {device_report.device} has no trace rows")
     event = None if event is None else int(event)
-    is_peak = event == peak
-    index = device_report.live_index
-    if index is not None:
-        categories, top = breakdown(index, trace, event)
-    elif is_peak:
-        categories = dict(device_report.categories_at_peak)
-        top = {name: list(device_report.top_stacks_by_category.get(name, [])) for name in CATEGORIES}
-    else:
-        raise MemlensUsageError("this report keeps no per-allocation data (it was not built by "
-                                "memlens.analyze), so only the peak can be shown")
+    categories, top = breakdown(analysis.live_index(device_report.device), trace, event)
     time_us = int(trace.time_us[max(event, 0)]) if event is not None and trace.has_time else None
     seconds = (time_us - int(trace.time_us[0])) / 1e6 if time_us is not None else None
     return LiveBreakdown(
         device=device_report.device,
         event=event,
-        is_peak=is_peak,
+        is_peak=event == peak,
         time_us=time_us,
         seconds=seconds,
         total_bytes=sum(categories.values()),
         categories=categories,
         top_stacks_by_category=top,
     )
-

@@ -1,16 +1,23 @@
-"""What an analysis returns: plain dataclasses, and their JSON form (see ``schema.py``).
+"""What an analysis returns: plain data, and its JSON form, both from one definition.
 
-Reporters (terminal, JSON, HTML) and the web app read these; none of them re-analyses.
+A ``Report`` holds numbers, names and text only: no snapshot, no arrays, no index. What
+``to_json`` writes is the whole report, and ``Report.from_json`` reads it back equal. The
+terminal and HTML reporters read a report and nothing else; consumers that need the snapshot
+too (the web app, ``live_at``, what-if) take a ``memlens.analysis.Analysis``, which pairs the
+two.
+
+Serialisation, validation and the JSON Schema are all derived from these dataclasses by msgspec
+(``memlens.analysis.schema``): there is no second, hand-written description of the format to
+drift from this one. Why msgspec rather than pydantic: see the README ("Dependencies").
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-import numpy.typing as npt
+import msgspec
 
 from memlens.analysis.datatypes import (
     CATEGORIES,
@@ -18,18 +25,23 @@ from memlens.analysis.datatypes import (
     SCHEMA_VERSION,
     SEVERITIES,
     STEP_SOURCES,
+    BlockView,
     Evidence,
     Finding,
+    OptimizerWindowSource,
+    PlainData,
+    SegmentMap,
+    SegmentView,
     StackBytes,
     Step,
+    StepSource,
+    Timeline,
+    as_json,
+    encode_json,
     finding_rank,
     format_evidence,
 )
-from memlens.errors import MemlensUsageError
-from memlens.snapshot.model import Snapshot
-
-if TYPE_CHECKING:
-    from memlens.analysis.live import LiveIndex
+from memlens.errors import MemlensFormatError, MemlensUsageError
 
 # The shared types live in ``datatypes`` (a leaf the analyses import); they are re-exported here
 # so ``from memlens.analysis.report import Finding`` keeps working for reporters, the app and tests.
@@ -39,85 +51,66 @@ __all__ = [
     "SCHEMA_VERSION",
     "SEVERITIES",
     "STEP_SOURCES",
+    "BlockView",
     "DeviceReport",
     "Evidence",
     "Finding",
     "Report",
+    "SegmentMap",
+    "SegmentView",
     "StackBytes",
     "Step",
+    "Timeline",
+    "as_json",
     "finding_rank",
     "format_evidence",
 ]
 
 
-@dataclass
-class DeviceReport:
+@dataclass(kw_only=True)
+class DeviceReport(PlainData):
+    """One device's analysis. Field order is the JSON's order (``kw_only`` lets it be)."""
+
     device: int
     events: int
+    window_complete: bool = True
+    step_source: StepSource
     steps: list[Step]
-    step_source: str
     peak_allocated_bytes: int
     peak_allocated_event: int | None
     peak_reserved_bytes: int
     peak_reserved_event: int | None
     peak_time_us: int | None
+    # Time of the first trace row and of the reserved peak: to say "+1.234 s" without the trace.
+    start_time_us: int | None = None
+    peak_reserved_time_us: int | None = None
     baseline_allocated_bytes: int
     final_allocated_bytes: int
     final_reserved_bytes: int
-    capacity_bytes: int | None
-    categories_at_peak: dict[str, int]
-    top_stacks_by_category: dict[str, list[StackBytes]]
-    findings: list[Finding]
     # Freed by the program, still waiting on another stream: not allocated, still reserved.
     pending_free_peak_bytes: int = 0
     pending_free_final_bytes: int = 0
+    capacity_bytes: int | None
+    categories_at_peak: dict[str, int]
+    top_stacks_by_category: dict[str, list[StackBytes]]
     # Optimizer.step windows as [start_event, end_event) and where they came from.
     optimizer_windows: list[tuple[int, int]] = field(default_factory=list)
-    optimizer_window_source: str = "none"
-    window_complete: bool = True
+    optimizer_window_source: OptimizerWindowSource = "none"
     notes: list[str] = field(default_factory=list)
-    # Category code (index into CATEGORIES) of every trace row that is an alloc, -1 elsewhere.
-    category_of_event: npt.NDArray[np.int8] | None = None
-    # Every lifetime with the category analyze() gave it, for ``memlens.analysis.live_at`` (what
-    # was live at any row). In memory only: not part of the JSON.
-    live_index: LiveIndex | None = field(default=None, repr=False, compare=False)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "device": self.device,
-            "events": self.events,
-            "window_complete": self.window_complete,
-            "step_source": self.step_source,
-            "steps": [s.to_json() for s in self.steps],
-            "peak_allocated_bytes": self.peak_allocated_bytes,
-            "peak_allocated_event": self.peak_allocated_event,
-            "peak_reserved_bytes": self.peak_reserved_bytes,
-            "peak_reserved_event": self.peak_reserved_event,
-            "peak_time_us": self.peak_time_us,
-            "baseline_allocated_bytes": self.baseline_allocated_bytes,
-            "final_allocated_bytes": self.final_allocated_bytes,
-            "final_reserved_bytes": self.final_reserved_bytes,
-            "pending_free_peak_bytes": self.pending_free_peak_bytes,
-            "pending_free_final_bytes": self.pending_free_final_bytes,
-            "capacity_bytes": self.capacity_bytes,
-            "categories_at_peak": {name: int(self.categories_at_peak.get(name, 0)) for name in CATEGORIES},
-            "top_stacks_by_category": {
-                name: [s.to_json() for s in self.top_stacks_by_category.get(name, [])] for name in CATEGORIES
-            },
-            "optimizer_windows": [[int(a), int(b)] for a, b in self.optimizer_windows],
-            "optimizer_window_source": self.optimizer_window_source,
-            "notes": list(self.notes),
-            "findings": [f.to_json() for f in self.findings],
-        }
+    findings: list[Finding]
+    timeline: Timeline | None = None
+    segment_map: SegmentMap = field(default_factory=SegmentMap)
 
 
-@dataclass
-class Report:
+
+@dataclass(kw_only=True)
+class Report(PlainData):
+    schema_version: int = SCHEMA_VERSION
     source: str
-    snapshot: Snapshot
+    format_guess: str
     devices: dict[int, DeviceReport]
     findings: list[Finding]
-    format_guess: str
+    # The recorder's sidecar (run metadata: model, optimizer, device, ranks), as read.
     sidecar: dict[str, Any] = field(default_factory=dict)
 
     def device(self, device: int | None = None) -> DeviceReport:
@@ -128,7 +121,7 @@ class Report:
         """
         if device is None:
             if not self.devices:
-                raise KeyError("the report has no devices")
+                raise MemlensUsageError(f"{self.source}: the report has no devices")
             return max(self.devices.values(),
                        key=lambda d: (d.peak_allocated_bytes, d.peak_reserved_bytes, d.events, -d.device))
         if device not in self.devices:
@@ -138,13 +131,27 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         """The documented, stable JSON form (``memlens.analysis.schema.REPORT_SCHEMA``)."""
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "source": self.source,
-            "format_guess": self.format_guess,
-            "devices": {str(d): report.to_json() for d, report in sorted(self.devices.items())},
-            "findings": [f.to_json() for f in self.findings],
-        }
+        return as_json(self)
 
     def to_json_str(self, indent: int | None = 2) -> str:
+        if indent is None:
+            return encode_json(self).decode("utf-8")
         return json.dumps(self.to_json(), indent=indent)
+
+    @classmethod
+    def from_json(cls, data: str | bytes | dict[str, Any], source: str = "<report>") -> Report:
+        """A report back from its JSON (text or parsed); a ``MemlensFormatError`` naming the
+        first field that does not fit, e.g. ``Expected `int`, got `str` - at `$.devices...```."""
+        try:
+            # Parsed JSON goes back through the JSON decoder, which reads the devices' text keys
+            # as numbers (``convert`` would not, strictly) and checks exactly as for text.
+            text = msgspec.json.encode(data) if isinstance(data, dict) else data
+            report = msgspec.json.decode(text, type=cls)
+        except msgspec.ValidationError as exc:
+            raise MemlensFormatError(source, f"not a memlens report: {exc}") from None
+        except msgspec.DecodeError as exc:
+            raise MemlensFormatError(source, f"not a memlens report (invalid JSON: {exc})") from None
+        if report.schema_version != SCHEMA_VERSION:
+            raise MemlensFormatError(source, f"report schema_version {report.schema_version} is not "
+                                     f"{SCHEMA_VERSION}, the one this memlens reads")
+        return report

@@ -20,7 +20,13 @@ freed but waiting on another stream are apart: ``pending_free_peak_bytes`` and
 optimizer_state, activations, temporary, unknown: they sum to ``peak_allocated_bytes``),
 ``top_stacks_by_category`` (per category, stacks as below), ``optimizer_windows`` (row ranges
 ``[start, end)``) with ``optimizer_window_source`` (annotations | frames | none), ``notes`` (text)
-and that device's ``findings``.
+that device's ``findings``, ``start_time_us``/``peak_reserved_time_us`` (null without
+timestamps), ``timeline`` (null without rows: ``events``, and per point ``event``, ``allocated``,
+``reserved``, ``time_us``: every bucket's lowest and highest point and every step's, so peaks
+survive; ``oom_event``/``oom_allocated``/``oom_requested``) and ``segment_map`` (``segments``,
+``reserved_bytes``, ``free_bytes``, ``largest_free_bytes``, ``hidden_bytes`` and the largest
+segments ``shown``, each with ``blocks`` of ``offset``, ``size``, ``state``). The report also
+carries the recorder's ``sidecar`` as read (an object; empty for files memlens did not record).
 
 A finding: ``kind`` (leak | activation_plateau | optimizer_spike | fragmentation | idle_cache |
 oom), ``device``, ``severity`` (high | medium | low), ``bytes`` (what the finding is about: leaked
@@ -33,166 +39,46 @@ module and may grow), ``summary`` (one line), ``recommendation`` and ``estimated
 (null when it cannot be told).
 
 Adding fields is compatible; renaming or removing one bumps ``schema_version``.
+
+``REPORT_SCHEMA`` (JSON Schema 2020-12) and ``validate`` are generated from the report's
+dataclasses by msgspec: the types in ``memlens.analysis.report`` are the only definition.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from memlens.analysis.datatypes import CATEGORIES, FINDING_KINDS, SCHEMA_VERSION, SEVERITIES, STEP_SOURCES
+import msgspec
 
-_INT = {"type": "integer"}
-_NULLABLE_INT = {"type": ["integer", "null"]}
-_STACK = {
-    "type": "object",
-    "required": ["frames", "bytes", "count"],
-    "properties": {"frames": {"type": "array", "items": {"type": "string"}}, "bytes": _INT, "count": _INT},
-}
-_STEP = {
-    "type": "object",
-    "required": ["index", "start_event", "end_event", "start_us", "end_us", "partial"],
-    "properties": {
-        "index": _INT,
-        "start_event": _INT,
-        "end_event": _INT,
-        "start_us": _NULLABLE_INT,
-        "end_us": _NULLABLE_INT,
-        "partial": {"type": "boolean"},
-    },
-}
-FINDING_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": [
-        "kind", "device", "severity", "bytes", "start_event", "end_event", "start_us", "end_us", "step",
-        "top_stacks", "evidence", "summary", "recommendation", "estimated_saving_bytes",
-    ],
-    "properties": {
-        "kind": {"type": "string", "enum": list(FINDING_KINDS)},
-        "device": _INT,
-        "severity": {"type": "string", "enum": list(SEVERITIES)},
-        "bytes": _INT,
-        "start_event": _INT,
-        "end_event": _INT,
-        "start_us": _NULLABLE_INT,
-        "end_us": _NULLABLE_INT,
-        "step": _NULLABLE_INT,
-        "top_stacks": {"type": "array", "items": _STACK},
-        "evidence": {
-            "type": "object",
-            "additionalProperties": {"type": ["integer", "number", "string"]},
-        },
-        "summary": {"type": "string"},
-        "recommendation": {"type": "string"},
-        "estimated_saving_bytes": _NULLABLE_INT,
-    },
-}
-_CATEGORY_BYTES = {
-    "type": "object",
-    "required": list(CATEGORIES),
-    "properties": {name: _INT for name in CATEGORIES},
-}
-DEVICE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": [
-        "device", "events", "window_complete", "step_source", "steps", "peak_allocated_bytes",
-        "peak_allocated_event", "peak_reserved_bytes", "peak_reserved_event", "peak_time_us",
-        "baseline_allocated_bytes", "final_allocated_bytes", "final_reserved_bytes", "capacity_bytes",
-        "categories_at_peak", "top_stacks_by_category", "optimizer_windows", "optimizer_window_source",
-        "notes", "findings",
-    ],
-    "properties": {
-        "device": _INT,
-        "events": _INT,
-        "window_complete": {"type": "boolean"},
-        "step_source": {"type": "string", "enum": list(STEP_SOURCES)},
-        "steps": {"type": "array", "items": _STEP},
-        "peak_allocated_bytes": _INT,
-        "peak_allocated_event": _NULLABLE_INT,
-        "peak_reserved_bytes": _INT,
-        "peak_reserved_event": _NULLABLE_INT,
-        "peak_time_us": _NULLABLE_INT,
-        "baseline_allocated_bytes": _INT,
-        "final_allocated_bytes": _INT,
-        "final_reserved_bytes": _INT,
-        "pending_free_peak_bytes": _INT,
-        "pending_free_final_bytes": _INT,
-        "capacity_bytes": _NULLABLE_INT,
-        "categories_at_peak": _CATEGORY_BYTES,
-        "top_stacks_by_category": {
-            "type": "object",
-            "required": list(CATEGORIES),
-            "properties": {name: {"type": "array", "items": _STACK} for name in CATEGORIES},
-        },
-        "optimizer_windows": {
-            "type": "array",
-            "items": {"type": "array", "items": _INT, "minItems": 2, "maxItems": 2},
-        },
-        "optimizer_window_source": {"type": "string", "enum": ["annotations", "frames", "none"]},
-        "notes": {"type": "array", "items": {"type": "string"}},
-        "findings": {"type": "array", "items": FINDING_SCHEMA},
-    },
-}
-REPORT_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": "memlens analysis report",
-    "type": "object",
-    "required": ["schema_version", "source", "format_guess", "devices", "findings"],
-    "properties": {
-        "schema_version": {"type": "integer", "enum": [SCHEMA_VERSION]},
-        "source": {"type": "string"},
-        "format_guess": {"type": "string"},
-        "devices": {"type": "object", "additionalProperties": DEVICE_SCHEMA},
-        "findings": {"type": "array", "items": FINDING_SCHEMA},
-    },
-}
-
-_TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,),
-    "array": (list,),
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "null": (type(None),),
-}
+from memlens.analysis.datatypes import SCHEMA_VERSION
+from memlens.analysis.report import Report
+from memlens.errors import MemlensFormatError
 
 
-def _type_ok(value: Any, name: str) -> bool:
-    if name in ("integer", "number") and isinstance(value, bool):
-        return False
-    return isinstance(value, _TYPES[name])
+def _report_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = msgspec.json.schema(Report)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "memlens analysis report"
+    # The one version this memlens writes and reads, not any integer.
+    definition = schema["$defs"]["Report"]
+    definition["properties"]["schema_version"] = {"type": "integer", "enum": [SCHEMA_VERSION]}
+    definition["required"] = sorted({*definition.get("required", []), "schema_version"})
+    return schema
 
 
-def validate(instance: Any, schema: dict[str, Any] | None = None, path: str = "$") -> list[str]:
-    """Errors of ``instance`` against the JSON-Schema subset used here (empty list: valid).
+REPORT_SCHEMA: dict[str, Any] = _report_schema()
 
-    Covers type (incl. lists of types), enum, required, properties, additionalProperties,
-    items, minItems and maxItems: enough for ``REPORT_SCHEMA`` without a dependency.
+
+def validate(instance: Any) -> list[str]:
+    """Errors of a report's parsed JSON against the schema (an empty list: valid).
+
+    msgspec stops at the first error, so the list has at most one, naming the path
+    (``Expected `int`, got `str` - at `$.devices.0.events```).
     """
-    schema = REPORT_SCHEMA if schema is None else schema
-    errors: list[str] = []
-    expected = schema.get("type")
-    if expected is not None:
-        names = expected if isinstance(expected, list) else [expected]
-        if not any(_type_ok(instance, n) for n in names):
-            return [f"{path}: expected {'/'.join(names)}, found {type(instance).__name__}"]
-    if "enum" in schema and instance not in schema["enum"]:
-        errors.append(f"{path}: {instance!r} not one of {schema['enum']}")
-    if isinstance(instance, dict):
-        errors += [f"{path}: missing {key!r}" for key in schema.get("required", []) if key not in instance]
-        properties = schema.get("properties", {})
-        extra = schema.get("additionalProperties")
-        for key, value in instance.items():
-            if key in properties:
-                errors += validate(value, properties[key], f"{path}.{key}")
-            elif isinstance(extra, dict):
-                errors += validate(value, extra, f"{path}.{key}")
-    if isinstance(instance, list):
-        if "minItems" in schema and len(instance) < schema["minItems"]:
-            errors.append(f"{path}: fewer than {schema['minItems']} items")
-        if "maxItems" in schema and len(instance) > schema["maxItems"]:
-            errors.append(f"{path}: more than {schema['maxItems']} items")
-        if "items" in schema:
-            for i, item in enumerate(instance):
-                errors += validate(item, schema["items"], f"{path}[{i}]")
-    return errors
+    if not isinstance(instance, dict):
+        return [f"$: expected object, found {type(instance).__name__}"]
+    try:
+        Report.from_json(instance)
+    except MemlensFormatError as exc:
+        return [exc.problem]
+    return []

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from memlens.analysis.datatypes import Step
+from memlens.analysis.datatypes import OptimizerWindowSource, Step, StepSource
 from memlens.analysis.settings import PERIODIC_BINS, PERIODIC_MIN_AUTOCORR, PERIODIC_MIN_STEPS
 from memlens.analysis.stacks import StackFacts, reduce_per_stack
 from memlens.snapshot.model import Annotation, DeviceTrace
@@ -32,7 +32,7 @@ PARTIAL_STEP_EVENT_SHARE = 0.9
 @dataclass
 class StepDetection:
     steps: list[Step]
-    source: str
+    source: StepSource
     notes: list[str] = field(default_factory=list)
 
 
@@ -175,7 +175,7 @@ def _zero_grad_stacks(facts: StackFacts) -> npt.NDArray[np.bool_]:
 
 def optimizer_windows(
     trace: DeviceTrace, annotations: list[Annotation], facts: StackFacts
-) -> tuple[list[tuple[int, int]], str]:
+) -> tuple[list[tuple[int, int]], OptimizerWindowSource]:
     """``[start, end)`` rows of each optimizer.step: from annotations, else from stack frames."""
     n = len(trace)
     if n == 0:

@@ -13,6 +13,7 @@ from memlens.errors import MemlensUsageError
 from memlens.units import parse_bytes
 
 if TYPE_CHECKING:
+    from memlens.analysis.analysis import Analysis
     from memlens.analysis.report import Report
     from memlens.snapshot import Snapshot
 
@@ -87,12 +88,20 @@ def load_with_progress(path: str, progress: bool | None = None, cache: bool | No
 
 def analyze_paths(paths: list[str], capacity: int | None, device: int | None,
                   progress: bool | None = None, cache: bool | None = None) -> list[Report]:
-    from memlens.analysis import analyze
+    """The plain-data report of each file, in order."""
+    return [analysis.report for analysis in analyses_of_paths(paths, capacity, device, progress, cache)]
 
-    reports = []
+
+def analyses_of_paths(paths: list[str], capacity: int | None, device: int | None,
+                      progress: bool | None = None, cache: bool | None = None) -> list[Analysis]:
+    """Each file's report with its snapshot and per-allocation index: for commands that ask more
+    of a run than the report says (diff, a moment other than the peak, group-by)."""
+    from memlens.analysis import analyze_snapshot
+
+    analyses = []
     for path in paths:
         snapshot = load_with_progress(path, progress, cache)
         with progress_bar("analysing", progress) as update:
             update("analysing", 0.5)
-            reports.append(analyze(snapshot, capacity=capacity, device=device))
-    return reports
+            analyses.append(analyze_snapshot(snapshot, capacity=capacity, device=device))
+    return analyses

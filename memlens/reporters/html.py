@@ -63,9 +63,9 @@ def render_html(report: Report, device: int | None = None) -> str:
 
     dev = report.device(device)
     parts = [
-        figures.timeline_figure(report, device=dev.device),
+        figures.timeline_figure(dev),
         figures.categories_figure(dev),
-        figures.segment_map_figure(report.snapshot, dev.device),
+        figures.segment_map_figure(dev.segment_map, dev.device),
     ]
     plots = "".join(pio.to_html(fig, full_html=False, include_plotlyjs=False) for fig in parts)
     findings = "".join(_finding_html(f) for f in sorted(dev.findings, key=finding_rank)) or (

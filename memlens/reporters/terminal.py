@@ -97,14 +97,14 @@ def make_console(file: IO[str] | None = None, width: int | None = None, color: b
     )
 
 
-def when(report: Report, device: DeviceReport, event: int | None) -> str:
-    """``event 1,145, +0.001 s, step 1``: where an event sits in the trace, its time and its step."""
+def when(device: DeviceReport, event: int | None, time_us: int | None = None) -> str:
+    """``event 1,145, +0.001 s, step 1``: where an event sits in the trace, its time (given as
+    ``time_us``, the report's own record of it) and its step."""
     if event is None or event < 0:
         return ""
     text = f"event {event:,}"
-    trace = report.snapshot.devices.get(device.device)
-    if trace is not None and trace.has_time and event < trace.events:
-        text += f", +{(int(trace.time_us[event]) - int(trace.time_us[0])) / 1e6:.3f} s"
+    if time_us is not None and device.start_time_us is not None:
+        text += f", +{(time_us - device.start_time_us) / 1e6:.3f} s"
     step = step_of_event(device, event)
     if step is not None:
         text += f", step {step}"
@@ -151,9 +151,10 @@ def render_header(console: Console, report: Report, device: DeviceReport) -> Non
         console.print(f"  {events} ({window}) · {steps}")
     else:
         console.print("  no recorded history: only the state at dump time")
-    for label, size, event in (("allocated", device.peak_allocated_bytes, device.peak_allocated_event),
-                               ("reserved ", device.peak_reserved_bytes, device.peak_reserved_event)):
-        where = when(report, device, event) if event is not None or not device.events else "when the history began"
+    for label, size, event, time_us in (
+            ("allocated", device.peak_allocated_bytes, device.peak_allocated_event, device.peak_time_us),
+            ("reserved ", device.peak_reserved_bytes, device.peak_reserved_event, device.peak_reserved_time_us)):
+        where = when(device, event, time_us) if event is not None or not device.events else "when the history began"
         console.print(Text.assemble(f"  peak {label} ", (f"{format_bytes(size):>10}", "bold"),
                                     f"  ({where})" if where else ""))
     if device.baseline_allocated_bytes and device.events:
@@ -182,11 +183,14 @@ def render_devices(console: Console, report: Report, shown: DeviceReport) -> Non
 
 
 def render_timeline(console: Console, report: Report, device: DeviceReport) -> None:
-    trace = report.snapshot.devices.get(device.device)
-    if trace is None or trace.events < 2:
+    timeline = device.timeline
+    if timeline is None or timeline.events < 2:
         console.print("\n  (no timeline: the snapshot has no recorded history to draw)")
         return
-    allocated = trace.allocated
+    # The report's timeline keeps every step's lowest and highest point and each bucket's, so
+    # each row's maximum and the scale's ends are exact; the shape in between is sampled.
+    points = np.asarray(timeline.event, dtype=np.int64)
+    allocated = np.asarray(timeline.allocated, dtype=np.int64)
     # Scaled between the lowest and highest allocated level, not from zero: a baseline of
     # parameters would otherwise flatten every step's shape into the top rows.
     low, top = float(allocated.min()), float(allocated.max())
@@ -204,15 +208,16 @@ def render_timeline(console: Console, report: Report, device: DeviceReport) -> N
         if steps[0].start_event > 0:
             rows.append(("before", 0, steps[0].start_event))
         rows += [(f"step {s.index}" + ("*" if s.partial else ""), s.start_event, s.end_event) for s in steps]
-        if steps[-1].end_event < trace.events and steps[-1] is device.steps[-1]:
-            rows.append(("after", steps[-1].end_event, trace.events))
+        if steps[-1].end_event < timeline.events and steps[-1] is device.steps[-1]:
+            rows.append(("after", steps[-1].end_event, timeline.events))
     else:
-        rows.append(("all", 0, trace.events))
+        rows.append(("all", 0, timeline.events))
     width = max(MIN_SPARK_WIDTH, min(SPARK_WIDTH, console.width - TIMELINE_ROW_EXTRA))
     for label, start, end in rows:
-        if end <= start:
+        first, last = np.searchsorted(points, [start, end])
+        if end <= start or last <= first:
             continue
-        segment = allocated[start:end]
+        segment = allocated[first:last]
         peak = device.peak_allocated_event
         marker = " ▲ peak" if peak is not None and start <= peak < end else ""
         console.print(

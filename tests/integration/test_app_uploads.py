@@ -422,15 +422,15 @@ def test_uploads_over_the_byte_budget_evict_shown_ones_first_never_unanalysed_on
             return source_id
 
         upload("waiting.pickle")  # the oldest, and never analysed: it must stay
-        library.report(upload("older.pickle"), showing=False)  # analysed at upload, never shown
-        library.report(upload("shown.pickle"), showing=False)
-        library.report(ids["shown.pickle"])  # the page showed it
+        library.analysis(upload("older.pickle"), showing=False)  # analysed at upload, never shown
+        library.analysis(upload("shown.pickle"), showing=False)
+        library.analysis(ids["shown.pickle"])  # the page showed it
         assert len(library.sources()) == 3  # within the budget of 3.5 files
-        library.report(upload("newest.pickle"), showing=False)
+        library.analysis(upload("newest.pickle"), showing=False)
         # 4 files: the shown one goes first, although "older" was used less recently.
         assert {s.name for s in library.sources()} == {"waiting.pickle", "older.pickle", "newest.pickle"}
         library.upload_budget_bytes = int(1.5 * size)
-        library.report(upload("last.pickle"), showing=False)
+        library.analysis(upload("last.pickle"), showing=False)
         # Then the unshown ones, least recently used first, down to the budget; the one not
         # analysed yet stays although it is the oldest.
         assert {s.name for s in library.sources()} == {"waiting.pickle"}

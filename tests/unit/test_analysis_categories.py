@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from memlens.analysis import CATEGORIES, analyze
+from memlens.analysis import CATEGORIES, analyze, analyze_snapshot
 from tests.unit.tracebuilder import MiB, training_run
 
 
 def test_categories_of_a_training_loop() -> None:
-    device = analyze(training_run(3).snapshot()).device(0)
+    analysis = analyze_snapshot(training_run(3).snapshot())
+    device = analysis.device(0)
     cats = device.categories_at_peak
     assert set(cats) == set(CATEGORIES)
     assert sum(cats.values()) == device.peak_allocated_bytes
@@ -16,7 +17,7 @@ def test_categories_of_a_training_loop() -> None:
     assert cats["gradients"] == 4 * 32 * MiB  # made in step 1's backward, kept
     assert cats["optimizer_state"] == 8 * 32 * MiB  # two moments per parameter
     assert device.top_stacks_by_category["activations"][0].frames[0].startswith("forward (/work/proj/model.py")
-    assert device.category_of_event is not None and len(device.category_of_event) == device.events
+    assert len(analysis.category_of_event(0)) == device.events
 
 
 def test_state_only_snapshot_is_all_unknown() -> None:
@@ -44,9 +45,10 @@ def test_forward_after_optimizer_kept_across_steps_is_not_gradients() -> None:
             b.train_step([64 * MiB] * 8, params, grads, state, 16 * MiB)
             b.alloc(8 * MiB, MODEL)  # kept: the held-out graph's activations
             b.free(b.alloc(4 * MiB, TEMP))  # a temporary of the held-out forward
-    device = analyze(b.snapshot()).device(0)
-    assert device.category_of_event is not None
+    analysis = analyze_snapshot(b.snapshot())
+    device = analysis.device(0)
+    category_of_event = analysis.category_of_event(0)
     rows = [i for i, e in enumerate(b.trace) if e["action"] == "alloc" and e["size"] in (8 * MiB, 4 * MiB)]
-    names = [CATEGORIES[device.category_of_event[i]] for i in rows]
+    names = [CATEGORIES[category_of_event[i]] for i in rows]
     assert names == ["unknown", "temporary"] * 3
     assert device.categories_at_peak["gradients"] == 4 * 32 * MiB  # the real ones are still found

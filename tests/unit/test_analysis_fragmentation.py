@@ -179,7 +179,7 @@ def test_small_pool_blocked_cudamallocs_below_the_floor_are_no_finding() -> None
     from memlens.analysis.fragmentation import allocator_evidence
     from memlens.analysis.settings import AnalysisSettings
 
-    snapshot = report.snapshot
+    snapshot = _snapshot(sim)
     evidence = allocator_evidence(build_context(snapshot, snapshot.device(0), AnalysisSettings()))
     blocked = evidence.blocked
     assert [c.pool.pool for c in blocked] == ["small", "small"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import memlens
-from memlens.analysis import CATEGORIES, LiveBreakdown, analyze, live_at
+from memlens.analysis import CATEGORIES, LiveBreakdown, analyze_snapshot, live_at
 from memlens.analysis.categories import bytes_by_category
 from memlens.analysis.context import build_context
 from memlens.analysis.settings import AnalysisSettings
@@ -25,7 +25,7 @@ def _rows(b: TraceBuilder, action: str, size: int) -> list[int]:
 
 
 def test_at_the_peak_equals_categories_at_peak() -> None:
-    report = analyze(training_run(3).snapshot())
+    report = analyze_snapshot(training_run(3).snapshot())
     device = report.device(0)
     live = live_at(report, 0, device.peak_allocated_event)
     assert isinstance(live, LiveBreakdown)
@@ -39,7 +39,7 @@ def test_at_the_peak_equals_categories_at_peak() -> None:
 def test_during_the_first_forward() -> None:
     """Three activations made in step 1: they, the parameters and nothing else are live."""
     b = training_run(2)
-    report = analyze(b.snapshot())
+    report = analyze_snapshot(b.snapshot())
     third = _rows(b, "alloc", 64 * MiB)[2]
     live = live_at(report, 0, third)
     assert live.categories["parameters"] == PARAMS
@@ -54,7 +54,7 @@ def test_during_the_first_forward() -> None:
 
 def test_between_steps_gradients_and_optimizer_state_remain() -> None:
     b = training_run(2)
-    report = analyze(b.snapshot())
+    report = analyze_snapshot(b.snapshot())
     device = report.device(0)
     end_of_step_1 = device.steps[0].end_event - 1
     live = live_at(report, 0, end_of_step_1)
@@ -66,7 +66,7 @@ def test_between_steps_gradients_and_optimizer_state_remain() -> None:
 
 def test_every_row_sums_to_the_allocated_curve() -> None:
     b = training_run(3, leak=8 * MiB)
-    report = analyze(b.snapshot())
+    report = analyze_snapshot(b.snapshot())
     allocated = report.snapshot.device(0).allocated
     for event in range(0, len(allocated), 7):
         assert live_at(report, 0, event).total_bytes == int(allocated[event])
@@ -74,7 +74,7 @@ def test_every_row_sums_to_the_allocated_curve() -> None:
 
 def test_a_kept_leak_is_live_after_its_step() -> None:
     b = training_run(3, leak=8 * MiB)
-    report = analyze(b.snapshot())
+    report = analyze_snapshot(b.snapshot())
     device = report.device(0)
     last = device.events - 1
     live = live_at(report, 0, last)
@@ -85,7 +85,7 @@ def test_a_kept_leak_is_live_after_its_step() -> None:
 
 def test_label_names_the_event_and_time() -> None:
     b = training_run(2)
-    report = analyze(b.snapshot())
+    report = analyze_snapshot(b.snapshot())
     trace = report.snapshot.device(0)
     live = live_at(report, 0, 5)
     assert live.time_us == int(trace.time_us[5])
@@ -95,12 +95,12 @@ def test_label_names_the_event_and_time() -> None:
     untimed = TraceBuilder(with_time=False)
     untimed.free(untimed.alloc(MiB, MODEL))
     untimed.alloc(2 * MiB, MODEL)
-    live = live_at(analyze(untimed.snapshot()), 0, 0)
+    live = live_at(analyze_snapshot(untimed.snapshot()), 0, 0)
     assert live.seconds is None and live.label == "at event 0"
 
 
 def test_bad_event_or_device_is_a_usage_error() -> None:
-    report = analyze(training_run(1).snapshot())
+    report = analyze_snapshot(training_run(1).snapshot())
     n = report.device(0).events
     for event in (-1, n):
         with pytest.raises(MemlensUsageError, match="outside the trace"):
@@ -112,7 +112,7 @@ def test_bad_event_or_device_is_a_usage_error() -> None:
 def test_state_only_snapshot() -> None:
     b = TraceBuilder()
     b.ghost(10 * MiB)
-    report = analyze(b.snapshot())
+    report = analyze_snapshot(b.snapshot())
     live = live_at(report, 0)
     assert live.event is None and live.is_peak
     assert live.categories == report.device(0).categories_at_peak
@@ -129,9 +129,9 @@ def test_real_snapshot_peak_matches(path: Path) -> None:
     """At the peak, live_at equals categories_at_peak and what the analysis context says
     independently (its own live mask and categories); elsewhere it covers the curve."""
     snapshot = memlens.load(path, cache=False)
-    report = analyze(snapshot)
+    report = analyze_snapshot(snapshot)
     facts = StackFacts.build(snapshot.stacks)
-    for device, dr in report.devices.items():
+    for device, dr in report.report.devices.items():
         live = live_at(report, device, dr.peak_allocated_event)
         assert live.categories == dr.categories_at_peak
         assert live.top_stacks_by_category == dr.top_stacks_by_category

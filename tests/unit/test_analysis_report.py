@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import pickle
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 import memlens
-from memlens.analysis import FINDING_KINDS, analyze
+from memlens.analysis import FINDING_KINDS, DeviceReport, Report, analyze
 from memlens.analysis.schema import REPORT_SCHEMA, validate
-from memlens.errors import MemlensUsageError
+from memlens.errors import MemlensFormatError, MemlensUsageError
 from tests.unit.tracebuilder import MiB, training_run
 
 
@@ -30,12 +31,41 @@ def test_json_matches_the_schema_and_round_trips() -> None:
 
 
 def test_validator_catches_mistakes() -> None:
+    """The first mistake is named with its path (msgspec stops at the first)."""
     data = analyze(training_run(2).snapshot()).to_json()
     del data["devices"]["0"]["steps"]
+    (error,) = validate(data)
+    assert "missing required field `steps`" in error and "$.devices[...]" in error
+    data = analyze(training_run(2).snapshot()).to_json()
     data["findings"].append({"kind": "nonsense"})
-    errors = validate(data)
-    assert any("missing 'steps'" in e for e in errors)
-    assert any("nonsense" in e for e in errors)
+    (error,) = validate(data)
+    assert "'nonsense'" in error and "$.findings[" in error
+    assert validate([]) == ["$: expected object, found list"]
+
+
+def test_report_round_trips_through_json_equal() -> None:
+    """What to_json writes is the whole report: reading it back gives an equal report."""
+    report = analyze(training_run(6, leak=8 * MiB).snapshot(), capacity="8GiB")
+    assert Report.from_json(report.to_json_str()) == report
+    assert Report.from_json(report.to_json()) == report
+    assert Report.from_json(report.to_json_str(indent=None)) == report
+
+
+def test_from_json_refuses_other_versions_and_garbage() -> None:
+    data = analyze(training_run(2).snapshot()).to_json()
+    data["schema_version"] = 2
+    with pytest.raises(MemlensFormatError, match="schema_version 2"):
+        Report.from_json(data)
+    with pytest.raises(MemlensFormatError, match="invalid JSON"):
+        Report.from_json(b"{not json")
+
+
+def test_schema_is_generated_from_the_types() -> None:
+    """Every field of the dataclasses is in the schema, with the vocabularies as enums."""
+    definitions = REPORT_SCHEMA["$defs"]
+    assert set(definitions["DeviceReport"]["properties"]) == {f.name for f in fields(DeviceReport)}
+    assert definitions["Finding"]["properties"]["kind"]["enum"] == sorted(FINDING_KINDS)
+    assert definitions["Report"]["properties"]["schema_version"]["enum"] == [1]
 
 
 def test_schema_agrees_with_jsonschema_when_installed() -> None:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 import pytest
 
 from memlens import figures
+from memlens.analysis.datatypes import FindingKind, Severity
+from memlens.analysis.report import DeviceReport, Finding, Report, StackBytes, Step
+from memlens.analysis.views import downsample_indices, downsample_minmax, segment_map_of, timeline_of
+from memlens.snapshot.model import DeviceTrace, Snapshot
 from memlens.snapshot.reader import parse
 from memlens.units import GiB, MiB
 
@@ -18,7 +23,7 @@ from memlens.units import GiB, MiB
 def test_short_series_come_back_unchanged() -> None:
     x = np.arange(10)
     y = np.arange(10) * 3
-    xs, ys = figures.downsample_minmax(x, y, 100)
+    xs, ys = downsample_minmax(x, y, 100)
     assert xs.tolist() == x.tolist()
     assert ys.tolist() == y.tolist()
 
@@ -29,7 +34,7 @@ def test_point_count_is_bounded_and_extremes_kept(n: int, max_points: int) -> No
     rng = np.random.default_rng(n + max_points)
     y = np.cumsum(rng.integers(-100, 101, size=n))
     x = np.arange(n)
-    xs, ys = figures.downsample_minmax(x, y, max_points)
+    xs, ys = downsample_minmax(x, y, max_points)
     assert len(xs) <= max_points
     assert ys.max() == y.max()
     assert ys.min() == y.min()
@@ -45,7 +50,7 @@ def test_every_local_spike_survives() -> None:
     dips = [42, 777_777]
     y[spikes] = [50, 60, 70, 80]
     y[dips] = [-1, -2]
-    xs, _ = figures.downsample_minmax(np.arange(n), y, 400)
+    xs, _ = downsample_minmax(np.arange(n), y, 400)
     assert set(spikes) <= set(xs.tolist())
     assert set(dips) <= set(xs.tolist())
     assert len(xs) <= 400
@@ -55,7 +60,7 @@ def test_every_bucket_keeps_its_min_and_max() -> None:
     rng = np.random.default_rng(3)
     y = rng.normal(size=50_000)
     max_points = 1000
-    keep = figures.downsample_indices(y, max_points)
+    keep = downsample_indices(y, max_points)
     buckets = (max_points - 2) // 2
     width = -(-len(y) // buckets)
     for start in range(0, len(y), width):
@@ -66,21 +71,12 @@ def test_every_bucket_keeps_its_min_and_max() -> None:
 
 def test_downsample_rejects_bad_input() -> None:
     with pytest.raises(ValueError):
-        figures.downsample_minmax([1, 2], [1], 10)
+        downsample_minmax([1, 2], [1], 10)
     with pytest.raises(ValueError):
-        figures.downsample_minmax(np.arange(10), np.arange(10), 2)
+        downsample_minmax(np.arange(10), np.arange(10), 2)
 
 
-def test_downsampling_a_million_points_is_fast() -> None:
-    import time
-
-    y = np.random.default_rng(0).integers(0, 1 << 40, size=1_000_000)
-    t0 = time.perf_counter()
-    figures.downsample_minmax(np.arange(len(y)), y, 4000)
-    assert time.perf_counter() - t0 < 1.0
-
-
-# --------------------------------------------------------------------------- fakes mimicking the Report
+# --------------------------------------------------------------------------- a hand-made report
 
 FRAMES = [{"filename": "train.py", "line": 10, "name": "forward"}, {"filename": "train.py", "line": 3,
                                                                       "name": "main"}]
@@ -125,76 +121,54 @@ def _raw_snapshot(steps: int = 4, per_step: int = 50, leak: int = MiB) -> dict:
     return {"segments": [segment], "device_traces": [trace]}
 
 
-@dataclass
-class FakeStep:
-    index: int
-    start_event: int
-    end_event: int
-    start_us: int | None = None
-    end_us: int | None = None
+def _finding(kind: FindingKind, start: int, end: int, severity: Severity = "high") -> Finding:
+    return Finding(kind=kind, device=0, severity=severity, bytes=4 * MiB, start_event=start, end_event=end,
+                   start_us=None, end_us=None, step=None, top_stacks=[], evidence={},
+                   summary="memory grows by 1 MiB every step and never comes back",
+                   recommendation="store loss.item(), not loss", estimated_saving_bytes=None)
 
 
 @dataclass
-class FakeStackBytes:
-    frames: list[str]
-    bytes: int
-    count: int
+class Fixture:
+    """A hand-made report (numbers chosen here, not analysed) and the snapshot it describes."""
+
+    report: Report
+    snapshot: Snapshot
+
+    @property
+    def device(self) -> DeviceReport:
+        return self.report.devices[0]
+
+    @property
+    def trace(self) -> DeviceTrace:
+        return self.snapshot.device(0)
 
 
-@dataclass
-class FakeFinding:
-    kind: str
-    start_event: int
-    end_event: int
-    bytes: int = 4 * MiB
-    device: int = 0
-    severity: str = "high"
-    summary: str = "memory grows by 1 MiB every step and never comes back"
-    recommendation: str = "store loss.item(), not loss"
-    top_stacks: list[FakeStackBytes] = field(default_factory=list)
-
-
-@dataclass
-class FakeDeviceReport:
-    device: int
-    events: int
-    steps: list[FakeStep]
-    findings: list[FakeFinding]
-    peak_allocated_bytes: int
-    peak_allocated_event: int
-    peak_reserved_bytes: int
-    final_allocated_bytes: int
-    categories_at_peak: dict[str, int]
-    top_stacks_by_category: dict[str, list[FakeStackBytes]]
-    capacity_bytes: int | None = None
-
-
-@dataclass
-class FakeReport:
-    source: str
-    snapshot: object
-    devices: dict[int, FakeDeviceReport]
-
-
-def fake_report(source: str = "run.pickle", **kwargs: int) -> FakeReport:
-    snapshot = parse(_raw_snapshot(**kwargs), source=source)
+def fake_report(source: str = "run.pickle", raw: dict[str, Any] | None = None, **kwargs: int) -> Fixture:
+    snapshot = parse(raw if raw is not None else _raw_snapshot(**kwargs), source=source)
     trace = snapshot.device(0)
-    per_step = len(trace) // kwargs.get("steps", 4)
-    steps = [FakeStep(i, i * per_step, (i + 1) * per_step) for i in range(kwargs.get("steps", 4))]
-    peak_event = int(np.argmax(trace.allocated))
-    device_report = FakeDeviceReport(
-        device=0, events=len(trace), steps=steps,
-        findings=[FakeFinding("leak", 0, len(trace)),
-                  FakeFinding("activation_plateau", 10, 60, severity="low")],
-        peak_allocated_bytes=int(trace.allocated.max()), peak_allocated_event=peak_event,
-        peak_reserved_bytes=int(trace.reserved.max()), final_allocated_bytes=int(trace.allocated[-1]),
+    count = kwargs.get("steps", 4)
+    per_step = max(len(trace) // count, 1)
+    steps = [Step(i, i * per_step, (i + 1) * per_step, None, None) for i in range(count)] if len(trace) else []
+    peak_event = int(np.argmax(trace.allocated)) if len(trace) else None
+    device_report = DeviceReport(
+        device=0, events=len(trace), step_source="memlens", steps=steps,
+        findings=[_finding("leak", 0, len(trace)), _finding("activation_plateau", 10, 60, severity="low")],
+        peak_allocated_bytes=int(trace.allocated.max()) if len(trace) else 0, peak_allocated_event=peak_event,
+        peak_reserved_bytes=int(trace.reserved.max()) if len(trace) else 0, peak_reserved_event=None,
+        peak_time_us=None, baseline_allocated_bytes=0,
+        final_allocated_bytes=int(trace.allocated[-1]) if len(trace) else 0, final_reserved_bytes=0,
         categories_at_peak={"parameters": 0, "gradients": 0, "optimizer_state": 0,
                             "activations": 200 * MiB, "temporary": 0, "unknown": 3 * MiB},
-        top_stacks_by_category={"activations": [FakeStackBytes(["forward (train.py:10)", "main (train.py:3)"],
-                                                               200 * MiB, 50)]},
+        top_stacks_by_category={"activations": [StackBytes(["forward (train.py:10)", "main (train.py:3)"],
+                                                           200 * MiB, 50)]},
         capacity_bytes=4 * GiB,
+        timeline=timeline_of(trace, steps) if len(trace) else None,
+        segment_map=segment_map_of(snapshot, 0),
     )
-    return FakeReport(source=source, snapshot=snapshot, devices={0: device_report})
+    report = Report(source=source, format_guess="2.1+", devices={0: device_report},
+                    findings=list(device_report.findings))
+    return Fixture(report, snapshot)
 
 
 # --------------------------------------------------------------------------- timeline
@@ -205,64 +179,73 @@ def _trace_named(fig: go.Figure, name: str) -> go.Scatter:
 
 
 def test_timeline_draws_curves_steps_findings_and_peak() -> None:
-    report = fake_report()
-    fig = figures.timeline_figure(report)
+    fixture = fake_report()
+    fig = figures.timeline_figure(fixture.device)
     names = [t.name for t in fig.data]
     assert names[:2] == ["reserved", "allocated"]
     assert "step boundaries" in names and "peak" in names
     assert "leak" in names and "activation plateau" in names
     allocated = _trace_named(fig, "allocated")
-    trace = report.snapshot.device(0)
+    trace = fixture.trace
     assert max(allocated.y) == pytest.approx(trace.allocated.max() / GiB)  # 2 GiB reserved: GiB axis
     leak = _trace_named(fig, "leak")
     assert leak.fill == "toself" and "loss.item()" in leak.text
-    assert fig.layout.meta["points_per_trace"] == [len(trace), len(trace)]
+    assert fig.layout.meta["points_per_trace"] == [len(trace), len(trace)]  # short: every row
     # capacity line
     assert any("capacity" in (a.text or "") for a in fig.layout.annotations)
 
 
-def test_timeline_bounds_points_and_zooms_to_full_detail() -> None:
-    report = fake_report(steps=40, per_step=200)
-    trace = report.snapshot.device(0)
+def test_report_timeline_keeps_extremes_and_each_steps_peak() -> None:
+    fixture = fake_report(steps=40, per_step=200)
+    trace, device = fixture.trace, fixture.device
     assert len(trace) > 4000
-    overview = figures.timeline_figure(report, max_points=500)
-    assert all(n <= 500 for n in overview.layout.meta["points_per_trace"])
-    assert max(_trace_named(overview, "allocated").y) == pytest.approx(trace.allocated.max() / GiB)
-    zoomed = figures.timeline_figure(report, start=1000, end=1400, max_points=500)
+    timeline = timeline_of(trace, device.steps, max_points=500)
+    assert len(timeline.event) < 700 and timeline.events == len(trace)
+    assert max(timeline.allocated) == int(trace.allocated.max())
+    assert min(timeline.allocated) == int(trace.allocated.min())
+    points = np.asarray(timeline.event)
+    values = np.asarray(timeline.allocated)
+    for step in device.steps:
+        inside = (points >= step.start_event) & (points < step.end_event)
+        assert step.start_event in timeline.event, "every step's first row is a point"
+        assert values[inside].max() == trace.allocated[step.start_event:step.end_event].max()
+    assert timeline.allocated == trace.allocated[points].tolist(), "kept points are real points"
+
+
+def test_timeline_zooms_to_full_detail() -> None:
+    fixture = fake_report(steps=40, per_step=200)
+    zoom = timeline_of(fixture.trace, fixture.device.steps, start=1000, end=1400, max_points=500)
+    zoomed = figures.timeline_figure(fixture.device, zoom, zoomed=True)
     xs = np.asarray(_trace_named(zoomed, "allocated").x)
     assert xs.tolist() == list(range(1000, 1400)), "every event of the visible range"
     assert zoomed.layout.xaxis.range == (1000, 1399)
 
 
 def test_timeline_time_axis_and_event_range() -> None:
-    report = fake_report()
-    trace = report.snapshot.device(0)
-    fig = figures.timeline_figure(report, x_axis="time")
+    fixture = fake_report()
+    trace, timeline = fixture.trace, fixture.device.timeline
+    assert timeline is not None
+    fig = figures.timeline_figure(fixture.device, x_axis="time")
     assert fig.layout.meta["x_axis"] == "time"
     assert fig.layout.xaxis.title.text.startswith("time")
-    seconds = figures.event_times_s(trace)
-    assert seconds is not None
-    start, end = figures.event_range(trace, float(seconds[20]), float(seconds[30]), "time")
+    seconds = figures.times_s(timeline)
+    assert seconds is not None and len(seconds) == len(trace)
+    start, end = figures.event_range(timeline, float(seconds[20]), float(seconds[30]), "time")
     assert start == 20 and end is not None and end >= 31
-    assert figures.event_range(trace, 5.2, 9.7) == (5, 11)
+    assert figures.event_range(timeline, 5.2, 9.7) == (5, 11)
 
 
-def test_timeline_accepts_a_device_report_with_its_trace() -> None:
-    report = fake_report()
-    fig = figures.timeline_figure(report.devices[0], trace=report.snapshot.device(0), highlight=0,
-                                  marker_event=5)
+def test_timeline_highlight_and_marker() -> None:
+    fixture = fake_report()
+    fig = figures.timeline_figure(fixture.device, highlight=0, marker_event=5)
     assert _trace_named(fig, "leak").line.width == 2
-    with pytest.raises(TypeError):
-        figures.timeline_figure(report.devices[0])
+    assert any(shape.line.dash == "dot" for shape in fig.layout.shapes)
 
 
 def test_timeline_without_history_says_so() -> None:
     raw = _raw_snapshot()
     raw["device_traces"] = [[]]
-    snapshot = parse(raw)
-    report = fake_report()
-    report.snapshot = snapshot
-    fig = figures.timeline_figure(report)
+    fig = figures.timeline_figure(fake_report(raw=raw).device)
     assert "no allocation history" in fig.layout.annotations[0].text
 
 
@@ -270,9 +253,7 @@ def test_timeline_marks_oom() -> None:
     raw = _raw_snapshot()
     raw["device_traces"][0].append({"action": "oom", "addr": 0, "size": 8 * GiB, "stream": 0,
                                     "time_us": 10**7, "device_free": 1024, "frames": FRAMES})
-    report = fake_report()
-    report.snapshot = parse(raw)
-    fig = figures.timeline_figure(report)
+    fig = figures.timeline_figure(fake_report(raw=raw).device)
     assert _trace_named(fig, "OOM").customdata[0][1] == 8 * GiB
 
 
@@ -280,7 +261,7 @@ def test_timeline_marks_oom() -> None:
 
 
 def test_categories_treemap_and_sunburst() -> None:
-    device_report = fake_report().devices[0]
+    device_report = fake_report().device
     fig = figures.categories_figure(device_report)
     treemap = fig.data[0]
     assert isinstance(treemap, go.Treemap)
@@ -295,14 +276,15 @@ def test_categories_treemap_and_sunburst() -> None:
 
 
 def test_segment_map_shows_allocated_and_free_pieces() -> None:
-    snapshot = fake_report().snapshot
-    fig = figures.segment_map_figure(snapshot, 0)
+    fixture = fake_report()
+    snapshot = fixture.snapshot
+    fig = figures.segment_map_figure(fixture.device.segment_map, 0)
     names = {t.name for t in fig.data}
     assert names == {"allocated", "free (cached)"}
     free = next(t for t in fig.data if t.name == "free (cached)")
     assert sum(free.x) * GiB == pytest.approx(snapshot.segments[0].free_size)
     assert "1 segments" in fig.layout.title.text
-    assert "No segments" in figures.segment_map_figure(snapshot, 3).layout.annotations[0].text
+    assert "No segments" in figures.segment_map_figure(segment_map_of(snapshot, 3), 3).layout.annotations[0].text
 
 
 def test_budget_figure_side_by_side() -> None:
@@ -318,8 +300,8 @@ def test_budget_figure_side_by_side() -> None:
 
 
 def test_compare_overlays_and_diffs() -> None:
-    a = fake_report("a.pickle", steps=4)
-    b = fake_report("b.pickle", steps=6)
+    a = fake_report("a.pickle", steps=4).report
+    b = fake_report("b.pickle", steps=6).report
     fig = figures.compare_figure(a, b)
     assert [t.name for t in fig.data] == ["a.pickle [dev 0]", "b.pickle [dev 0]"]
     rows = {r["metric"]: r for r in figures.compare_rows(a, b)}
@@ -328,7 +310,9 @@ def test_compare_overlays_and_diffs() -> None:
 
 
 def test_figures_serialise_to_json() -> None:
-    report = fake_report()
-    for fig in (figures.timeline_figure(report), figures.categories_figure(report.devices[0]),
-                figures.segment_map_figure(report.snapshot), figures.compare_figure(report, report)):
+    fixture = fake_report()
+    device = fixture.device
+    for fig in (figures.timeline_figure(device), figures.categories_figure(device),
+                figures.segment_map_figure(device.segment_map, 0),
+                figures.compare_figure(fixture.report, fixture.report)):
         assert fig.to_json()

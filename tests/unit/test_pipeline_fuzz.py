@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from memlens import figures
 from memlens.allocator import whatif
-from memlens.analysis import analyze
+from memlens.analysis import analyze_snapshot
+from memlens.analysis.report import Report
 from memlens.compare import diff_reports
 from memlens.errors import MemlensError
 from memlens.snapshot.reader import parse
@@ -66,13 +67,14 @@ def test_every_stage_survives_odd_snapshots(raw: dict[str, Any]) -> None:
     try:
         snapshot = parse(raw)
         for capacity in (None, 1 << 30):
-            report = analyze(snapshot, capacity=capacity)
-            report.to_json()
-            for device in report.devices:
-                figures.timeline_figure(report, device=device)
-                figures.categories_figure(report.device(device))
-                figures.segment_map_figure(snapshot, device)
-            diff_reports(report, report)
+            analysis = analyze_snapshot(snapshot, capacity=capacity)
+            report = analysis.report
+            assert Report.from_json(report.to_json()) == report
+            for device, device_report in report.devices.items():
+                figures.timeline_figure(device_report)
+                figures.categories_figure(device_report)
+                figures.segment_map_figure(device_report.segment_map, device)
+            diff_reports(analysis, analysis)
         whatif(snapshot)
     except MemlensError:
         pass
