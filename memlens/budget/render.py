@@ -13,8 +13,9 @@ def _size(n: int, binary: bool) -> str:
     return format_bytes(n, binary=binary)
 
 
-def render_budget(budget: Budget, *, binary: bool = False, checks: Sequence[CapacityCheck] = ()) -> str:
-    """The line items, static and total, in GB (1e9 bytes) or, with ``binary``, GiB (2**30 bytes)."""
+def render_budget(budget: Budget, *, binary: bool = True, checks: Sequence[CapacityCheck] = ()) -> str:
+    """The line items, static and total, in GiB (2**30 bytes, as every other memlens output and
+    PyTorch's own numbers) or, with ``binary=False``, GB (1e9 bytes, as papers and spec sheets)."""
     unit = "GiB = 2**30 bytes" if binary else "GB = 1e9 bytes"
     spec, setup = budget.spec, budget.setup
     lines = [f"theoretical training memory per device ({unit})"]
@@ -63,7 +64,7 @@ def render_budget(budget: Budget, *, binary: bool = False, checks: Sequence[Capa
     return "\n".join(lines) + "\n"
 
 
-def render_reconciliation(reconciliation: Reconciliation, *, binary: bool = False) -> str:
+def render_reconciliation(reconciliation: Reconciliation, *, binary: bool = True) -> str:
     """Measured next to theory per category, with the ratio and a note beyond the tolerance."""
     unit = "GiB" if binary else "GB"
     lines = [f"category            theory ({unit})  measured ({unit})   ratio  note"]

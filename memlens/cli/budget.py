@@ -1,9 +1,10 @@
 """Estimate the memory a training step needs, line by line, before (or next to) measuring it.
 
-Prints weights, gradients, master weights, optimizer state, activations and logits in GB
-(1e9 bytes; --gib for GiB), the static total and the total. Give the model as --params, as
+Prints weights, gradients, master weights, optimizer state, activations and logits in GiB
+(2**30 bytes, the unit of every memlens output and of torch.cuda's numbers; --units gb for
+1e9-byte GB), the static total and the total. Give the model as --params, as
 sizes (--hidden --layers --heads --kv-heads --vocab --ffn) or as a transformers config.json
-(--config, read from disk). With --capacity (e.g. 80GB, 24GiB; a bare number means GB) it
+(--config, read from disk). With --capacity (e.g. 80GiB, 24GB; a bare number means GiB) it
 says whether the step fits and the largest micro-batch that does, and which item limits it.
 
 Examples:
@@ -26,10 +27,10 @@ from memlens.units import parse_bytes, parse_count
 
 
 def parse_capacity(text: str) -> int:
-    """A device size; a bare number is GB (``80`` -> 80e9 bytes)."""
+    """A device size; a bare number is GiB (``80`` -> 80 * 2**30 bytes), the unit memlens prints."""
     stripped = text.strip()
     try:
-        size = round(float(stripped) * 1e9)
+        size = round(float(stripped) * 2**30)
     except ValueError:
         size = parse_bytes(stripped)
     if size <= 0:
@@ -110,8 +111,10 @@ def parse_capacity(text: str) -> int:
 @click.option("--world-size", type=int, default=1, show_default=True, help="Data-parallel ranks N.")
 @click.option("--offload-optimizer", is_flag=True, help="Keep master weights and optimizer state on the host.")
 @click.option("--offload-params", is_flag=True, help="Keep parameters on the host (ZeRO-3).")
-@click.option("--capacity", multiple=True, help="Device memory to fit, e.g. 80GB, 24GiB, 141 (GB). Repeatable.")
-@click.option("--gib", is_flag=True, help="Print GiB (2**30 bytes) instead of GB (1e9 bytes).")
+@click.option("--capacity", multiple=True, help="Device memory to fit, e.g. 80GiB, 24GB, 141 (GiB). Repeatable.")
+@click.option("--units", "units_name", type=click.Choice(["gib", "gb"]), default="gib", show_default=True,
+              help="Print GiB (2**30 bytes, as triage) or GB (1e9 bytes, as spec sheets).")
+@click.option("--gib", is_flag=True, hidden=True, help="Kept for old scripts: GiB is the default.")
 @click.option("--json", "as_json", is_flag=True, help="Print the line items and totals as JSON (bytes).")
 def budget(
     params: str | None,
@@ -144,6 +147,7 @@ def budget(
     offload_optimizer: bool,
     offload_params: bool,
     capacity: tuple[str, ...],
+    units_name: str,
     gib: bool,
     as_json: bool,
 ) -> None:
@@ -206,4 +210,4 @@ def budget(
         payload["capacities"] = [check.to_json() for check in checks]
         click.echo(json.dumps(payload, indent=2))
     else:
-        click.echo(render_budget(result, binary=gib, checks=checks), nl=False)
+        click.echo(render_budget(result, binary=units_name == "gib", checks=checks), nl=False)

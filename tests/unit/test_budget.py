@@ -518,8 +518,8 @@ def test_to_json_and_text_say_their_units() -> None:
     payload = json.loads(json.dumps(budget.to_json()))
     assert [item["name"] for item in payload["items"]] == [line.name for line in budget.items]
     assert payload["total_bytes"] == sum(item["bytes"] for item in payload["items"])
-    assert "GB = 1e9 bytes" in render_budget(budget)
-    assert "GiB = 2**30 bytes" in render_budget(budget, binary=True)
+    assert "GiB = 2**30 bytes" in render_budget(budget)
+    assert "GB = 1e9 bytes" in render_budget(budget, binary=False)
 
 
 # --------------------------------------------------------------------------- reconcile

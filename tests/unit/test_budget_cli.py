@@ -20,7 +20,7 @@ def run(*args: str) -> str:
 
 
 def test_7b_adamw_bf16_mixed_prints_112_gb_static_total() -> None:
-    out = run("--params", "7e9", "--optimizer", "adamw", "--precision", "bf16-mixed")
+    out = run("--params", "7e9", "--optimizer", "adamw", "--precision", "bf16-mixed", "--units", "gb")
     static = next(line for line in out.splitlines() if line.startswith("static total"))
     assert "112.00 GB" in static
     assert "GB = 1e9 bytes" in out
@@ -43,9 +43,11 @@ def test_json_gives_the_line_items() -> None:
     assert payload["static_bytes"] == 112 * 10**9
 
 
-def test_gib_output() -> None:
-    out = run("--params", "7e9", "--gib")
-    assert "GiB = 2**30 bytes" in out and "104.31 GiB" in out
+def test_gib_is_the_default_as_in_triage() -> None:
+    """One unit across memlens: budget prints GiB like triage, and says so in its first line."""
+    out = run("--params", "7e9")
+    assert out.splitlines()[0].endswith("(GiB = 2**30 bytes)") and "104.31 GiB" in out
+    assert run("--params", "7e9", "--gib") == out  # the old flag still works, as a no-op
 
 
 def test_capacity_prints_fit_and_max_micro_batch() -> None:
@@ -75,8 +77,8 @@ def test_capacity_prints_fit_and_max_micro_batch() -> None:
         "80",
     ]
     out = run(*args)
-    assert "fits 24.00 GB: yes" in out and "fits 80.00 GB: yes" in out
-    assert "largest micro-batch on 24.00 GB:" in out and "limited by" in out
+    assert "fits 22.35 GiB: yes" in out and "fits 80.00 GiB: yes" in out  # 24GB is 22.35 GiB
+    assert "largest micro-batch on 22.35 GiB:" in out and "limited by" in out
     payload = json.loads(run(*args, "--json"))
     small, big = payload["capacities"]
     assert 1 <= small["max_micro_batch"]["micro_batch"] < big["max_micro_batch"]["micro_batch"]
@@ -183,5 +185,6 @@ def test_help_is_the_module_docstring() -> None:
 def test_parsers() -> None:
     assert parse_count("7e9") == parse_count("7B") == 7_000_000_000
     assert parse_count("350M") == 350_000_000
-    assert parse_capacity("80") == parse_capacity("80GB") == 80 * 10**9
+    assert parse_capacity("80") == parse_capacity("80GiB") == 80 * 2**30  # a bare number is GiB
+    assert parse_capacity("80GB") == 80 * 10**9
     assert parse_capacity("24GiB") == 24 * 2**30
