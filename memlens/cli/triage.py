@@ -129,12 +129,17 @@ def budget_reconciliation(report: Report, device: int | None, flags: BudgetFlags
 @click.option("--full-stacks", is_flag=True, help="Print each finding's stacks whole, one frame a line.")
 @click.option("--width", type=int, default=None, help="Terminal width (default: detected; piped output: 80).")
 @click.option("--color/--no-color", default=None, help="Force colour on or off (default: only on a terminal).")
+@click.option("--jobs", type=click.IntRange(1), default=None,
+              help="Several files: worker processes (default: the CPUs, at most one per file).")
+@click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
+              help="Several files: analyse them on the Dask cluster at ADDRESS (pip install 'memlens[dask]').")
 @lens_options
 def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None, as_json: bool,
            fail_on: tuple[str, ...], params: float | None, optimizer: str | None, precision: str | None,
            hidden: int | None, layers: int | None, heads: int | None, vocab: int | None, batch: int | None,
            seq: int | None, checkpointing: str | None, config_path: str | None,
            cache: bool | None, top: int, full_stacks: bool, width: int | None, color: bool | None,
+           jobs: int | None = None, dask_address: str | None = None,
            **lens: Any) -> None:
     from memlens.reporters.terminal import make_console, render_ranks, render_triage
 
@@ -143,6 +148,14 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
                         config_path)
     if lenses_requested(lens):  # --group-by, --at, --file, --stages ...: those views, not the triage screen
         run_lenses(list(snapshots), device, cache, as_json, width, color, lens)
+        return
+    if len(snapshots) > 1:  # a fleet of ranks: analysed in parallel, compared (memlens.fleet)
+        if flags.given:
+            raise MemlensUsageError("the budget flags need one file; with several, triage compares the ranks")
+        from memlens.cli.fleet import triage_fleet_command
+
+        triage_fleet_command(snapshots, jobs=jobs, dask=dask_address, capacity=capacity, device=device, cache=cache,
+                             as_json=as_json, width=width, color=color, fail_on=kinds, exit_finding=EXIT_FINDING)
         return
     # Every device is analysed, so the summary can list each one holding memory; --device picks
     # the one detailed (and must exist in every file).

@@ -1,0 +1,578 @@
+"""Fleets of ranks: many snapshots (one per rank) analysed in parallel, a per-rank table, and the
+outlier rank(s) named with the reason they differ.
+
+    fleet = triage_fleet(sorted(glob("runs/*/rank*.pickle")), jobs=8)        # a process pool
+    fleet = triage_fleet(paths, dask="tcp://scheduler:8786")                 # an existing Dask cluster
+    fleet.to_json()                                                          # plain data
+
+Each file is analysed by ``analyse_file`` (a module-level function, so a process pool or a Dask
+worker can import it by name), which returns the report's plain JSON, never a live object: the
+workers hand back only numbers and text. Results come back in input order, and a file that cannot
+be analysed (unreadable, hostile, a worker that died on it) is one row with its error, never a
+crash of the whole triage.
+
+The outlier analysis compares every rank with the fleet's median using a robust z-score (the
+deviation over 1.4826 x the median absolute deviation, which is the standard deviation for normal
+data but is not dragged along by the outliers themselves), on the peak allocated, the peak
+reserved and each category at the peak. Identical ranks (deterministic data-parallel replicas)
+have a spread of zero, so the spread is floored at a small share of the fleet's median peak, and
+a deviation must also be a noticeable share of that peak to count: a rank is never an outlier
+for a few bytes. For each outlier the category deltas at the peak and the findings it has and
+the others do not (or in other amounts) say why, in bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from memlens.analysis.datatypes import CATEGORIES
+from memlens.errors import MemlensError, MemlensUsageError
+from memlens.printable import printable
+from memlens.units import format_bytes
+
+FLEET_SCHEMA_VERSION = 1
+
+# Iglewicz and Hoaglin's cut-off for the modified z-score: beyond 3.5 a value is an outlier.
+OUTLIER_Z = 3.5
+# 1.4826 x MAD estimates the standard deviation of normally distributed values.
+MAD_TO_SIGMA = 1.4826
+# Spread floor, as a share of the metric's base (the fleet's median peak): with identical replicas
+# the MAD is 0 and any byte would be infinitely far; with this floor a rank must be 3.5% off.
+SPREAD_FLOOR_SHARE = 0.01
+# A deviation, a category delta or a finding difference smaller than this share of the median
+# peak is not a reason: it is noise in the explanation.
+SIGNIFICANT_SHARE = 0.05
+# Fewer ranks than this have no majority to differ from (with two, each is as far from the median).
+MIN_RANKS_FOR_OUTLIERS = 3
+
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+
+
+# --------------------------------------------------------------------------- the worker
+
+
+def analyse_file(path: str, capacity: int | None = None, device: int | None = None,
+                 cache: bool | None = None) -> dict[str, Any]:
+    """Load and analyse one snapshot; return plain JSON: the report, the rank, or the error.
+
+    Runs in a worker process or on a Dask worker: it never raises for a bad file (the error is
+    the result), and returns builtins only (``Report.to_json()``), so nothing live is pickled
+    back. Keys: ``path``, ``report`` (or None), ``device`` (the one the table shows), ``rank`` and
+    ``world_size`` (from the recorder's sidecar, None without one), ``error`` (None when it
+    worked) and ``seconds`` (the time the analysis took there).
+    """
+    from memlens.analysis import analyze
+    from memlens.snapshot.reader import load
+
+    started = time.perf_counter()
+    result: dict[str, Any] = {"path": path, "report": None, "device": None, "rank": None, "world_size": None,
+                              "error": None, "seconds": 0.0}
+    try:
+        report = analyze(load(path, cache=cache), capacity=capacity)
+        result["device"] = report.device(device).device
+        sidecar = report.sidecar or {}
+        result["rank"] = _count(sidecar.get("rank"))
+        result["world_size"] = _count(sidecar.get("world_size"))
+        result["report"] = report.to_json()
+    except MemlensError as exc:
+        result["error"] = printable(exc, 300)
+    except (MemoryError, RecursionError) as exc:
+        # What a crafted file does to a reader with no defence left: that file's row, not the fleet's end.
+        result["error"] = f"ran out of {'memory' if isinstance(exc, MemoryError) else 'stack depth'} on this input"
+    except Exception as exc:  # one file's bug of ours must not end a 512-rank triage
+        result["error"] = f"internal error: {type(exc).__name__}: {printable(exc, 300)}"
+    result["seconds"] = time.perf_counter() - started
+    return result
+
+
+def _count(value: Any) -> int | None:
+    """A non-negative int from the sidecar, or None (a broken sidecar only loses the rank)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+# --------------------------------------------------------------------------- executors
+
+Task = Callable[[str], dict[str, Any]]
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """``analyse_file`` with its options bound: picklable (a module-level class), unlike a lambda."""
+
+    capacity: int | None
+    device: int | None
+    cache: bool | None
+
+    def __call__(self, path: str) -> dict[str, Any]:
+        return analyse_file(path, self.capacity, self.device, self.cache)
+
+
+def _died(path: str, why: str) -> dict[str, Any]:
+    return {"path": path, "report": None, "device": None, "rank": None, "world_size": None,
+            "error": why, "seconds": 0.0}
+
+
+def run_sequential(paths: Sequence[str], task: Task, progress: Progress | None = None) -> list[dict[str, Any]]:
+    results = []
+    for done, path in enumerate(paths, 1):
+        results.append(task(path))
+        if progress:
+            progress(done, len(paths))
+    return results
+
+
+def _pool_context() -> Any:
+    """forkserver where the platform has it (a clean, small parent to fork from: the CLI's own
+    state, threads and open files are not copied into the workers), else spawn."""
+    import multiprocessing
+
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def run_processes(paths: Sequence[str], task: Task, jobs: int,
+                  progress: Progress | None = None) -> list[dict[str, Any]]:
+    """``task`` over ``paths`` in a pool of ``jobs`` processes; results in input order.
+
+    A worker that dies (killed for memory, a crash in native code) breaks the whole pool and
+    every file still in it. Those files are retried one at a time, each in a pool of one, so the
+    file that kills its worker is named and the others still get analysed.
+    """
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    results: list[dict[str, Any] | None] = [None] * len(paths)
+    done = 0
+    retry: list[int] = []
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=_pool_context()) as pool:
+        futures = {pool.submit(task, path): index for index, path in enumerate(paths)}
+        from concurrent.futures import as_completed
+
+        for future in as_completed(futures):
+            index = futures[future]
+            try:
+                results[index] = future.result()
+            except BrokenProcessPool:
+                retry.append(index)
+                continue
+            done += 1
+            if progress:
+                progress(done, len(paths))
+    for index in sorted(retry):
+        with ProcessPoolExecutor(max_workers=1, mp_context=_pool_context()) as alone:
+            try:
+                results[index] = alone.submit(task, paths[index]).result()
+            except BrokenProcessPool:
+                results[index] = _died(paths[index], "the worker process analysing this file died "
+                                                     "(killed for memory, or a crash)")
+        done += 1
+        if progress:
+            progress(done, len(paths))
+    return [r if r is not None else _died(p, "no result") for r, p in zip(results, paths, strict=True)]
+
+
+def run_dask(paths: Sequence[str], task: Task, address: str,
+             progress: Progress | None = None) -> list[dict[str, Any]]:
+    """``task`` over ``paths`` on the Dask cluster at ``address``; results in input order.
+
+    The workers read the files themselves, so the paths (made absolute here) must name the same
+    files on the workers: a shared filesystem, as a cluster's job output usually is.
+    """
+    try:
+        from distributed import Client
+    except ImportError:
+        raise MemlensUsageError("--dask needs Dask's distributed scheduler: pip install 'memlens[dask]'") from None
+    try:
+        client = Client(address, timeout="30s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise MemlensUsageError(f"cannot reach the Dask scheduler at {address!r}: {printable(exc, 200)}") from None
+    try:
+        # pure=False: two files with equal paths are still two tasks, and a rerun reanalyses.
+        futures = client.map(task, list(paths), pure=False)
+        results = []
+        for done, (path, future) in enumerate(zip(paths, futures, strict=True), 1):
+            try:
+                results.append(future.result())
+            except Exception as exc:  # KilledWorker and the like: this file's row
+                results.append(_died(path, f"the Dask task failed: {type(exc).__name__}: {printable(exc, 200)}"))
+            if progress:
+                progress(done, len(paths))
+        return results
+    finally:
+        client.close()  # ours to close; the cluster is not ours to stop
+
+
+def default_jobs(files: int) -> int:
+    """The CPUs this process may use, capped by the number of files."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, files))
+
+
+# --------------------------------------------------------------------------- plain data
+
+
+@dataclass(frozen=True)
+class FindingSummary:
+    kind: str
+    severity: str
+    bytes: int
+    summary: str
+    where: str  # the top stack's innermost frame, "" without stacks
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One file of the fleet, as the table shows it; ``error`` set when it could not be analysed."""
+
+    path: str
+    rank: int | None
+    world_size: int | None
+    device: int | None
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    steps: int
+    step_time_ms: float | None  # median of the complete steps
+    categories_at_peak: dict[str, int]
+    findings: list[FindingSummary]
+    seconds: float
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else os.path.basename(self.path)
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """One metric on which a rank stands out: its value, the fleet's median, the robust z-score."""
+
+    metric: str  # "peak_allocated", "peak_reserved" or a category name ("activations")
+    value: int
+    median: float
+    delta: float
+    robust_z: float
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One reason, in bytes: a category at the peak, or a finding kind, against the fleet's median."""
+
+    what: str  # "category" or "finding"
+    name: str
+    value: int
+    median: float
+    delta: float
+    detail: str = ""  # for a finding: severity, its summary and where
+
+
+@dataclass(frozen=True)
+class Outlier:
+    index: int  # position of the row in FleetReport.rows
+    rank: int | None
+    path: str
+    deviations: list[Deviation]
+    reasons: list[Difference]
+    verdict: str
+
+
+@dataclass
+class FleetReport:
+    rows: list[RankRow]
+    outliers: list[Outlier]
+    medians: dict[str, float]
+    executor: str  # "sequential", "processes" or "dask"
+    workers: int | None
+    wall_seconds: float
+    # The per-file reports' JSON (None for a failed file), kept only when asked for.
+    reports: list[dict[str, Any] | None] | None = field(default=None, repr=False)
+
+    @property
+    def failed(self) -> list[RankRow]:
+        return [row for row in self.rows if not row.ok]
+
+    def to_json(self) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "fleet_schema_version": FLEET_SCHEMA_VERSION,
+            "executor": self.executor,
+            "workers": self.workers,
+            "wall_seconds": self.wall_seconds,
+            "ranks": [asdict(row) for row in self.rows],
+            "medians": dict(self.medians),
+            "outliers": [asdict(outlier) for outlier in self.outliers],
+        }
+        if self.reports is not None:
+            payload["reports"] = list(self.reports)
+        return payload
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def rank_from_name(path: str) -> int | None:
+    """``rank12.pickle``, ``ddp_rank3.pickle``, ``rank_7/...`` -> the number; else None."""
+    matches = _RANK_IN_NAME.findall(path)
+    return int(matches[-1]) if matches else None
+
+
+def row_from_result(result: dict[str, Any]) -> RankRow:
+    """A table row from what ``analyse_file`` returned (a failed file: a row with its error)."""
+    path = str(result.get("path", ""))
+    # The sidecar's rank only when the job had ranks: a single-process recording says rank 0.
+    world = result.get("world_size")
+    rank = result.get("rank") if isinstance(world, int) and world > 1 else None
+    if rank is None:
+        rank = rank_from_name(path)
+    report = result.get("report")
+    if result.get("error") is not None or not isinstance(report, dict):
+        return RankRow(path, rank, world, None, 0, 0, 0, None, {}, [], float(result.get("seconds", 0.0)),
+                       error=str(result.get("error") or "no report"))
+    device = result.get("device")
+    dev = report["devices"][str(device)]
+    findings = [
+        FindingSummary(kind=f["kind"], severity=f["severity"], bytes=int(f["bytes"]),
+                       summary=f["summary"], where=f["top_stacks"][0]["frames"][0] if f["top_stacks"]
+                       and f["top_stacks"][0]["frames"] else "")
+        for f in dev["findings"]
+    ]
+    return RankRow(
+        path=path, rank=rank, world_size=world, device=device,
+        peak_allocated_bytes=int(dev["peak_allocated_bytes"]), peak_reserved_bytes=int(dev["peak_reserved_bytes"]),
+        steps=len(dev["steps"]), step_time_ms=_median_step_ms(dev["steps"]),
+        categories_at_peak={name: int(dev["categories_at_peak"].get(name, 0)) for name in CATEGORIES},
+        findings=findings, seconds=float(result.get("seconds", 0.0)),
+    )
+
+
+def _median_step_ms(steps: list[dict[str, Any]]) -> float | None:
+    durations = [(s["end_us"] - s["start_us"]) / 1000 for s in steps
+                 if not s.get("partial") and s.get("start_us") is not None and s.get("end_us") is not None]
+    return statistics.median(durations) if durations else None
+
+
+# --------------------------------------------------------------------------- outliers
+
+
+def robust_z(values: Sequence[float], floor: float) -> tuple[float, list[float]]:
+    """The median of ``values`` and each value's robust z-score against it.
+
+    z = (x - median) / max(1.4826 x MAD, floor): the MAD is the median of the absolute deviations,
+    so up to half the values may be outliers without moving it; ``floor`` (> 0) keeps identical
+    values from making every difference infinite.
+    """
+    median = statistics.median(values)
+    mad = statistics.median(abs(v - median) for v in values)
+    scale = max(MAD_TO_SIGMA * mad, floor)
+    return median, [(v - median) / scale for v in values]
+
+
+def find_outliers(rows: Sequence[RankRow]) -> tuple[list[Outlier], dict[str, float]]:
+    """The outlier ranks among ``rows`` (failed ones left out) and the fleet's medians per metric."""
+    good = [(index, row) for index, row in enumerate(rows) if row.ok]
+    if not good:
+        return [], {}
+    metrics: dict[str, list[float]] = {
+        "peak_allocated": [row.peak_allocated_bytes for _, row in good],
+        "peak_reserved": [row.peak_reserved_bytes for _, row in good],
+    }
+    for category in CATEGORIES:
+        metrics[category] = [row.categories_at_peak.get(category, 0) for _, row in good]
+    medians = {name: float(statistics.median(values)) for name, values in metrics.items()}
+    if len(good) < MIN_RANKS_FOR_OUTLIERS:
+        return [], medians
+    # Categories are parts of the allocated peak: they are measured against it, so a category
+    # going from 0 B to 4 KiB in a 10 GiB job is no outlier.
+    base = {name: medians["peak_reserved" if name == "peak_reserved" else "peak_allocated"] for name in metrics}
+    flagged: dict[int, list[Deviation]] = {}
+    for name, values in metrics.items():
+        significant = max(SIGNIFICANT_SHARE * base[name], 1.0)
+        median, scores = robust_z(values, floor=max(SPREAD_FLOOR_SHARE * base[name], 1.0))
+        for (index, _), value, z in zip(good, values, scores, strict=True):
+            if abs(z) >= OUTLIER_Z and abs(value - median) >= significant:
+                flagged.setdefault(index, []).append(Deviation(name, int(value), median, value - median, z))
+    finding_medians = _finding_medians([row for _, row in good])
+    outliers = []
+    for index in sorted(flagged):
+        row = rows[index]
+        reasons = explain(row, medians, finding_medians)
+        outliers.append(Outlier(index, row.rank, row.path, flagged[index], reasons,
+                                verdict_line(row, flagged[index], reasons)))
+    return outliers, medians
+
+
+def _finding_bytes(row: RankRow) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for finding in row.findings:
+        totals[finding.kind] = totals.get(finding.kind, 0) + finding.bytes
+    return totals
+
+
+def _finding_medians(rows: Sequence[RankRow]) -> dict[str, float]:
+    """Per finding kind, the median over ranks of its bytes (0 for a rank without it)."""
+    per_rank = [_finding_bytes(row) for row in rows]
+    kinds = sorted({kind for totals in per_rank for kind in totals})
+    return {kind: float(statistics.median(t.get(kind, 0) for t in per_rank)) for kind in kinds}
+
+
+def explain(row: RankRow, medians: dict[str, float], finding_medians: dict[str, float]) -> list[Difference]:
+    """Why ``row`` differs, in bytes, largest first: the categories at the peak that account for
+    the difference, then the findings it has that the fleet has not (or in other amounts)."""
+    significant = max(SIGNIFICANT_SHARE * medians.get("peak_allocated", 0.0), 1.0)
+    reasons = []
+    for name in CATEGORIES:
+        value = row.categories_at_peak.get(name, 0)
+        delta = value - medians.get(name, 0.0)
+        if abs(delta) >= significant:
+            reasons.append(Difference("category", name, value, medians.get(name, 0.0), delta))
+    totals = _finding_bytes(row)
+    for kind in sorted(set(totals) | set(finding_medians)):
+        value = totals.get(kind, 0)
+        delta = value - finding_medians.get(kind, 0.0)
+        if abs(delta) < significant:
+            continue
+        mine = [f for f in row.findings if f.kind == kind]
+        detail = ""
+        if mine:
+            top = max(mine, key=lambda f: f.bytes)
+            detail = f"{top.severity}: {_first_sentence(top.summary)}" + (f" at {top.where}" if top.where else "")
+        reasons.append(Difference("finding", kind, value, finding_medians.get(kind, 0.0), delta, detail))
+    reasons.sort(key=lambda r: (r.what != "category", -abs(r.delta)))
+    return reasons
+
+
+def _first_sentence(text: str) -> str:
+    head = text.split(": ", 1)[0] if len(text.split(": ", 1)[0]) < 120 else text[:120]
+    return head.rstrip(".")
+
+
+def _signed(delta: float) -> str:
+    return ("+" if delta >= 0 else "-") + format_bytes(int(abs(delta)))
+
+
+_METRIC_WORDS = {"peak_allocated": "peak allocated", "peak_reserved": "peak reserved"}
+
+
+def verdict_line(row: RankRow, deviations: Sequence[Deviation], reasons: Sequence[Difference]) -> str:
+    """One sentence per outlier: what stands out, by how much, and what accounts for it."""
+    # The peaks first (allocated, then reserved), then a category that moved without the peak.
+    peaks = [d for d in deviations if d.metric in _METRIC_WORDS]
+    shown = (sorted(peaks, key=lambda d: d.metric != "peak_allocated")
+             or [max(deviations, key=lambda d: abs(d.robust_z))])
+    parts = []
+    for deviation in shown:
+        word = _METRIC_WORDS.get(deviation.metric, f"{deviation.metric} at the peak")
+        share = f" ({deviation.delta / deviation.median:+.0%})" if deviation.median else ""
+        parts.append(f"{word} {format_bytes(deviation.value)}, {_signed(deviation.delta)}{share} against the "
+                     f"median {format_bytes(int(deviation.median))} (robust z {deviation.robust_z:+.1f})")
+    text = f"{row.label}: " + "; ".join(parts)
+    categories = [r for r in reasons if r.what == "category"]
+    if categories:
+        text += "; at the peak " + ", ".join(f"{r.name} {_signed(r.delta)}" for r in categories)
+    findings = [r for r in reasons if r.what == "finding"]
+    for reason in findings:
+        if reason.median == 0 and reason.value:
+            text += f"; only this rank has a {reason.name} finding ({format_bytes(reason.value)}"
+        elif reason.value == 0:
+            text += f"; no {reason.name} finding here (the median rank: {format_bytes(int(reason.median))}"
+        else:
+            text += (f"; {reason.name} {format_bytes(reason.value)} against the median "
+                     f"{format_bytes(int(reason.median))} ({_signed(reason.delta)}")
+        text += f", {reason.detail})" if reason.detail else ")"
+    return text
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def triage_fleet(paths: Sequence[str | os.PathLike[str]], *, jobs: int | None = None, dask: str | None = None,
+                 capacity: int | None = None, device: int | None = None, cache: bool | None = None,
+                 keep_reports: bool = False, progress: Progress | None = None) -> FleetReport:
+    """Analyse every snapshot in ``paths`` and compare the ranks.
+
+    ``jobs``: worker processes (default: the CPUs, capped by the files; 1 analyses here, in this
+    process); ``dask``: the address of a running Dask scheduler (then ``jobs`` is unused);
+    ``capacity``, ``device``, ``cache``: as for one ``memlens.analyze``/``memlens.load``;
+    ``keep_reports``: keep each file's report JSON in ``FleetReport.reports``.
+    """
+    names = [os.fspath(p) for p in paths]
+    if not names:
+        raise MemlensUsageError("no snapshots to triage")
+    if jobs is not None and jobs < 1:
+        raise MemlensUsageError(f"--jobs must be at least 1, got {jobs}")
+    task = _Bound(capacity, device, cache)
+    started = time.perf_counter()
+    if dask is not None:
+        absolute = [os.path.abspath(n) for n in names]
+        results = run_dask(absolute, task, dask, progress)
+        for result, name, full in zip(results, names, absolute, strict=True):
+            # As the user typed it, not the absolute form the workers needed (errors name it too).
+            result["path"] = name
+            if isinstance(result.get("error"), str) and result["error"].startswith(full + ": "):
+                result["error"] = name + result["error"][len(full):]
+        executor, workers = "dask", None
+    else:
+        workers = min(jobs, len(names)) if jobs is not None else default_jobs(len(names))
+        if workers == 1:
+            executor, results = "sequential", run_sequential(names, task, progress)
+        else:
+            executor, results = "processes", run_processes(names, task, workers, progress)
+    wall = time.perf_counter() - started
+    rows = [row_from_result(result) for result in results]
+    outliers, medians = find_outliers(rows)
+    return FleetReport(rows, outliers, medians, executor, workers, wall,
+                       reports=[r.get("report") for r in results] if keep_reports else None)
+
+
+def side_by_side(fleet: FleetReport) -> dict[str, Any]:
+    """The ranks side by side as columns, for a chart (the dashboard's per-rank bars): one entry
+    per analysed file in table order, the categories at the peak stacked, outliers marked."""
+    good_indices = [index for index, row in enumerate(fleet.rows) if row.ok]
+    good = [fleet.rows[index] for index in good_indices]
+    outlying = {o.index for o in fleet.outliers}
+    return {
+        "labels": [row.label for row in good],
+        "paths": [row.path for row in good],
+        "peak_allocated_bytes": [row.peak_allocated_bytes for row in good],
+        "peak_reserved_bytes": [row.peak_reserved_bytes for row in good],
+        "categories_at_peak": {name: [row.categories_at_peak.get(name, 0) for row in good] for name in CATEGORIES},
+        "step_time_ms": [row.step_time_ms for row in good],
+        "outlier": [index in outlying for index in good_indices],
+        "verdicts": [o.verdict for o in fleet.outliers],
+        "failed": [{"path": row.path, "error": row.error} for row in fleet.rows if not row.ok],
+    }
+
+
+__all__ = [
+    "FLEET_SCHEMA_VERSION",
+    "Deviation",
+    "Difference",
+    "FindingSummary",
+    "FleetReport",
+    "Outlier",
+    "RankRow",
+    "analyse_file",
+    "default_jobs",
+    "explain",
+    "find_outliers",
+    "rank_from_name",
+    "robust_z",
+    "row_from_result",
+    "run_dask",
+    "run_processes",
+    "run_sequential",
+    "side_by_side",
+    "triage_fleet",
+]

@@ -1,0 +1,87 @@
+"""The fleet's outlier analysis on hand-made rows: who is named, and the bytes that say why."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from memlens.analysis.datatypes import CATEGORIES
+from memlens.fleet import FindingSummary, RankRow, find_outliers, rank_from_name, robust_z, run_processes
+
+MiB = 1 << 20
+
+
+def row(rank: int, activations: int = 100 * MiB, unknown: int = 0, reserved: int | None = None,
+        leak: int = 0) -> RankRow:
+    categories = {str(name): 0 for name in CATEGORIES}
+    categories.update(parameters=50 * MiB, activations=activations, unknown=unknown)
+    peak = sum(categories.values())
+    findings = [FindingSummary("leak", "high", leak, "Allocations pile up: ...", "step (train.py:9)")] if leak else []
+    return RankRow(f"run/rank{rank}.pickle", rank, 8, 0, peak, reserved if reserved is not None else peak + 8 * MiB,
+                   3, 10.0, categories, findings, 0.1)
+
+
+def test_identical_replicas_and_one_leaking_rank_name_it_with_the_bytes() -> None:
+    rows = [row(r) for r in range(7)] + [row(7, unknown=40 * MiB, leak=40 * MiB)]
+    outliers, medians = find_outliers(rows)
+    assert [o.rank for o in outliers] == [7]
+    (outlier,) = outliers
+    assert {d.metric for d in outlier.deviations} >= {"peak_allocated", "unknown"}
+    peak = next(d for d in outlier.deviations if d.metric == "peak_allocated")
+    assert peak.delta == 40 * MiB and peak.median == medians["peak_allocated"] == 150 * MiB
+    assert [(r.what, r.name, r.delta) for r in outlier.reasons] == [("category", "unknown", 40 * MiB),
+                                                                   ("finding", "leak", 40 * MiB)]
+    assert "rank 7: peak allocated" in outlier.verdict and "unknown +40.00 MiB" in outlier.verdict
+    assert "only this rank has a leak finding (40.00 MiB" in outlier.verdict and "train.py:9" in outlier.verdict
+
+
+def test_a_rank_below_the_others_and_a_shift_between_categories_are_outliers_too() -> None:
+    # rank 3 ran short of activations; rank 4 holds the same peak in another category
+    rows = [row(r) for r in range(3)] + [row(3, activations=40 * MiB), row(4, activations=70 * MiB, unknown=30 * MiB)]
+    outliers, _ = find_outliers(rows + [row(r) for r in range(5, 8)])
+    by_rank = {o.rank: o for o in outliers}
+    assert set(by_rank) == {3, 4}
+    low = next(d for d in by_rank[3].deviations if d.metric == "peak_allocated")
+    assert low.delta == -60 * MiB and low.robust_z < 0
+    assert not any(d.metric == "peak_allocated" for d in by_rank[4].deviations)
+    assert {(r.name, r.delta) for r in by_rank[4].reasons} == {("activations", -30 * MiB), ("unknown", 30 * MiB)}
+
+
+def test_natural_spread_small_differences_and_two_ranks_name_nobody() -> None:
+    spread = [row(r, activations=(100 + r) * MiB) for r in range(8)]  # 1 MiB steps: ordinary jitter
+    assert find_outliers(spread)[0] == []
+    assert find_outliers([row(r) for r in range(7)] + [row(7, unknown=2 * MiB)])[0] == []  # 1.3%: not a reason
+    assert find_outliers([row(0), row(1, unknown=100 * MiB)])[0] == []  # no majority to differ from
+
+
+def test_failed_rows_are_left_out_of_the_medians() -> None:
+    failed = RankRow("run/rank9.pickle", 9, None, None, 0, 0, 0, None, {}, [], 0.0, error="not a pickle")
+    outliers, medians = find_outliers([row(r) for r in range(4)] + [failed])
+    assert outliers == [] and medians["peak_allocated"] == 150 * MiB
+
+
+def test_robust_z_floors_the_spread_of_identical_values() -> None:
+    median, scores = robust_z([10.0, 10.0, 10.0, 20.0], floor=2.0)
+    assert median == 10.0 and scores == [0.0, 0.0, 0.0, 5.0]
+
+
+@pytest.mark.parametrize(("path", "rank"), [("runs/node3/rank12.pickle", 12), ("ddp_rank1.pickle", 1),
+                                            ("out/rank_7/snapshot.pickle", 7), ("snapshot.pickle", None)])
+def test_rank_from_name(path: str, rank: int | None) -> None:
+    assert rank_from_name(path) == rank
+
+
+def _die_on_doomed(path: str) -> dict[str, object]:
+    if path.endswith("doomed"):
+        os._exit(3)  # what an OOM kill or a segfault in native code looks like to the pool
+    return {"path": path, "report": None, "error": None}
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_dies_costs_its_own_file_only() -> None:
+    paths = ["a", "b", "doomed", "c"]
+    results = run_processes(paths, _die_on_doomed, jobs=2)
+    assert [r["path"] for r in results] == paths
+    assert "died" in str(results[2]["error"])
+    assert [r["error"] for i, r in enumerate(results) if i != 2] == [None, None, None]
