@@ -4,10 +4,13 @@ One screen per snapshot: the file, torch release, device and capacity, the steps
 and how; peak allocated and reserved and when; a text timeline (one sparkline per step,
 peak marked); the findings ranked by bytes with evidence, top stacks and the fix; what was
 live at the peak by category; and, with budget flags or a recorder sidecar, the theoretical
-budget beside the measured categories. Several files (one per rank) get a table first.
+budget beside the measured categories. Several files (one per rank) are a fleet: analysed
+in parallel (a process per CPU, --jobs N, or a Dask cluster with --dask ADDRESS), one table
+row per rank, and the outlier rank named with what accounts for the difference, in bytes.
 
   memlens triage snapshot.pickle
-  memlens triage runs/exp1/rank*.pickle --capacity 80GiB
+  memlens triage runs/exp1/rank*.pickle --jobs 8
+  memlens triage runs/*/rank*.pickle --dask tcp://scheduler:8786
   memlens triage snapshot.pickle --json > report.json
   memlens triage snapshot.pickle --fail-on leak       # exit 1 if a leak is found (for CI)
 """
@@ -141,7 +144,7 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
            cache: bool | None, top: int, full_stacks: bool, width: int | None, color: bool | None,
            jobs: int | None = None, dask_address: str | None = None,
            **lens: Any) -> None:
-    from memlens.reporters.terminal import make_console, render_ranks, render_triage
+    from memlens.reporters.terminal import make_console, render_triage
 
     kinds = _split_kinds(fail_on)
     flags = BudgetFlags(params, optimizer, precision, hidden, layers, heads, vocab, batch, seq, checkpointing,
@@ -158,29 +161,21 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
                              as_json=as_json, width=width, color=color, fail_on=kinds, exit_finding=EXIT_FINDING)
         return
     # Every device is analysed, so the summary can list each one holding memory; --device picks
-    # the one detailed (and must exist in every file).
-    reports = analyze_paths(list(snapshots), capacity, None, cache=cache)
-    for report in reports:
-        report.device(device)
+    # the one detailed (and must exist).
+    (report,) = analyze_paths(list(snapshots), capacity, None, cache=cache)
+    report.device(device)
     if as_json:
-        payload: Any = reports[0].to_json() if len(reports) == 1 else {"reports": [r.to_json() for r in reports]}
-        click.echo(json.dumps(payload, indent=2))
+        click.echo(json.dumps(report.to_json(), indent=2))
     else:
-        console = make_console(width=width, color=color)
-        if len(reports) > 1:
-            render_ranks(console, reports)
-        for index, report in enumerate(reports):
-            if index or len(reports) > 1:
-                console.rule()
-            try:
-                reconciliation = budget_reconciliation(report, device, flags)
-            except MemlensUsageError:
-                if flags.given:
-                    raise
-                reconciliation = None  # a sidecar we cannot turn into a budget only loses that section
-            render_triage(console, report, device, reconciliation, top=top, full_stacks=full_stacks)
-    found = {f.kind for r in reports for f in r.findings}
-    hits = [k for k in kinds if k in found]
+        try:
+            reconciliation = budget_reconciliation(report, device, flags)
+        except MemlensUsageError:
+            if flags.given:
+                raise
+            reconciliation = None  # a sidecar we cannot turn into a budget only loses that section
+        render_triage(make_console(width=width, color=color), report, device, reconciliation, top=top,
+                      full_stacks=full_stacks)
+    hits = [k for k in kinds if k in {f.kind for f in report.findings}]
     if hits:
         click.echo(f"memlens: found {', '.join(hits)} (--fail-on)", err=True)
         sys.exit(EXIT_FINDING)
