@@ -14,6 +14,11 @@ segments, blocks or entries are refused instead of being walked again.
 The raw dicts are turned into columns in a few list-comprehension passes. Frames in real
 files are shared objects (PyTorch's pickler memoises them), so stacks are interned by the
 identity of their frame dicts first and by value only once per distinct object.
+
+This module reads (unpickling, the sidecar) and turns raw dicts into the model; the rest lives
+apart: what kind of file it is and which PyTorch wrote it (``memlens.snapshot.formats``), the
+limits and checks on every value (``memlens.snapshot.validate``), and the allocated/reserved
+curves built from a parsed trace (``memlens.snapshot.curves``, part of the model).
 """
 
 from __future__ import annotations
@@ -24,11 +29,9 @@ import gzip
 import io
 import itertools
 import json
-import math
 import operator
 import os
 import pickle
-import sys
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
@@ -36,6 +39,8 @@ import numpy as np
 
 from memlens.errors import MemlensFormatError
 from memlens.snapshot import scan
+from memlens.snapshot.curves import CurveOverflow, build_curves
+from memlens.snapshot.formats import BARE_LIST_FORMAT, GZIP_MAGIC, ZIP_MAGIC, guess_format, looks_like_pickle, sniff
 from memlens.snapshot.model import (
     ACTION_CODES,
     BLOCK_STATE_ALIASES,
@@ -50,13 +55,27 @@ from memlens.snapshot.model import (
     StackTable,
 )
 from memlens.snapshot.scan import PickleRefused, PipedVetting, VettedStream
+from memlens.snapshot.validate import (
+    DEFAULT_TEXT_BUDGET,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_ADDRESS,
+    MAX_BYTES,
+    MAX_DEVICES,
+    MAX_LINE,
+    MAX_TEXT,
+    MAX_TIME_US,
+    MIN_TEXT_BUDGET,
+    SHORT_TEXT,
+    Checker,
+    describe,
+    plain_copy,
+    shorten,
+)
 
-GZIP_MAGIC = b"\x1f\x8b"
-ZIP_MAGIC = b"PK\x03\x04"
 SIDECAR_SUFFIX = ".memlens.json"
 SIDECAR_MAX_BYTES = 16 << 20
 SIDECAR_MAX_INT = 1 << 56
-BARE_LIST_FORMAT = "memory_snapshot() segment list"
 GZIP_MAX_RATIO = 100
 GZIP_MIN_LIMIT = 64 << 20
 READ_SHARE = 0.7  # of the load time, for the progress bar: unpickling is most of it
@@ -228,7 +247,7 @@ def _read_raw(path: str | os.PathLike[str], on_read: Callable[[float], None] | N
             raise MemlensFormatError(
                 source, "is a zip archive (a torch.save checkpoint?), not a memory snapshot pickle"
             )
-        if head[:1] != b"\x80" and head[:1] not in (b"(", b"]", b"}"):
+        if not looks_like_pickle(head):
             raise MemlensFormatError(source, "not a pickle (expected a pickle written by _dump_snapshot)")
         size = os.fstat(handle.fileno()).st_size
         if scan.parallel_vetting_pays(size):
@@ -324,7 +343,7 @@ def read_sidecar(path: str) -> dict[str, Any]:
         return {}  # a broken sidecar only loses extras; the snapshot itself is still good
     # Bounded like the snapshot's own extras: no deep nesting, no huge strings, and numbers the
     # analysis may use (capacity, parameter counts) finite and within 2**56.
-    plain = _plain(data, int_limit=SIDECAR_MAX_INT, max_nodes=SIDECAR_MAX_BYTES // 2)
+    plain = plain_copy(data, int_limit=SIDECAR_MAX_INT, max_nodes=SIDECAR_MAX_BYTES // 2)
     return _sidecar_fields(plain) if isinstance(plain, dict) else {}
 
 
@@ -363,150 +382,6 @@ def _sidecar_fields(sidecar: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- parsing
 
 
-# Limits on what a well-formed snapshot can hold. Each is far above anything PyTorch writes,
-# and each keeps hostile values from overflowing the int64 columns or the report's units.
-MAX_BYTES = 1 << 50  # one size, 1 PiB (the largest GPU has under 2**38 bytes)
-MAX_TOTAL_BYTES = 1 << 56  # bytes live or reserved at once, summed over a trace
-MAX_ADDRESS = (1 << 63) - 1
-MAX_TIME_US = 1 << 60  # microseconds since the epoch: year 36,000
-MAX_DEVICES = 1024  # device ordinals (one process sees at most a few dozen GPUs)
-MAX_LINE = (1 << 31) - 1
-MAX_TEXT = 4096  # characters kept of a frame's name or filename, a metadata or annotation string
-SHORT_TEXT = 256  # ... once the texts longer than this have used up the text budget
-DEFAULT_TEXT_BUDGET = 64 << 20  # characters of such long texts, for a file of unknown size
-MIN_TEXT_BUDGET = 16 << 20  # for a file: the larger of this and twice its size
-TRUNCATION_MARK = "…"
-MAX_EXTRA_DEPTH = 32  # nesting kept in unknown keys and allocator_settings (JSON in the cache)
-MAX_EXTRA_NODES = 10_000
-MAX_EXTRA_CHARS = 1 << 20  # characters of long strings in one such copy
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-MAX_SHARED_VISITS = 100_000
-
-
-def _references_of_a_list_item() -> int:
-    """What ``map(sys.getrefcount, items)`` reports for an item that only the list holds
-    (the interpreter's own temporary reference differs between Python versions)."""
-    return max(map(sys.getrefcount, [object()]))
-
-
-_SINGLE_REFERENCE = _references_of_a_list_item()
-
-
-def _short(text: str, limit: int = MAX_TEXT) -> str:
-    """``text`` cut to ``limit`` characters (a 10 MB frame name is no real frame's)."""
-    return text if len(text) <= limit else text[: limit - 1] + TRUNCATION_MARK
-
-
-def _what(value: Any) -> str:
-    """A short description of a value for an error message (never its full repr: it may be huge)."""
-    if isinstance(value, bool) or value is None:
-        return repr(value)
-    if isinstance(value, int):
-        return f"{value}" if abs(value) < 1 << 70 else f"an integer of {value.bit_length()} bits"
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, str):
-        return repr(value) if len(value) <= 40 else f"a string of {len(value):,} characters"
-    return f"a {type(value).__name__}"
-
-
-class _Checker:
-    """Raises format errors that name the file and where in it the problem is."""
-
-    def __init__(self, source: str, text_budget: int = DEFAULT_TEXT_BUDGET) -> None:
-        self.source = source
-        self._seen: set[int] = set()  # ids of shared items already walked (see walk)
-        self._containers: set[int] = set()
-        self._walked: list[Any] = []
-        self._shared_visits = 0
-        self._cut_by_id: dict[tuple[int, int], str] = {}
-        self._text_left = text_budget
-
-    def fail(self, problem: str) -> MemlensFormatError:
-        return MemlensFormatError(self.source, problem)
-
-    def dict_(self, value: Any, where: str) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(f"{where} should be a dict, found {_what(value)}")
-        return value
-
-    def list_(self, value: Any, where: str) -> list[Any]:
-        if not isinstance(value, list | tuple):
-            raise self.fail(f"{where} should be a list, found {_what(value)}")
-        return list(value) if isinstance(value, tuple) else value
-
-    def walk(self, items: list[Any], where: str) -> None:
-        """Count the work of walking ``items``; refuse when shared objects multiply it.
-
-        Real snapshots share frame dicts and frame lists only; one segment, block or entry
-        referred to 20,000 times (memo references cost two bytes each) would make the work
-        grow with the square of the file. Items referenced once (the common case, checked
-        with one C-level pass over reference counts) cannot be met anywhere else; others are
-        counted by identity, and more than MAX_SHARED_VISITS repeated visits is refused.
-        """
-        if id(items) in self._containers:
-            self._shared_visits += len(items)
-        else:
-            self._containers.add(id(items))
-            self._walked.append(items)  # keeps the id unique while parsing
-        if max(map(sys.getrefcount, items), default=0) > _SINGLE_REFERENCE:
-            identities = set(map(id, items))
-            new = identities - self._seen
-            self._shared_visits += len(items) - len(new)
-            self._seen |= new
-        if self._shared_visits > MAX_SHARED_VISITS:
-            raise self.fail(
-                f"{where} refers to objects met elsewhere in the file, {self._shared_visits:,} times so far "
-                "(a snapshot never shares its segments, blocks or trace entries)"
-            )
-
-    def int_(
-        self, container: dict[str, Any], key: str, where: str, default: int | None = None,
-        low: int | None = INT64_MIN, high: int | None = INT64_MAX,
-    ) -> int:
-        value = container.get(key, default)
-        if value is None:
-            raise self.fail(f"{where} has no {key!r}")
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(f"{where}: {key!r} should be an integer, found {_what(value)}")
-        if low is not None and high is not None and not low <= value <= high:
-            raise self.fail(f"{where}: {key!r} is out of range ({_what(value)}; expected {low} to {high})")
-        return value
-
-    def size_(self, container: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
-        value = self.int_(container, key, where, default, low=None, high=None)
-        if value < 0:
-            raise self.fail(f"{where}: {key!r} is negative ({value})")
-        if value > MAX_BYTES:
-            raise self.fail(f"{where}: {key!r} is implausibly large ({_what(value)}; at most 2**50 bytes)")
-        return value
-
-    def address_(self, container: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
-        return self.int_(container, key, where, default, low=0, high=MAX_ADDRESS)
-
-    def text_(self, container: dict[str, Any], key: str, where: str, default: str) -> str:
-        value = container.get(key, default)
-        if not isinstance(value, str):
-            raise self.fail(f"{where}: {key!r} should be text, found {_what(value)}")
-        if len(value) <= SHORT_TEXT:
-            return value
-        # Long texts share a budget: one long name in 100,000 distinct frame dicts costs the file
-        # a few bytes per dict but 4 KiB per frame in the model, the cache and the reports. Past
-        # the budget, long texts are cut to SHORT_TEXT characters.
-        limit = MAX_TEXT if self._text_left > 0 else SHORT_TEXT
-        if len(value) <= limit:
-            self._text_left -= len(value)
-            return value
-        # One cut copy per original string object (and limit): a name shared by many frame
-        # dicts is cut once, and its copies share one cached hash.
-        cut = self._cut_by_id.get((id(value), limit))
-        if cut is None:
-            cut = self._cut_by_id[(id(value), limit)] = _short(value, limit)
-            self._walked.append(value)  # keeps the id unique while parsing
-        self._text_left -= len(cut)
-        return cut
-
-
 class _Interner:
     """Interns frames and stacks; identity caches make shared (memoised) frames cheap."""
 
@@ -518,9 +393,9 @@ class _Interner:
         self._stack_by_list_id: dict[int, int] = {}
         self._keep_alive: list[Any] = []  # ids are only unique while the objects live
 
-    def frame(self, raw: Any, check: _Checker) -> int:
+    def frame(self, raw: Any, check: Checker) -> int:
         if not isinstance(raw, dict):
-            raise check.fail(f"a stack frame should be a dict, found {_what(raw)}")
+            raise check.fail(f"a stack frame should be a dict, found {describe(raw)}")
         filename = check.text_(raw, "filename", "a stack frame", "??")
         name = check.text_(raw, "name", "a stack frame", "??")
         line = check.int_(raw, "line", "a stack frame", 0, low=-MAX_LINE, high=MAX_LINE)
@@ -534,14 +409,14 @@ class _Interner:
         self._keep_alive.append(raw)
         return fid
 
-    def stack(self, frames: Any, check: _Checker) -> int:
+    def stack(self, frames: Any, check: Checker) -> int:
         if frames is None or (isinstance(frames, list | tuple) and not frames):
             return -1
         sid = self._stack_by_list_id.get(id(frames))
         if sid is not None:
             return sid
         if not isinstance(frames, list | tuple):
-            raise check.fail(f"'frames' should be a list, found {_what(frames)}")
+            raise check.fail(f"'frames' should be a list, found {describe(frames)}")
         by_id = self._frame_by_id
         try:
             key = tuple(map(by_id.__getitem__, map(id, frames)))
@@ -556,7 +431,7 @@ class _Interner:
         self._keep_alive.append(frames)
         return sid
 
-    def stacks(self, frame_lists: list[Any], check: _Checker) -> np.ndarray:
+    def stacks(self, frame_lists: list[Any], check: Checker) -> np.ndarray:
         """Stack ids for many entries: each distinct list object is interned once, the rest is C."""
         known = self._stack_by_list_id
         for key, frames in dict(zip(map(id, frame_lists), frame_lists, strict=True)).items():
@@ -568,7 +443,7 @@ class _Interner:
 
 
 def _describe_keys(raw: dict[Any, Any]) -> str:
-    names = [_what(k) if not isinstance(k, str) else _short(k)[:40] for k in itertools.islice(raw, 20)]
+    names = [describe(k) if not isinstance(k, str) else shorten(k)[:40] for k in itertools.islice(raw, 20)]
     return ", ".join(sorted(names))[:200] or "none"
 
 
@@ -579,7 +454,7 @@ def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT
     segment types over SHORT_TEXT characters) kept at up to MAX_TEXT each; later ones are cut
     to SHORT_TEXT. ``load`` gives twice the file's size (at least MIN_TEXT_BUDGET).
     """
-    check = _Checker(source, text_budget)
+    check = Checker(source, text_budget)
     bare_list = isinstance(raw, list | tuple)
     if bare_list:
         # torch.cuda.memory_snapshot() (no underscore) returns the bare list of segments.
@@ -599,7 +474,7 @@ def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT
     settings = _parse_settings(raw.get("allocator_settings") or {}, check)
     known = {"segments", "device_traces", "external_annotations", "allocator_settings"}
     extra = {
-        _short(k) if isinstance(k, str) else _what(k): _plain(v)
+        shorten(k) if isinstance(k, str) else describe(k): plain_copy(v)
         for k, v in itertools.islice(((k, v) for k, v in raw.items() if k not in known), 100)
     }
 
@@ -617,7 +492,10 @@ def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT
     if not devices:  # an empty snapshot still has the device it was taken on
         devices[0] = DeviceTrace(device=0)
     for device, trace in devices.items():
-        _build_curves(trace, segments_by_device.get(device, []), check)
+        try:
+            build_curves(trace, segments_by_device.get(device, []))
+        except CurveOverflow as exc:
+            raise check.fail(str(exc)) from None
     return Snapshot(
         source=source,
         devices=devices,
@@ -626,64 +504,11 @@ def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT
         annotations=annotations,
         allocator_settings=settings,
         extra=extra,
-        format_guess=BARE_LIST_FORMAT if bare_list else _guess_format(raw, raw_segments, raw_traces),
+        format_guess=BARE_LIST_FORMAT if bare_list else guess_format(raw, raw_segments, raw_traces),
     )
 
 
-def _plain(value: Any, int_limit: int = INT64_MAX, max_nodes: int = MAX_EXTRA_NODES) -> Any:
-    """A bounded JSON-ready copy of an unknown value (what the cache and sidecar writers store).
-
-    Self-references, deep nesting and huge strings are cut, not followed: at most
-    MAX_EXTRA_DEPTH levels and ``max_nodes`` values, strings cut to MAX_TEXT characters (to
-    SHORT_TEXT once long ones have used MAX_EXTRA_CHARS);
-    integers beyond ``int_limit`` and non-finite floats become text describing them.
-    Iterative, so no nesting depth can reach the recursion limit.
-    """
-    budget = max_nodes
-    chars_left = MAX_EXTRA_CHARS  # of long strings; later ones are cut shorter
-
-    def scalar(item: Any) -> Any:
-        nonlocal chars_left
-        if isinstance(item, str):
-            if len(item) <= SHORT_TEXT:
-                return item
-            cut = _short(item, MAX_TEXT if chars_left > 0 else SHORT_TEXT)
-            chars_left -= len(cut)
-            return cut
-        if item is None or isinstance(item, bool | int | float):
-            if isinstance(item, int) and not isinstance(item, bool) and not -int_limit <= item <= int_limit:
-                return _what(item)
-            if isinstance(item, float) and not math.isfinite(item):
-                return repr(item)
-            return item
-        return None
-
-    root: list[Any] = [None]
-    # (the value, the container to put its copy in, the key or index there, depth)
-    pending: list[tuple[Any, Any, Any, int]] = [(value, root, 0, 0)]
-    while pending:
-        item, parent, slot, depth = pending.pop()
-        budget -= 1
-        if isinstance(item, dict | list | tuple):
-            if depth >= MAX_EXTRA_DEPTH or budget <= 0:
-                parent[slot] = f"<{type(item).__name__} cut: nested or sized beyond what memlens keeps>"
-                continue
-            if isinstance(item, dict):
-                copy: Any = {}
-                for key, sub in itertools.islice(item.items(), max(budget, 0)):
-                    name = _short(key) if isinstance(key, str) else _what(key)
-                    copy[name] = None
-                    pending.append((sub, copy, name, depth + 1))
-            else:
-                copy = [None] * min(len(item), max(budget, 0))
-                pending.extend((sub, copy, i, depth + 1) for i, sub in enumerate(item[: len(copy)]))
-            parent[slot] = copy
-        else:
-            parent[slot] = scalar(item)
-    return root[0]
-
-
-def _parse_settings(raw: Any, check: _Checker) -> dict[str, Any]:
+def _parse_settings(raw: Any, check: Checker) -> dict[str, Any]:
     """``allocator_settings``: a bounded copy, with the keys the simulator reads type-checked."""
     settings = check.dict_(raw, "'allocator_settings'")
     where = "'allocator_settings'"
@@ -694,10 +519,10 @@ def _parse_settings(raw: Any, check: _Checker) -> dict[str, Any]:
         isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0.0 <= threshold < 1.0
     ):
         raise check.fail(f"{where}: 'garbage_collection_threshold' should be a number in [0, 1), "
-                         f"found {_what(threshold)}")
+                         f"found {describe(threshold)}")
     expandable = settings.get("expandable_segments")
     if expandable is not None and not isinstance(expandable, bool | int):
-        raise check.fail(f"{where}: 'expandable_segments' should be true or false, found {_what(expandable)}")
+        raise check.fail(f"{where}: 'expandable_segments' should be true or false, found {describe(expandable)}")
     divisions = settings.get("roundup_power2_divisions")
     if divisions is not None:
         values = list(divisions.values()) if isinstance(divisions, dict) else divisions
@@ -706,11 +531,11 @@ def _parse_settings(raw: Any, check: _Checker) -> dict[str, Any]:
             isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1 << 16 for v in values
         ) or not all(isinstance(k, int | str) and str(k).isdigit() and len(str(k)) <= 12 for k in keys):
             raise check.fail(f"{where}: 'roundup_power2_divisions' should map sizes to small counts")
-    plain = _plain(settings)
+    plain = plain_copy(settings)
     return plain if isinstance(plain, dict) else {}
 
 
-def _parse_segment(raw: Any, index: int, check: _Checker, interner: _Interner) -> Segment:
+def _parse_segment(raw: Any, index: int, check: Checker, interner: _Interner) -> Segment:
     where = f"segment {index}"
     seg = check.dict_(raw, where)
     address = check.address_(seg, "address", where)
@@ -726,10 +551,10 @@ def _parse_segment(raw: Any, index: int, check: _Checker, interner: _Interner) -
         requested = check.size_(b, "requested_size", bwhere, default=size)
         state = b.get("state", "inactive")
         if not isinstance(state, str):
-            raise check.fail(f"{bwhere}: 'state' should be text, found {_what(state)}")
+            raise check.fail(f"{bwhere}: 'state' should be text, found {describe(state)}")
         state = BLOCK_STATE_ALIASES.get(state, state)
         if state not in BLOCK_STATES:
-            raise check.fail(f"{bwhere}: unknown block state {_what(state)}")
+            raise check.fail(f"{bwhere}: unknown block state {describe(state)}")
         frames = b.get("frames")
         history = b.get("history")
         if frames is None and isinstance(history, list) and history:
@@ -742,10 +567,10 @@ def _parse_segment(raw: Any, index: int, check: _Checker, interner: _Interner) -
     if not isinstance(pool, list | tuple) or len(pool) > 8 or not all(
         isinstance(p, int) and not isinstance(p, bool) and INT64_MIN <= p <= INT64_MAX for p in pool
     ):
-        raise check.fail(f"{where}: 'segment_pool_id' should be a pair of integers, found {_what(pool)}")
+        raise check.fail(f"{where}: 'segment_pool_id' should be a pair of integers, found {describe(pool)}")
     expandable = seg.get("is_expandable", False)
     if not isinstance(expandable, bool | int):
-        raise check.fail(f"{where}: 'is_expandable' should be true or false, found {_what(expandable)}")
+        raise check.fail(f"{where}: 'is_expandable' should be true or false, found {describe(expandable)}")
     return Segment(
         device=check.int_(seg, "device", where, default=0, low=0, high=MAX_DEVICES - 1),
         address=address,
@@ -759,7 +584,7 @@ def _parse_segment(raw: Any, index: int, check: _Checker, interner: _Interner) -
     )
 
 
-def _parse_annotations(raw: Any, check: _Checker) -> list[Annotation]:
+def _parse_annotations(raw: Any, check: Checker) -> list[Annotation]:
     out = []
     items = check.list_(raw, "'external_annotations'")
     check.walk(items, "'external_annotations'")
@@ -801,7 +626,7 @@ def _plain_int_columns(entries: list[dict[str, Any]], names: tuple[str, ...]) ->
 
 
 def _int_column(
-    values: list[Any], check: _Checker, device: int, field_name: str, low: int = INT64_MIN, high: int = INT64_MAX,
+    values: list[Any], check: Checker, device: int, field_name: str, low: int = INT64_MIN, high: int = INT64_MAX,
 ) -> np.ndarray:
     where = f"device_traces[{device}]: {field_name!r}"
     if not values:
@@ -814,14 +639,14 @@ def _int_column(
         # Not all plain integers within int64: name the first value that is not.
         for value in values:
             if isinstance(value, bool) or not isinstance(value, int):
-                raise check.fail(f"{where} should be integers, found {_what(value)}")
+                raise check.fail(f"{where} should be integers, found {describe(value)}")
             if not INT64_MIN <= value <= INT64_MAX:
-                raise check.fail(f"{where} has a value too large for 64 bits ({_what(value)})")
+                raise check.fail(f"{where} has a value too large for 64 bits ({describe(value)})")
         column = np.array(values, dtype=np.int64)
     return _bounded(column.astype(np.int64, copy=False), check, device, field_name, low, high)
 
 
-def _bounded(column: np.ndarray, check: _Checker, device: int, field_name: str, low: int, high: int) -> np.ndarray:
+def _bounded(column: np.ndarray, check: Checker, device: int, field_name: str, low: int, high: int) -> np.ndarray:
     where = f"device_traces[{device}]: {field_name!r}"
     if column.size and int(column.min()) < low:
         at = int(np.argmin(column))
@@ -834,7 +659,7 @@ def _bounded(column: np.ndarray, check: _Checker, device: int, field_name: str, 
     return column
 
 
-def _intern_strings(values: list[Any], check: _Checker, where: str) -> tuple[np.ndarray, list[str]]:
+def _intern_strings(values: list[Any], check: Checker, where: str) -> tuple[np.ndarray, list[str]]:
     """Ids into a table of the distinct strings; "" / "N/A" / missing become -1."""
     distinct = _distinct_texts(values, check, where, allow_none=True)
     table: dict[Any, int] = {}
@@ -844,11 +669,11 @@ def _intern_strings(values: list[Any], check: _Checker, where: str) -> tuple[np.
             table[value] = -1
         else:
             table[value] = len(names)
-            names.append(_short(value))
+            names.append(shorten(value))
     return np.fromiter(map(table.__getitem__, values), dtype=np.int32, count=len(values)), names
 
 
-def _distinct_texts(values: list[Any], check: _Checker, where: str, allow_none: bool = False) -> list[Any]:
+def _distinct_texts(values: list[Any], check: Checker, where: str, allow_none: bool = False) -> list[Any]:
     """The distinct values, found in C; each must be text (or None when allowed).
 
     Hashing is safe here: the vetted pickle holds no tuple of containers, and string hashes
@@ -861,7 +686,7 @@ def _distinct_texts(values: list[Any], check: _Checker, where: str, allow_none: 
         distinct = None
     if distinct is None or not all(isinstance(v, str) or (allow_none and v is None) for v in distinct):
         bad = next(v for v in values if not (isinstance(v, str) or (allow_none and v is None)))
-        raise check.fail(f"{where} should be text, found {_what(bad)}")
+        raise check.fail(f"{where} should be text, found {describe(bad)}")
     return distinct
 
 
@@ -874,7 +699,7 @@ def _has_key(entries: list[dict[str, Any]], key: str) -> bool:
     return any(map(dict.__contains__, entries, itertools.repeat(key)))
 
 
-def _parse_trace(device: int, entries: list[Any], check: _Checker, interner: _Interner) -> DeviceTrace:
+def _parse_trace(device: int, entries: list[Any], check: Checker, interner: _Interner) -> DeviceTrace:
     # Every pass below is one C-level map over the entries: at a million entries each pass
     # costs tens of milliseconds, a Python-level loop would cost a second.
     try:  # only a dict can be indexed by a string: this also checks every entry is one
@@ -883,7 +708,7 @@ def _parse_trace(device: int, entries: list[Any], check: _Checker, interner: _In
         raise check.fail(f"device_traces[{device}]: an entry has no 'action'") from None
     except TypeError:
         bad = next(e for e in entries if not isinstance(e, dict))
-        raise check.fail(f"device_traces[{device}] should hold dicts, found {_what(bad)}") from None
+        raise check.fail(f"device_traces[{device}] should hold dicts, found {describe(bad)}") from None
     distinct = _distinct_texts(names, check, f"device_traces[{device}]: 'action'")
     position = {name: i for i, name in enumerate(distinct)}
     codes = np.array([ACTION_CODES.get(name, int(Action.OTHER)) for name in distinct], dtype=np.int8)
@@ -929,126 +754,5 @@ def _parse_trace(device: int, entries: list[Any], check: _Checker, interner: _In
     )
 
 
-# --------------------------------------------------------------------------- curves
-
-_ALLOC_DELTA = np.zeros(len(Action), dtype=np.int64)
-_ALLOC_DELTA[Action.ALLOC] = 1
-_ALLOC_DELTA[Action.FREE_COMPLETED] = -1
-_RESERVE_DELTA = np.zeros(len(Action), dtype=np.int64)
-_RESERVE_DELTA[[Action.SEGMENT_ALLOC, Action.SEGMENT_MAP]] = 1
-_RESERVE_DELTA[[Action.SEGMENT_FREE, Action.SEGMENT_UNMAP]] = -1
-
-
-def _build_curves(trace: DeviceTrace, segments: list[Segment], check: _Checker | None = None) -> None:
-    """Absolute allocated/reserved curves: the final state minus what the window changed.
-
-    Allocated is PyTorch's ``memory_allocated``: a block stops counting at ``free_requested``
-    (the program freed it), not at ``free_completed`` (the allocator may reuse it), and a block
-    in ``active_pending_free`` at the dump is not allocated. The bytes between the two are
-    reported on their own (``pending_free_peak``/``_final``). Traces with only one kind of free
-    row (``free`` in old builds, or requests never completed) count the free at that row.
-    """
-    live_blocks = [b for s in segments for b in s.blocks if b.is_active]
-    final_allocated = sum(b.requested_size for b in live_blocks if b.is_allocated)
-    final_pending = sum(b.requested_size for b in live_blocks if not b.is_allocated)
-    final_reserved = sum(s.total_size for s in segments)
-    if check is not None and max(final_allocated, final_reserved) > MAX_TOTAL_BYTES:
-        raise check.fail(f"device {trace.device}: the segments hold more than 2**56 bytes in all")
-    n = len(trace)
-    trace.pending_free_final = trace.pending_free_peak = final_pending
-    if n == 0:
-        trace.baseline_allocated, trace.baseline_reserved = final_allocated, final_reserved
-        trace.allocated = np.zeros(0, dtype=np.int64)
-        trace.reserved = np.zeros(0, dtype=np.int64)
-        trace.window_complete = final_allocated == 0 and final_reserved == 0
-        return
-    action = trace.action.astype(np.intp)
-    requested = trace.action == Action.FREE_REQUESTED
-    completed = trace.action == Action.FREE_COMPLETED
-    alloc_sign = _ALLOC_DELTA[action]
-    freed = completed
-    if requested.any():
-        alloc_sign = alloc_sign.copy()
-        alloc_sign[completed] = 0
-        alloc_sign[requested] = -1
-        freed = requested
-        if completed.any():
-            pending_change = np.cumsum((requested.astype(np.int64) - completed.astype(np.int64)) * trace.size)
-            pending_before = final_pending - int(pending_change[-1])  # at the instant before row 0
-            trace.pending_free_peak = max(pending_before, pending_before + int(pending_change.max()))
-    alloc_change = np.cumsum(alloc_sign * trace.size)
-    reserve_change = np.cumsum(_RESERVE_DELTA[action] * trace.size)
-    trace.baseline_allocated = final_allocated - int(alloc_change[-1])
-    trace.baseline_reserved = final_reserved - int(reserve_change[-1])
-    if check is not None and max(
-        int(np.abs(alloc_change).max()), int(np.abs(reserve_change).max()),
-        abs(trace.baseline_allocated), abs(trace.baseline_reserved),
-    ) > MAX_TOTAL_BYTES:
-        # Each step is at most MAX_BYTES, so a running sum that overflowed int64 passed here first.
-        raise check.fail(f"device_traces[{trace.device}]: the sizes add up to more than 2**56 bytes live")
-    trace.allocated = alloc_change + trace.baseline_allocated
-    trace.reserved = reserve_change + trace.baseline_reserved
-    for name in ("allocated", "reserved"):
-        curve = getattr(trace, name)
-        lowest = int(curve.min())
-        if lowest < 0:
-            # The window and the final state disagree (a wrapped ring buffer cut an event
-            # pair): lift the curve so it stays a plausible total, and say so.
-            curve -= lowest
-            setattr(trace, f"baseline_{name}", getattr(trace, f"baseline_{name}") - lowest)
-            trace.curve_warnings.append(
-                f"{name} history disagrees with the final state by {-lowest} bytes; curve lifted"
-            )
-    trace.window_complete = _window_complete(trace, freed, live_blocks)
-
-
-def _window_complete(trace: DeviceTrace, free_rows: np.ndarray, live_blocks: list[Block]) -> bool:
-    """True when the history saw every live byte: nothing freed or live that it never allocated."""
-    if trace.baseline_allocated != 0 or trace.baseline_reserved != 0:
-        return False
-    alloc_rows = trace.action == Action.ALLOC
-    relevant = alloc_rows | free_rows
-    addresses = trace.address[relevant]
-    is_alloc = alloc_rows[relevant]
-    if addresses.size:
-        order = np.argsort(addresses, kind="stable")
-        sorted_addr = addresses[order]
-        first_of_group = np.ones(sorted_addr.size, dtype=bool)
-        first_of_group[1:] = sorted_addr[1:] != sorted_addr[:-1]
-        if not is_alloc[order][first_of_group].all():
-            return False
-    allocated_here = np.unique(trace.address[alloc_rows])
-    live = np.array([b.address for b in live_blocks], dtype=np.int64)
-    return bool(np.isin(live, allocated_here).all())
-
-
-def _guess_format(raw: dict[str, Any], segments: list[Any], traces: list[Any]) -> str:
-    """Which PyTorch release wrote the file, from the keys it has (a guess, shown to users)."""
-    first_block = next((b for s in segments if isinstance(s, dict) for b in s.get("blocks", [])), None)
-    first_entry = next((e for t in traces if isinstance(t, list) for e in t if isinstance(e, dict)), None)
-    if isinstance(first_block, dict) and "history" in first_block:
-        return "2.0"
-    if first_entry is not None and "user_metadata" in first_entry:
-        return "2.10+"
-    if first_entry is not None and "compile_context" in first_entry:
-        return "2.8-2.9"
-    if "external_annotations" in raw:
-        return "2.5-2.7" if first_entry is None or "time_us" in first_entry else "2.5+"
-    if "allocator_settings" in raw:
-        return "2.3-2.4"
-    if first_entry is not None and "time_us" in first_entry:
-        return "2.2"
-    return "2.1"
-
-
-def sniff(path: str | os.PathLike[str]) -> bool:
-    """Cheap check that a path looks like a pickle or gzip file (for directory scans)."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(4)
-    except OSError:
-        return False
-    return head.startswith(GZIP_MAGIC) or head[:1] == b"\x80"
-
-
-__all__ = ["load", "parse", "read_raw", "read_sidecar", "sniff"]
+# MAX_TEXT and SHORT_TEXT are re-exported: callers read the text limits from the reader.
+__all__ = ["MAX_TEXT", "SHORT_TEXT", "load", "parse", "read_raw", "read_sidecar", "sniff"]

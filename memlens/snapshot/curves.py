@@ -1,0 +1,113 @@
+"""The absolute memory curves of a device trace: the final state minus what the window changed.
+
+Part of the model: the reader and the cache hand it a parsed trace and its device's final
+segments; it fills ``allocated``/``reserved`` (true totals after each event, baseline included),
+the baselines, the pending-free figures and ``window_complete``. Vectorised: one cumulative sum
+per curve.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from memlens.snapshot.model import Action, Block, DeviceTrace, Segment
+
+MAX_TOTAL_BYTES = 1 << 56  # bytes live or reserved at once, summed over a trace
+
+
+class CurveOverflow(ValueError):
+    """The sizes add up beyond MAX_TOTAL_BYTES: no real trace does; the reader refuses the file."""
+
+
+_ALLOC_DELTA = np.zeros(len(Action), dtype=np.int64)
+_ALLOC_DELTA[Action.ALLOC] = 1
+_ALLOC_DELTA[Action.FREE_COMPLETED] = -1
+_RESERVE_DELTA = np.zeros(len(Action), dtype=np.int64)
+_RESERVE_DELTA[[Action.SEGMENT_ALLOC, Action.SEGMENT_MAP]] = 1
+_RESERVE_DELTA[[Action.SEGMENT_FREE, Action.SEGMENT_UNMAP]] = -1
+
+
+def build_curves(trace: DeviceTrace, segments: list[Segment]) -> None:
+    """Absolute allocated/reserved curves: the final state minus what the window changed.
+
+    Allocated is PyTorch's ``memory_allocated``: a block stops counting at ``free_requested``
+    (the program freed it), not at ``free_completed`` (the allocator may reuse it), and a block
+    in ``active_pending_free`` at the dump is not allocated. The bytes between the two are
+    reported on their own (``pending_free_peak``/``_final``). Traces with only one kind of free
+    row (``free`` in old builds, or requests never completed) count the free at that row.
+    """
+    live_blocks = [b for s in segments for b in s.blocks if b.is_active]
+    final_allocated = sum(b.requested_size for b in live_blocks if b.is_allocated)
+    final_pending = sum(b.requested_size for b in live_blocks if not b.is_allocated)
+    final_reserved = sum(s.total_size for s in segments)
+    if max(final_allocated, final_reserved) > MAX_TOTAL_BYTES:
+        raise CurveOverflow(f"device {trace.device}: the segments hold more than 2**56 bytes in all")
+    n = len(trace)
+    trace.pending_free_final = trace.pending_free_peak = final_pending
+    if n == 0:
+        trace.baseline_allocated, trace.baseline_reserved = final_allocated, final_reserved
+        trace.allocated = np.zeros(0, dtype=np.int64)
+        trace.reserved = np.zeros(0, dtype=np.int64)
+        trace.window_complete = final_allocated == 0 and final_reserved == 0
+        return
+    action = trace.action.astype(np.intp)
+    requested = trace.action == Action.FREE_REQUESTED
+    completed = trace.action == Action.FREE_COMPLETED
+    alloc_sign = _ALLOC_DELTA[action]
+    freed = completed
+    if requested.any():
+        alloc_sign = alloc_sign.copy()
+        alloc_sign[completed] = 0
+        alloc_sign[requested] = -1
+        freed = requested
+        if completed.any():
+            pending_change = np.cumsum((requested.astype(np.int64) - completed.astype(np.int64)) * trace.size)
+            pending_before = final_pending - int(pending_change[-1])  # at the instant before row 0
+            trace.pending_free_peak = max(pending_before, pending_before + int(pending_change.max()))
+    alloc_change = np.cumsum(alloc_sign * trace.size)
+    reserve_change = np.cumsum(_RESERVE_DELTA[action] * trace.size)
+    trace.baseline_allocated = final_allocated - int(alloc_change[-1])
+    trace.baseline_reserved = final_reserved - int(reserve_change[-1])
+    if max(
+        int(np.abs(alloc_change).max()), int(np.abs(reserve_change).max()),
+        abs(trace.baseline_allocated), abs(trace.baseline_reserved),
+    ) > MAX_TOTAL_BYTES:
+        # Each step is at most MAX_BYTES, so a running sum that overflowed int64 passed here first.
+        raise CurveOverflow(f"device_traces[{trace.device}]: the sizes add up to more than 2**56 bytes live")
+    trace.allocated = alloc_change + trace.baseline_allocated
+    trace.reserved = reserve_change + trace.baseline_reserved
+    for name in ("allocated", "reserved"):
+        curve = getattr(trace, name)
+        lowest = int(curve.min())
+        if lowest < 0:
+            # The window and the final state disagree (a wrapped ring buffer cut an event
+            # pair): lift the curve so it stays a plausible total, and say so.
+            curve -= lowest
+            setattr(trace, f"baseline_{name}", getattr(trace, f"baseline_{name}") - lowest)
+            trace.curve_warnings.append(
+                f"{name} history disagrees with the final state by {-lowest} bytes; curve lifted"
+            )
+    trace.window_complete = _window_complete(trace, freed, live_blocks)
+
+
+def _window_complete(trace: DeviceTrace, free_rows: np.ndarray, live_blocks: list[Block]) -> bool:
+    """True when the history saw every live byte: nothing freed or live that it never allocated."""
+    if trace.baseline_allocated != 0 or trace.baseline_reserved != 0:
+        return False
+    alloc_rows = trace.action == Action.ALLOC
+    relevant = alloc_rows | free_rows
+    addresses = trace.address[relevant]
+    is_alloc = alloc_rows[relevant]
+    if addresses.size:
+        order = np.argsort(addresses, kind="stable")
+        sorted_addr = addresses[order]
+        first_of_group = np.ones(sorted_addr.size, dtype=bool)
+        first_of_group[1:] = sorted_addr[1:] != sorted_addr[:-1]
+        if not is_alloc[order][first_of_group].all():
+            return False
+    allocated_here = np.unique(trace.address[alloc_rows])
+    live = np.array([b.address for b in live_blocks], dtype=np.int64)
+    return bool(np.isin(live, allocated_here).all())
+
+
+__all__ = ["MAX_TOTAL_BYTES", "CurveOverflow", "build_curves"]
