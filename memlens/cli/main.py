@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("memlens.cli.serve:serve", "Start the web dashboard (upload snapshots, see findings)."),
     "demo": ("memlens.cli.demo:demo", "Triage the bundled sample snapshots (the README's first command)."),
     "export": ("memlens.cli.export:export", "Write a self-contained HTML report with the figures."),
+    "mcp": ("memlens.cli.mcp:mcp", "Serve the analyses to an assistant: an MCP server on stdio."),
 }
 
 
