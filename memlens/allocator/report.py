@@ -67,7 +67,11 @@ def render_whatif(result: WhatIfResult) -> list[str]:
         if figures["oom"]:
             lines.append(f"{name} OOM: {_oom_detail(figures, result)}")
     if result.seeded:
-        lines.append("note: the recording began mid-run; the replay starts from the state live at its first event")
+        seed = result.initial_state
+        lines.append(
+            "note: the recording began mid-run; the replay starts from the state inferred at its first event "
+            f"({len(seed.segments)} segments, {seed.live_blocks} live blocks)"
+        )
     lines.extend(f"note: {note}" for note in result.notes)
     return lines
 

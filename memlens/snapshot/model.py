@@ -21,7 +21,8 @@ Int8Array = npt.NDArray[np.int8]
 
 
 class Action(enum.IntEnum):
-    """Trace actions, stored as int8 codes in ``DeviceTrace.action``."""
+    """Trace actions, stored as int8 codes in ``DeviceTrace.action``: the one definition of the
+    codes (hot loops such as the allocator replay take ``int(Action.X)`` once, at import)."""
 
     ALLOC = 0
     FREE_REQUESTED = 1
@@ -150,7 +151,8 @@ def _empty(dtype: type) -> np.ndarray:
 
 @dataclass
 class DeviceTrace:
-    """One device's recorded history as columns, plus the absolute memory curves.
+    """One device's recorded history as columns, plus the absolute memory curves
+    (``memlens.snapshot.curves.build_curves`` fills them from the columns and the final segments).
 
     ``allocated[i]`` and ``reserved[i]`` are the bytes in use *after* event ``i``, including
     memory that was live before the window began (the baseline), so the curves are true
