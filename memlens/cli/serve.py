@@ -89,7 +89,7 @@ def _check_given_snapshots(library: Any) -> None:
 
     given = [source.id for source in library.sources() if source.kind == "cli"]
     with ThreadPoolExecutor(DEFAULT_CONCURRENT_ANALYSES) as pool:
-        checks = [pool.submit(library.report, source_id) for source_id in given]
+        checks = [pool.submit(library.analysis, source_id) for source_id in given]
     for check in checks:  # the first bad file, in the order given
         error = check.exception()
         if error is not None:
