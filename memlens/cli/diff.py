@@ -4,6 +4,7 @@ Stacks are matched by their Python frames, so the same line of code lines up acr
 
   memlens diff before.pickle after.pickle
   memlens diff rank0.pickle rank1.pickle --json
+  memlens diff before.pickle after.pickle --file model.py   # which lines of model.py grew
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from memlens.cli.common import analyze_paths, help_text
+from memlens.cli.common import analyses_of_paths, help_text
 from memlens.printable import printable
 from memlens.units import format_bytes
 
@@ -33,17 +34,29 @@ def _delta(before: int, after: int) -> Text:
 @click.option("--device", type=int, default=None, help="Device index in both files.")
 @click.option("--top", type=click.IntRange(1, 100), default=10, show_default=True, help="Stacks to show.")
 @click.option("--json", "as_json", is_flag=True, help="Print the diff as JSON.")
+@click.option("--file", "file_path", default=None, metavar="PATH",
+              help="Also: bytes by line of this source file at each peak, and the change (matched on the end "
+                   "of the frames' paths).")
 @click.option("--width", type=int, default=None, help="Terminal width (default: detected).")
 @click.option("--color/--no-color", default=None, help="Force colour on or off.")
 def diff(before: str, after: str, device: int | None, top: int, as_json: bool, width: int | None,
-         color: bool | None) -> None:
+         color: bool | None, file_path: str | None = None) -> None:
     from memlens.compare import diff_reports
     from memlens.reporters.terminal import make_console, short_frame
 
-    report_before, report_after = analyze_paths([before, after], capacity=None, device=device)
-    result = diff_reports(report_before, report_after, device, device, top=top)
+    analysis_before, analysis_after = analyses_of_paths([before, after], capacity=None, device=device)
+    result = diff_reports(analysis_before, analysis_after, device, device, top=top)
+    file_diff = None
+    if file_path:
+        from memlens.analysis.lenses import diff_file_lines, lens_inputs_of
+
+        file_diff = diff_file_lines(lens_inputs_of(analysis_before, device), lens_inputs_of(analysis_after, device),
+                                    file_path)
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        payload = result.to_json()
+        if file_diff is not None:
+            payload["file"] = file_diff.to_json()
+        click.echo(json.dumps(payload, indent=2))
         return
     console = make_console(width=width, color=color)
     console.print(Text("memlens diff", style="bold") + Text(f"  {printable(before)} -> {printable(after)}"))
@@ -69,3 +82,7 @@ def diff(before: str, after: str, device: int | None, top: int, as_json: bool, w
     if result.findings_before != result.findings_after:
         console.print(f"\nfindings: {', '.join(result.findings_before) or 'none'} -> "
                       f"{', '.join(result.findings_after) or 'none'}")
+    if file_diff is not None:
+        from memlens.cli.lenses import render_file_diff
+
+        render_file_diff(console, file_diff, top)

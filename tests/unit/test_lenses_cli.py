@@ -1,4 +1,4 @@
-"""``memlens triage`` lens options through click's CliRunner."""
+"""``memlens triage`` lens options and ``memlens diff --file`` through click's CliRunner."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from memlens.cli.main import cli
 from memlens.snapshot.reader import load
 from memlens.synthetic import write_pickle
 from memlens.units import format_bytes
-from tests.unit.tracebuilder import LOSS, MODEL, MiB, training_run
+from tests.unit.tracebuilder import LOSS, MODEL, TEMP, MiB, TraceBuilder, training_run
 
 
 def run(*args: Any) -> Result:
@@ -119,3 +119,19 @@ def test_mistakes_are_one_line_and_exit_2(scoped: Path, tmp_path: Path, args: li
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
+
+def test_diff_file_shows_the_lines_that_grew(tmp_path: Path) -> None:
+    paths = []
+    for name, size in (("before", 2 * MiB), ("after", 6 * MiB)):
+        b = TraceBuilder()
+        b.alloc(1 * MiB, MODEL)
+        b.alloc(size, TEMP)
+        paths.append(tmp_path / f"{name}.pickle")
+        write_pickle(b.raw(), paths[-1])
+    payload = as_json(run("diff", *paths, "--file", "model.py", "--json"))
+    assert payload["file"]["lines"][0] == {"line": 30, "function": "softmax", "before": 2 * MiB,
+                                           "after": 6 * MiB, "delta": 4 * MiB}
+    text = run("diff", *paths, "--file", "model.py")
+    assert text.exit_code == 0 and "Lines of model.py" in text.output and "+4.00 MiB" in text.output
+    missing = run("diff", *paths, "--file", "nosuch.py")
+    assert missing.exit_code == 2 and "no frame of any recorded stack" in missing.stderr
