@@ -397,6 +397,7 @@ class _Replay:
         matches = allocs = 0
         placed = same_place = 0  # allocs whose recorded segment is known; of those, same (segment, offset)
         paired = self._paired
+        base_of, segment_base = recorded_segments.base_of, sim.segment_base
         actions, addresses, sizes, streams = self.actions, self.addresses, self.sizes, self.streams
         for i in range(0 if over_capacity else len(actions)):
             act = actions[i]
@@ -410,13 +411,20 @@ class _Replay:
                 self._settle_pair(sim, sim_address)
                 mapping[address] = sim_address
                 allocs += 1
-                matches += sim_address == address
-                recorded_base = recorded_segments.base_of(address)
+                recorded_base = base_of(address)
                 if recorded_base is not None:
                     placed += 1
-                    sim_base = sim.segment_base(sim_address)
-                    if sim_base is not None and paired.get(sim_base, sim_base) == recorded_base:
-                        same_place += sim_address - sim_base == address - recorded_base
+                    if sim_address == address:
+                        # The same address is the same (segment, offset): the simulated segment
+                        # holding it is the recorded one (seeded there, or opened at its base).
+                        matches += 1
+                        same_place += 1
+                    else:
+                        sim_base = segment_base(sim_address)
+                        if sim_base is not None and paired.get(sim_base, sim_base) == recorded_base:
+                            same_place += sim_address - sim_base == address - recorded_base
+                else:
+                    matches += sim_address == address
                 if sim.requested_bytes > peak_allocated:
                     peak_allocated = sim.requested_bytes
                 reserved = sim.reserved_bytes
