@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, whatif
+from memlens.allocator.simulator import DEFAULT_BASE_ADDRESS
 from memlens.errors import MemlensUsageError
 from memlens.snapshot.reader import parse
 from memlens.units import MiB
@@ -173,3 +174,25 @@ def test_the_failed_request_is_retried_in_the_replay() -> None:
     roomier = whatif(snapshot, capacity=64 << 20)
     assert not roomier.simulated["oom"]
     assert any("fits in the simulation" in note for note in roomier.notes)
+
+
+def test_with_fresh_bases_tensors_agree_on_segment_and_offset_not_address() -> None:
+    # Record with every segment 1 TiB above where a fresh simulator puts it (same order), so
+    # the replay's fresh bases differ from the recorded ones but its choices do not.
+    shift = 1 << 40
+    next_base = [DEFAULT_BASE_ADDRESS + shift]
+
+    def shifted(size: int) -> int:
+        address = next_base[0]
+        next_base[0] += (size + (2 * MiB - 1)) // (2 * MiB) * (2 * MiB)
+        return address
+
+    sim = CachingAllocatorSimulator(segment_addresses=shifted)
+    training_like(sim)
+    snapshot = snapshot_of(sim)
+    fresh = whatif(snapshot, use_recorded_addresses=False)
+    assert fresh.simulated["alloc_address_match"] == 0.0
+    assert fresh.simulated["alloc_segment_offset_match"] == 1.0
+    assert fresh.simulated["allocs_in_known_segment"] == sum(1 for e in sim.trace if e["action"] == "alloc")
+    copied = whatif(snapshot)
+    assert copied.simulated["alloc_address_match"] == copied.simulated["alloc_segment_offset_match"] == 1.0
