@@ -128,13 +128,23 @@ def run_sequential(paths: Sequence[str], task: Task, progress: Progress | None =
     return results
 
 
+# What a worker needs, imported once by the fork server: each worker forked from it starts with
+# them loaded (on a loaded 2-core machine a pool then starts in ~1 s instead of ~2 s, and a
+# second pool in the same process in ~0.1 s).
+_WORKER_MODULES = ["memlens.fleet", "memlens.analysis", "memlens.snapshot.reader", "memlens.snapshot.cache",
+                   "numpy.ma"]
+
+
 def _pool_context() -> Any:
     """forkserver where the platform has it (a clean, small parent to fork from: the CLI's own
     state, threads and open files are not copied into the workers), else spawn."""
     import multiprocessing
 
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_WORKER_MODULES)  # takes effect when the server starts
+    return context
 
 
 def run_processes(paths: Sequence[str], task: Task, jobs: int,

@@ -1,0 +1,97 @@
+"""Triage of a 64-rank fleet: sequential, a process pool (--jobs) and a Dask LocalCluster.
+
+The ranks are CPU-recorded snapshots of a tiny training loop (``tests/fleet_ranks.py``), one
+rank leaking and one with a 4x batch, recorded once and kept in a temporary folder for the next
+run. Each way is timed best of N over the same files, in this process (``memlens.fleet.
+triage_fleet``, what ``memlens triage FILES --jobs N`` / ``--dask ADDRESS`` calls), with the
+speed-up over sequential beside it. The Dask cluster is started once, outside the timing, as a
+user's existing cluster would be; its start-up is printed apart. Every way must name the same
+two outlier ranks.
+
+    python benchmarks/bench_fleet.py [--ranks 64] [--steps 16] [--jobs 2] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.fleet_ranks
+
+from memlens.fleet import FleetReport, triage_fleet
+from tests.fleet_ranks import record_ranks
+
+
+def fleet_files(ranks: int, steps: int) -> tuple[list[str], set[int]]:
+    """The recorded ranks (reused when a previous run left them complete) and the outliers planted."""
+    leaky, big = ranks // 4 + 1, (3 * ranks) // 4 - 1
+    folder = Path(tempfile.gettempdir()) / f"memlens-bench-fleet-{ranks}x{steps}-{leaky}-{big}"
+    done = folder / "complete"
+    if not done.exists():
+        started = time.perf_counter()
+        record_ranks(folder / "run", ranks, leaky={leaky}, big_batch={big}, steps=steps)
+        done.write_text(f"{time.perf_counter() - started:.1f}\n")
+        print(f"recorded {ranks} ranks into {folder} in {done.read_text().strip()} s", file=sys.stderr)
+    paths = [str(folder / "run" / f"rank{r}.pickle") for r in range(ranks)]
+    return paths, {leaky, big}
+
+
+def best_of(runs: int, triage: Callable[[], FleetReport]) -> tuple[float, FleetReport]:
+    best, fleet = float("inf"), None
+    for _ in range(runs):
+        started = time.perf_counter()
+        fleet = triage()
+        best = min(best, time.perf_counter() - started)
+    assert fleet is not None
+    return best, fleet
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=16, help="training steps recorded per rank")
+    parser.add_argument("--jobs", type=int, default=2, help="processes, and Dask workers")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    paths, planted = fleet_files(args.ranks, args.steps)
+    size = sum(os.path.getsize(p) for p in paths)
+    timings: list[tuple[str, float, FleetReport]] = []
+    seconds, fleet = best_of(args.runs, lambda: triage_fleet(paths, jobs=1, cache=False))
+    timings.append(("sequential (--jobs 1)", seconds, fleet))
+    seconds, fleet = best_of(args.runs, lambda: triage_fleet(paths, jobs=args.jobs, cache=False))
+    timings.append((f"process pool (--jobs {args.jobs})", seconds, fleet))
+    cluster_start = None
+    try:
+        from distributed import LocalCluster
+    except ImportError:
+        print("dask: not installed (pip install 'memlens[dask]'): skipped", file=sys.stderr)
+    else:
+        started = time.perf_counter()
+        with LocalCluster(processes=True, n_workers=args.jobs, threads_per_worker=1, dashboard_address=None,
+                          silence_logs=40) as cluster:
+            cluster_start = time.perf_counter() - started
+            address = cluster.scheduler_address
+            seconds, fleet = best_of(args.runs, lambda: triage_fleet(paths, dask=address, cache=False))
+            timings.append((f"Dask LocalCluster ({args.jobs} worker processes)", seconds, fleet))
+    sequential = timings[0][1]
+    per_file = sum(row.seconds for row in timings[0][2].rows) / len(paths)
+    print(f"{len(paths)} rank snapshots, {size / 2**20:.1f} MiB in all, {per_file * 1000:.0f} ms of analysis each; "
+          f"{os.cpu_count()} CPUs; best of {args.runs}")
+    print(f"  {'way':<42} {'seconds':>8} {'speed-up':>9}  outliers named")
+    for name, seconds, fleet in timings:
+        named = sorted(o.rank for o in fleet.outliers if o.rank is not None)
+        verdict = "ok" if set(named) == planted else f"WRONG (planted {sorted(planted)})"
+        print(f"  {name:<42} {seconds:8.2f} {sequential / seconds:8.2f}x  ranks {named} {verdict}")
+    if cluster_start is not None:
+        print(f"  (the LocalCluster took {cluster_start:.2f} s to start, not counted: an existing cluster)")
+    for outlier in timings[0][2].outliers:
+        print(f"  {outlier.verdict}")
+
+
+if __name__ == "__main__":
+    main()
