@@ -162,7 +162,11 @@ def _rank_worker(rank: int, world_size: int, init_file: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
         model, optimizer = build()
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        # Gradients as views of DDP's communication buckets (PyTorch's advice: one copy of the
+        # gradients, not two). It also lets the recorder see the buckets: they are the
+        # parameters' .grad storages; with the default the buckets live in C++ only and the
+        # analysis can place them by inference alone.
+        ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
         torch.manual_seed(100 + rank)
         seq = 64 if rank == 0 else 128  # rank 1 gets the longer sequences: its peak is higher

@@ -1,5 +1,14 @@
 """What each allocation is: parameters, gradients, optimizer state, activations, temporaries.
 
+Recorded, where memlens recorded the snapshot: the recorder's sidecar lists the storages it knew
+by role at each step boundary (``tensor_roles``, see ``memlens.recorder.roles``), and
+``classify`` gives each block a role covers its category ahead of any inference: parameters and
+buffers ``parameters``, gradients ``gradients``, optimizer state ``optimizer_state``, the model's
+inputs and outputs and what live autograd graphs hold ``activations``. A note matches the block that held its
+address at its moment (the last trace row at or before its ``time_us``; a dump's notes, the end
+of the trace). Blocks no note covers, and every block of a snapshot from elsewhere, keep the
+inference below.
+
 Inferred from lifetime, phase and stack, per allocation (vectorised over all lifetimes):
 - live at the window's start and never freed, or made before the first step and kept across
   it: ``parameters`` (and other model state);
@@ -24,6 +33,7 @@ the same step), so gradients and optimizer state never move it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -109,8 +119,118 @@ def build_phases(
     return phases
 
 
-def classify(lifetimes: Lifetimes, phases: Phases, facts: StackFacts, has_history: bool) -> npt.NDArray[np.int8]:
-    """Category code (index into ``CATEGORIES``) of every lifetime."""
+# The recorder's roles (memlens.recorder.roles.ROLES) as categories, highest priority first.
+ROLE_CATEGORIES: dict[str, int] = {
+    "parameters": PARAMETERS,
+    "buffers": PARAMETERS,
+    "gradients": GRADIENTS,
+    "optimizer_state": OPTIMIZER_STATE,
+    "inputs": ACTIVATIONS,
+    "outputs": ACTIVATIONS,
+    "graph": ACTIVATIONS,
+}
+
+
+@dataclass
+class RecordedRoles:
+    """The recorder's notes for one device: the trace row each was taken after, the address,
+    and the category its role gives."""
+
+    row: I64
+    address: I64
+    category: npt.NDArray[np.int8]
+
+    def __len__(self) -> int:
+        return int(self.row.shape[0])
+
+
+def recorded_roles(sidecar: dict[str, Any], device: int, time_us: I64) -> RecordedRoles | None:
+    """The sidecar's ``tensor_roles`` notes for ``device`` against its trace's ``time_us`` column,
+    or None when the sidecar has none (a snapshot memlens did not record). Malformed parts are
+    skipped: the notes only ever sharpen what inference would say."""
+    section = sidecar.get("tensor_roles")
+    records = section.get("records") if isinstance(section, dict) else None
+    if not isinstance(records, list):
+        return None
+    n = int(time_us.shape[0])
+    rows: list[int] = []
+    addresses: list[int] = []
+    categories: list[int] = []
+    for record in records:
+        if not isinstance(record, dict) or record.get("device", 0) != device:
+            continue
+        moment = record.get("time_us")
+        if moment is None:
+            row = n - 1  # at the dump: the end of the trace
+        elif isinstance(moment, int) and not isinstance(moment, bool):
+            row = int(np.searchsorted(time_us, moment, side="right")) - 1
+        else:
+            continue
+        for role, category in ROLE_CATEGORIES.items():
+            pairs = record.get(role)
+            if not isinstance(pairs, list):
+                continue
+            found = [address for address in pairs[0::2] if isinstance(address, int) and not isinstance(address, bool)]
+            rows.extend([row] * len(found))
+            addresses.extend(found)
+            categories.extend([category] * len(found))
+    return RecordedRoles(
+        np.array(rows, dtype=np.int64),
+        np.array(addresses, dtype=np.int64),
+        np.array(categories, dtype=np.int8),
+    )
+
+
+def match_roles(lifetimes: Lifetimes, roles: RecordedRoles) -> tuple[I64, npt.NDArray[np.int8]]:
+    """(lifetime index, category) for every note that names a block live at its row: the
+    lifetime at that address with the latest alloc at or before the row, still live after it."""
+    if len(roles) == 0 or len(lifetimes) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8)
+    addresses, group = np.unique(lifetimes.address, return_inverse=True)
+    stride = np.int64(lifetimes.events + 2)  # alloc_event + 1 lies in [0, events + 1)
+    keys = group.astype(np.int64) * stride + (lifetimes.alloc_event + 1)
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    note_group = np.searchsorted(addresses, roles.address)
+    known = note_group < addresses.size
+    known &= addresses[np.minimum(note_group, addresses.size - 1)] == roles.address
+    row = np.clip(roles.row, -1, lifetimes.events)
+    note_keys = note_group.astype(np.int64) * stride + (row + 1)
+    position = np.searchsorted(sorted_keys, note_keys, side="right") - 1
+    valid = known & (position >= 0)
+    candidate = order[np.maximum(position, 0)]
+    valid &= group[candidate] == note_group
+    valid &= lifetimes.free_event[candidate] > row
+    return candidate[valid], roles.category[valid]
+
+
+def apply_roles(category: npt.NDArray[np.int8], lifetimes: Lifetimes, roles: RecordedRoles | None) -> int:
+    """Overwrite ``category`` where a recorded role covers the block; returns how many blocks.
+    A block noted under several roles takes the first in ``ROLE_CATEGORIES``' order."""
+    if roles is None:
+        return 0
+    index, role_category = match_roles(lifetimes, roles)
+    if index.size == 0:
+        return 0
+    priority = {code: rank for rank, code in enumerate(dict.fromkeys(ROLE_CATEGORIES.values()))}
+    rank = np.array([priority[int(code)] for code in role_category], dtype=np.int64)
+    # Highest priority last, so that it is the one written.
+    order = np.argsort(-rank, kind="stable")
+    category[index[order]] = role_category[order]
+    return int(np.unique(index).size)
+
+
+def classify(
+    lifetimes: Lifetimes, phases: Phases, facts: StackFacts, has_history: bool, roles: RecordedRoles | None = None
+) -> npt.NDArray[np.int8]:
+    """Category code (index into ``CATEGORIES``) of every lifetime: recorded roles first, then
+    inference for the rest."""
+    category = _infer(lifetimes, phases, facts, has_history)
+    apply_roles(category, lifetimes, roles)
+    return category
+
+
+def _infer(lifetimes: Lifetimes, phases: Phases, facts: StackFacts, has_history: bool) -> npt.NDArray[np.int8]:
     n = lifetimes.events
     a, f = lifetimes.alloc_event, lifetimes.free_event
     category = np.full(a.size, UNKNOWN, dtype=np.int8)

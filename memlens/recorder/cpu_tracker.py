@@ -74,6 +74,7 @@ class StorageTracker:
         self._aliasing: dict[Any, bool] = {}
         self._lock = threading.RLock()
         self.peak_allocated_bytes = 0
+        self.free_stacks = True  # False: frees carry no stack (context "alloc" / "state")
 
     # ----------------------------------------------------------------- lifecycle
     def seed(self, tensors: Iterable[object]) -> int:
@@ -183,7 +184,7 @@ class StorageTracker:
         return address
 
     def _on_storage_freed(self, key: int, address: int) -> None:
-        frames = self.stacks.capture(sys._getframe(1)) if self.stacks is not None else None
+        frames = self.stacks.capture(sys._getframe(1)) if self.stacks is not None and self.free_stacks else None
         self._pending.append((key, address, frames))
 
     @property
@@ -247,6 +248,7 @@ class CpuSimulatedBackend:
         stacks: StackCapture | None = None,
         max_entries: int | None = None,
         roots: Iterable[object] = (),
+        context: str = "all",
     ) -> None:
         self.clock = clock if clock is not None else monotonic_epoch_clock()
         self.settings = settings or AllocatorSettings()
@@ -256,6 +258,10 @@ class CpuSimulatedBackend:
             settings=self.settings, capacity=capacity, device=0, record_history=False, clock=self.clock
         )
         self.tracker = StorageTracker(self.simulator, stacks)
+        # PyTorch's context= options: "all" stacks on allocations and frees, "alloc" on
+        # allocations only, "state" on the live blocks only (the trace entries carry none).
+        self.context = context
+        self.tracker.free_stacks = context == "all"
         self.mode = TrackingMode(self.tracker)
         self._roots = list(roots)
         self._annotations: list[dict[str, Any]] = []
@@ -326,6 +332,9 @@ class CpuSimulatedBackend:
         _apply_user_metadata(trace, self._metadata_marks)
         if self.max_entries is not None and len(trace) > self.max_entries:
             del trace[: len(trace) - self.max_entries]  # a ring buffer keeps the newest entries
+        if self.context == "state":
+            for entry in trace:
+                entry["frames"] = []
         snapshot["external_annotations"] = list(self._annotations)
         return snapshot
 
@@ -340,6 +349,16 @@ class CpuSimulatedBackend:
 
     def allocator_settings(self) -> dict[str, Any]:
         return self.settings.to_snapshot_dict()
+
+    def now(self) -> int:
+        """The trace's clock, after the queued frees are applied (so they come before it)."""
+        self.tracker.drain()
+        return self.clock()
+
+    def storage_address(self, storage: Any) -> tuple[int, int] | None:
+        """(device, simulated address) of a tracked storage, None for one never tracked."""
+        address = self.tracker._live.get(id(storage))
+        return None if address is None else (0, address)
 
     def peak_bytes(self) -> tuple[int, int]:
         return self.tracker.peak_allocated_bytes, self.simulator.peak_reserved_bytes

@@ -43,7 +43,7 @@ class CudaMemoryBackend:
         self._saved_fraction: tuple[int, float] | None = None  # (device, fraction) to restore
         self.recording = False
 
-    def start(self, max_entries: int, stacks: str = "python") -> None:
+    def start(self, max_entries: int, stacks: str = "python", context: str = "all") -> None:
         """``_record_memory_history``: alloc/free/segment events, with stacks unless ``stacks="none"``.
 
         PyTorch's own check accepts ``stacks`` "python" or "all" only; whether a traceback is
@@ -53,8 +53,10 @@ class CudaMemoryBackend:
         """
         if stacks not in ("python", "all", "none"):
             raise ValueError(f"stacks must be 'python', 'all' or 'none', got {stacks!r}")
+        if context not in ("all", "alloc", "state"):
+            raise ValueError(f"context must be 'all', 'alloc' or 'state', got {context!r}")
         kwargs: dict[str, Any] = {
-            "context": None if stacks == "none" else "all",
+            "context": None if stacks == "none" else context,
             "stacks": "python" if stacks == "none" else stacks,
             "max_entries": int(max_entries),
         }
@@ -143,6 +145,30 @@ class CudaMemoryBackend:
     def reset_peak(self) -> None:
         self._memory.reset_peak_memory_stats()
 
+    def outside_pytorch(self) -> dict[str, int] | None:
+        """Device memory in use beyond what PyTorch's caching allocator holds, now.
+
+        ``mem_get_info`` (cudaMemGetInfo) counts every byte in use on the device: this
+        process's CUDA context, NCCL's buffers, cuBLAS/cuDNN workspaces allocated outside the
+        caching allocator, and other processes on the same GPU. ``memory_reserved`` is what the
+        caching allocator holds. The difference is the memory a snapshot cannot show. None where
+        this torch (or a stand-in) lacks either call.
+        """
+        mem_get_info = getattr(self._cuda, "mem_get_info", None)
+        memory_reserved = getattr(self._memory, "memory_reserved", None)
+        if mem_get_info is None or memory_reserved is None:
+            return None
+        index = self.current_device()
+        free, total = mem_get_info(index)
+        used = int(total) - int(free)
+        reserved = int(memory_reserved(index))
+        return {
+            "device": index,
+            "device_used_bytes": used,
+            "reserved_bytes": reserved,
+            "outside_pytorch_bytes": max(0, used - reserved),
+        }
+
 
 def _accepts(function: Any, parameter: str) -> bool:
     try:
@@ -163,10 +189,12 @@ class CudaBackend:
         stacks: str = "python",
         clock: Callable[[], int] | None = None,
         capacity: int | None = None,
+        context: str = "all",
     ) -> None:
         self.adapter = adapter if adapter is not None else CudaMemoryBackend()
         self.max_entries = max_entries
         self.stacks = stacks
+        self.context = context
         self.capacity = capacity  # a per-process cap for the session only (see install/uninstall)
         self.clock = clock if clock is not None else (lambda: time.time_ns() // 1000)
         self._scopes: dict[int, Any] = {}
@@ -191,7 +219,7 @@ class CudaBackend:
             self.adapter.restore_capacity()
 
     def start_history(self) -> None:
-        self.adapter.start(self.max_entries, self.stacks)
+        self.adapter.start(self.max_entries, self.stacks, self.context)
         if self._oom_handler is not None:
             self.adapter.attach_oom_observer(self._on_oom)
 
@@ -250,6 +278,18 @@ class CudaBackend:
 
     def allocator_settings(self) -> dict[str, Any]:
         return {}  # the snapshot itself carries them (PyTorch >= 2.3)
+
+    def now(self) -> int:
+        return self.clock()
+
+    def outside_pytorch(self) -> dict[str, int] | None:
+        """At a step boundary: device memory used outside PyTorch's allocator (see the adapter)."""
+        return self.adapter.outside_pytorch()
+
+    def storage_address(self, storage: Any) -> tuple[int, int] | None:
+        from memlens.recorder.roles import cuda_address_of
+
+        return cuda_address_of(storage)
 
     def peak_bytes(self) -> tuple[int, int]:
         return self.adapter.peak_bytes()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -64,4 +65,28 @@ def summarize_ranks(ranks: list[dict[str, Any]], world_size: int) -> dict[str, A
     }
 
 
-__all__ = ["RankInfo", "gather_rank_summaries", "rank_info", "summarize_ranks"]
+def write_rank_summary(
+    ranks: RankInfo, target: Path, snapshot_name: str, peaks: tuple[int, int], oom: bool
+) -> dict[str, Any] | None:
+    """Gather every rank's peaks (a collective when a process group is up) and, on rank 0, write
+    the summary to ``target``; returns what was written (None on other ranks or with one rank)."""
+    from memlens.recorder.sidecar import write_json
+
+    if not ranks.distributed:
+        return None
+    local = {
+        "rank": ranks.rank,
+        "peak_allocated_bytes": peaks[0],
+        "peak_reserved_bytes": peaks[1],
+        "snapshot": snapshot_name,
+        "oom": oom,
+    }
+    gathered = gather_rank_summaries(local)
+    if ranks.rank != 0:
+        return None
+    summary = summarize_ranks(gathered if gathered is not None else [local], ranks.world_size)
+    write_json(target, summary)
+    return summary
+
+
+__all__ = ["RankInfo", "gather_rank_summaries", "rank_info", "summarize_ranks", "write_rank_summary"]

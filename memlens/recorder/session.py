@@ -32,6 +32,14 @@ or a name another running session holds, are kept and this run writes ``snapshot
 Closing prints ``memlens: wrote PATH (N steps; peak ...)`` on stderr. With more than one rank, rank 0
 also writes ``<out>/ranks.json`` (``<stem>_ranks.json`` beside an ``out`` file) with every rank's peak.
 
+What the recorder knows goes with the snapshot: the storages of the watched models' parameters,
+buffers and gradients, the optimizers' state and the model's inputs, by address at every step
+boundary, and the graphs still alive at a dump (sidecar ``tensor_roles``, used by the analysis
+ahead of its heuristics; ``memlens.recorder.roles``); each module's forward and backward as
+``memlens.forward#NAME`` / ``memlens.backward#NAME`` annotations (``module_scopes``;
+``memlens.recorder.module_scopes``); on CUDA, the device memory used outside PyTorch's allocator at
+every step boundary (sidecar ``outside_pytorch``).
+
 On a GPU the CUDA caching allocator records its own history (``memlens.recorder.cuda_adapter``);
 elsewhere every tensor storage is tracked on the CPU and replayed through memlens' allocator
 simulator (``memlens.recorder.cpu_tracker``), giving the same snapshot schema.
@@ -41,7 +49,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import signal
 import sys
 import threading
@@ -49,25 +56,42 @@ import weakref
 from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, get_args
 
 from memlens.errors import MemlensUsageError
-from memlens.recorder.distributed import RankInfo, gather_rank_summaries, rank_info, summarize_ranks
+from memlens.recorder.distributed import RankInfo, rank_info, write_rank_summary
+from memlens.recorder.holders import leak_holders
+from memlens.recorder.module_scopes import ModuleScopes
+from memlens.recorder.naming import SnapshotNames
+from memlens.recorder.roles import (
+    RoleRecorder,
+    find_model,
+    forward_inputs,
+    forward_outputs,
+    model_state,
+    retained_graph_tensors,
+)
 from memlens.recorder.sidecar import (
-    Reservation,
     build_sidecar,
     model_stats,
     optimizer_stats,
-    remove_stale_files,
-    reserve,
+    parameter_stats,
     sidecar_path,
     write_json,
     write_snapshot,
 )
-from memlens.recorder.stacks import DEFAULT_MAX_DEPTH, StackCapture
+from memlens.recorder.stacks import DEFAULT_MAX_DEPTH, StackCapture, hide_launcher_frames
 from memlens.units import format_bytes, parse_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# new -> waiting (before the chosen steps) -> recording -> done (after them) -> closed
+RecorderState = Literal["new", "waiting", "recording", "done", "closed"]
+RECORDER_STATES: tuple[RecorderState, ...] = get_args(RecorderState)
+# Which trace entries carry a stack, as PyTorch's _record_memory_history(context=...): "all"
+# (allocations and frees), "alloc" (allocations), "state" (live blocks only, not the trace).
+Context = Literal["all", "alloc", "state"]
+CONTEXTS: tuple[Context, ...] = get_args(Context)
 
 # PyTorch's docs suggest 100k entries as a start; a few steps of a mid-size model fit in 200k
 # (each entry is a few hundred bytes plus its stack), and the ring buffer keeps the newest.
@@ -100,6 +124,8 @@ class Backend(Protocol):
     def device_info(self) -> dict[str, Any]: ...
     def allocator_settings(self) -> dict[str, Any]: ...
     def peak_bytes(self) -> tuple[int, int]: ...
+    def now(self) -> int: ...
+    def storage_address(self, storage: Any) -> tuple[int, int] | None: ...
 
 
 class Recorder:
@@ -118,9 +144,11 @@ class Recorder:
         allocator_settings: Any = None,
         max_entries: int = DEFAULT_MAX_ENTRIES,
         stacks: str = "python",
+        context: str = "all",
         max_stack_depth: int = DEFAULT_MAX_DEPTH,
         dump_every: int | None = None,
         record_optimizer_steps: bool = False,
+        module_scopes: bool | int = True,
         clock: Callable[[], int] | None = None,
         filename_map: Callable[[str], str] | None = None,
         backend: Backend | None = None,
@@ -129,12 +157,13 @@ class Recorder:
             raise MemlensUsageError(f"dump_every must be a positive number of steps, got {dump_every}")
         if stacks not in ("python", "all", "none"):
             raise MemlensUsageError(f"stacks must be 'python', 'all' or 'none', got {stacks!r}")
+        if context not in CONTEXTS:
+            raise MemlensUsageError(f"context must be one of {', '.join(CONTEXTS)}, got {context!r}")
+        if isinstance(module_scopes, int) and not isinstance(module_scopes, bool) and module_scopes < 0:
+            raise MemlensUsageError(f"module_scopes must be True, False or a depth >= 0, got {module_scopes}")
         self.out = Path(out)
-        # "-2", "-3", ... when an earlier run's files are where this one would write: set at
-        # start, so the dumps of one session replace each other but never an earlier run's.
-        self._run_suffix = ""
-        self._reservation: Reservation | None = None  # held from start() to the last write
         self.name = name
+        self._names = SnapshotNames(self.out, name)
         self._steps, self._first_step, self._last_step = _step_filter(steps)
         self._model_stats: dict[str, Any] | None = None
         self._optimizer_stats: dict[str, Any] | None = None
@@ -144,6 +173,8 @@ class Recorder:
         self.capacity = parse_bytes(capacity) if capacity is not None else None
         self.max_entries = max_entries
         self.stacks = stacks
+        self.context = context
+        self.module_scopes = module_scopes
         self.max_stack_depth = max_stack_depth
         self.dump_every = dump_every
         self.record_optimizer_steps = record_optimizer_steps
@@ -153,24 +184,36 @@ class Recorder:
             allocator_settings=allocator_settings,
             max_entries=max_entries,
             stacks=stacks,
+            context=context,
             max_stack_depth=max_stack_depth,
             clock=clock,
             filename_map=filename_map,
         )
         self.backend.set_oom_handler(self._on_oom)
+        self._state: RecorderState = "new"
+        self._roles = RoleRecorder(self.backend.storage_address)
+        self._scopes = ModuleScopes(
+            self.backend.now,
+            device=int(self.backend.device_info().get("index") or 0),
+            active=self._recording,
+            max_depth=None if module_scopes is True else int(module_scopes),
+        )
+        self._model_hooks: list[Any] = []
+        # memlens record: the model and optimizer are found through the hooked optimizer.step()
+        self._find_model_from_optimizer = record_optimizer_steps
+        self._outside_pytorch: list[dict[str, Any]] = []
         self.watch(model=model, optimizer=optimizer)
 
         self.paths: list[Path] = []  # every file written, newest last
         self.steps: list[dict[str, Any]] = []  # {index, start_us, end_us} of recorded steps
         self.oom: dict[str, Any] | None = None
-        self._state = "new"  # new -> waiting (before the window) -> recording -> done -> closed
         self._next_index = 0
         self._open: int | None = None  # the step now open
         self._open_style: str | None = None  # "mark" or "scope"
         self._provisional = False  # step 0 opened by entering; dropped if scopes are used
         self._style: str | None = None
         self._completed_selected = 0
-        self._hook: Any = None
+        self._optimizer_hooks: list[Any] = []
         # SIGTERM and SIGINT handlers while recording (only where the defaults were in place):
         # a signal that arrives while a snapshot is being written waits for the write.
         self._previous_handlers: dict[int, Any] = {}
@@ -192,23 +235,26 @@ class Recorder:
         if self._state != "new":
             raise MemlensUsageError("this recorder was already started; call memlens.record() again")
         ranks = rank_info()
-        self._run_suffix, self._reservation = self._reserve_name(ranks)
-        if self._run_suffix:
+        if self._names.reserve(ranks):
             sys.stderr.write(
-                f"memlens: {self._snapshot_path(ranks, '')} is taken (an earlier or a running recording); "
-                f"keeping it and writing {self._snapshot_path(ranks).name} instead\n"
+                f"memlens: {self._names.snapshot_path(ranks, '')} is taken (an earlier or a running recording); "
+                f"keeping it and writing {self._names.snapshot_path(ranks).name} instead\n"
             )
         try:
             self._install_signal_handlers()
             self.backend.install()
         except BaseException:
-            self._release_name()
+            self._names.release()
             raise
         self._state = "waiting"
-        if self.record_optimizer_steps:
-            from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-            self._hook = register_optimizer_step_post_hook(self._after_optimizer_step)
+        # Every optimizer.step(): the gradients exist just before it (zero_grad(set_to_none)
+        # may free them before the step ends) and its state just after it.
+        self._optimizer_hooks = [
+            register_optimizer_step_pre_hook(self._before_optimizer_step),
+            register_optimizer_step_post_hook(self._after_optimizer_step),
+        ]
         # Step 0 opens now, for mark_step(); the first step() scope cancels it.
         self._begin(0, style="mark", provisional=True)
         return self
@@ -240,14 +286,18 @@ class Recorder:
                 if not failed:
                     self._write_rank_summary()
         finally:
-            if self._hook is not None:
-                self._hook.remove()
-                self._hook = None
+            for hook in self._optimizer_hooks:
+                hook.remove()
+            self._optimizer_hooks.clear()
+            for handle in self._model_hooks:
+                handle.remove()
+            self._model_hooks.clear()
+            self._scopes.detach()
             try:
                 self.backend.uninstall()
             finally:
                 self._state = "closed"
-                self._release_name()
+                self._names.release()
                 self._restore_signal_handlers()
 
     def summary_line(self) -> str:
@@ -278,12 +328,57 @@ class Recorder:
             add_root = getattr(self.backend, "add_root", None)
             if add_root is not None:
                 add_root(model)
+            if hasattr(model, "register_forward_pre_hook"):
+                self._model_hooks.append(model.register_forward_pre_hook(self._on_model_inputs, with_kwargs=True))
+                self._model_hooks.append(model.register_forward_hook(self._on_model_outputs))
+                if self.module_scopes is not False and self._state != "closed":
+                    self._scopes.attach(model)
         if optimizer is not None and not any(ref() is optimizer for ref in self._optimizers):
             self._optimizers.append(weakref.ref(optimizer))
             self._optimizer_stats = optimizer_stats(optimizer)
             add_root = getattr(self.backend, "add_root", None)
             if add_root is not None:
                 add_root(optimizer)
+
+    def _watch_from_optimizer(self, optimizer: Any) -> None:
+        """``memlens record``: the optimizer whose step() just ran, and the model that owns its
+        parameters when one module does (else the sidecar's ``model`` counts the optimizer's
+        parameters: ``"source": "optimizer"``)."""
+        if any(ref() is optimizer for ref in self._optimizers):
+            return
+        self.watch(optimizer=optimizer)
+        model = find_model(optimizer)
+        if model is not None:
+            self.watch(model=model)
+        elif not self._models:
+            params = [p for group in getattr(optimizer, "param_groups", ()) for p in group.get("params", ())]
+            self._model_stats = parameter_stats(params)
+
+    def _on_model_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._state == "recording":
+            self._roles.note("forward", self.backend.now(), {"inputs": forward_inputs(args, kwargs)})
+
+    def _on_model_outputs(self, module: Any, args: Any, output: Any) -> None:
+        if self._state == "recording":
+            self._roles.note("forward.end", self.backend.now(), {"outputs": forward_outputs(output)})
+
+    def _recording(self) -> bool:
+        return self._state == "recording"
+
+    def _note_roles(self, at: str, time_us: int | None, graphs: bool = False) -> None:
+        """Note the watched tensors by role (see ``memlens.recorder.roles``); at a dump
+        (``time_us`` None: the end of the trace) also the tensors live autograd graphs hold."""
+        state = model_state(self.models, self.optimizers)
+        if graphs:
+            state["graph"] = retained_graph_tensors()
+        self._roles.note(at, time_us, state)
+
+    def _at_step_boundary(self, at: str, time_us: int) -> None:
+        self._note_roles(at, time_us)
+        measure = getattr(self.backend, "outside_pytorch", None)
+        figure = measure() if measure is not None else None
+        if figure is not None:
+            self._outside_pytorch.append({"at": at, "time_us": time_us, **figure})
 
     @property
     def models(self) -> list[Any]:
@@ -336,7 +431,17 @@ class Recorder:
         self._begin(self._next_index, style="mark")
         return ended
 
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._state == "recording" and any(ref() is optimizer for ref in self._optimizers):
+            self._note_roles("optimizer.pre", self.backend.now())
+
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._state == "recording" and any(ref() is optimizer for ref in self._optimizers):
+            self._note_roles("optimizer.post", self.backend.now())
+        if not self.record_optimizer_steps:
+            return
+        if self._find_model_from_optimizer and self._state in ("waiting", "recording"):
+            self._watch_from_optimizer(optimizer)
         if self._state in ("waiting", "recording") and self._open_style != "scope":
             self.mark_step()
 
@@ -356,6 +461,7 @@ class Recorder:
         if self._state == "recording" and self._selected(index):
             start_us = self.backend.begin_step(index, provisional=provisional)
             self.steps.append({"index": index, "start_us": start_us, "end_us": None})
+            self._at_step_boundary(f"step#{index}.start", start_us)
 
     def _end(self) -> None:
         index = self._open
@@ -367,6 +473,7 @@ class Recorder:
         if recorded is None or self._state != "recording":
             return
         recorded["end_us"] = self.backend.end_step(index)
+        self._at_step_boundary(f"step#{index}.end", recorded["end_us"])
         self._completed_selected += 1
         if self._last_step is not None and index >= self._last_step:
             self.dump("steps_done")
@@ -406,53 +513,23 @@ class Recorder:
     @property
     def path(self) -> Path:
         """Where this rank's snapshot is (or will be) written."""
-        return self._snapshot_path(rank_info())
-
-    def _snapshot_path(self, ranks: RankInfo, run_suffix: str | None = None) -> Path:
-        run = self._run_suffix if run_suffix is None else run_suffix
-        suffix = f"rank{ranks.rank}" if ranks.distributed else ""
-        if self.out.suffix == ".pickle":
-            stem = "_".join(part for part in (self.out.stem, suffix) if part)
-            return self.out.with_name(f"{stem}{run}.pickle")
-        stem = "_".join(part for part in (self.name, suffix) if part) or "snapshot"
-        return self.out / f"{stem}{run}.pickle"
-
-    def _reserve_name(self, ranks: RankInfo) -> tuple[str, Reservation]:
-        """Claim the first of "", "-2", "-3", ... that no earlier or running recording has.
-
-        The folder is checked here, before any training runs: one that cannot be created or
-        written to is a usage error now rather than an OSError after the whole run.
-        """
-        folder = self._snapshot_path(ranks, "").parent
-        try:
-            if folder.exists() and not folder.is_dir():
-                raise MemlensUsageError(f"cannot write snapshots into {folder}: it is a file, not a folder")
-            folder.mkdir(parents=True, exist_ok=True)
-            remove_stale_files(folder)
-            for number in itertools.count(1):
-                run = "" if number == 1 else f"-{number}"
-                reservation = reserve(self._snapshot_path(ranks, run))
-                if reservation is not None:
-                    return run, reservation
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise MemlensUsageError(f"cannot write snapshots into {folder}: {reason}") from None
-        raise AssertionError("unreachable")
-
-    def _release_name(self) -> None:
-        if self._reservation is not None:
-            self._reservation.release()
-            self._reservation = None
+        return self._names.snapshot_path(rank_info())
 
     def dump(self, reason: str = "manual") -> Path:
         """Write the snapshot and its sidecar now; returns the snapshot's path."""
         ranks = rank_info()
-        path = self._snapshot_path(ranks)
+        path = self._names.snapshot_path(ranks)
         with self._signals_wait():
+            if self._state == "recording":
+                self._note_roles("dump", None, graphs=True)
             snapshot = self.backend.snapshot()
+            hide_launcher_frames(snapshot)
+            self._add_module_scopes(snapshot)
             self._add_missing_step_annotations(snapshot)
             write_snapshot(path, snapshot)
-            write_json(sidecar_path(path), self._sidecar(reason, ranks))
+            sidecar = self._sidecar(reason, ranks)
+            sidecar["leak_holders"] = leak_holders(snapshot, self.steps, self.backend)  # memlens.recorder.holders
+            write_json(sidecar_path(path), sidecar)
             self.paths.append(path)
         return path
 
@@ -492,6 +569,17 @@ class Recorder:
         if not self._writing and self._pending_signal is not None:
             signum, self._pending_signal = self._pending_signal, None
             _raise_for_signal(signum)
+
+    def _add_module_scopes(self, snapshot: dict[str, Any]) -> None:
+        """Add the module scope edges that fall inside the trace (older ones, which a ring buffer
+        or an earlier dump left behind, are dropped here and from memory)."""
+        first = min(
+            (int(entries[0].get("time_us", 0)) for entries in snapshot.get("device_traces") or [] if entries),
+            default=None,
+        )
+        if first is not None:
+            self._scopes.annotations[:] = [a for a in self._scopes.annotations if a["time_us"] >= first]
+        snapshot.setdefault("external_annotations", []).extend(self._scopes.annotations)
 
     def _add_missing_step_annotations(self, snapshot: dict[str, Any]) -> None:
         recorded = {f"memlens.step#{step['index']}" for step in self.steps}
@@ -533,34 +621,25 @@ class Recorder:
             optimizer=self._optimizer_stats,
             recorder={
                 "stacks": self.stacks,
+                "context": self.context,
                 "max_entries": self.max_entries,
                 "max_stack_depth": self.max_stack_depth,
                 "dump_every": self.dump_every,
+                "module_scopes": self.module_scopes,
             },
+            tensor_roles=self._roles.to_sidecar(),
+            outside_pytorch=list(self._outside_pytorch) if getattr(self.backend, "outside_pytorch", None) else None,
         )
 
     def _write_rank_summary(self) -> None:
         ranks = rank_info()
-        if not ranks.distributed:
-            return
-        peak_allocated, peak_reserved = self.backend.peak_bytes()
-        local = {
-            "rank": ranks.rank,
-            "peak_allocated_bytes": peak_allocated,
-            "peak_reserved_bytes": peak_reserved,
-            "snapshot": self._snapshot_path(ranks).name,
-            "oom": self.oom is not None,
-        }
-        gathered = gather_rank_summaries(local)
-        if ranks.rank != 0:
-            return
-        summary = summarize_ranks(gathered if gathered is not None else [local], ranks.world_size)
-        if self.out.suffix == ".pickle":
-            target = self.out.with_name(f"{self.out.stem}_ranks{self._run_suffix}.json")
-        else:
-            target = self.out / (f"{self.name}_ranks{self._run_suffix}.json" if self.name
-                                 else f"ranks{self._run_suffix}.json")
-        write_json(target, summary)
+        write_rank_summary(
+            ranks,
+            self._names.rank_summary_path(),
+            self._names.snapshot_path(ranks).name,
+            self.backend.peak_bytes(),
+            self.oom is not None,
+        )
 
     @property
     def peak_bytes(self) -> tuple[int, int]:
@@ -605,6 +684,7 @@ def _make_backend(
     allocator_settings: Any,
     max_entries: int,
     stacks: str,
+    context: str,
     max_stack_depth: int,
     clock: Callable[[], int] | None,
     filename_map: Callable[[str], str] | None,
@@ -620,7 +700,9 @@ def _make_backend(
             raise MemlensUsageError("device='cuda' but torch sees no CUDA device (use 'cpu' or 'auto')")
         from memlens.recorder.cuda_adapter import CudaBackend, CudaMemoryBackend
 
-        return CudaBackend(CudaMemoryBackend(), max_entries=max_entries, stacks=stacks, clock=clock, capacity=capacity)
+        return CudaBackend(
+            CudaMemoryBackend(), max_entries=max_entries, stacks=stacks, context=context, clock=clock, capacity=capacity
+        )
 
     from memlens.allocator import AllocatorSettings
     from memlens.recorder.cpu_tracker import CpuSimulatedBackend
@@ -633,6 +715,7 @@ def _make_backend(
         clock=clock,
         stacks=stack_capture,
         max_entries=max_entries,
+        context=context,
     )
 
 
@@ -664,9 +747,11 @@ def record(
     allocator_settings: Any = None,
     max_entries: int = DEFAULT_MAX_ENTRIES,
     stacks: str = "python",
+    context: str = "all",
     max_stack_depth: int = DEFAULT_MAX_DEPTH,
     dump_every: int | None = None,
     record_optimizer_steps: bool = False,
+    module_scopes: bool | int = True,
     clock: Callable[[], int] | None = None,
     filename_map: Callable[[str], str] | None = None,
     backend: Backend | None = None,
@@ -679,10 +764,14 @@ def record(
     "16GiB": the simulated device's memory on the CPU; on CUDA a per-process memory fraction,
     put back when the session ends),
     ``allocator_settings`` (simulated; default from ``PYTORCH_CUDA_ALLOC_CONF``),
-    ``max_entries``, ``stacks`` ("python" | "all" | "none"), ``max_stack_depth``,
+    ``max_entries``, ``stacks`` ("python" | "all" | "none"), ``context`` ("all": stacks on
+    allocations and frees, "alloc": on allocations, "state": on live blocks only, as PyTorch's
+    ``_record_memory_history(context=...)``), ``max_stack_depth``,
     ``dump_every`` (steps), ``record_optimizer_steps`` (mark a step after every
-    ``optimizer.step()``), ``clock`` (``() -> int`` microseconds, for reproducible files) and
-    ``filename_map`` (rewrite stack file names).
+    ``optimizer.step()``, and watch that optimizer and the model owning its parameters),
+    ``module_scopes`` (True: every module of a watched model gets forward/backward annotations;
+    an int N: modules up to N levels below the model; False: none), ``clock`` (``() -> int``
+    microseconds, for reproducible files) and ``filename_map`` (rewrite stack file names).
     """
     return Recorder(
         out,
@@ -695,13 +784,15 @@ def record(
         allocator_settings=allocator_settings,
         max_entries=max_entries,
         stacks=stacks,
+        context=context,
         max_stack_depth=max_stack_depth,
         dump_every=dump_every,
         record_optimizer_steps=record_optimizer_steps,
+        module_scopes=module_scopes,
         clock=clock,
         filename_map=filename_map,
         backend=backend,
     )
 
 
-__all__ = ["DEFAULT_MAX_ENTRIES", "Recorder", "Terminated", "record"]
+__all__ = ["CONTEXTS", "DEFAULT_MAX_ENTRIES", "RECORDER_STATES", "Recorder", "RecorderState", "Terminated", "record"]

@@ -34,9 +34,26 @@ The sidecar, ``<name>.memlens.json`` next to ``<name>.pickle`` (keys, all always
                              ended the recording.
 ``model``                    ``null``, or ``{parameters_total, parameters_trainable,
                              parameter_bytes_total, parameter_bytes_by_dtype: {"torch.float32": n},
-                             buffer_bytes_total}`` for ``record(..., model=model)``.
+                             buffer_bytes_total, source}`` for a watched model (``source``
+                             ``"model"``); ``memlens record`` finds the model owning the hooked
+                             optimizer's parameters, and where no single module owns them counts
+                             the optimizer's parameters (``source`` ``"optimizer"``,
+                             ``buffer_bytes_total`` null).
 ``optimizer``                ``null``, or ``{class: "AdamW", param_groups: n}``.
-``recorder``                 ``{stacks, max_entries, max_stack_depth, dump_every}``.
+``recorder``                 ``{stacks, context, max_entries, max_stack_depth, dump_every,
+                             module_scopes}``.
+``tensor_roles``             ``{version: 1, records: [{time_us, at, device, parameters, buffers,
+                             gradients, optimizer_state, inputs, outputs, graph}]}``: storages by
+                             role, each role a flat list ``[address, nbytes, address, nbytes, ...]``
+                             of the storages first seen at that moment (``at``: ``"step#N.start"``,
+                             ``"step#N.end"``, ``"optimizer.pre"``/``"optimizer.post"`` (around
+                             each optimizer.step()), ``"forward"``/``"forward.end"`` (the model's
+                             inputs/outputs) or ``"dump"``, whose ``time_us`` is null: the end of
+                             the trace). See
+                             ``memlens.recorder.roles``.
+``outside_pytorch``          ``null`` (CPU), or ``[{at, time_us, device, device_used_bytes,
+                             reserved_bytes, outside_pytorch_bytes}]`` per step boundary on CUDA:
+                             ``mem_get_info``'s total - free against PyTorch's reserved bytes.
 """
 
 from __future__ import annotations
@@ -192,9 +209,25 @@ def model_stats(model: Any) -> dict[str, Any] | None:
     """Parameter counts and bytes by dtype of an ``nn.Module`` (shared parameters counted once)."""
     if model is None:
         return None
+    stats = _count_parameters(model.parameters())  # parameters() already skips duplicates
+    stats["buffer_bytes_total"] = sum(buf.numel() * buf.element_size() for buf in model.buffers())
+    stats["source"] = "model"
+    return stats
+
+
+def parameter_stats(params: Any) -> dict[str, Any]:
+    """``model_stats`` for parameters known without their module (an optimizer's)."""
+    unique = list({id(param): param for param in params}.values())
+    stats = _count_parameters(unique)
+    stats["buffer_bytes_total"] = None
+    stats["source"] = "optimizer"
+    return stats
+
+
+def _count_parameters(params: Any) -> dict[str, Any]:
     total = trainable = total_bytes = 0
     by_dtype: dict[str, int] = {}
-    for param in model.parameters():  # parameters() already skips duplicates
+    for param in params:
         count = param.numel()
         size = count * param.element_size()
         total += count
@@ -202,13 +235,11 @@ def model_stats(model: Any) -> dict[str, Any] | None:
             trainable += count
         total_bytes += size
         by_dtype[str(param.dtype)] = by_dtype.get(str(param.dtype), 0) + size
-    buffer_bytes = sum(buf.numel() * buf.element_size() for buf in model.buffers())
     return {
         "parameters_total": total,
         "parameters_trainable": trainable,
         "parameter_bytes_total": total_bytes,
         "parameter_bytes_by_dtype": dict(sorted(by_dtype.items())),
-        "buffer_bytes_total": buffer_bytes,
     }
 
 
@@ -235,6 +266,8 @@ def build_sidecar(
     model: dict[str, Any] | None,
     optimizer: dict[str, Any] | None,
     recorder: dict[str, Any],
+    tensor_roles: dict[str, Any] | None = None,
+    outside_pytorch: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     import torch
 
@@ -258,6 +291,8 @@ def build_sidecar(
         "model": model,
         "optimizer": optimizer,
         "recorder": recorder,
+        "tensor_roles": tensor_roles if tensor_roles is not None else {"version": 1, "records": []},
+        "outside_pytorch": outside_pytorch,
     }
 
 
@@ -267,6 +302,7 @@ __all__ = [
     "build_sidecar",
     "model_stats",
     "optimizer_stats",
+    "parameter_stats",
     "remove_stale_files",
     "reservation_path",
     "reserve",

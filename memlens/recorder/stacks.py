@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 from types import CodeType, FrameType
+from typing import Any
 
 # CUDA's own python stacks are unbounded; 64 frames cover a deep training loop (Lightning,
 # HF Trainer, nn.Module hooks) while keeping one stack's walk cheap.
@@ -33,8 +34,57 @@ _PLUMBING_FILES = (
 )
 
 
+# Frames of memlens' own launcher (``memlens record``: the command, click, the memlens entry
+# point) are hidden from recorded stacks: ``hide_frames_outward`` registers them before the
+# script runs. runpy's frames (how the script is run as __main__) are hidden always.
+_HIDDEN_CODES: set[CodeType] = set()
+_HIDDEN_FILES = ("/runpy.py",)
+
+
+def hide_frames_outward(frame: FrameType | None) -> None:
+    """Hide ``frame`` and every frame outward of it from the stacks recorded from now on."""
+    while frame is not None:
+        _HIDDEN_CODES.add(frame.f_code)
+        frame = frame.f_back
+
+
 def _is_recorder_file(filename: str) -> bool:
-    return filename.startswith(_HERE)
+    return filename.startswith(_HERE) or filename.endswith(_HIDDEN_FILES)
+
+
+def hide_launcher_frames(snapshot: dict[str, Any]) -> None:
+    """Drop hidden frames (see ``hide_frames_outward``) from the stacks of a snapshot written by
+    the allocator itself (CUDA's history knows nothing of memlens): in place, each distinct
+    frame list once."""
+    hidden = {(code.co_filename, code.co_name) for code in _HIDDEN_CODES}
+    done: dict[int, list[Any]] = {}
+
+    def keep(frame: Any) -> bool:
+        if not isinstance(frame, dict):
+            return True
+        filename = frame.get("filename")
+        if not isinstance(filename, str):
+            return True
+        return (filename, frame.get("name")) not in hidden and not filename.endswith(_HIDDEN_FILES)
+
+    def trimmed(frames: Any) -> Any:
+        if not isinstance(frames, list) or not frames:
+            return frames
+        cached = done.get(id(frames))
+        if cached is None:
+            cached = done[id(frames)] = [frame for frame in frames if keep(frame)]
+        return cached
+
+    holders: list[Any] = []
+    for segment in snapshot.get("segments") or []:
+        if isinstance(segment, dict):
+            holders.append(segment)
+            holders.extend(block for block in segment.get("blocks") or [] if isinstance(block, dict))
+    for entries in snapshot.get("device_traces") or []:
+        holders.extend(entry for entry in entries if isinstance(entry, dict))
+    for holder in holders:
+        if "frames" in holder:
+            holder["frames"] = trimmed(holder["frames"])
 
 
 def _is_plumbing(filename: str) -> bool:
@@ -90,7 +140,7 @@ class StackCapture:
             code = frame.f_code
             skipped = skip.get(code)
             if skipped is None:
-                skipped = skip[code] = _is_recorder_file(code.co_filename)
+                skipped = skip[code] = _is_recorder_file(code.co_filename) or code in _HIDDEN_CODES
             if not skipped:
                 interned = self._frame(code, frame.f_lineno)
                 frames.append(interned)
@@ -121,4 +171,10 @@ def relative_filename_map(roots: dict[str, str]) -> Callable[[str], str]:
     return rewrite
 
 
-__all__ = ["DEFAULT_MAX_DEPTH", "StackCapture", "relative_filename_map"]
+__all__ = [
+    "DEFAULT_MAX_DEPTH",
+    "StackCapture",
+    "hide_frames_outward",
+    "hide_launcher_frames",
+    "relative_filename_map",
+]

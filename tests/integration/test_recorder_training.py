@@ -64,7 +64,20 @@ def test_training_run_loads_in_memlens_and_memory_viz(tmp_path: Path) -> None:
     assert trace.has_time and trace.events > 100
     assert snapshot.sidecar["optimizer"]["class"] == "AdamW"
     names = [a.name for a in snapshot.annotations if a.stage == "START"]
-    assert names == ["memlens.step#0", "memlens.step#1", "memlens.step#2"]
+    assert [name for name in names if name.startswith("memlens.step#")] == [f"memlens.step#{i}" for i in range(3)]
+    # the model's modules as scopes, forward and backward (the embeddings, fed token ids, have
+    # no observable backward; see memlens.recorder.module_scopes)
+    assert {"memlens.forward#<root>", "memlens.forward#blocks.0", "memlens.backward#blocks.0",
+            "memlens.backward#head"} <= set(names)
+    assert "memlens.backward#embed" not in names
+    # what the recorder knew is in the sidecar, and the analysis uses it
+    roles = snapshot.sidecar["tensor_roles"]["records"]
+    assert {"step#0.start", "optimizer.pre", "optimizer.post", "forward", "forward.end"} <= {
+        r["at"] for r in roles
+    }
+    report = memlens.analyze(path)
+    device = report.devices[0]
+    assert device.categories_at_peak["unknown"] < 0.05 * device.peak_allocated_bytes
     assert snapshot.segments and all(s.total_size % 512 == 0 for s in snapshot.segments)
     assert (trace.allocated <= trace.reserved).all()
     # segment_alloc events, frames and user_metadata like a CUDA snapshot
