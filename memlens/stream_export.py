@@ -30,6 +30,7 @@ line; and a cell a spreadsheet would run as a formula (starting with ``=``, ``+`
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -136,14 +137,14 @@ class EventLabels:
     step_end: npt.NDArray[np.int64]
     step_index: npt.NDArray[np.int64]
 
-    def steps_of(self, rows: npt.NDArray[np.int64]) -> list[int | None]:
-        """The latest-started step whose ``[start, end)`` holds each row, None where none does."""
+    def steps_of(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The latest-started step whose ``[start, end)`` holds each row, -1 where none does."""
         if not self.step_start.size:
-            return [None] * len(rows)
+            return np.full(rows.shape, -1, dtype=np.int64)
         k = np.searchsorted(self.step_start, rows, side="right") - 1
         k_safe = np.maximum(k, 0)
         inside = (k >= 0) & (rows < self.step_end[k_safe])
-        return [int(i) if ok else None for i, ok in zip(self.step_index[k_safe].tolist(), inside.tolist(), strict=True)]
+        return np.where(inside, self.step_index[k_safe], -1)
 
 
 def event_labels(analysis: Analysis) -> dict[int, EventLabels]:
@@ -255,6 +256,10 @@ class _Cells:
     def optional(self, value: int | None) -> bytes:
         return self.null if value is None else b"%d" % value
 
+    def optional_id(self, value: int) -> bytes:
+        """An id or index where -1 means none (stack ids, steps)."""
+        return self.null if value < 0 else b"%d" % value
+
     def flag(self, value: bool) -> bytes:
         return b"true" if value else b"false"
 
@@ -295,36 +300,52 @@ def _remember(cache: OrderedDict[Any, bytes], key: Any, text: str, cell: bytes) 
 
 # --------------------------------------------------------------------------- rows
 
+def _per_row(ids: npt.NDArray[Any], cell_of: Callable[[int], bytes]) -> list[bytes]:
+    """``cell_of(id)`` for each id of a chunk, called once per distinct id (a chunk repeats a few
+    stacks, steps and strings many times)."""
+    distinct, position = np.unique(ids, return_inverse=True)
+    cells = [cell_of(i) for i in distinct.tolist()]
+    return [cells[k] for k in position.ravel().tolist()]
+
+
 def _event_rows(trace: DeviceTrace, labels: EventLabels | None, cells: _Cells, start: int,
                 stop: int) -> list[tuple[Any, ...]]:
-    """Rows ``start..stop-1`` of one trace in ``EVENT_COLUMNS`` order (``_placeholder``'s types)."""
+    """Rows ``start..stop-1`` of one trace in ``EVENT_COLUMNS`` order (``_placeholder``'s types),
+    built a column at a time."""
     count = stop - start
-    rows = np.arange(start, stop, dtype=np.int64)
-    action = trace.action[start:stop].tolist()
-    address = trace.address[start:stop].tolist()
-    size = trace.size[start:stop].tolist()
-    stream = trace.stream[start:stop].tolist()
-    optional = cells.optional
     null = cells.null
-    times = list(map(optional, trace.time_us[start:stop].tolist())) if trace.has_time else [null] * count
-    allocated = trace.allocated[start:stop].tolist()
-    reserved = trace.reserved[start:stop].tolist()
-    device_free = trace.device_free[start:stop].tolist() if len(trace.device_free) else [0] * count
-    stack_ids = trace.stack_id[start:stop].tolist()
-    steps = list(map(optional, labels.steps_of(rows))) if labels is not None else [null] * count
-    categories = labels.category[start:stop].tolist() if labels is not None else [-1] * count
-    context_ids = trace.context_id[start:stop].tolist() if len(trace.context_id) else [-1] * count
-    metadata_ids = trace.metadata_id[start:stop].tolist() if len(trace.metadata_id) else [-1] * count
-    oom = int(Action.OOM)
-    device = trace.device
-    return [
-        (device, start + i, cells.actions[action[i]], address[i], size[i], stream[i], times[i],
-         allocated[i], reserved[i], b"%d" % device_free[i] if action[i] == oom else null, steps[i],
-         cells.category(categories[i]), optional(stack_ids[i]) if stack_ids[i] >= 0 else null,
-         cells.frames(stack_ids[i]), cells.text(trace.compile_context, context_ids[i]),
-         cells.text(trace.user_metadata, metadata_ids[i]))
-        for i in range(count)
-    ]
+    nulls = [null] * count
+    action = trace.action[start:stop]
+    stack_ids = trace.stack_id[start:stop]
+    device_free = list(nulls)
+    for k in np.flatnonzero(action == int(Action.OOM)).tolist():
+        device_free[k] = b"%d" % int(trace.device_free[start + k])
+    if labels is not None:
+        steps = _per_row(labels.steps_of(np.arange(start, stop, dtype=np.int64)), cells.optional_id)
+        categories = _per_row(labels.category[start:stop], cells.category)
+    else:
+        steps = categories = nulls
+    return list(zip(
+        itertools.repeat(trace.device, count),
+        range(start, stop),
+        [cells.actions[a] for a in action.tolist()],
+        trace.address[start:stop].tolist(),
+        trace.size[start:stop].tolist(),
+        trace.stream[start:stop].tolist(),
+        [b"%d" % t for t in trace.time_us[start:stop].tolist()] if trace.has_time else nulls,
+        trace.allocated[start:stop].tolist(),
+        trace.reserved[start:stop].tolist(),
+        device_free,
+        steps,
+        categories,
+        _per_row(stack_ids, cells.optional_id),
+        _per_row(stack_ids, cells.frames),
+        _per_row(trace.context_id[start:stop], lambda i: cells.text(trace.compile_context, i))
+        if len(trace.context_id) else nulls,
+        _per_row(trace.metadata_id[start:stop], lambda i: cells.text(trace.user_metadata, i))
+        if len(trace.metadata_id) else nulls,
+        strict=True,
+    ))
 
 
 def event_row_chunks(snapshot: Snapshot, cells: _Cells, labels: dict[int, EventLabels] | None = None,
