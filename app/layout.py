@@ -11,12 +11,17 @@ from dash import dcc, html
 
 from memlens.units import format_bytes
 from memlens_app.library import Library, Source
+from memlens_app.panels.live import DASHBOARD_GROUP_BYS, DEFAULT_GROUP_BY
+from memlens_app.panels.ranks import default_rank_sources
 
 KIND_LABELS = {"cli": "command line", "sample": "sample", "upload": "uploaded"}
 
 PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafactor", "muon")
 CHECKPOINTING = ("none", "selective", "full")
+GROUP_BY_LABELS = {"category": "category (and stack)", "annotation": "annotation (record_function)",
+                   "compile_context": "compile context", "module": "module", "file": "file:line",
+                   "frame": "innermost frame", "stack": "whole stack"}
 
 
 def source_options(library: Library) -> list[dict[str, str]]:
@@ -31,6 +36,11 @@ def default_source(library: Library) -> Source | None:
             if source.kind == kind:
                 return source
     return None
+
+
+def data_attributes(values: dict[str, str]) -> dict[str, Any]:
+    """``data-*`` attributes for a component (Dash passes them through; its stubs do not list them)."""
+    return {f"data-{name}": value for name, value in values.items()}
 
 
 def _card(label: str, value_id: str) -> html.Div:
@@ -90,7 +100,6 @@ def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
     return html.Div(className="page", children=[
         dcc.Store(id="upload-event"),
         dcc.Store(id="view", data={}),
-        dcc.Store(id="moment"),  # the clicked trace row the "At the peak" tab shows; None = the peak
         html.Header(className="header", children=[
             html.Div(className="brand", children=[
                 html.Span("memlens", className="logo"),
@@ -98,7 +107,7 @@ def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
             ]),
         ]),
         html.Div(className="toolbar", children=[
-            html.Div(id="dropzone", className="dropzone", **{"data-max-upload": str(max_upload_bytes)},
+            html.Div(id="dropzone", className="dropzone", **data_attributes({"max-upload": str(max_upload_bytes)}),
                      children=[
                          html.Span("⇪", className="dropzone-icon"),
                          html.Div([html.B("Drop snapshot pickles here"), html.Br(),
@@ -119,6 +128,8 @@ def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
         ]),
         html.Div(id="upload-progress", className="upload-progress"),
         html.Div(id="message", className="message-area"),
+        # The zoomed range of the timeline, when there is one: every panel follows it.
+        html.Div(id="window-label", className="window-label"),
         html.Div(className="cards", children=[
             _card("peak allocated", "card-peak"),
             _card("peak reserved", "card-reserved"),
@@ -133,9 +144,10 @@ def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
                         dcc.Loading(dcc.Graph(id="timeline", config={"displaylogo": False,
                                                                      "scrollZoom": False}),
                                     type="dot", delay_show=300),
-                        html.Div("Drag to zoom: the zoomed range is redrawn with every event. "
-                                 "Double-click to zoom out. Click a finding to jump to it. Click the "
-                                 "curve to see what was live at that moment (next tab).",
+                        html.Div("Drag to zoom: the zoomed range is redrawn with every event and becomes the "
+                                 "window every panel follows (the live breakdown shows its peak, the findings "
+                                 "inside it are marked). Double-click to zoom out. Click a finding to jump to "
+                                 "it. Click the curve to see what was live at that moment (next tab).",
                                  className="hint"),
                     ]),
                     html.Div(className="panel findings-panel", children=[
@@ -145,6 +157,9 @@ def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
             dcc.Tab(id="tab-peak", label="At the peak", value="peak", children=[
                 html.Div(className="live-bar", children=[
                     html.Div(id="live-label", className="live-label"),
+                    _field("group by", dcc.Dropdown(
+                        id="group-by", value=DEFAULT_GROUP_BY, clearable=False, searchable=False,
+                        options=[{"label": GROUP_BY_LABELS.get(g, g), "value": g} for g in DASHBOARD_GROUP_BYS])),
                     html.Button("Back to the peak", id="live-reset", n_clicks=0, className="button",
                                 disabled=True),
                 ]),
@@ -180,6 +195,17 @@ def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
                     ]),
                     dcc.Loading(dcc.Graph(id="compare-graph"), type="dot"),
                     html.Div(id="compare-table"),
+                ]),
+            ]),
+            dcc.Tab(label="Ranks", value="ranks", children=[
+                html.Div(className="panel", children=[
+                    _field("ranks of one job", dcc.Dropdown(
+                        id="ranks-picker", options=source_options(library), multi=True,
+                        value=default_rank_sources([(s.id, s.name) for s in library.sources()]),
+                        placeholder="pick the snapshots of each rank…")),
+                    html.Div(id="ranks-verdicts", className="ranks-verdicts-area"),
+                    dcc.Loading(dcc.Graph(id="ranks-graph"), type="dot"),
+                    html.Div(id="ranks-table"),
                 ]),
             ]),
         ]),

@@ -48,7 +48,7 @@ def create_app(
         title="memlens",
         assets_folder=str(ASSETS_DIR),
         suppress_callback_exceptions=True,
-        update_title=None,
+        update_title=None,  # type: ignore[arg-type]  # None (no "Updating..." title) is what Dash documents
     )
     app.layout = lambda: build_layout(library, max_upload_bytes)
     register_callbacks(app, library)

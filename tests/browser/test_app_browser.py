@@ -99,8 +99,14 @@ def test_upload_real_snapshot_then_explore(page: DashPage, real_snapshot: RealSn
     assert zoomed[1] - zoomed[0] < full_range[1] - full_range[0]
     page.driver.save_screenshot(str(artifacts_dir / "app-finding-zoom.png"))
 
-    # At the peak: categories treemap and segment map.
-    open_tab(page, "At the peak")
+    # The zoomed range is the window: the finding is marked inside it, the live tab follows it.
+    page.wait_for_contains_text("#window-label", "Window: events", timeout=TIMEOUT)
+    wait_until(lambda: page.driver.find_elements(By.CSS_SELECTOR, ".finding.in-window"),
+               what="the finding marked inside the window")
+
+    # At the window's peak: categories treemap and segment map.
+    wait_until(lambda: "At the window's peak" in tab_labels(page), what="the live tab to follow the window")
+    open_tab(page, "At the window's peak")
     page.driver.execute_script("document.querySelector('.tabs').scrollIntoView()")
     wait_until(lambda: graph_data(page, "categories"), what="the categories treemap")
     wait_until(lambda: graph_data(page, "segments"), what="the segment map")

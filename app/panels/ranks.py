@@ -1,0 +1,122 @@
+"""The ranks of one job side by side: per-rank peaks and categories, the outlier named and why.
+
+A rank's row is ``memlens.fleet.row_from_result`` of what ``memlens.fleet.analyse_file`` would
+return for it, built from the report the dashboard already has (so no file is analysed twice and
+every analysis still runs in the library's limited worker). The outliers and their verdicts are
+``memlens.fleet.find_outliers``; the chart is ``memlens.figures.ranks.ranks_figure`` of
+``memlens.fleet.side_by_side``. The dashboard shows them; it decides nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import plotly.graph_objects as go
+from dash import html
+
+from memlens.analysis.report import Report
+from memlens.figures.ranks import ranks_figure
+from memlens.fleet import FleetReport, RankRow, find_outliers, rank_from_name, row_from_result, side_by_side
+from memlens.units import format_bytes
+
+MIN_RANKS = 2  # one snapshot has nothing to stand beside
+# The dashboard analysed the files itself (one at a time per request, in its worker processes).
+DASHBOARD_EXECUTOR = "sequential"
+
+
+def _count(value: Any) -> int | None:
+    """A non-negative int from a sidecar, else None (a broken sidecar only loses the rank)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def rank_row(path: str, report: Report, device: int | None = None) -> RankRow:
+    """The fleet table's row for one analysed snapshot (``device``: None for the report's main one)."""
+    sidecar = report.sidecar or {}
+    result = {"path": path, "report": report.to_json(), "device": report.device(device).device,
+              "rank": _count(sidecar.get("rank")), "world_size": _count(sidecar.get("world_size")),
+              "error": None, "seconds": 0.0}
+    return row_from_result(result)
+
+
+def failed_row(path: str, error: str) -> RankRow:
+    """The row of a snapshot the dashboard could not analyse (shown with its error, not dropped)."""
+    return row_from_result({"path": path, "report": None, "error": error, "seconds": 0.0})
+
+
+def fleet_of(rows: Sequence[RankRow]) -> FleetReport:
+    """The fleet report of ``rows``: the outliers and the medians, as ``memlens triage`` finds them."""
+    outliers, medians = find_outliers(rows)
+    return FleetReport(list(rows), outliers, medians, DASHBOARD_EXECUTOR, None, 0.0)
+
+
+def default_rank_sources(sources: Sequence[tuple[str, str]]) -> list[str]:
+    """Of ``(id, name)`` pairs, the ids whose file name carries a rank (``rank3.pickle``), when
+    there are at least two of them: what the ranks tab starts with."""
+    ranked = [source_id for source_id, name in sources if rank_from_name(name) is not None]
+    return ranked if len(ranked) >= MIN_RANKS else []
+
+
+@dataclass(frozen=True)
+class RanksPanel:
+    figure: go.Figure
+    table: Any
+    verdicts: Any
+
+    def outputs(self) -> tuple[Any, ...]:
+        return self.figure, self.table, self.verdicts
+
+
+def ranks_table(fleet: FleetReport) -> html.Table:
+    """One line per rank: peaks, steps, findings; outliers marked, failed files with their error."""
+    outlying = {o.index for o in fleet.outliers}
+    head = html.Thead(html.Tr([html.Th(h) for h in ("rank", "peak allocated", "peak reserved", "steps",
+                                                   "median step", "findings", "")]))
+    body = []
+    for index, row in enumerate(fleet.rows):
+        if not row.ok:
+            body.append(html.Tr(className="rank-failed", children=[
+                html.Td(row.label), html.Td(f"could not be analysed: {row.error}", colSpan=6)]))
+            continue
+        step_ms = f"{row.step_time_ms:,.1f} ms" if row.step_time_ms is not None else "–"
+        flagged = index in outlying
+        body.append(html.Tr(className="rank-outlier" if flagged else "rank-row", title=row.path, children=[
+            html.Td(row.label), html.Td(format_bytes(row.peak_allocated_bytes)),
+            html.Td(format_bytes(row.peak_reserved_bytes)), html.Td(f"{row.steps:,}"), html.Td(step_ms),
+            html.Td(", ".join(sorted({f.kind.replace("_", " ") for f in row.findings})) or "none"),
+            html.Td(html.Span("outlier", className="badge badge-high") if flagged else ""),
+        ]))
+    return html.Table(className="table ranks-table", children=[head, html.Tbody(body)])
+
+
+def verdicts_of(fleet: FleetReport) -> Any:
+    """The outliers, each named with why it differs (the fleet's verdict line), or why none is."""
+    good = [row for row in fleet.rows if row.ok]
+    if len(good) < MIN_RANKS:
+        return html.P("Fewer than two ranks could be analysed: nothing to compare.", className="muted")
+    if not fleet.outliers:
+        median = fleet.medians.get("peak_allocated")
+        return html.P(f"No outlier: the {len(good)} ranks agree (median peak allocated "
+                      f"{format_bytes(int(median or 0))}).", className="ranks-agree")
+    return html.Ul(className="ranks-verdicts", children=[
+        html.Li(className="ranks-verdict", children=[html.B("Outlier: "), o.verdict]) for o in fleet.outliers])
+
+
+def distinct_labels(labels: Sequence[str], paths: Sequence[str]) -> list[str]:
+    """``labels`` with the file's name added where two rows share one (two runs' rank 0): the
+    chart's columns are keyed by label, and two ranks must never stack into one bar."""
+    seen: dict[str, int] = {}
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+    return [f"{label} · {os.path.basename(path)}" if seen[label] > 1 else label
+            for label, path in zip(labels, paths, strict=True)]
+
+
+def ranks_panel(rows: Sequence[RankRow]) -> RanksPanel:
+    """The ranks view of ``rows`` (in the order picked): chart, table and verdicts."""
+    fleet = fleet_of(rows)
+    side = side_by_side(fleet)
+    side["labels"] = distinct_labels(side["labels"], side["paths"])
+    return RanksPanel(ranks_figure(side), ranks_table(fleet), verdicts_of(fleet))
