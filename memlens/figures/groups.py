@@ -26,7 +26,7 @@ def elide_middle(text: str, width: int = LABEL_WIDTH) -> str:
     return text[: width - 1 - keep_end] + "…" + text[-keep_end:]
 
 
-def _plotly_text(text: str) -> str:
+def plotly_text(text: str) -> str:
     """Plotly reads a subset of HTML in labels: frames such as ``<module>`` must stay text."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -40,10 +40,10 @@ def groups_figure(breakdown: GroupBreakdown, title: str | None = None, top: int 
     if not groups:
         return message_figure(heading, "Nothing was live at this moment.")
     shown, rest = groups[:top], groups[top:]
-    names = [_plotly_text(elide_middle(g.name)) for g in shown]
+    names = [plotly_text(elide_middle(g.name)) for g in shown]
     values = [g.bytes for g in shown]
-    hovers = [f"{_plotly_text(g.name)}<br>{format_bytes(g.bytes)} ({g.bytes / total:.1%} of live)"
-              f" in {g.blocks:,} block(s)" if total else _plotly_text(g.name) for g in shown]
+    hovers = [f"{plotly_text(g.name)}<br>{format_bytes(g.bytes)} ({g.bytes / total:.1%} of live)"
+              f" in {g.blocks:,} block(s)" if total else plotly_text(g.name) for g in shown]
     if rest:
         rest_bytes = sum(g.bytes for g in rest)
         names.append(f"{len(rest):,} more groups")
