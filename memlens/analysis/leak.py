@@ -34,6 +34,7 @@ of ``last_step``; also the finding's ``bytes``), ``level_rise_per_step_bytes``, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -169,7 +170,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
     else:
         headroom, basis = ctx.peak_allocated, "peak"
     steps_left = headroom // bytes_per_step
-    severity = "low"
+    severity: Literal["high", "medium", "low"] = "low"
     if steps_left < LEAK_HIGH_SEVERITY_STEPS_LEFT:
         severity = "high"
     elif steps_left < LEAK_MEDIUM_SEVERITY_STEPS_LEFT:
@@ -206,6 +207,22 @@ def find(ctx: DeviceContext) -> list[Finding]:
         else f"; it adds another peak's worth in about {steps_left:,} steps"
     )
     kept_steps = int(evidence["kept_steps"])
+    summary = (
+        f"Allocations from {leaking.size} stack(s) outlive their step and pile up: "
+        f"{format_bytes(bytes_per_step)} per step, kept from {kept_steps} steps at once "
+        f"({format_bytes(held_bytes)} held at the end of step {last_step.index}){fills}."
+    )
+    recommendation = (
+        "Find what keeps tensors from each step alive (the stacks below): store loss.item() or "
+        "tensor.detach() instead of tensors with grad_fn, and clear caches and lists of outputs."
+    )
+    # Survivors still alive when the snapshot was written: what the recorder's holders can name.
+    at_dump = rows[lt.free_event[rows] >= ctx.events]
+    holding = match_holders(read_holders(ctx.snapshot.sidecar), lt.address[at_dump], block_bytes(lt.size[at_dump]))
+    if holding:
+        evidence.update(holder_evidence(holding, int(at_dump.size), int(block_bytes(lt.size[at_dump]).sum())))
+        summary += " " + holder_sentence(holding, int(at_dump.size))
+        recommendation = holder_recommendation(holding[0]) + " " + recommendation
     return [
         Finding(
             kind="leak",
@@ -219,15 +236,109 @@ def find(ctx: DeviceContext) -> list[Finding]:
             step=first_step.index,
             top_stacks=ctx.top_stacks(leak_mask),
             evidence=evidence,
-            summary=(
-                f"Allocations from {leaking.size} stack(s) outlive their step and pile up: "
-                f"{format_bytes(bytes_per_step)} per step, kept from {kept_steps} steps at once "
-                f"({format_bytes(held_bytes)} held at the end of step {last_step.index}){fills}."
-            ),
-            recommendation=(
-                "Find what keeps tensors from each step alive (the stacks below): store loss.item() or "
-                "tensor.detach() instead of tensors with grad_fn, and clear caches and lists of outputs."
-            ),
+            summary=summary,
+            recommendation=recommendation,
             estimated_saving_bytes=held_bytes,
         )
     ]
+
+
+# ----------------------------------------------------------------------------- who holds it
+@dataclass
+class Holder:
+    """One entry of the recorder's ``leak_holders`` (see ``memlens.recorder.holders``), with the
+    leak's blocks it holds once matched."""
+
+    text: str  # "list `kept` (global in train.py)"
+    line: str | None  # "train.py:40"
+    how: str  # "append", "item assignment", "assignment", ...
+    code: str  # the source of that line
+    addresses: frozenset[int]
+    matched_blocks: int = 0
+    matched_bytes: int = 0
+
+
+def read_holders(sidecar: dict[str, Any]) -> list[Holder]:
+    """The holders the recorder found at the dump; the sidecar is untrusted: entries of the wrong
+    shape are skipped."""
+    section = sidecar.get("leak_holders")
+    entries = section.get("holders") if isinstance(section, dict) else None
+    holders: list[Holder] = []
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("holder"), str):
+            continue
+        blocks = entry.get("blocks")
+        addresses = frozenset(
+            block[0] for block in (blocks if isinstance(blocks, list) else [])
+            if isinstance(block, list) and block and isinstance(block[0], int) and not isinstance(block[0], bool)
+        )
+        lines = entry.get("lines")
+        first = lines[0] if isinstance(lines, list) and lines and isinstance(lines[0], dict) else {}
+        line = entry.get("line") if isinstance(entry.get("line"), str) else None
+        how, code = first.get("how"), first.get("code")
+        holders.append(Holder(entry["holder"], line, how if isinstance(how, str) else "",
+                              code if isinstance(code, str) else "", addresses))
+    return holders
+
+
+def match_holders(holders: list[Holder], addresses: I64, blocks: I64) -> list[Holder]:
+    """The holders that hold some of the leak's blocks alive at the dump, most bytes first.
+
+    A block two holders share counts for both (it stays alive until both let go)."""
+    matched = []
+    for holder in holders:
+        if not holder.addresses:
+            continue
+        mask = np.isin(addresses, np.fromiter(holder.addresses, dtype=np.int64, count=len(holder.addresses)))
+        if mask.any():
+            holder.matched_blocks = int(mask.sum())
+            holder.matched_bytes = int(blocks[mask].sum())
+            matched.append(holder)
+    matched.sort(key=lambda h: (-h.matched_bytes, h.text))
+    return matched
+
+
+def _placed(holder: Holder) -> str:
+    """", appended at train.py:40 (`kept.append(logits)`)" or "" without a line."""
+    if holder.line is None:
+        return ""
+    verb = {"append": "appended", "appendleft": "appended", "extend": "appended", "extendleft": "appended",
+            "insert": "inserted", "assignment": "assigned"}.get(holder.how, "stored")
+    code = f" (`{holder.code}`)" if holder.code else ""
+    return f", {verb} at {holder.line}{code}"
+
+
+def holder_evidence(holding: list[Holder], blocks_at_dump: int, bytes_at_dump: int) -> dict[str, int | float | str]:
+    top = holding[0]
+    evidence: dict[str, int | float | str] = {
+        "held_by": top.text,
+        "held_by_blocks": top.matched_blocks,
+        "held_by_bytes": top.matched_bytes,
+        "leak_blocks_at_dump": blocks_at_dump,
+        "leak_bytes_at_dump": bytes_at_dump,
+        "holders_matched": len(holding),
+    }
+    if top.line is not None:
+        evidence["held_by_line"] = top.line
+    if top.code:
+        evidence["held_by_code"] = top.code
+    if len(holding) > 1:
+        evidence["also_held_by"] = "; ".join(h.text for h in holding[1:4])
+    return evidence
+
+
+def holder_sentence(holding: list[Holder], blocks_at_dump: int) -> str:
+    top = holding[0]
+    others = "; ".join(
+        f"{h.text}: {h.matched_blocks} block{'s' if h.matched_blocks != 1 else ''}" for h in holding[1:3])
+    others = f" Also held by {others}." if others else ""
+    return (f"Held by {top.text}{_placed(top)}: {top.matched_blocks} of the {blocks_at_dump} leaked blocks "
+            f"alive at the dump ({format_bytes(top.matched_bytes)}).{others}")
+
+
+def holder_recommendation(top: Holder) -> str:
+    if top.line is None:
+        return f"Stop {top.text} from keeping each step's tensors (no line could be named)."
+    code = f" (`{top.code}`)" if top.code else ""
+    return (f"Edit {top.line}{code}: it keeps each step's tensors alive through {top.text}; keep "
+            "loss.item() or tensor.detach() there, or clear it every step.")

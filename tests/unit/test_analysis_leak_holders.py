@@ -1,0 +1,80 @@
+"""The leak finding names what holds it: the recorder's ``leak_holders`` sidecar entries matched
+to the leak's surviving blocks by address (memlens.recorder.holders writes them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memlens.analysis import Finding, analyze
+from tests.unit.tracebuilder import LEAKY, MiB, TraceBuilder, training_run
+
+
+def _leak(builder: TraceBuilder, sidecar: dict[str, Any]) -> Finding:
+    (leak,) = [f for f in analyze(builder.snapshot(sidecar)).findings if f.kind == "leak"]
+    return leak
+
+
+def _leaked_addresses(builder: TraceBuilder) -> list[int]:
+    """Addresses of the blocks the LEAKY stack left alive at the end, oldest first."""
+    return sorted(address for address, (_, frames) in builder.live.items() if frames is LEAKY)
+
+
+def _holder(text: str, addresses: list[int], line: str | None = "train.py:40",
+            code: str = "kept.append(logits)", how: str = "append") -> dict[str, Any]:
+    lines = [] if line is None else [{"file": line.split(":")[0], "line": int(line.split(":")[1]),
+                                      "how": how, "code": code}]
+    return {"holder": text, "kind": "global", "line": line, "lines": lines,
+            "blocks": [[address, 8 * MiB] for address in addresses], "bytes": 8 * MiB * len(addresses)}
+
+
+def test_the_leak_says_which_list_holds_it_and_the_line_that_appends() -> None:
+    builder = training_run(6, leak=8 * MiB)
+    leaked = _leaked_addresses(builder)
+    assert len(leaked) == 6
+    sidecar = {"leak_holders": {"holders": [_holder("list `kept` (global in train.py)", leaked)]}}
+    leak = _leak(builder, sidecar)
+    assert "Held by list `kept` (global in train.py), appended at train.py:40 (`kept.append(logits)`)" in leak.summary
+    # steps 2-6 are the comparable ones: their five survivors are what the finding counts
+    assert "5 of the 5 leaked blocks alive at the dump (40.00 MiB)" in leak.summary
+    assert leak.recommendation.startswith("Edit train.py:40 (`kept.append(logits)`)")
+    assert leak.evidence["held_by"] == "list `kept` (global in train.py)"
+    assert leak.evidence["held_by_line"] == "train.py:40"
+    assert leak.evidence["held_by_blocks"] == 5 and leak.evidence["held_by_bytes"] == 40 * MiB
+    assert leak.evidence["leak_blocks_at_dump"] == 5
+
+
+def test_a_holder_of_other_blocks_is_not_named() -> None:
+    builder = training_run(6, leak=8 * MiB)
+    unrelated = {"leak_holders": {"holders": [_holder("dict `state` (global in train.py)", [0x1234_5000])]}}
+    leak = _leak(builder, unrelated)
+    assert "Held by" not in leak.summary and "held_by" not in leak.evidence
+    assert leak.recommendation.startswith("Find what keeps tensors")
+
+
+def test_several_holders_are_ranked_by_the_leak_bytes_they_hold() -> None:
+    builder = training_run(6, leak=8 * MiB)
+    leaked = _leaked_addresses(builder)
+    sidecar = {"leak_holders": {"holders": [
+        _holder("tensor `logits` (global in train.py)", leaked[-1:], "train.py:31", "logits = model(x)", "assignment"),
+        _holder("list `kept` (global in train.py)", leaked),
+    ]}}
+    leak = _leak(builder, sidecar)
+    assert leak.evidence["held_by"] == "list `kept` (global in train.py)"
+    assert leak.evidence["holders_matched"] == 2
+    assert "Also held by tensor `logits` (global in train.py): 1 block." in leak.summary
+
+
+def test_a_holder_without_a_line_is_named_without_one() -> None:
+    builder = training_run(6, leak=8 * MiB)
+    sidecar = {"leak_holders": {"holders": [_holder("list (no name)", _leaked_addresses(builder), None)]}}
+    leak = _leak(builder, sidecar)
+    assert "Held by list (no name): 5 of the 5" in leak.summary
+    assert "held_by_line" not in leak.evidence
+
+
+def test_a_malformed_leak_holders_section_is_ignored() -> None:
+    builder = training_run(6, leak=8 * MiB)
+    for broken in ({"holders": "x"}, [1, 2], {"holders": [{"holder": 3}, {"holder": "x", "blocks": "y"},
+                                                          {"holder": "y", "blocks": [["a", 1], [True, 2]]}]}):
+        leak = _leak(builder, {"leak_holders": broken})
+        assert "held_by" not in leak.evidence

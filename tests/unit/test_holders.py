@@ -1,0 +1,244 @@
+"""memlens.recorder.holders: from tensors a loop left alive to the name that holds them and the
+line that stored them. Blocks are keyed by the storage's data pointer here (the recorder uses its
+own storage table on the CPU and the same pointer on CUDA)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from memlens.recorder.holders import HolderLimits, find_holders, gc_tensors, old_live_blocks
+
+
+class Blocks:
+    """A fake block table: tensors registered as "allocated in an earlier step"."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[int, int] = {}
+
+    def add(self, *tensors: torch.Tensor) -> None:
+        for tensor in tensors:
+            storage = tensor.untyped_storage()
+            self.sizes[storage.data_ptr()] = storage.nbytes()
+
+    def address_of(self, tensor: Any) -> int | None:
+        pointer = tensor.untyped_storage().data_ptr()
+        return pointer if pointer in self.sizes else None
+
+    def search(self, **limits: Any) -> dict[str, Any]:
+        return find_holders(gc_tensors(), self.address_of, dict(self.sizes), limits=HolderLimits(**limits))
+
+
+def load_module(tmp_path: Path, name: str, source: str) -> types.ModuleType:
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(source))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def holder(result: dict[str, Any], text: str) -> dict[str, Any]:
+    matches = [h for h in result["holders"] if h["holder"] == text]
+    assert matches, [h["holder"] for h in result["holders"]]
+    return matches[0]
+
+
+@pytest.fixture
+def module_cleanup() -> Any:
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+@pytest.mark.usefixtures("module_cleanup")
+def test_a_global_list_is_named_with_the_line_that_appends(tmp_path: Path) -> None:
+    module = load_module(tmp_path, "loop_global", """
+        import torch
+
+        kept = []
+
+
+        def step(i):
+            out = torch.full((4, 8), float(i))
+            kept.append(out)  # line 9
+            return out.sum().item()
+    """)
+    for i in range(3):
+        module.step(i)
+    blocks = Blocks()
+    blocks.add(*module.kept)
+    result = blocks.search()
+    found = holder(result, "list `kept` (global in loop_global.py)")
+    assert found["kind"] == "global" and found["container"] == "list"
+    assert found["count"] == 3 and found["bytes"] == 3 * 4 * 8 * 4
+    assert found["line"] == "loop_global.py:9"
+    assert found["lines"][0]["code"] == "kept.append(out)" and found["lines"][0]["how"] == "append"
+    assert sorted(address for address, _ in found["blocks"]) == sorted(blocks.sizes)
+    assert found["example"] == "kept[0]"
+    assert result["complete"] is True
+
+
+@pytest.mark.usefixtures("module_cleanup")
+def test_a_module_attribute_names_the_module_class_and_its_append(tmp_path: Path) -> None:
+    module = load_module(tmp_path, "cache_model", """
+        import torch
+
+
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(8, 8)
+                self.cache = []
+
+            def forward(self, x):
+                y = self.linear(x)
+                self.cache.append(y.detach())  # line 13
+                return y
+    """)
+    model = module.Model()
+    for _ in range(3):
+        model(torch.randn(2, 8))
+    blocks = Blocks()
+    blocks.add(*model.cache)
+    found = holder(blocks.search(), "list `self.cache` of module `Model`")
+    assert found["kind"] == "attribute" and found["count"] == 3
+    assert found["line"] == "cache_model.py:13"
+    assert found["lines"][0]["code"] == "self.cache.append(y.detach())"
+
+
+@pytest.mark.usefixtures("module_cleanup")
+def test_a_dict_gives_its_keys_and_the_item_assignment(tmp_path: Path) -> None:
+    module = load_module(tmp_path, "dict_cache", """
+        import torch
+
+        outputs = {}
+
+
+        def step(i):
+            outputs[f"step{i}"] = torch.ones(16) * i  # line 8
+    """)
+    for i in range(2):
+        module.step(i)
+    blocks = Blocks()
+    blocks.add(*module.outputs.values())
+    found = holder(blocks.search(), "dict `outputs` (global in dict_cache.py)")
+    assert found["keys"] == ["['step0']", "['step1']"]
+    assert found["line"] == "dict_cache.py:8" and found["lines"][0]["how"] == "item assignment"
+    assert found["example"] == "outputs['step0']"
+
+
+@pytest.mark.usefixtures("module_cleanup")
+def test_a_cycle_ends_at_the_name_and_an_unnamed_cycle_names_nothing(tmp_path: Path) -> None:
+    module = load_module(tmp_path, "cycles", """
+        import torch
+
+        named = []
+
+
+        def build():
+            inner = [torch.zeros(32)]
+            named.append(inner)
+            inner.append(named)  # named -> inner -> named
+            a, b = [torch.ones(64)], []
+            a.append(b)
+            b.append(a)  # a <-> b, referred to by nothing else
+            return named[0][0], a[0]
+    """)
+    kept_in_named, kept_in_cycle = module.build()
+    blocks = Blocks()
+    blocks.add(kept_in_named, kept_in_cycle)
+    del kept_in_named, kept_in_cycle
+    result = blocks.search()
+    found = holder(result, "list `named` (global in cycles.py)")
+    assert found["example"] == "named[0][0]" and found["bytes"] == 32 * 4
+    # the a <-> b cycle holds a tensor but nothing names it: no holder is invented for it
+    assert all(h["bytes"] != 64 * 4 for h in result["holders"])
+    assert result["complete"] is True
+
+
+def test_a_tensor_only_a_frame_local_holds_is_that_local() -> None:
+    def leaky_function() -> dict[str, Any]:
+        only_here = torch.arange(100, dtype=torch.float32)
+        blocks = Blocks()
+        blocks.add(only_here)
+        return blocks.search()
+
+    result = leaky_function()
+    found = holder(result, f"tensor `only_here` (local in leaky_function(), {Path(__file__).name})")
+    assert found["kind"] == "local" and found["bytes"] == 400
+    assert found["lines"][0]["code"] == "only_here = torch.arange(100, dtype=torch.float32)"
+    assert found["lines"][0]["how"] == "assignment"
+
+
+@pytest.mark.usefixtures("module_cleanup")
+def test_a_kept_loss_holds_its_graph_through_autograd(tmp_path: Path) -> None:
+    module = load_module(tmp_path, "kept_loss", """
+        import torch
+
+        losses = []
+        weight = torch.nn.Parameter(torch.randn(16, 16))
+
+
+        def step():
+            hidden = torch.tanh(torch.randn(8, 16) @ weight)
+            loss = (hidden @ weight).square().mean()
+            losses.append(loss)
+            return hidden
+    """)
+    hidden = module.step()
+    blocks = Blocks()
+    blocks.add(module.losses[0], hidden)  # tanh's output is saved for backward
+    del hidden
+    found = holder(blocks.search(), "list `losses` (global in kept_loss.py)")
+    assert found["blocks_direct"] == 1 and found["blocks_through_graph"] == 1
+    assert found["bytes"] == 4 + 8 * 16 * 4
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("module_cleanup")
+def test_the_search_is_bounded_on_a_heap_of_100k_objects(tmp_path: Path) -> None:
+    module = load_module(tmp_path, "big_heap", """
+        import torch
+
+        kept = []
+        # 100k unrelated objects the walk has to look through
+        clutter = [{"index": i, "values": [i, i + 1]} for i in range(50_000)]
+        more = [[i] for i in range(50_000)]
+
+
+        def step():
+            kept.append(torch.zeros(8))
+    """)
+    module.step()
+    blocks = Blocks()
+    blocks.add(*module.kept)
+    found = holder(blocks.search(), "list `kept` (global in big_heap.py)")
+    assert found["line"] == "big_heap.py:11"
+    # With no time at all, the search stops and says so instead of running on.
+    stopped = blocks.search(max_seconds=0.0)
+    assert stopped["complete"] is False and stopped["stopped_by"] == "time"
+    # A depth of one level cannot reach a name two levels up (list -> module globals).
+    shallow = blocks.search(max_depth=1)
+    assert "list `kept` (global in big_heap.py)" not in [h["holder"] for h in shallow["holders"]]
+
+
+def test_old_live_blocks_are_the_ones_allocated_in_finished_steps_and_not_freed() -> None:
+    snapshot = {"device_traces": [[
+        {"action": "alloc", "addr": 0x1000, "size": 512, "time_us": 5},  # before the steps
+        {"action": "alloc", "addr": 0x2000, "size": 1024, "time_us": 15},
+        {"action": "alloc", "addr": 0x3000, "size": 2048, "time_us": 16},
+        {"action": "free_completed", "addr": 0x3000, "size": 2048, "time_us": 17},
+        {"action": "alloc", "addr": 0x4000, "size": 4096, "time_us": 35},  # after the last step ended
+    ]]}
+    assert old_live_blocks(snapshot, (10, 30)) == {0x2000: 1024}
