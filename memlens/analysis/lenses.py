@@ -705,11 +705,23 @@ def annotation_stages(inputs: LensInputs) -> list[Stage]:
     return stages
 
 
+# Step markers carry the step's number (``memlens.step#3``, ``ProfilerStep#3``): one stage name for
+# all steps. Only these: a module scope's number is part of its name (``memlens.forward#0``).
+_NUMBERED_STEP = re.compile(r"^(memlens\.step|ProfilerStep)#\d+$")
+
+
+def stage_name(name: str) -> str:
+    """The name a stage is summarised under: step markers lose their number (``memlens.step#N``)."""
+    match = _NUMBERED_STEP.match(name)
+    return f"{match.group(1)}#N" if match else name
+
+
 def summarize_stages(stages: Sequence[Stage]) -> list[StageSummary]:
-    """Per scope name: runs, bytes added in all and at most, and the highest peak; most added first."""
+    """Per scope name (steps together: ``stage_name``): runs, bytes added in all and at most, and
+    the highest peak; most added first."""
     by_name: dict[str, list[Stage]] = {}
     for stage in stages:
-        by_name.setdefault(stage.name, []).append(stage)
+        by_name.setdefault(stage_name(stage.name), []).append(stage)
     out = [StageSummary(name, len(runs), sum(s.added_bytes for s in runs), max(s.added_bytes for s in runs),
                         max(s.peak_bytes for s in runs)) for name, runs in by_name.items()]
     out.sort(key=lambda s: (-s.added_bytes, -s.peak_bytes, s.name))

@@ -149,6 +149,12 @@ def _dim(text: str) -> Any:
     return Text(text, style="dim")
 
 
+def _plain(text: str) -> Any:
+    from rich.text import Text
+
+    return Text(text)
+
+
 def _bold(text: str) -> Any:
     from rich.text import Text
 
@@ -190,10 +196,7 @@ def _label(name: str, group_by: str, width: int) -> str:
 
 
 def render_lenses(console: Console, payload: LensPayload) -> None:
-    from rich.text import Text
-
-    console.print(_bold("memlens triage") + Text(f"  {printable(payload.source)} · device "
-                                                              f"{payload.device}"))
+    console.print(_bold("memlens triage") + _plain(f"  {printable(payload.source)}"))
     if payload.groups is not None:
         render_groups(console, payload, payload.groups)
     if payload.file is not None:
@@ -204,8 +207,8 @@ def render_lenses(console: Console, payload: LensPayload) -> None:
 
 def render_groups(console: Console, payload: LensPayload, result: GroupBreakdown) -> None:
     total = result.allocated_bytes
-    console.print(_bold(f"\nLive by {result.group_by} at {_when(payload, result.time_us)}, "
-                       f"{format_bytes(total)} in all"))
+    console.print(_bold(f"\nLive by {result.group_by} on device {payload.device} at "
+                        f"{_when(payload, result.time_us)}, {format_bytes(total)} in all"))
     label_width = max(console.width - 34, 20)
     table = _table()
     table.add_column(result.group_by, no_wrap=True, overflow="ellipsis", max_width=label_width)

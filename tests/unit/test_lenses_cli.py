@@ -51,7 +51,7 @@ def test_group_by_json_is_the_engines_result(scoped: Path) -> None:
 def test_every_group_by_prints_a_table_that_adds_up(scoped: Path, group_by: str) -> None:
     result = run("triage", scoped, "--group-by", group_by, "--width", "100")
     assert result.exit_code == 0, result.output
-    assert f"Live by {group_by} at the peak" in result.output
+    assert f"Live by {group_by} on device 0 at the peak" in result.output
     payload = as_json(run("triage", scoped, "--group-by", group_by, "--json"))["groups"]
     for group in payload["groups"][:3]:
         assert format_bytes(group["bytes"]) in result.output
