@@ -171,7 +171,7 @@ class Tools:
     def group_by(self, snapshot: str, group_by: str = "category", device: int | None = None,
                  at: str | None = None, window: str | None = None, step: int | None = None,
                  rules: str | None = None, file: str | None = None) -> dict[str, Any]:
-        from memlens.analysis.lenses import GROUP_BYS, lens_inputs, load_rules
+        from memlens.analysis.lenses import GROUP_BYS, lens_inputs_of, load_rules
         from memlens.cli.lenses import lens_payload
 
         if group_by not in GROUP_BYS:
@@ -180,10 +180,12 @@ class Tools:
         if group_by == "rules" and not loaded_rules:
             raise MemlensUsageError("group_by 'rules' needs rules: the path of a JSON or TOML rules file")
         path = self.paths.check(snapshot)
-        snapshot_loaded = self.analyses.get(path, None).snapshot
+        analysis = self.analyses.get(path, None)
+        # The device ``memlens triage --group-by`` picks by default (``lens_inputs``: the most
+        # events), read from the kept analysis: the same lifetimes, categories and steps.
+        chosen = analysis.snapshot.device(device).device
         lens = {"at": at, "window": window, "step": step, "file_path": file}
-        # lens_inputs, as ``memlens triage --group-by`` builds them (its default device included).
-        return lens_payload(lens_inputs(snapshot_loaded, device), path, group_by, loaded_rules, lens).to_json()
+        return lens_payload(lens_inputs_of(analysis, chosen), path, group_by, loaded_rules, lens).to_json()
 
     def diff(self, before: str, after: str, device: int | None = None, top: int = 10,
              file: str | None = None) -> dict[str, Any]:

@@ -150,6 +150,15 @@ def test_triage_and_findings_match_the_cli_on_real_snapshots(client: StdioClient
     assert findings == {"source": path, "findings": expected["findings"]}
 
 
+@needs_real_snapshots
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("group_by", ["category", "stack", "file"])
+def test_group_by_matches_the_cli_on_a_real_snapshot(client: StdioClient, group_by: str) -> None:
+    path = str(REAL_SNAPSHOTS_DIR / "MAGMA27__assignment2-systems__memory_snapshot.pickle")
+    assert text_of(client.call("group_by", snapshot=path, group_by=group_by)) == cli_json(
+        "triage", path, "--group-by", group_by, "--json")
+
+
 @pytest.mark.timeout(300)
 def test_findings_filter_by_kind(client: StdioClient) -> None:
     leaks = json.loads(text_of(client.call("findings", snapshot=str(LEAK), kinds=["leak"])))
