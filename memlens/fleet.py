@@ -155,7 +155,7 @@ def run_processes(paths: Sequence[str], task: Task, jobs: int,
     every file still in it. Those files are retried one at a time, each in a pool of one, so the
     file that kills its worker is named and the others still get analysed.
     """
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
     results: list[dict[str, Any] | None] = [None] * len(paths)
@@ -163,8 +163,6 @@ def run_processes(paths: Sequence[str], task: Task, jobs: int,
     retry: list[int] = []
     with ProcessPoolExecutor(max_workers=jobs, mp_context=_pool_context()) as pool:
         futures = {pool.submit(task, path): index for index, path in enumerate(paths)}
-        from concurrent.futures import as_completed
-
         for future in as_completed(futures):
             index = futures[future]
             try:
@@ -238,6 +236,7 @@ class FindingSummary:
     bytes: int
     summary: str
     where: str  # the top stack's innermost frame, "" without stacks
+    held_by: str = ""  # a leak's holder, as the recorder named it ("`kept`, appended at train.py:40")
 
 
 @dataclass(frozen=True)
@@ -353,9 +352,9 @@ def row_from_result(result: dict[str, Any]) -> RankRow:
     device = result.get("device")
     dev = report["devices"][str(device)]
     findings = [
-        FindingSummary(kind=f["kind"], severity=f["severity"], bytes=int(f["bytes"]),
-                       summary=f["summary"], where=f["top_stacks"][0]["frames"][0] if f["top_stacks"]
-                       and f["top_stacks"][0]["frames"] else "")
+        FindingSummary(kind=f["kind"], severity=f["severity"], bytes=int(f["bytes"]), summary=f["summary"],
+                       where=f["top_stacks"][0]["frames"][0] if f["top_stacks"] and f["top_stacks"][0]["frames"]
+                       else "", held_by=_holder(f["evidence"]))
         for f in dev["findings"]
     ]
     return RankRow(
@@ -365,6 +364,14 @@ def row_from_result(result: dict[str, Any]) -> RankRow:
         categories_at_peak={name: int(dev["categories_at_peak"].get(name, 0)) for name in CATEGORIES},
         findings=findings, seconds=float(result.get("seconds", 0.0)),
     )
+
+
+def _holder(evidence: dict[str, Any]) -> str:
+    holder = evidence.get("held_by")
+    if not isinstance(holder, str) or not holder:
+        return ""
+    line = evidence.get("held_by_line")
+    return f"{holder}, stored at {line}" if isinstance(line, str) and line else holder
 
 
 def _median_step_ms(steps: list[dict[str, Any]]) -> float | None:
@@ -457,15 +464,11 @@ def explain(row: RankRow, medians: dict[str, float], finding_medians: dict[str, 
         detail = ""
         if mine:
             top = max(mine, key=lambda f: f.bytes)
-            detail = f"{top.severity}: {_first_sentence(top.summary)}" + (f" at {top.where}" if top.where else "")
+            detail = ", ".join(part for part in (top.severity, top.where and f"from {top.where}",
+                                                 top.held_by and f"held by {top.held_by}") if part)
         reasons.append(Difference("finding", kind, value, finding_medians.get(kind, 0.0), delta, detail))
     reasons.sort(key=lambda r: (r.what != "category", -abs(r.delta)))
     return reasons
-
-
-def _first_sentence(text: str) -> str:
-    head = text.split(": ", 1)[0] if len(text.split(": ", 1)[0]) < 120 else text[:120]
-    return head.rstrip(".")
 
 
 def _signed(delta: float) -> str:

@@ -7,7 +7,16 @@ import os
 import pytest
 
 from memlens.analysis.datatypes import CATEGORIES
-from memlens.fleet import FindingSummary, RankRow, find_outliers, rank_from_name, robust_z, run_processes
+from memlens.fleet import (
+    FindingSummary,
+    FleetReport,
+    RankRow,
+    find_outliers,
+    rank_from_name,
+    robust_z,
+    run_processes,
+    side_by_side,
+)
 
 MiB = 1 << 20
 
@@ -17,7 +26,8 @@ def row(rank: int, activations: int = 100 * MiB, unknown: int = 0, reserved: int
     categories = {str(name): 0 for name in CATEGORIES}
     categories.update(parameters=50 * MiB, activations=activations, unknown=unknown)
     peak = sum(categories.values())
-    findings = [FindingSummary("leak", "high", leak, "Allocations pile up: ...", "step (train.py:9)")] if leak else []
+    findings = [FindingSummary("leak", "high", leak, "Allocations pile up: ...", "step (train.py:9)",
+                               held_by="`kept`, stored at train.py:12")] if leak else []
     return RankRow(f"run/rank{rank}.pickle", rank, 8, 0, peak, reserved if reserved is not None else peak + 8 * MiB,
                    3, 10.0, categories, findings, 0.1)
 
@@ -33,7 +43,11 @@ def test_identical_replicas_and_one_leaking_rank_name_it_with_the_bytes() -> Non
     assert [(r.what, r.name, r.delta) for r in outlier.reasons] == [("category", "unknown", 40 * MiB),
                                                                    ("finding", "leak", 40 * MiB)]
     assert "rank 7: peak allocated" in outlier.verdict and "unknown +40.00 MiB" in outlier.verdict
-    assert "only this rank has a leak finding (40.00 MiB" in outlier.verdict and "train.py:9" in outlier.verdict
+    assert ("only this rank has a leak finding (40.00 MiB, high, from step (train.py:9), "
+            "held by `kept`, stored at train.py:12)") in outlier.verdict
+    chart = side_by_side(FleetReport(rows, outliers, medians, "sequential", 1, 0.5))
+    assert chart["labels"] == [f"rank {r}" for r in range(8)] and chart["outlier"] == [False] * 7 + [True]
+    assert chart["categories_at_peak"]["unknown"] == [0] * 7 + [40 * MiB]
 
 
 def test_a_rank_below_the_others_and_a_shift_between_categories_are_outliers_too() -> None:
