@@ -108,6 +108,18 @@ def lens_inputs_of(analysis: AnalysisLike, device: int | None = None) -> LensInp
                       tuple(analysis.device(device).steps))
 
 
+def busiest_device(snapshot: Snapshot) -> int | None:
+    """The device a report details by default (``Report.device(None)``): the highest allocated
+    peak, then reserved peak, then the most events. ``None`` when the snapshot has no device."""
+    def weight(trace: DeviceTrace) -> tuple[int, int, int, int]:
+        allocated = max(trace.baseline_allocated, int(trace.allocated.max()) if len(trace) else 0)
+        reserved = max(trace.baseline_reserved, int(trace.reserved.max()) if len(trace) else 0)
+        return allocated, reserved, len(trace), -trace.device
+
+    traces = list(snapshot.devices.values())
+    return max(traces, key=weight).device if traces else None
+
+
 def lens_inputs(snapshot: Snapshot, device: int | None = None, top_stacks: int | None = None) -> LensInputs:
     """Build the lens inputs for ``device`` (default: the one with the most events) from a loaded
     snapshot, with the same lifetimes, categories and steps ``analyze`` computes (no finders run)."""
@@ -115,7 +127,7 @@ def lens_inputs(snapshot: Snapshot, device: int | None = None, top_stacks: int |
     from memlens.analysis.settings import AnalysisSettings
 
     settings = AnalysisSettings.from_kwargs(device=device, top_stacks=top_stacks)
-    trace = snapshot.device(device)
+    trace = snapshot.device(busiest_device(snapshot) if device is None else device)
     ctx = build_context(snapshot, trace, settings)
     index = LiveIndex.build(ctx.lifetimes, ctx.category, ctx.facts, settings.top_stacks)
     return LensInputs(snapshot, trace, index, tuple(ctx.steps))

@@ -25,6 +25,7 @@ from memlens.analysis.lenses import (
     Rule,
     allocated_at,
     annotation_stages,
+    busiest_device,
     diff_file_lines,
     exact_bincount,
     file_lines,
@@ -35,6 +36,7 @@ from memlens.analysis.lenses import (
     parse_point,
     parse_rules,
     resolve_moment,
+    stage_name,
     summarize_stages,
 )
 from memlens.analysis.live import breakdown
@@ -314,6 +316,28 @@ def test_stages_say_what_each_scope_added_and_its_peak() -> None:
     assert summary["forward"].runs == 2 and summary["forward"].added_bytes == 6 * MiB
     assert summary["forward"].max_added_bytes == 4 * MiB and summary["forward"].peak_bytes == 13 * MiB
     assert summary["backward"].added_bytes == -4 * MiB
+
+
+def test_step_markers_are_one_stage_name_module_numbers_are_not() -> None:
+    assert stage_name("memlens.step#12") == stage_name("memlens.step#3") == "memlens.step#N"
+    assert stage_name("ProfilerStep#7") == "ProfilerStep#N"
+    assert stage_name("memlens.forward#0") == "memlens.forward#0"  # a module named "0"
+
+
+def test_the_default_device_is_the_one_the_report_details() -> None:
+    """Device 0 has more rows, device 1 the higher peak: both choose device 1."""
+    busy = TraceBuilder()
+    for _ in range(10):
+        busy.free(busy.alloc(MiB, MODEL))
+    heavy = TraceBuilder()
+    heavy.alloc(64 * MiB, MODEL)
+    raw = heavy.raw()
+    for segment in raw["segments"]:
+        segment["device"] = 1
+    raw["device_traces"] = [busy.trace, heavy.trace]
+    snapshot = parse(raw)
+    assert busiest_device(snapshot) == analyze(snapshot).device().device == 1
+    assert lens_inputs(snapshot).device == 1 and lens_inputs(snapshot, 0).device == 0
 
 
 # --------------------------------------------------------------------------- per source file
