@@ -1,16 +1,17 @@
 """Export a snapshot: an HTML report to share, or its rows as JSON lines or CSV to query yourself.
 
 HTML (the default) is self-contained: plotly.js is embedded, so the file opens offline. JSON
-lines and CSV hold one table with fixed columns (README: "Export"): `events`, one row per trace
-event of every device with its frames resolved, its step and its category, or `blocks`, the
-allocator's segments and blocks when the snapshot was taken. Rows are streamed: memory stays flat
-however long the trace. `-o -` writes to standard output; a file appears whole or not at all.
-The format follows the output's suffix (.jsonl, .ndjson, .csv) unless --format says otherwise.
+lines and CSV hold one table with fixed columns (README: "Export the snapshot as rows"):
+`events`, one row per trace event of every device with its frames resolved, its step and its
+category, or `blocks`, the allocator's segments and blocks when the snapshot was taken. Rows are
+streamed: memory stays flat however long the trace. `-o -` writes to standard output; a file
+appears whole or not at all. The format follows the output's suffix (.jsonl, .ndjson, .csv)
+unless --format says otherwise.
 
   memlens export snapshot.pickle -o report.html
   memlens export snapshot.pickle -o events.jsonl
   memlens export snapshot.pickle --format csv --table blocks -o blocks.csv
-  memlens export snapshot.pickle --format jsonl -o - | duckdb -c "select ... from read_json('/dev/stdin')"
+  memlens export snapshot.pickle --format jsonl -o - | jq -c 'select(.action == "oom")'
 """
 
 from __future__ import annotations
