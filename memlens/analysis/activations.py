@@ -16,15 +16,33 @@ Evidence keys: ``height_bytes``, ``share_of_peak``, the moment: ``forward_end_ev
 with ``rise_start_event``/``fall_end_event``, ``duration_events``/``duration_us``,
 ``activation_allocations``, the two checkpointing savings with their ``saving_basis``,
 ``steps_with_plateau`` and ``backward_rows_share``.
+
+By module: when the recorder's module scopes (``memlens.forward#<module>`` annotations) cover
+the step, each activation of the plateau belongs to the innermost module whose forward allocated
+it, counted for that module and its parents. The repeated blocks (the numbered children
+``P.0``, ``P.1``, ... of the parent whose numbered children hold the most) are named:
+``blocks``, ``block_parent``, ``block_bytes_mean``/``_min``/``_max``, ``largest_block``,
+``blocks_share_of_plateau``, ``per_block`` (text), ``other_modules`` (the other top-level
+modules, text), ``module_scopes``, ``activation_bytes_in_modules`` and
+``activation_bytes_outside_modules`` (the loss, code outside the model). When the sidecar gives
+the batch, the sequence length and the hidden size (``model``, ``model.config`` or ``inputs``,
+Hugging Face names first), Megatron's per-layer count from ``memlens.budget.formulas`` is set
+beside them: ``theory_per_layer_bytes`` (34*B*T*d, no T x T scores kept, as with SDPA or
+FlashAttention), ``theory_per_layer_with_scores_bytes`` (with the number of heads),
+``theory_basis`` and ``theory_layers``.
 """
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from memlens.analysis.context import DeviceContext
-from memlens.analysis.datatypes import Finding
+from memlens.analysis.datatypes import Finding, Severity
 from memlens.analysis.lifetimes import byte_counts
 from memlens.analysis.settings import (
     ACTIVATION_HIGH_SEVERITY_FRACTION,
@@ -34,6 +52,7 @@ from memlens.analysis.settings import (
     FULL_CHECKPOINT_KEEP_FRACTION,
     SELECTIVE_CHECKPOINT_KEEP_FRACTION,
 )
+from memlens.analysis.steps import _rows_of_scopes, _scopes, _search_times, device_annotations
 from memlens.units import format_bytes
 
 # Rows without Python frames must be this much more common after the peak than before it to
@@ -142,7 +161,15 @@ def find(ctx: DeviceContext) -> list[Finding]:
     })
     if ctx.trace.has_time:
         evidence["duration_us"] = int(ctx.trace.time_us[fall_end] - ctx.trace.time_us[rise_start])
-    severity = "low"
+    summary = (
+        f"Activations reach {format_bytes(height)} ({share:.0%} of the peak) at the end of forward "
+        "and are freed through backward."
+    )
+    by_module = activations_by_module(ctx, live, int(phases.start[k]), peak)
+    if by_module is not None:
+        evidence.update(by_module.evidence(height))
+        summary += " " + by_module.sentence(height)
+    severity: Severity = "low"
     if share >= ACTIVATION_HIGH_SEVERITY_FRACTION:
         severity = "high"
     elif share >= ACTIVATION_MEDIUM_SEVERITY_FRACTION:
@@ -160,10 +187,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
             step=step_index,
             top_stacks=ctx.top_stacks(live),
             evidence=evidence,
-            summary=(
-                f"Activations reach {format_bytes(height)} ({share:.0%} of the peak) at the end of forward "
-                "and are freed through backward."
-            ),
+            summary=summary,
             recommendation=(
                 f"Activation checkpointing: full (per block) would save about {format_bytes(full_saving)}, "
                 f"selective about {format_bytes(selective_saving)} (estimates); or a smaller micro-batch with "
@@ -172,3 +196,215 @@ def find(ctx: DeviceContext) -> list[Finding]:
             estimated_saving_bytes=full_saving,
         )
     ]
+
+
+# ----------------------------------------------------------------------------- by module
+# The recorder's module scopes (memlens.recorder.module_scopes): each module's forward as a
+# START/END pair named after its ``named_modules()`` name; the model itself is ``<root>``.
+FORWARD_SCOPE = re.compile(r"^memlens\.forward#(.+)$")
+ROOT_MODULE = "<root>"
+# Blocks listed by name in the evidence; the rest are counted.
+LISTED_BLOCKS = 8
+# Other modules (not blocks) named in the evidence.
+LISTED_OTHERS = 3
+
+
+@dataclass
+class ModuleActivations:
+    """The plateau's bytes by the module whose forward allocated them (innermost scope), and the
+    repeated blocks (``layers.0``, ``layers.1``, ...) that hold them."""
+
+    inclusive: dict[str, int]  # module -> bytes allocated inside its forward (its children's too)
+    allocations: int  # activation allocations placed in a module
+    outside_bytes: int  # activation bytes allocated outside every module's forward
+    scopes: int  # forward scopes in the step
+    block_parent: str | None  # "layers" when repeated blocks were found
+    blocks: list[tuple[str, int]] = field(default_factory=list)  # (module, bytes), in index order
+    others: list[tuple[str, int]] = field(default_factory=list)  # other top-level modules, largest first
+    theory: dict[str, int | str] | None = None
+
+    def evidence(self, height: int) -> dict[str, int | float | str]:
+        found: dict[str, int | float | str] = {
+            "module_scopes": self.scopes,
+            "activation_bytes_in_modules": height - self.outside_bytes,
+            "activation_bytes_outside_modules": self.outside_bytes,
+        }
+        if self.blocks:
+            sizes = [size for _, size in self.blocks]
+            found.update({
+                "blocks": len(self.blocks),
+                "block_parent": self.block_parent or "",
+                "block_bytes_mean": round(sum(sizes) / len(sizes)),
+                "block_bytes_min": min(sizes),
+                "block_bytes_max": max(sizes),
+                "largest_block": max(self.blocks, key=lambda b: b[1])[0],
+                "blocks_share_of_plateau": round(sum(sizes) / height, 3) if height else 0.0,
+                "per_block": _listing(self.blocks, LISTED_BLOCKS),
+            })
+        if self.others:
+            found["other_modules"] = _listing(self.others, LISTED_OTHERS)
+        if self.theory is not None:
+            found.update(self.theory)
+        return found
+
+    def sentence(self, height: int) -> str:
+        if self.blocks:
+            sizes = [size for _, size in self.blocks]
+            first, last = self.blocks[0][0], self.blocks[-1][0]
+            largest = max(self.blocks, key=lambda b: b[1])
+            text = (
+                f"The {len(self.blocks)} blocks `{first}` ... `{last}` hold {sum(sizes) / height:.0%} of it, "
+                f"{format_bytes(round(sum(sizes) / len(sizes)))} each on average (largest `{largest[0]}`, "
+                f"{format_bytes(largest[1])})"
+            )
+        else:
+            text = "By module: " + _listing(self.others, LISTED_OTHERS)
+        if self.theory is not None:
+            text += (f"; the per-layer theory gives {format_bytes(int(self.theory['theory_per_layer_bytes']))} "
+                     f"({self.theory['theory_basis']})")
+            with_scores = self.theory.get("theory_per_layer_with_scores_bytes")
+            if isinstance(with_scores, int):
+                text += f", {format_bytes(with_scores)} with the attention scores materialised"
+        return text + "."
+
+
+def _listing(modules: list[tuple[str, int]], limit: int) -> str:
+    text = ", ".join(f"{name} {format_bytes(size)}" for name, size in modules[:limit])
+    return text + (f", ... {len(modules) - limit} more" if len(modules) > limit else "")
+
+
+def activations_by_module(ctx: DeviceContext, live: npt.NDArray[np.bool_], step_start: int,
+                          forward_end: int) -> ModuleActivations | None:
+    """Where the plateau's activations (``live``, a lifetimes mask) were allocated, by the
+    innermost module forward scope in rows ``step_start..forward_end``; None without module
+    scopes there."""
+    annotations = device_annotations(ctx.snapshot.annotations, ctx.device)
+    scopes = [scope for scope in _scopes(annotations, FORWARD_SCOPE) if scope[1] is not None]
+    if not scopes or not ctx.trace.has_time:
+        return None
+    starts, ends = _rows_of_scopes(_search_times(ctx.trace), scopes, ctx.events)
+    # Forward scopes of this step's forward (a checkpointed block's recompute runs in backward).
+    keep = (starts >= step_start) & (starts <= forward_end)
+    if not keep.any():
+        return None
+    names = [scope[0].split("#", 1)[1] for scope in scopes]
+    index = np.flatnonzero(keep)
+    # Paint the rows with the innermost scope: outer scopes first (earlier start, later end), so
+    # a child's rows overwrite its parent's.
+    order = index[np.lexsort((-ends[index], starts[index]))]
+    span = forward_end - step_start + 1
+    owner = np.full(span, -1, dtype=np.int64)
+    for scope in order.tolist():
+        lo, hi = max(int(starts[scope]) - step_start, 0), min(int(ends[scope]) - step_start, span)
+        if hi > lo:
+            owner[lo:hi] = scope
+    lt = ctx.lifetimes
+    rows = np.flatnonzero(live)
+    made = lt.alloc_event[rows]
+    inside = (made >= step_start) & (made <= forward_end)
+    scope_of = np.full(rows.size, -1, dtype=np.int64)
+    scope_of[inside] = owner[made[inside] - step_start]
+    sizes = lt.size[rows]
+    placed = scope_of >= 0
+    exclusive: dict[str, int] = {}
+    for scope, size in zip(scope_of[placed].tolist(), sizes[placed].tolist(), strict=True):
+        exclusive[names[scope]] = exclusive.get(names[scope], 0) + int(size)
+    if not exclusive:
+        return None
+    inclusive: dict[str, int] = {}
+    for name, size in exclusive.items():
+        for ancestor in _ancestors(name):
+            inclusive[ancestor] = inclusive.get(ancestor, 0) + size
+    parent, blocks = _repeated_blocks(inclusive)
+    top_level = sorted(((n, b) for n, b in inclusive.items() if n != ROOT_MODULE and "." not in n and n != parent),
+                       key=lambda item: (-item[1], item[0]))
+    result = ModuleActivations(
+        inclusive=inclusive,
+        allocations=int(placed.sum()),
+        outside_bytes=int(sizes[~placed].sum()),
+        scopes=int(keep.sum()),
+        block_parent=parent,
+        blocks=blocks,
+        others=[item for item in top_level if item[1] > 0],
+    )
+    if blocks:
+        result.theory = layer_theory(ctx.snapshot.sidecar, len(blocks))
+    return result
+
+
+def _ancestors(name: str) -> list[str]:
+    """``a.b.c`` -> [``a.b.c``, ``a.b``, ``a``]; the root module counts only for itself."""
+    if name == ROOT_MODULE:
+        return [name]
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+def _repeated_blocks(inclusive: dict[str, int]) -> tuple[str | None, list[tuple[str, int]]]:
+    """The children ``P.0``, ``P.1``, ... of the parent ``P`` whose numbered children hold the
+    most bytes (two at least): a model's stack of layers."""
+    families: dict[str, list[tuple[int, str, int]]] = {}
+    for name, size in inclusive.items():
+        parent, _, last = name.rpartition(".")
+        if last.isdigit():
+            families.setdefault(parent, []).append((int(last), name, size))
+    best: tuple[str, list[tuple[int, str, int]]] | None = None
+    for parent, children in families.items():
+        if len(children) >= 2 and (best is None or sum(c[2] for c in children) > sum(c[2] for c in best[1])):
+            best = (parent, children)
+    if best is None:
+        return None, []
+    return best[0], [(name, size) for _, name, size in sorted(best[1])]
+
+
+# Sidecar keys read for the per-layer theory, under ``model``, ``model.config`` or ``inputs``
+# (the Hugging Face config names first).
+_THEORY_KEYS = {
+    "hidden": ("hidden_size", "d_model", "n_embd", "hidden"),
+    "heads": ("num_attention_heads", "n_heads", "n_head", "heads"),
+    "kv_heads": ("num_key_value_heads", "n_kv_heads"),
+    "batch": ("batch_size", "batch", "micro_batch_size"),
+    "seq": ("sequence_length", "seq_len", "seq_length", "seq"),
+}
+
+
+def _positive_int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def layer_theory(sidecar: dict[str, Any], layers: int) -> dict[str, int | str] | None:
+    """Megatron-LM's per-layer activation bytes (``memlens.budget.formulas``), when the sidecar
+    says the batch, the sequence length and the hidden size; fp32 parameters count activations
+    at 4 bytes an element, else 2."""
+    from memlens.budget.formulas import megatron_layer_activation_bytes
+
+    model = sidecar.get("model")
+    if not isinstance(model, dict):
+        return None
+    places = [place for place in (model, model.get("config"), model.get("inputs"), sidecar.get("inputs"))
+              if isinstance(place, dict)]
+    values: dict[str, int] = {}
+    for key, names in _THEORY_KEYS.items():
+        for place in places:
+            found = next((v for v in (_positive_int(place.get(n)) for n in names) if v is not None), None)
+            if found is not None:
+                values[key] = found
+                break
+    if not {"hidden", "batch", "seq"} <= values.keys():
+        return None
+    dtypes = model.get("parameter_bytes_by_dtype")
+    fp32 = isinstance(dtypes, dict) and bool(dtypes) and max(dtypes, key=lambda d: dtypes[d]) == "torch.float32"
+    scale = 2.0 if fp32 else 1.0
+    kv_ratio = values["kv_heads"] / values["heads"] if "kv_heads" in values and "heads" in values else 1.0
+    batch, seq, hidden = values["batch"], values["seq"], values["hidden"]
+    theory: dict[str, int | str] = {
+        "theory_per_layer_bytes": megatron_layer_activation_bytes(
+            batch, seq, hidden, None, flash_attention=True, kv_ratio=kv_ratio, bytes_scale=scale),
+        "theory_basis": f"Megatron 34*B*T*d with B={batch}, T={seq}, d={hidden}, "
+                        f"{'fp32' if fp32 else '16-bit'} activations",
+        "theory_layers": layers,
+    }
+    if "heads" in values:
+        theory["theory_per_layer_with_scores_bytes"] = megatron_layer_activation_bytes(
+            batch, seq, hidden, values["heads"], flash_attention=False, kv_ratio=kv_ratio, bytes_scale=scale)
+    return theory

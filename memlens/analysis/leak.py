@@ -29,6 +29,15 @@ of ``last_step``; also the finding's ``bytes``), ``level_rise_per_step_bytes``, 
 ``level_at_last_step_end_bytes``; ``comparable_steps``, ``leaking_stacks``,
 ``warmup_steps_skipped``, ``steps_until_full`` (with ``capacity_bytes``) or
 ``steps_until_peak_doubles``, and ``severity_basis`` (capacity | peak).
+
+Who holds it: when the recorder's sidecar has ``leak_holders`` (memlens.recorder.holders: the
+names holding blocks that outlived a step at the dump, each with its block addresses), the
+leak's survivors still alive at the dump are matched to them by address. The finding then says
+"Held by list `kept` (global in train.py), appended at train.py:40" and its recommendation
+starts at that line. Keys: ``held_by``, ``held_by_line``, ``held_by_code``, ``held_by_blocks``
+and ``held_by_bytes`` (the leak's blocks that holder holds, 512-byte blocks),
+``leak_blocks_at_dump``/``leak_bytes_at_dump`` (all the leak's survivors alive at the dump),
+``holders_matched`` and ``also_held_by``.
 """
 
 from __future__ import annotations
