@@ -1,10 +1,16 @@
 """Record the memory of an unmodified training script.
 
+\b
     memlens record [--out DIR] [--capacity 16GiB] [--device cpu|cuda|auto] -- python train.py ARGS...
+    memlens record --stacks all --context alloc --max-entries 100000 --dump-every 50 -- python train.py
 
 The script runs in this process exactly as `python train.py ARGS...` would run it (same
 sys.argv, __main__, sys.path[0]; `-m package.module` works too), inside memlens.record(). A
-step ends at every optimizer.step() (any optimizer). On a GPU the CUDA allocator records its own
+step ends at every optimizer.step() (any optimizer). The first optimizer.step() also tells
+memlens the optimizer and the model that owns its parameters (found through the garbage
+collector), so the sidecar has both and the analysis knows parameters, gradients, optimizer
+state and the model's inputs and outputs exactly. memlens' own frames (this command, runpy)
+are left out of the recorded stacks. On a GPU the CUDA allocator records its own
 history; without one every tensor is tracked on the CPU and replayed through memlens' caching
 allocator simulator, and --capacity makes it raise an out-of-memory error like a GPU of that
 size. The snapshot (DIR/snapshot.pickle, or DIR/rank{N}.pickle under torchrun) and its
@@ -61,7 +67,14 @@ def split_command(command: tuple[str, ...]) -> tuple[str, str, list[str]]:
 
 
 def run_program(kind: str, target: str, argv: list[str]) -> None:
-    """Run a script or module as ``__main__`` in this process, restoring sys.argv and sys.path."""
+    """Run a script or module as ``__main__`` in this process, restoring sys.argv and sys.path.
+
+    This frame and every frame outward of it (click, the memlens command) are memlens' own: the
+    recorded stacks leave them out, so they end at the script's ``<module>``.
+    """
+    from memlens.recorder.stacks import hide_frames_outward
+
+    hide_frames_outward(sys._getframe())
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     try:
         if kind == "module":
@@ -95,8 +108,36 @@ def run_program(kind: str, target: str, argv: list[str]) -> None:
     help="cuda: the real allocator's history; cpu: tracked and simulated.",
 )
 @click.option("--steps", default=None, help="Steps to keep: START:STOP or 1,3,5 (default all).")
-@click.option("--dump-every", type=int, default=None, help="Also write the snapshot every N steps.")
-@click.option("--max-entries", type=int, default=None, help="Trace entries kept (a ring buffer).")
+@click.option(
+    "--dump-every", type=click.IntRange(min=1), default=None, help="Also write the snapshot every N steps."
+)
+@click.option(
+    "--max-entries",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Trace entries kept, the newest (a ring buffer; default 200000).",
+)
+@click.option(
+    "--stacks",
+    type=click.Choice(["python", "all", "none"]),
+    default="python",
+    show_default=True,
+    help="Python frames; all: also C++ frames (CUDA only; the CPU recorder sees Python); none: no stacks.",
+)
+@click.option(
+    "--context",
+    type=click.Choice(["all", "alloc", "state"]),
+    default="all",
+    show_default=True,
+    help="Which events carry a stack, as _record_memory_history(context=...): all (allocations and frees), "
+    "alloc (allocations), state (live blocks only).",
+)
+@click.option(
+    "--module-scopes/--no-module-scopes",
+    default=True,
+    show_default=True,
+    help="Annotate each module's forward and backward (memlens.forward#NAME, memlens.backward#NAME).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def record(
     out: str,
@@ -106,6 +147,9 @@ def record(
     steps: str | None,
     dump_every: int | None,
     max_entries: int | None,
+    stacks: str,
+    context: str,
+    module_scopes: bool,
     command: tuple[str, ...],
 ) -> int:
     from memlens.recorder import DEFAULT_MAX_ENTRIES
@@ -121,6 +165,9 @@ def record(
             capacity=capacity,
             dump_every=dump_every,
             max_entries=max_entries or DEFAULT_MAX_ENTRIES,
+            stacks=stacks,
+            context=context,
+            module_scopes=module_scopes,
             record_optimizer_steps=True,
         )
         # Entering reserves the snapshot's name, which checks --out, before the script runs.

@@ -187,41 +187,25 @@ def retained_graph_tensors(max_nodes: int = MAX_GRAPH_NODES) -> list[Any]:
 
 
 def find_model(optimizer: Any) -> torch.nn.Module | None:
-    """The module that owns an optimizer's parameters, found through the garbage collector's
-    referrers (parameter -> its module's ``_parameters`` -> the module -> its parent's
-    ``_modules`` -> ... ), or None when that is not one answer.
+    """The module that owns an optimizer's parameters, or None when that is not one answer.
 
-    Of the modules holding every one of the optimizer's parameters, the innermost is taken: a
-    ``DistributedDataParallel`` wrapper and the model it wraps hold the same parameters, and
-    the model's own names are the ones its user knows. Two unrelated modules that both hold them
-    all (parameters shared between models), or none (one optimizer over two models): None.
+    Every live ``nn.Module`` the garbage collector tracks is a candidate; of those holding every
+    one of the optimizer's parameters, the innermost is taken: a ``DistributedDataParallel``
+    wrapper and the model it wraps hold the same parameters, and the model's own names are the
+    ones its user knows. Two unrelated modules that both hold them all (parameters shared
+    between models), or none (one optimizer over two models): None.
     """
     params = [p for group in getattr(optimizer, "param_groups", ()) for p in group.get("params", ())]
     if not params:
         return None
     wanted = {id(p) for p in params}
-    frontier = [
-        owner
-        for holder in gc.get_referrers(params[0])
-        if type(holder) is dict
-        for owner in gc.get_referrers(holder)
-        if isinstance(owner, torch.nn.Module) and owner.__dict__.get("_parameters") is holder
+    module_type = torch.nn.Module
+    # type() rather than isinstance(): isinstance reads __class__, which some objects answer
+    # with a warning (see cpu_tracker.live_tensors).
+    covering = [
+        obj for obj in gc.get_objects()
+        if issubclass(type(obj), module_type) and wanted <= {id(p) for p in obj.parameters()}
     ]
-    found: dict[int, torch.nn.Module] = {}
-    while frontier:
-        module = frontier.pop()
-        if id(module) in found:
-            continue
-        found[id(module)] = module
-        for holder in gc.get_referrers(module):
-            if type(holder) is not dict:
-                continue
-            frontier.extend(
-                parent
-                for parent in gc.get_referrers(holder)
-                if isinstance(parent, torch.nn.Module) and parent.__dict__.get("_modules") is holder
-            )
-    covering = [m for m in found.values() if wanted <= {id(p) for p in m.parameters()}]
     innermost = [
         m for m in covering
         if not any(other is not m and any(sub is other for sub in m.modules()) for other in covering)

@@ -38,7 +38,7 @@ _PLUMBING_FILES = (
 # point) are hidden from recorded stacks: ``hide_frames_outward`` registers them before the
 # script runs. runpy's frames (how the script is run as __main__) are hidden always.
 _HIDDEN_CODES: set[CodeType] = set()
-_HIDDEN_FILES = ("/runpy.py",)
+_HIDDEN_FILES = ("/runpy.py", "<frozen runpy>")  # runpy is frozen into Python 3.11+
 
 
 def hide_frames_outward(frame: FrameType | None) -> None:
