@@ -27,7 +27,15 @@ from memlens_app.panels.common import alert, device_of, empty_figure
 from memlens_app.panels.compare import compare_panel, device_choices
 from memlens_app.panels.live import DEFAULT_GROUP_BY, live_panel, segments_panel
 from memlens_app.panels.overview import no_overview, overview
-from memlens_app.panels.ranks import MIN_RANKS, failed_row, rank_row, ranks_panel
+from memlens_app.panels.ranks import (
+    MIN_RANKS,
+    default_rank_sources,
+    failed_row,
+    rank_path,
+    rank_row,
+    rank_sources,
+    ranks_panel,
+)
 from memlens_app.panels.timeline import (
     findings_panel,
     timeline_panel,
@@ -67,6 +75,7 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Output("source-picker", "value"),
         Output("compare-picker", "options"),
         Output("ranks-picker", "options"),
+        Output("ranks-picker", "value"),
         Output("message", "children", allow_duplicate=True),
         Input("upload-event", "data"),
         prevent_initial_call=True,
@@ -76,8 +85,11 @@ def register_callbacks(app: Dash, library: Library) -> None:
             raise PreventUpdate
         options = source_options(library)
         if event.get("error"):
-            return options, no_update, options, options, alert(str(event["error"]))
-        return options, event["id"], options, options, alert(f"Loaded {event.get('name', 'the upload')}.", "ok")
+            return options, no_update, options, options, no_update, alert(str(event["error"]))
+        # An upload that completes a job's ranks (two or more loaded) shows that job side by side.
+        job = default_rank_sources(rank_sources(library.sources()), prefer=event["id"])
+        return (options, event["id"], options, options, job if event["id"] in job else no_update,
+                alert(f"Loaded {event.get('name', 'the upload')}.", "ok"))
 
     @app.callback(
         Output("device-picker", "options"),
@@ -320,8 +332,7 @@ def register_callbacks(app: Dash, library: Library) -> None:
             source = library.source(source_id)
         except MemlensError as exc:
             return failed_row(source_id, str(exc))
-        # An upload's path is the server's spool file: the name it was uploaded under carries the rank.
-        name = source.name if source.kind == "upload" else source.path
+        name = rank_path(source)
         try:
             row = rank_row(name, library.analysis(source_id).report)
         except MemlensError as exc:

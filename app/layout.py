@@ -12,7 +12,7 @@ from dash import dcc, html
 from memlens.units import format_bytes
 from memlens_app.library import Library, Source
 from memlens_app.panels.live import DASHBOARD_GROUP_BYS, DEFAULT_GROUP_BY
-from memlens_app.panels.ranks import default_rank_sources
+from memlens_app.panels.ranks import default_rank_sources, rank_sources
 
 KIND_LABELS = {"cli": "command line", "sample": "sample", "upload": "uploaded"}
 
@@ -201,7 +201,7 @@ def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
                 html.Div(className="panel", children=[
                     _field("ranks of one job", dcc.Dropdown(
                         id="ranks-picker", options=source_options(library), multi=True,
-                        value=default_rank_sources([(s.id, s.name) for s in library.sources()]),
+                        value=default_rank_sources(rank_sources(library.sources())),
                         placeholder="pick the snapshots of each rank…")),
                     html.Div(id="ranks-verdicts", className="ranks-verdicts-area"),
                     dcc.Loading(dcc.Graph(id="ranks-graph"), type="dot"),

@@ -12,7 +12,13 @@ Then (issue 11) ``--concurrent N`` uploads of one snapshot at once (a real CUDA 
 succeed, the server's RSS before, at its peak and after (and of its analysis workers, which
 are separate processes), and the files left in its upload folder once it has stopped.
 
+Then (issue 16) the dashboard's panels in-process on the same 1M-event analysis, as a callback
+calls them: the live breakdown at the peak under every group-by, at the peak of a window (a
+tenth of the trace, as a drag-zoom picks), the findings marked in it and its banner; each
+against the 1 s target (``--panels-only`` runs just these).
+
     python benchmarks/bench_app.py [--events 1000000] [--runs 3] [--concurrent 50] [--concurrent-file F]
+                                   [--panels-only]
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -172,6 +179,39 @@ def app_round_trip(url: str, path: str) -> tuple[float, float, float, bytes]:
     return done - started, uploaded - started, done - uploaded, figure.content
 
 
+PANEL_TARGET_S = 1.0
+
+
+def best_of(runs: int, call: Callable[[], object]) -> float:
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def panel_timings(path: str, runs: int) -> None:
+    """The panels a zoom or a group-by change recomputes, timed as the callbacks call them."""
+    from memlens.analysis import analyze_snapshot
+    from memlens_app.panels.live import DASHBOARD_GROUP_BYS, live_panel
+    from memlens_app.panels.timeline import Window, findings_panel, window_text
+
+    analysis = analyze_snapshot(path)
+    device = analysis.device(None).device
+    rows = len(analysis.trace(device))
+    window = Window(rows * 4 // 10, rows // 2)
+    print(f"panels, in-process, {rows:,} events, best of {runs} (target < {PANEL_TARGET_S:.0f} s each)")
+    for group_by in DASHBOARD_GROUP_BYS:
+        for where, kwargs in (("peak", {}), ("window's peak", {"window": window})):
+            took = best_of(runs, lambda g=group_by, k=kwargs: live_panel(analysis, device, group_by=g, **k))
+            print(f"  live by {group_by:<16} at the {where:<14} {took:6.3f} s   "
+                  f"ratio {took / PANEL_TARGET_S:.2f}x target")
+    took = best_of(runs, lambda: (findings_panel(analysis.device(device), window),
+                                  window_text(analysis, device, window)))
+    print(f"  findings marked + window banner            {took:6.3f} s   ratio {took / PANEL_TARGET_S:.2f}x target")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -179,7 +219,17 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=50, help="parallel uploads (0: skip)")
     parser.add_argument("--concurrent-file", default=None, help="snapshot to upload in parallel")
     parser.add_argument("--skip-round-trip", action="store_true", help="only the parallel uploads")
+    parser.add_argument("--panels-only", action="store_true", help="only the in-process panel timings")
     args = parser.parse_args()
+
+    if args.panels_only:
+        from memlens.synthetic import synthetic_snapshot, write_pickle
+
+        with tempfile.TemporaryDirectory(prefix="memlens-bench-panels-") as workdir:
+            path = os.path.join(workdir, "large.pickle")
+            write_pickle(synthetic_snapshot(args.events, seed=1), path)
+            panel_timings(path, args.runs)
+        return
 
     if args.concurrent:
         real = REAL_SNAPSHOTS_DIR / "MAGMA27__assignment2-systems__memory_snapshot.pickle"
@@ -243,6 +293,7 @@ def main() -> None:
               f"(builder alone: {len(built) / 1024:.0f} KiB)")
         print(f"  points per trace: {dict(zip(names[:2], meta['points_per_trace'], strict=True))} "
               f"(of {meta['events']:,} events)")
+        panel_timings(path, args.runs)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

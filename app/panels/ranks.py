@@ -10,6 +10,7 @@ every analysis still runs in the library's limited worker). The outliers and the
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +22,11 @@ from memlens.analysis.report import Report
 from memlens.figures.ranks import ranks_figure
 from memlens.fleet import FleetReport, RankRow, find_outliers, rank_from_name, row_from_result, side_by_side
 from memlens.units import format_bytes
+from memlens_app.library import Source
 
 MIN_RANKS = 2  # one snapshot has nothing to stand beside
+# Where a path names its rank: ``rank3``, ``rank_7``, ``ddp_rank1`` (as ``memlens.fleet.rank_from_name``).
+RANK_IN_PATH = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 # The dashboard analysed the files itself (one at a time per request, in its worker processes).
 DASHBOARD_EXECUTOR = "sequential"
 
@@ -52,11 +56,48 @@ def fleet_of(rows: Sequence[RankRow]) -> FleetReport:
     return FleetReport(list(rows), outliers, medians, DASHBOARD_EXECUTOR, None, 0.0)
 
 
-def default_rank_sources(sources: Sequence[tuple[str, str]]) -> list[str]:
-    """Of ``(id, name)`` pairs, the ids whose file name carries a rank (``rank3.pickle``), when
-    there are at least two of them: what the ranks tab starts with."""
-    ranked = [source_id for source_id, name in sources if rank_from_name(name) is not None]
-    return ranked if len(ranked) >= MIN_RANKS else []
+def rank_path(source: Source) -> str:
+    """The path a source's rank and job are read from: an upload's own name (its file on the
+    server is a spool file named by id), under one common folder; else the file's path."""
+    return f"(uploaded)/{source.name}" if source.kind == "upload" else source.path
+
+
+def rank_sources(sources: Sequence[Source]) -> list[tuple[str, str]]:
+    return [(source.id, rank_path(source)) for source in sources]
+
+
+def job_of(path: str) -> str | None:
+    """The job a rank's file belongs to: its path with the rank number left out
+    (``runs/a/rank3.pickle`` -> ``runs/a/rank*.pickle``, ``ddp_rank1.pickle`` -> ``ddp_rank*.pickle``);
+    None for a file whose path names no rank."""
+    matches = list(RANK_IN_PATH.finditer(path))
+    if not matches or rank_from_name(path) is None:
+        return None
+    last = matches[-1]
+    return path[: last.start(1)] + "*" + path[last.end(1):]
+
+
+def rank_groups(sources: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
+    """``(id, path)`` pairs grouped by job (files that name no rank left out), in the order given.
+
+    An upload's path is the server's spool file; pass its uploaded name under a common prefix
+    instead, so the ranks of one upload session group together."""
+    groups: dict[str, list[str]] = {}
+    for source_id, path in sources:
+        job = job_of(path)
+        if job is not None:
+            groups.setdefault(job, []).append(source_id)
+    return groups
+
+
+def default_rank_sources(sources: Sequence[tuple[str, str]], prefer: str | None = None) -> list[str]:
+    """The ranks the ranks tab starts with: those of ``prefer``'s job (an id just uploaded) when it
+    has two or more loaded, else the job with the most ranks loaded; [] when no job has two."""
+    groups = [ids for ids in rank_groups(sources).values() if len(ids) >= MIN_RANKS]
+    preferred = [ids for ids in groups if prefer in ids]
+    if preferred:
+        return preferred[0]
+    return max(groups, key=len) if groups else []
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from memlens_app.panels.ranks import (
     distinct_labels,
     failed_row,
     fleet_of,
+    job_of,
+    rank_groups,
     rank_row,
     ranks_panel,
 )
@@ -280,9 +282,18 @@ def test_identical_ranks_agree_and_a_failed_file_stays_a_row(four_ranks: list[An
     assert panel.figure.layout.meta["ranks"] == 3
 
 
-def test_ranks_picked_by_default_and_labels_kept_apart() -> None:
-    sources = [("a", "ddp_rank0.pickle"), ("b", "healthy.pickle"), ("c", "ddp_rank1.pickle")]
-    assert default_rank_sources(sources) == ["a", "c"]
+def test_ranks_of_one_job_grouped_and_picked_by_default() -> None:
+    assert job_of("runs/a/rank3.pickle") == "runs/a/rank*.pickle"
+    assert job_of("runs/rank_7/snapshot.pickle") == "runs/rank_*/snapshot.pickle"
+    assert job_of("samples/healthy.pickle") is None
+    sources = [("a", "s/ddp_rank0.pickle"), ("b", "s/healthy.pickle"), ("c", "s/ddp_rank1.pickle"),
+               ("u1", "(uploaded)/rank0.pickle"), ("u2", "(uploaded)/rank1.pickle"), ("u3", "(uploaded)/rank2.pickle")]
+    assert rank_groups(sources) == {"s/ddp_rank*.pickle": ["a", "c"], "(uploaded)/rank*.pickle": ["u1", "u2", "u3"]}
+    assert default_rank_sources(sources) == ["u1", "u2", "u3"]  # the job with the most ranks
+    assert default_rank_sources(sources, prefer="c") == ["a", "c"]  # the job of what was just loaded
     assert default_rank_sources(sources[:2]) == []  # one rank has nothing to stand beside
+
+
+def test_rank_labels_kept_apart() -> None:
     assert distinct_labels(["rank 0", "rank 0", "rank 1"], ["x/a.pickle", "y/b.pickle", "z/c.pickle"]) == [
         "rank 0 · a.pickle", "rank 0 · b.pickle", "rank 1"]
