@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -670,6 +670,42 @@ class Stage:
 
 
 @dataclass(frozen=True)
+class StageRuns:
+    """Every run of every scope on one device, as columns (module scopes make hundreds of
+    thousands of runs: objects are made only for the runs someone reads). Oldest first."""
+
+    names: tuple[str, ...]  # distinct scope names
+    name_code: I64  # per run: index into names
+    start_us: I64
+    end_us: I64
+    start_event: I64
+    end_event: I64
+    bytes_at_start: I64
+    bytes_at_end: I64
+    peak_bytes: I64
+    peak_event: I64
+
+    def __len__(self) -> int:
+        return int(self.name_code.size)
+
+    def __getitem__(self, i: int) -> Stage:
+        return Stage(self.names[int(self.name_code[i])], int(self.start_us[i]), int(self.end_us[i]),
+                     int(self.start_event[i]), int(self.end_event[i]), int(self.bytes_at_start[i]),
+                     int(self.bytes_at_end[i]), int(self.peak_bytes[i]), int(self.peak_event[i]))
+
+    def __iter__(self) -> Iterator[Stage]:
+        return (self[i] for i in range(len(self)))
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [stage.to_json() for stage in self]
+
+    @classmethod
+    def empty(cls) -> StageRuns:
+        none = np.zeros(0, dtype=np.int64)
+        return cls((), none, none, none, none, none, none, none, none, none)
+
+
+@dataclass(frozen=True)
 class StageSummary:
     """Every run of one scope name together."""
 
@@ -684,37 +720,83 @@ class StageSummary:
                 "max_added_bytes": self.max_added_bytes, "peak_bytes": self.peak_bytes}
 
 
-def annotation_stages(inputs: LensInputs) -> list[Stage]:
-    """Each complete START/END pair of ``external_annotations`` on this device, oldest first."""
+def _levels(trace: DeviceTrace, rows: I64) -> I64:
+    """``allocated_at`` for many rows at once (-1: when the history began)."""
+    return np.where(rows >= 0, trace.allocated[np.maximum(rows, 0)], trace.baseline_allocated)
+
+
+def interval_peaks(values: I64, first: I64, last: I64) -> tuple[I64, I64]:
+    """For many row ranges ``[first[i], last[i]]`` at once: the largest value in each, and the
+    first row holding it. Empty ranges (``last < first``) give the int64 minimum and row -1.
+
+    Module scopes make hundreds of thousands of ranges, nested, so a Python loop of ``argmax``
+    would take seconds: the maxima come from one ``np.maximum.reduceat`` (the ranges' bounds
+    interleaved; the odd slots are discarded), and the rows from one sorted search for (maximum,
+    first row) among the rows holding one of the maxima.
+    """
+    peak = np.full(first.size, np.iinfo(np.int64).min, dtype=np.int64)
+    row = np.full(first.size, -1, dtype=np.int64)
+    ranges = np.flatnonzero(last >= first)
+    if not ranges.size:
+        return peak, row
+    padded = np.append(values, values.dtype.type(0))  # a range may end on the last row: its bound is n
+    bounds = np.empty(2 * ranges.size, dtype=np.int64)
+    bounds[0::2], bounds[1::2] = first[ranges], last[ranges] + 1
+    maxima = np.maximum.reduceat(padded, bounds)[0::2]
+    peak[ranges] = maxima
+    distinct, which = np.unique(maxima, return_inverse=True)
+    holders = np.flatnonzero(np.isin(values, distinct))
+    stride = values.size + 1
+    keys = np.sort(np.searchsorted(distinct, values[holders]).astype(np.int64) * stride + holders)
+    wanted = which.astype(np.int64) * stride + first[ranges]
+    row[ranges] = keys[np.searchsorted(keys, wanted)] - which.astype(np.int64) * stride
+    return peak, row
+
+
+def _scope_pairs(annotations: list[Annotation]) -> tuple[list[str], list[int], list[int]]:
+    """(name, start, end) of each START/END pair: an END closes the latest open scope of its name."""
+    open_scopes: dict[str, list[int]] = {}
+    names: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    for ann in annotations:
+        if ann.stage == "START":
+            opened = open_scopes.get(ann.name)
+            if opened is None:
+                open_scopes[ann.name] = [ann.time_us]
+            else:
+                opened.append(ann.time_us)
+        elif ann.stage == "END":
+            opened = open_scopes.get(ann.name)
+            if opened:
+                names.append(ann.name)
+                starts.append(opened.pop())
+                ends.append(ann.time_us)
+    return names, starts, ends
+
+
+def annotation_stages(inputs: LensInputs) -> StageRuns:
+    """Each complete START/END pair of ``external_annotations`` on this device, oldest first:
+    allocated when it began and ended, and the peak inside (the level it began at included)."""
     trace = inputs.trace
     if not trace.has_time or not len(trace):
-        return []
+        return StageRuns.empty()
+    pair_names, pair_starts, pair_ends = _scope_pairs(_device_annotations(inputs))
+    if not pair_names:
+        return StageRuns.empty()
+    names, codes = _label_table(pair_names)
+    starts = np.array(pair_starts, dtype=np.int64)
+    ends = np.array(pair_ends, dtype=np.int64)
+    order = np.lexsort((ends, starts))
+    name_code, starts, ends = codes[order].astype(np.int64), starts[order], ends[order]
     times = _times(trace)
-    open_scopes: dict[str, list[int]] = {}
-    pairs: list[tuple[str, int, int]] = []
-    for ann in _device_annotations(inputs):
-        if ann.stage == "START":
-            open_scopes.setdefault(ann.name, []).append(ann.time_us)
-        elif ann.stage == "END" and open_scopes.get(ann.name):
-            pairs.append((ann.name, open_scopes[ann.name].pop(), ann.time_us))
-    if not pairs:
-        return []
-    starts = np.array([p[1] for p in pairs], dtype=np.int64)
-    ends = np.array([p[2] for p in pairs], dtype=np.int64)
     before = np.searchsorted(times, starts, side="left") - 1  # the state the scope began in
-    last = np.searchsorted(times, ends, side="right") - 1
-    stages = []
-    for (name, start_us, end_us), b, e in zip(pairs, before.tolist(), last.tolist(), strict=True):
-        at_start = allocated_at(trace, b)
-        at_end = allocated_at(trace, e) if e >= b else at_start
-        peak_event, peak = b, at_start
-        if e > b:
-            inside = peak_in(trace, b + 1, e)
-            if int(trace.allocated[inside]) > peak:
-                peak_event, peak = inside, int(trace.allocated[inside])
-        stages.append(Stage(name, start_us, end_us, b, max(e, b), at_start, at_end, peak, peak_event))
-    stages.sort(key=lambda s: (s.start_us, s.end_us))
-    return stages
+    last = np.maximum(np.searchsorted(times, ends, side="right") - 1, before)  # an END before its START: empty
+    at_start, at_end = _levels(trace, before), _levels(trace, last)
+    inside_peak, inside_row = interval_peaks(trace.allocated, before + 1, last)
+    from_start = at_start >= inside_peak
+    return StageRuns(tuple(names), name_code, starts, ends, before, last, at_start, at_end,
+                     np.where(from_start, at_start, inside_peak), np.where(from_start, before, inside_row))
 
 
 # Step markers carry the step's number (``memlens.step#3``, ``ProfilerStep#3``): one stage name for
@@ -728,14 +810,23 @@ def stage_name(name: str) -> str:
     return f"{match.group(1)}#N" if match else name
 
 
-def summarize_stages(stages: Sequence[Stage]) -> list[StageSummary]:
+def summarize_stages(runs: StageRuns) -> list[StageSummary]:
     """Per scope name (steps together: ``stage_name``): runs, bytes added in all and at most, and
     the highest peak; most added first."""
-    by_name: dict[str, list[Stage]] = {}
-    for stage in stages:
-        by_name.setdefault(stage_name(stage.name), []).append(stage)
-    out = [StageSummary(name, len(runs), sum(s.added_bytes for s in runs), max(s.added_bytes for s in runs),
-                        max(s.peak_bytes for s in runs)) for name, runs in by_name.items()]
+    if not len(runs):
+        return []
+    summary_names, summary_of_name = _label_table([stage_name(n) for n in runs.names])
+    code = summary_of_name[runs.name_code]
+    count = len(summary_names)
+    added = runs.bytes_at_end - runs.bytes_at_start
+    total = exact_bincount(code, added, count)
+    most = np.full(count, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(most, code, added)
+    peak = np.full(count, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(peak, code, runs.peak_bytes)
+    times = np.bincount(code, minlength=count)
+    out = [StageSummary(name, int(times[i]), int(total[i]), int(most[i]), int(peak[i]))
+           for i, name in enumerate(summary_names)]
     out.sort(key=lambda s: (-s.added_bytes, -s.peak_bytes, s.name))
     return out
 

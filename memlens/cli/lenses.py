@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         GroupBreakdown,
         LensInputs,
         Moment,
-        Stage,
+        StageRuns,
         StageSummary,
     )
 
@@ -105,7 +105,7 @@ class LensPayload:
     groups: GroupBreakdown | None
     file: FileBreakdown | None
     stages: list[StageSummary] | None
-    stage_runs: list[Stage] | None
+    stage_runs: StageRuns | None
     start_us: int | None  # the first row's time, to print "+1.234 s"
 
     def to_json(self) -> dict[str, Any]:
@@ -116,7 +116,7 @@ class LensPayload:
             out["file"] = self.file.to_json()
         if self.stages is not None:
             out["stages"] = {"by_name": [s.to_json() for s in self.stages],
-                             "runs": [r.to_json() for r in self.stage_runs or []]}
+                             "runs": self.stage_runs.to_json() if self.stage_runs is not None else []}
         return out
 
 

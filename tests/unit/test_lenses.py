@@ -31,6 +31,7 @@ from memlens.analysis.lenses import (
     file_lines,
     file_matches,
     group_live,
+    interval_peaks,
     lens_inputs,
     load_rules,
     parse_point,
@@ -316,6 +317,22 @@ def test_stages_say_what_each_scope_added_and_its_peak() -> None:
     assert summary["forward"].runs == 2 and summary["forward"].added_bytes == 6 * MiB
     assert summary["forward"].max_added_bytes == 4 * MiB and summary["forward"].peak_bytes == 13 * MiB
     assert summary["backward"].added_bytes == -4 * MiB
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.integers(0, 5), min_size=1, max_size=40),
+       ranges=st.lists(st.tuples(st.integers(0, 45), st.integers(-1, 45)), max_size=20))
+def test_interval_peaks_is_max_and_first_argmax(values: list[int], ranges: list[tuple[int, int]]) -> None:
+    array = np.array(values, dtype=np.int64)
+    n = len(values)
+    first = np.array([min(a, n - 1) for a, _ in ranges], dtype=np.int64)
+    last = np.array([min(b, n - 1) for _, b in ranges], dtype=np.int64)
+    peak, row = interval_peaks(array, first, last)
+    for i, (a, b) in enumerate(zip(first.tolist(), last.tolist(), strict=True)):
+        if b < a:
+            assert (peak[i], row[i]) == (np.iinfo(np.int64).min, -1)
+        else:
+            assert peak[i] == max(values[a:b + 1]) and row[i] == a + values[a:b + 1].index(peak[i])
 
 
 def test_step_markers_are_one_stage_name_module_numbers_are_not() -> None:
