@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,8 +31,10 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from memlens.analysis.context import build_context
 from memlens.analysis.datatypes import CATEGORIES, Step
 from memlens.analysis.live import BEFORE_FIRST_ROW, LiveIndex
+from memlens.analysis.settings import AnalysisSettings
 from memlens.analysis.stacks import _CPP_NOISE, _INTERNAL_FILE, StackFacts, is_python_frame, reduce_per_stack
 from memlens.errors import MemlensUsageError
 from memlens.snapshot.model import Annotation, DeviceTrace, Frame, Snapshot
@@ -121,11 +123,9 @@ def busiest_device(snapshot: Snapshot) -> int | None:
 
 
 def lens_inputs(snapshot: Snapshot, device: int | None = None, top_stacks: int | None = None) -> LensInputs:
-    """Build the lens inputs for ``device`` (default: the one with the most events) from a loaded
-    snapshot, with the same lifetimes, categories and steps ``analyze`` computes (no finders run)."""
-    from memlens.analysis.context import build_context
-    from memlens.analysis.settings import AnalysisSettings
-
+    """Build the lens inputs for ``device`` (default: the one a report details, ``busiest_device``)
+    from a loaded snapshot, with the lifetimes, categories and steps ``analyze`` computes (no
+    finders run)."""
     settings = AnalysisSettings.from_kwargs(device=device, top_stacks=top_stacks)
     trace = snapshot.device(busiest_device(snapshot) if device is None else device)
     ctx = build_context(snapshot, trace, settings)
@@ -174,7 +174,7 @@ def _label_table(values: Sequence[str]) -> tuple[list[str], I32]:
     return list(seen), codes
 
 
-def _per_stack(facts: StackFacts, label_of_stack: Any) -> tuple[list[str], I32]:
+def _per_stack(facts: StackFacts, label_of_stack: Callable[[list[Frame]], str]) -> tuple[list[str], I32]:
     """One label per stack id (``label_of_stack(frames)``), plus the slot for stack id -1 (no
     stack) at the end."""
     table = facts.table
@@ -225,7 +225,7 @@ def _alloc_rows(index: LiveIndex) -> tuple[npt.NDArray[np.bool_], I64]:
     return made, np.where(made, index.alloc_event, 0)
 
 
-def _scope_labels(inputs: LensInputs, name_of_scope: Any, outside: str) -> Labels:
+def _scope_labels(inputs: LensInputs, name_of_scope: Callable[[str], str | None], outside: str) -> Labels:
     """The innermost open scope (as ``name_of_scope`` names it; None: not a scope of this lens)
     at each lifetime's allocation, from ``external_annotations`` edges and the rows' times."""
     trace, index = inputs.trace, inputs.index
@@ -234,7 +234,7 @@ def _scope_labels(inputs: LensInputs, name_of_scope: Any, outside: str) -> Label
         names = [BEFORE_HISTORY, NO_TIMES]
         return Labels(tuple(names), np.where(made, 1, 0).astype(np.int32))
     change_us, change_label = _innermost_scope_timeline(_device_annotations(inputs), name_of_scope)
-    names = [BEFORE_HISTORY, outside, *dict.fromkeys(change_label)]
+    names = [BEFORE_HISTORY, outside, *dict.fromkeys(label for label in change_label if label)]
     code_of = {name: code for code, name in enumerate(names)}
     label_codes = np.array([1] + [code_of[label] if label else 1 for label in change_label], dtype=np.int32)
     alloc_us = trace.time_us[rows]
@@ -250,7 +250,8 @@ def _device_annotations(inputs: LensInputs) -> list[Annotation]:
                   key=lambda a: a.time_us)
 
 
-def _innermost_scope_timeline(annotations: list[Annotation], name_of_scope: Any) -> tuple[list[int], list[str]]:
+def _innermost_scope_timeline(annotations: list[Annotation],
+                              name_of_scope: Callable[[str], str | None]) -> tuple[list[int], list[str]]:
     """After each START/END edge: the innermost scope still open ("" when none), as change points.
 
     An END closes the most recent open scope of its name, so interleaved scopes from two threads
