@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from memlens.analysis.lenses import GROUP_BYS
+from memlens.analysis.lenses import (
+    BEFORE_HISTORY,
+    GROUP_BYS,
+    NO_ANNOTATION,
+    NO_COMPILE_CONTEXT,
+    NO_MODULE,
+    NO_TIMES,
+    UNACCOUNTED,
+)
 from memlens.printable import printable
 from memlens.units import format_bytes
 
@@ -37,6 +45,14 @@ if TYPE_CHECKING:
 
 # Rows a table shows before folding the rest into one "… N more" row (the JSON has them all).
 TABLE_ROWS = 25
+PLACEHOLDER_GROUPS = {BEFORE_HISTORY, NO_ANNOTATION, NO_COMPILE_CONTEXT, NO_MODULE, NO_TIMES, UNACCOUNTED}
+# What to do when a lens finds nothing of its kind (every block in a placeholder group).
+EMPTY_LENS_HINTS = {
+    "module": "no block here was allocated inside a module scope (memlens.record(model=...) and `memlens "
+              "record` write them: memlens.forward#NAME, memlens.backward#NAME)",
+    "annotation": "no block here was allocated inside a record_function scope",
+    "compile_context": "no block here has a compile_context (PyTorch records one for torch.compile'd code)",
+}
 LENS_OPTION_NAMES = ("group_by", "rules_path", "at", "window", "step", "file_path", "stages")
 
 
@@ -223,6 +239,9 @@ def render_groups(console: Console, payload: LensPayload, result: GroupBreakdown
         table.add_row(f"… {len(rest):,} more (--json lists them)", format_bytes(rest_bytes),
                       _share(rest_bytes, total), f"{sum(g.blocks for g in rest):,}")
     console.print(table)
+    hint = EMPTY_LENS_HINTS.get(result.group_by)
+    if hint and {g.name for g in result.groups} <= PLACEHOLDER_GROUPS:
+        console.print(_dim(f"  {hint}"))
 
 
 def render_file(console: Console, payload: LensPayload, result: FileBreakdown) -> None:

@@ -60,6 +60,12 @@ def test_every_group_by_prints_a_table_that_adds_up(scoped: Path, group_by: str)
     assert sum(g["bytes"] for g in payload["groups"]) == payload["allocated_bytes"]
 
 
+def test_a_lens_with_nothing_of_its_kind_says_how_to_get_it(scoped: Path) -> None:
+    result = run("triage", scoped, "--group-by", "module", "--width", "200")
+    assert "(no module scope)" in result.output and "memlens.record(model=...)" in result.output
+    assert "record_function" not in run("triage", scoped, "--group-by", "annotation").output  # it has scopes
+
+
 def test_moments_from_the_command_line(scoped: Path) -> None:
     step = as_json(run("triage", scoped, "--step", "2", "--json"))["groups"]
     assert step["group_by"] == "category" and step["moment"]["how"] == "step"
