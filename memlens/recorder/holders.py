@@ -40,6 +40,7 @@ import ast
 import contextlib
 import dis
 import gc
+import inspect
 import io
 import linecache
 import os
@@ -259,20 +260,29 @@ def find_holders(
     roots, direct = _tensors_holding(tensors, address_of, blocks if seeds is None else seeds, search)
     del tensors
     search.own.update({id(roots), id(direct)})
-    locals_by_id = _frame_locals(search)
-    paths = _walk_up(roots, locals_by_id, search)
-    held_by_root = _held_through_graphs(roots, paths, direct, address_of, blocks, search)
-    holders = _group(roots, held_by_root, paths, blocks, search, filename_map, address_of)
-    return {
-        "holders": holders[: limits.max_holders],
-        "holders_total": len(holders),
-        "complete": not search.stopped,
-        "stopped_by": search.stopped or None,
-        "old_blocks": len(blocks),
-        "tensors_examined": len(roots),
-        "tensors_named": len(paths),
-        "limits": asdict(limits),
-    }
+    locals_by_id: dict[int, list[tuple[str, types.FrameType]]] = {}
+    paths: dict[int, list[_Path]] = {}
+    try:
+        locals_by_id = _frame_locals(search)
+        paths = _walk_up(roots, locals_by_id, search)
+        held_by_root = _held_through_graphs(roots, paths, direct, address_of, blocks, search)
+        holders = _group(roots, held_by_root, paths, blocks, search, filename_map, address_of)
+        return {
+            "holders": holders[: limits.max_holders],
+            "holders_total": len(holders),
+            "complete": not search.stopped,
+            "stopped_by": search.stopped or None,
+            "old_blocks": len(blocks),
+            "tensors_examined": len(roots),
+            "tensors_named": len(paths),
+            "limits": asdict(limits),
+        }
+    finally:
+        # Nothing of the program may outlive the search through us: a dump must not keep
+        # tensors (or frames) alive a moment longer than the program does.
+        roots.clear()
+        paths.clear()
+        locals_by_id.clear()
 
 
 def _tensors_holding(
@@ -360,19 +370,36 @@ def _graph_blocks(tensor: Any, address_of: Callable[[Any], int | None], blocks: 
 def _frame_locals(search: _Search) -> dict[int, list[tuple[str, types.FrameType]]]:
     """id(value) -> [(local name, frame)] for every thread's running frames outside memlens.
 
-    A module's top-level frame is left out: its locals are its globals, named as such."""
+    A module's top-level frame is left out: its locals are its globals, named as such.
+
+    Before Python 3.13, reading ``frame.f_locals`` of a function copies its locals into a dict
+    the frame keeps until it returns or is read again: a training loop's ``loss`` would stay
+    alive after the loop rebinds it. That copy is emptied once read (the function's own locals
+    are not in it; only ``locals()`` shares it, which a training loop does not keep)."""
     found: dict[int, list[tuple[str, types.FrameType]]] = {}
+    snapshots: list[dict[str, Any]] = []
     for frame in sys._current_frames().values():
         current: types.FrameType | None = frame
         while current is not None:
             if not _is_memlens_code(current.f_code) and current.f_locals is not current.f_globals:
                 frame_locals = current.f_locals
-                search.own.add(id(frame_locals))  # a snapshot dict of the locals, not a holder
+                search.own.add(id(frame_locals))  # a copy of the locals, not a holder
                 for name, value in frame_locals.items():
                     found.setdefault(id(value), []).append((name, current))
+                if _copies_locals(current, frame_locals):
+                    snapshots.append(frame_locals)
             current = current.f_back
+    for snapshot in snapshots:
+        snapshot.clear()
     search.own.add(id(found))
     return found
+
+
+def _copies_locals(frame: types.FrameType, frame_locals: Any) -> bool:
+    """Whether ``frame.f_locals`` was a copy (a function's fast locals before Python 3.13)
+    rather than the namespace itself (a class body, ``exec``) or 3.13's write-through proxy."""
+    return (sys.version_info < (3, 13) and type(frame_locals) is dict
+            and bool(frame.f_code.co_flags & inspect.CO_OPTIMIZED))
 
 
 def _is_memlens_code(code: types.CodeType) -> bool:
@@ -436,8 +463,13 @@ def _walk_up(roots: list[Any], locals_by_id: dict[int, list[tuple[str, types.Fra
                 objects[id(referrer)] = referrer
                 if named is None:
                     frontier.append(referrer)
+        # The heap scan can return frames of this search (the ones sys._current_frames gave
+        # objects): emptied now, the list cannot keep them, and what they hold, in a cycle.
+        referrers.clear()
         del referrers, asking, wanted
-    return _shortest_paths(roots, objects, parents, naming, module_dicts)
+    paths = _shortest_paths(roots, objects, parents, naming, module_dicts)
+    objects.clear()
+    return paths
 
 
 def _referrers(asking: list[Any], wanted: set[int], search: _Search) -> list[Any]:

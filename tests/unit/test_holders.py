@@ -242,3 +242,85 @@ def test_old_live_blocks_are_the_ones_allocated_in_finished_steps_and_not_freed(
         {"action": "alloc", "addr": 0x4000, "size": 4096, "time_us": 35},  # after the last step ended
     ]]}
     assert old_live_blocks(snapshot, (10, 30)) == {0x2000: 1024}
+
+
+class FakeTracker:
+    """The CPU recorder's storage table: id(storage) -> simulated address."""
+
+    def __init__(self) -> None:
+        self._live: dict[int, int] = {}
+
+
+class FakeBackend:
+    def __init__(self) -> None:
+        self.tracker = FakeTracker()
+
+
+def _alloc(trace: list[dict[str, Any]], backend: FakeBackend, tensor: torch.Tensor, time_us: int) -> None:
+    address = 0x10000 * (len(trace) + 1)
+    backend.tracker._live[id(tensor.untyped_storage())] = address
+    trace.append({"action": "alloc", "addr": address, "size": tensor.untyped_storage().nbytes(), "time_us": time_us})
+
+
+@pytest.mark.usefixtures("module_cleanup")
+def test_the_dump_searches_from_blocks_that_outlived_a_whole_step(tmp_path: Path) -> None:
+    from memlens.recorder.holders import leak_holders
+
+    module = load_module(tmp_path, "two_steps", """
+        import torch
+
+        kept = []
+        previous = None
+    """)
+    backend = FakeBackend()
+    trace: list[dict[str, Any]] = []
+    steps = [{"index": 0, "start_us": 100, "end_us": 199}, {"index": 1, "start_us": 200, "end_us": 299}]
+    # a hand-over made in the last step (prev = out) outlived no step: nothing to search from
+    module.previous = previous = torch.zeros(64)  # type: ignore[attr-defined]
+    _alloc(trace, backend, previous, 250)
+    del previous
+    quiet = leak_holders({"device_traces": [trace]}, steps, backend)
+    assert quiet["holders"] == [] and quiet["old_blocks"] == 0
+    # a tensor kept from step 0 outlived step 1: the list is found, and counts the last step's too
+    module.kept.extend([torch.ones(32), torch.ones(16)])
+    _alloc(trace, backend, module.kept[0], 150)
+    _alloc(trace, backend, module.kept[1], 260)
+    found = leak_holders({"device_traces": [trace]}, steps, backend)
+    kept = holder(found, "list `kept` (global in two_steps.py)")
+    assert kept["count"] == 2 and kept["bytes"] == 32 * 4 + 16 * 4
+    assert [h["holder"] for h in found["holders"]] == ["list `kept` (global in two_steps.py)"]
+    # a single finished step cannot show anything kept across steps
+    assert leak_holders({"device_traces": [trace]}, steps[:1], backend)["holders"] == []
+
+
+def test_on_cuda_a_storage_is_found_by_its_data_pointer() -> None:
+    from memlens.recorder.holders import storage_address_function
+
+    class Storage:
+        def data_ptr(self) -> int:
+            return 0x7F00_0000_0200
+
+    class CudaTensor:
+        device = torch.device("cuda", 0)
+
+        def untyped_storage(self) -> Storage:
+            return Storage()
+
+    address_of = storage_address_function(object())  # a backend without a CPU storage table
+    assert address_of(CudaTensor()) == 0x7F00_0000_0200
+    assert address_of(torch.zeros(4)) is None  # a CPU tensor is not on the recorded device
+
+
+def test_reading_a_loops_locals_does_not_keep_them_alive() -> None:
+    import weakref
+
+    def loop() -> bool:
+        loss = torch.ones(8)
+        blocks = Blocks()
+        blocks.add(loss)
+        blocks.search()  # reads this frame's locals
+        dead = weakref.ref(loss)
+        loss = torch.zeros(8)  # the loop rebinds its loss: the old one must go
+        return dead() is None
+
+    assert loop()
