@@ -174,23 +174,28 @@ class FrameworkRun:
 
     def finish(self) -> None:
         """Training ended normally: close the open step and write the snapshot."""
-        self.end_step()
-        if self._owned and self._running:
-            self.recorder.close()
-        self._running = False
+        try:
+            self.end_step()
+            if self._owned and self._running:
+                self.recorder.close()
+        finally:
+            self._running = False
 
-    def fail(self, exc: BaseException | None, tb: TracebackType | None = None) -> None:
-        """Training failed with ``exc``: the step it interrupted is kept, the snapshot written.
+    def fail(self, exc: BaseException | None, tb: TracebackType | None = None, reason: str | None = None) -> None:
+        """Training failed with ``exc``: the step it interrupted is kept, the snapshot written
+        (``reason`` for the sidecar, by default from the exception).
 
         The exception is not touched: the framework (or Python) goes on raising it.
         """
-        if self._scope is not None:
-            scope, self._scope = self._scope, None
-            # The scope ends the interrupted step; it returns False: it never swallows.
-            scope.__exit__(type(exc) if exc is not None else None, exc, tb)
-        if self._owned and self._running:
-            self.recorder.close(failed=True, reason=failure_reason(exc))
-        self._running = False
+        try:
+            if self._scope is not None:
+                scope, self._scope = self._scope, None
+                # The scope ends the interrupted step; it returns False: it never swallows.
+                scope.__exit__(type(exc) if exc is not None else None, exc, tb)
+            if self._owned and self._running:
+                self.recorder.close(failed=True, reason=reason or failure_reason(exc))
+        finally:
+            self._running = False
 
 
 def rank_file_name(name: str | None, rank: int, world_size: int) -> str | None:
@@ -258,7 +263,13 @@ class UncaughtExceptionGuard:
             previous(args)
 
     def _at_exit(self) -> None:
-        self._fail(getattr(sys, "last_value", None), None)
+        exc = getattr(sys, "last_value", None)
+        if exc is None and self.run.active:
+            # No exception reached the excepthook, yet the program ends inside training: a
+            # SystemExit (the recorder's SIGTERM handler raises one) or a caught exception
+            # followed by the end of the program.
+            self.run.fail(None, None, reason="terminated")
+        self._fail(exc, None)
 
     def _fail(self, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self.run.active:

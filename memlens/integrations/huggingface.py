@@ -21,7 +21,8 @@ propagate past the callbacks. So:
   caller unchanged (nothing here catches it);
 - any other exception that ends the program: ``sys.excepthook`` (``threading.excepthook`` for a
   training thread) writes the snapshot (``reason: "exception"``) before the traceback is
-  printed; an ``atexit`` handler covers the rest (``sys.exit``, SIGTERM);
+  printed; a program that ends inside training without one (SIGTERM, ``sys.exit``) is
+  written at exit (``reason: "terminated"``);
 - code that catches the exception around ``trainer.train()`` and goes on (a notebook, a
   hyper-parameter search): record around it yourself and hand the recorder in, so leaving the
   ``with`` block writes the snapshot however it is left::

@@ -19,6 +19,16 @@ from memlens.integrations.accelerate import record  # noqa: E402
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Any:
+    # Tiny matrices: a second OpenMP thread only spins, and on a busy two-core CI machine that
+    # spinning made these runs several times slower.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def prepared(accumulation: int = 1, batch_size: int = 8, batches: int = 4) -> tuple[Any, Any, Any, Any]:
     """An Accelerator with a two-layer MLP, AdamW and a loader of random rows, prepared."""
     accelerate.utils.set_seed(0)

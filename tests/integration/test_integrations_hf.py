@@ -26,6 +26,16 @@ from memlens.integrations.huggingface import MemlensCallback
 
 pytestmark = pytest.mark.timeout(300)
 
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Any:
+    # Tiny matrices: a second OpenMP thread only spins, and on a busy two-core CI machine that
+    # spinning made these runs several times slower.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 TINY_LLAMA = {
     "vocab_size": 128,
     "hidden_size": 32,

@@ -19,6 +19,16 @@ from memlens.integrations.lightning import MemlensCallback  # noqa: E402
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Any:
+    # Tiny matrices: a second OpenMP thread only spins, and on a busy two-core CI machine that
+    # spinning made these runs several times slower.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 class TinyRegressor(L.LightningModule):
     """A two-layer MLP on random rows; ``fail_at_batch`` raises in that batch's training_step."""
 
