@@ -126,7 +126,7 @@ class _Analyses:
         return analysis
 
 
-def _capacity(text: str | None) -> int | None:
+def _capacity(text: str | int | None) -> int | None:
     """A device size (80GiB, 24GB, 1.5e9), as the CLI's --capacity reads it."""
     if text is None:
         return None
@@ -148,12 +148,12 @@ class Tools:
     paths: PathPolicy = dataclasses.field(default_factory=PathPolicy)
     analyses: _Analyses = dataclasses.field(default_factory=_Analyses)
 
-    def triage(self, snapshot: str, device: int | None = None, capacity: str | None = None) -> dict[str, Any]:
+    def triage(self, snapshot: str, device: int | None = None, capacity: str | int | None = None) -> dict[str, Any]:
         analysis = self.analyses.get(self.paths.check(snapshot), _capacity(capacity))
         analysis.report.device(device)  # an unknown device: one line naming the ones there are
         return analysis.report.to_json()
 
-    def findings(self, snapshot: str, device: int | None = None, capacity: str | None = None,
+    def findings(self, snapshot: str, device: int | None = None, capacity: str | int | None = None,
                  kinds: list[str] | None = None) -> dict[str, Any]:
         from memlens.analysis.datatypes import FINDING_KINDS
         from memlens.cli.triage import KIND_ALIASES
@@ -204,7 +204,7 @@ class Tools:
         return payload
 
     def whatif(self, snapshot: str, expandable_segments: bool | None = None, max_split_size_mb: int | None = None,
-               garbage_collection_threshold: float | None = None, capacity: str | None = None,
+               garbage_collection_threshold: float | None = None, capacity: str | int | None = None,
                device: int | None = None) -> dict[str, Any]:
         from memlens.allocator import AllocatorSettings
         from memlens.allocator import whatif as run_whatif
@@ -223,7 +223,7 @@ class Tools:
         settings = dataclasses.replace(AllocatorSettings.from_snapshot_dict(loaded.allocator_settings), **overrides)
         return run_whatif(loaded, settings=settings, capacity=capacity_bytes, device=device).to_json()
 
-    def budget(self, params: str | None = None, hidden: int | None = None, layers: int | None = None,
+    def budget(self, params: str | float | None = None, hidden: int | None = None, layers: int | None = None,
                heads: int | None = None, kv_heads: int | None = None, vocab: int | None = None,
                ffn: int | None = None, tie_embeddings: bool = False, config: str | None = None,
                precision: str = "bf16-mixed", optimizer: str = "adamw", optim_dtype: str = "fp32",
@@ -232,14 +232,14 @@ class Tools:
                seq: int | None = None, grad_accum: int = 1, checkpointing: str = "none", flash_attn: bool = True,
                activations: str = "megatron", chunked_loss: float | None = None, zero: int = 0,
                world_size: int = 1, offload_optimizer: bool = False, offload_params: bool = False,
-               capacity: list[str] | None = None) -> dict[str, Any]:
+               capacity: list[str | float] | None = None) -> dict[str, Any]:
         # The mapping of ``memlens budget``'s flags onto the budget library, flag for flag.
         from memlens.budget import ModelSpec, TrainingSetup, estimate
         from memlens.budget.training import parse_checkpointing
         from memlens.cli.budget import parse_capacity
         from memlens.units import parse_count
 
-        n_params = parse_count(params) if params is not None else None
+        n_params = parse_count(str(params)) if params is not None else None
         sizes = {"hidden": hidden, "layers": layers, "heads": heads, "kv_heads": kv_heads, "vocab": vocab,
                  "ffn": ffn}
         if config is not None:
@@ -262,7 +262,7 @@ class Tools:
         )
         result = estimate(spec, setup)
         payload = result.to_json()
-        payload["capacities"] = [result.check(parse_capacity(text)).to_json() for text in capacity or []]
+        payload["capacities"] = [result.check(parse_capacity(str(size))).to_json() for size in capacity or []]
         return payload
 
 
@@ -314,8 +314,8 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = ()) -> Any:
     Snapshot = Annotated[str, Field(description="Path of a snapshot file (.pickle or .pickle.gz) on the "
                                                 "server's machine; absolute is safest")]
     Device = Annotated[int | None, Field(description="CUDA device index (default: the busiest)")]
-    Capacity = Annotated[str | None, Field(description="Device memory, e.g. 80GiB or 24GB (default: the "
-                                                       "recorder's sidecar, if any)")]
+    Capacity = Annotated[str | int | None, Field(description="Device memory, e.g. 80GiB or 24GB, or bytes "
+                                                             "(default: the recorder's sidecar, if any)")]
 
     def triage(snapshot: Snapshot, device: Device = None, capacity: Capacity = None) -> str:
         """The report `memlens triage SNAPSHOT --json` prints: per device the peak allocated and
@@ -374,7 +374,7 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = ()) -> Any:
         return run_tool(lambda: tools.whatif(snapshot, expandable_segments, max_split_size_mb,
                                              garbage_collection_threshold, capacity, device))
 
-    def budget(params: Annotated[str | None, Field(description="Parameter count: 7e9, 7B, 350M")] = None,
+    def budget(params: Annotated[str | float | None, Field(description="Parameter count: 7e9, 7B, 350M")] = None,
                hidden: int | None = None, layers: int | None = None, heads: int | None = None,
                kv_heads: int | None = None, vocab: int | None = None, ffn: int | None = None,
                tie_embeddings: bool = False,
@@ -390,8 +390,9 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = ()) -> Any:
                activations: Annotated[str, Field(description="megatron or rule-of-thumb")] = "megatron",
                chunked_loss: float | None = None, zero: int = 0, world_size: int = 1,
                offload_optimizer: bool = False, offload_params: bool = False,
-               capacity: Annotated[list[str] | None, Field(description="Device sizes to check the fit "
-                                                                       "against, e.g. [\"80GB\", \"24GiB\"]")] = None,
+               capacity: Annotated[list[str | float] | None, Field(
+                   description="Device sizes to check the fit against, e.g. [\"80GB\", \"24GiB\"]; a bare "
+                               "number is GB")] = None,
                ) -> str:
         """The theoretical memory of a training step, as `memlens budget --json` prints it (the
         arguments are its flags): weights, gradients, master weights, optimizer state,
