@@ -11,10 +11,10 @@ Names are ``model.named_modules()`` qualified names; the root module is ``<root>
 How the edges are found, without changing what the program computes:
 
 - forward: a forward pre-hook (START) and a forward hook (END) on every module;
-- backward: in the forward hook, a tensor hook on the module's first output that requires grad
-  fires when the gradient w.r.t. that output arrives (START); tensor hooks on the inputs that
-  require grad fire as their gradients are computed (END at the first). Tensor hooks leave the
-  graph as it is, unlike ``register_full_backward_hook``, which wraps outputs in a
+- backward: in the forward hook, a pre-hook on the autograd node that made the module's first
+  output requiring grad fires when the gradient w.r.t. that output reaches it (START); tensor
+  hooks on the inputs that require grad fire as their gradients are computed (END at the
+  first). These hooks leave the graph as it is, unlike ``register_full_backward_hook``, which wraps outputs in a
   ``BackwardHookFunction`` and breaks an in-place op applied to them (``ReLU(inplace=True)``).
   A module none of whose tensor inputs requires grad (an embedding fed token ids) has no
   observable end of backward, and an in-place module (``ReLU(inplace=True)``, whose output is
@@ -101,9 +101,17 @@ class ModuleScopes:
         # child's, so it goes in front), keeping the scopes nested.
         waiting: list[tuple[str, dict[str, bool]]] | None = getattr(output, _WAITING, None)
         if waiting is None:
+            # On the node that made the output (its base's, for a view), not on the tensor: an
+            # in-place op on a view (ReLU(inplace=True) after a Linear on 3-d input, whose
+            # output is a view of a matmul) rewrites the view's graph and drops the hooks of
+            # the tensor and of its old node; the base's node still runs.
+            base = output._base if output._is_view() else None
+            node = base.grad_fn if base is not None and base.grad_fn is not None else output.grad_fn
+            if node is None:
+                return  # a leaf returned as is: its backward is not this module's
             waiting = []
             setattr(output, _WAITING, waiting)
-            output.register_hook(self._start_waiting(waiting))
+            node.register_prehook(self._start_waiting(waiting))
         waiting.insert(0, (scope, state))
 
         def on_input_grad(grad: Any) -> None:
@@ -115,7 +123,7 @@ class ModuleScopes:
             tensor.register_hook(on_input_grad)
 
     def _start_waiting(self, waiting: list[tuple[str, dict[str, bool]]]) -> Callable[[Any], None]:
-        def on_output_grad(grad: Any) -> None:
+        def on_output_grad(grad_outputs: Any) -> None:
             if not self.active():
                 return
             for scope, state in waiting:

@@ -493,6 +493,8 @@ class Recorder:
         self._provisional = False
         if self.steps and self.steps[-1]["index"] == index and self.steps[-1]["end_us"] is None:
             self.steps.pop()
+            started = f"step#{index}.start"
+            self._outside_pytorch[:] = [f for f in self._outside_pytorch if f["at"] != started]
             cancel = getattr(self.backend, "cancel_step", None)
             if cancel is not None:
                 cancel(index)

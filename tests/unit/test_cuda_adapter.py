@@ -30,7 +30,9 @@ class FakeCudaMemory:
     context was asked for. Every call is logged.
     """
 
-    def __init__(self, with_metadata: bool = True, with_fraction_getter: bool = True) -> None:
+    def __init__(
+        self, with_metadata: bool = True, with_fraction_getter: bool = True, with_mem_get_info: bool = True
+    ) -> None:
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         self.observers: list[Any] = []
         self.metadata = ""
@@ -42,6 +44,11 @@ class FakeCudaMemory:
             self._set_memory_metadata = None  # type: ignore[assignment]
         if not with_fraction_getter:
             self.get_per_process_memory_fraction = None  # type: ignore[assignment]
+        if not with_mem_get_info:
+            self.mem_get_info = None  # type: ignore[assignment]
+        # What the device and the caching allocator hold; tests move them between steps.
+        self.device_used = 6 << 30
+        self.reserved = 4 << 30
 
     def _log(self, name: str, *args: Any, **kwargs: Any) -> None:
         self.calls.append((name, args, kwargs))
@@ -116,9 +123,23 @@ class FakeCudaMemory:
     def reset_peak_memory_stats(self) -> None:
         self._log("reset_peak_memory_stats")
 
+    def memory_reserved(self, device: Any = None) -> int:
+        self._log("memory_reserved", device)
+        if device is not None and not isinstance(device, int):
+            raise TypeError("Invalid device argument")
+        return self.reserved
+
     # torch.cuda
     def current_device(self) -> int:
         return 1
+
+    def mem_get_info(self, device: Any = None) -> tuple[int, int]:
+        """(free, total) of the whole device, as cudaMemGetInfo: every process's memory counts."""
+        self._log("mem_get_info", device)
+        if device is not None and not isinstance(device, int):
+            raise TypeError("Invalid device argument")
+        total = 80 << 30
+        return total - self.device_used, total
 
     def get_device_properties(self, index: int) -> Any:
         return SimpleNamespace(name="Fake H100", total_memory=80 << 30, major=9, minor=0)
@@ -312,3 +333,65 @@ def test_snapshot_of_old_torch_list_is_wrapped() -> None:
     fake._snapshot = lambda: []  # type: ignore[method-assign]
     adapter = CudaMemoryBackend(memory=fake, cuda=fake, c_api=fake)
     assert adapter.snapshot() == {"segments": [], "device_traces": []}
+
+
+def test_outside_pytorch_is_measured_at_every_step_boundary(tmp_path: Path) -> None:
+    fake = FakeCudaMemory()
+    with record(tmp_path, backend=cuda_backend(fake)) as rec:
+        for step in range(2):
+            with rec.step():
+                fake.device_used += 1 << 30  # e.g. NCCL buffers made in the step, outside the allocator
+                fake.reserved += step << 30
+    sidecar = json.loads(sidecar_path(rec.paths[-1]).read_text())
+    figures = [(f["at"], f["device_used_bytes"] >> 30, f["reserved_bytes"] >> 30, f["outside_pytorch_bytes"] >> 30)
+               for f in sidecar["outside_pytorch"]]
+    assert figures == [("step#0.start", 6, 4, 2), ("step#0.end", 7, 4, 3), ("step#1.start", 7, 4, 3),
+                       ("step#1.end", 8, 5, 3)]
+    assert all(f["device"] == 1 and isinstance(f["time_us"], int) for f in sidecar["outside_pytorch"])
+    assert ("mem_get_info", (1,), {}) in fake.calls  # asked about the recorded device
+
+
+def test_outside_pytorch_without_mem_get_info(tmp_path: Path) -> None:
+    fake = FakeCudaMemory(with_mem_get_info=False)
+    assert CudaMemoryBackend(memory=fake, cuda=fake, c_api=fake).outside_pytorch() is None
+    with record(tmp_path, backend=cuda_backend(fake)) as rec, rec.step():
+        pass
+    assert json.loads(sidecar_path(rec.paths[-1]).read_text())["outside_pytorch"] == []
+
+
+@pytest.mark.parametrize("context", ["alloc", "state"])
+def test_context_is_passed_to_pytorch(tmp_path: Path, context: str) -> None:
+    fake = FakeCudaMemory()
+    with record(tmp_path, context=context, backend=cuda_backend(fake, context=context)) as rec, rec.step():
+        fake.allocate(512)
+    history = [call for call in fake.calls if call[0] == "_record_memory_history"]
+    assert history[0][2]["context"] == context
+    with open(rec.paths[-1], "rb") as handle:
+        (trace,) = pickle.load(handle)["device_traces"]
+    assert bool(trace[0]["frames"]) == (context == "alloc")
+    with pytest.raises(ValueError, match="context must be"):
+        CudaMemoryBackend(memory=fake, cuda=fake, c_api=fake).start(10, context="python")
+
+
+def test_launcher_frames_are_dropped_from_cuda_stacks(tmp_path: Path) -> None:
+    """CUDA records the whole Python stack, memlens record's own frames included: they go at dump."""
+    from memlens.recorder import stacks
+
+    def run_program() -> None:  # stands in for memlens.cli.record.run_program
+        stacks.hide_frames_outward(sys._getframe())
+
+    fake = FakeCudaMemory()
+    launcher = {"filename": __file__, "line": 1, "name": "run_program"}
+    frozen = {"filename": "<frozen runpy>", "line": 88, "name": "_run_code"}
+    saved = set(stacks._HIDDEN_CODES)
+    try:
+        run_program()
+        with record(tmp_path, backend=cuda_backend(fake)) as rec, rec.step():
+            fake.allocate(512)
+            fake.trace[-1]["frames"] = [*fake.trace[-1]["frames"], frozen, launcher]
+    finally:
+        stacks._HIDDEN_CODES.clear()
+        stacks._HIDDEN_CODES.update(saved)
+    with open(rec.paths[-1], "rb") as handle:
+        (trace,) = pickle.load(handle)["device_traces"]
+    assert [frame["name"] for frame in trace[0]["frames"]] == ["forward"]
