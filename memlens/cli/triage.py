@@ -150,6 +150,9 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
     flags = BudgetFlags(params, optimizer, precision, hidden, layers, heads, vocab, batch, seq, checkpointing,
                         config_path)
     if lenses_requested(lens):  # --group-by, --at, --file, --stages ...: those views, not the triage screen
+        if kinds or flags.given:  # a CI job must not pass because its --fail-on was never checked
+            raise MemlensUsageError("--fail-on and the budget flags go with the triage screen, not with "
+                                    "--group-by, --rules, --at, --window, --step, --file or --stages")
         run_lenses(list(snapshots), device, cache, as_json, width, color, lens)
         return
     if len(snapshots) > 1:  # a fleet of ranks: analysed in parallel, compared (memlens.fleet)

@@ -114,6 +114,8 @@ def test_several_files_give_one_lens_each(scoped: Path) -> None:
         (["--rules", "{bad}"], "bad regular expression"),
         (["--rules", "{missing}"], "cannot read the rules file"),
         (["--file", "nosuch.py"], "no frame of any recorded stack is in a file named"),
+        (["--group-by", "file", "--fail-on", "leak"], "--fail-on and the budget flags go with the triage screen"),
+        (["--at", "3", "--params", "7e9"], "--fail-on and the budget flags go with the triage screen"),
     ],
 )
 def test_mistakes_are_one_line_and_exit_2(scoped: Path, tmp_path: Path, args: list[str], message: str) -> None:
