@@ -49,6 +49,14 @@ def _check_output(output: str, snapshot: str) -> None:
         raise MemlensUsageError(f"{output} is a folder; -o names the file to write")
 
 
+def _cannot_write(output: str, exc: OSError) -> MemlensUsageError:
+    """A folder this user may not write in, a full disk: the user's to fix, said in one line."""
+    reason = exc.strerror or type(exc).__name__
+    if output == "-":
+        return MemlensUsageError(f"cannot write standard output: {reason}")
+    return MemlensUsageError(f"cannot write {output}: {reason} (any file there was left as it was)")
+
+
 @click.command(help=help_text(__doc__))
 @click.argument("snapshot", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, allow_dash=True),
@@ -76,7 +84,10 @@ def export(snapshot: str, output: str | None, fmt: str | None, table: str, devic
         from memlens.reporters.html import write_html
 
         (report,) = analyze_paths([snapshot], capacity, device)
-        write_html(report, output, device)
+        try:
+            write_html(report, output, device)
+        except OSError as exc:
+            raise _cannot_write(output, exc) from None
         click.echo(f"wrote {output} ({os.path.getsize(output) / 2**20:.1f} MiB)")
         return
     destination = output if output is not None else "-"
@@ -107,6 +118,8 @@ def _export_rows(snapshot_path: str, destination: str, fmt: str, table: str, dev
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(EXIT_BROKEN_PIPE)
+    except OSError as exc:
+        raise _cannot_write(destination, exc) from None
     if destination != "-":
         size = os.path.getsize(destination)
         click.echo(f"wrote {destination} ({rows:,} rows of {table}, {size / 2**20:.1f} MiB)")

@@ -360,3 +360,10 @@ def test_a_reader_that_stops_early_ends_the_export_quietly() -> None:
     first, status = done.stdout.splitlines()
     assert json.loads(first)["event"] == 0
     assert status == "status 141" and done.stderr == ""
+
+
+def test_a_folder_that_cannot_be_written_is_one_line() -> None:
+    # /proc takes no new files, whoever asks (root included, as in CI containers).
+    result = CliRunner().invoke(cli, ["export", str(SAMPLE), "-o", "/proc/memlens-export.csv", "--no-cache"])
+    assert result.exit_code == 2
+    assert "cannot write /proc/memlens-export.csv" in result.output and "Traceback" not in result.output
