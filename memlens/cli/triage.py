@@ -13,6 +13,8 @@ row per rank, and the outlier rank named with what accounts for the difference, 
   memlens triage runs/*/rank*.pickle --dask tcp://scheduler:8786
   memlens triage snapshot.pickle --json > report.json
   memlens triage snapshot.pickle --fail-on leak       # exit 1 if a leak is found (for CI)
+  memlens triage snapshot.pickle --group-by annotation --step 3   # what each scope held then
+  memlens triage snapshot.pickle --file model.py      # bytes by line of model.py at the peak
 """
 
 from __future__ import annotations
