@@ -90,6 +90,32 @@ def test_annotation_is_the_innermost_scope_open_at_the_allocation() -> None:
         "outer": 5 * MiB, "inner": 2 * MiB, NO_ANNOTATION: 8 * MiB, BEFORE_HISTORY: 3 * MiB}
 
 
+def test_interleaved_scopes_close_by_name() -> None:
+    """Two threads' scopes interleave: A opens, B opens, A ends; B is still the open one."""
+    b = TraceBuilder()
+    b.annotate("A", "START")
+    b.annotate("B", "START")
+    b.alloc(1 * MiB, MODEL)
+    b.annotate("A", "END")
+    b.alloc(2 * MiB, MODEL)
+    b.annotate("B", "END")
+    b.alloc(4 * MiB, MODEL)
+    inputs = lens_inputs(b.snapshot())
+    assert groups_of(inputs, "annotation", 2) == {"B": 3 * MiB, NO_ANNOTATION: 4 * MiB}
+
+
+@pytest.mark.timeout(120)
+def test_unmatched_ends_cost_no_scan_each() -> None:
+    """100,000 STARTs never closed, then 100,000 ENDs of another name: linear, not quadratic."""
+    b = TraceBuilder()
+    for _ in range(100_000):
+        b.annotate("open forever", "START")
+    for _ in range(100_000):
+        b.annotate("never opened", "END")
+    b.alloc(MiB, MODEL)
+    assert groups_of(lens_inputs(b.snapshot()), "annotation", 0) == {"open forever": MiB}
+
+
 def test_module_groups_forward_and_backward_scopes_of_a_module_and_ignores_other_scopes() -> None:
     b = TraceBuilder()
     with b.scope("memlens.forward#layers.0"):
