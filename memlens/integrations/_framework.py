@@ -60,6 +60,11 @@ def check_record_options(options: dict[str, Any], integration: str) -> dict[str,
     """
     from memlens.recorder.session import record
 
+    own = sorted(set(options) & _OWN_OPTIONS)
+    if own:
+        raise TypeError(
+            f"{integration}: {', '.join(own)} come(s) from the framework; pass only memlens.record's other options"
+        )
     known = set(inspect.signature(record).parameters) - {"out"} - _OWN_OPTIONS
     unknown = sorted(set(options) - known)
     if unknown:
@@ -71,19 +76,16 @@ def check_record_options(options: dict[str, Any], integration: str) -> dict[str,
 
 
 def unwrap_optimizer(optimizer: Any) -> Any:
-    """The torch optimizer inside a framework's wrapper (accelerate's ``AcceleratedOptimizer``,
-    Lightning's ``LightningOptimizer``), so the sidecar names the real class (AdamW, not the
-    wrapper) and the recorder sees the real state."""
-    seen = 0
-    while seen < 8 and getattr(optimizer, "optimizer", None) is not None:
-        inner = optimizer.optimizer
-        if inner is optimizer:
+    """The torch optimizer inside a framework's wrapper (accelerate's ``AcceleratedOptimizer``
+    keeps it in ``.optimizer``, Lightning's ``LightningOptimizer`` in ``._optimizer``), so the
+    sidecar names the real class (AdamW, not the wrapper) and the recorder sees the real state."""
+    for _ in range(8):  # wrappers of wrappers, never a cycle
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None:
+            inner = getattr(optimizer, "_optimizer", None)
+        if inner is None or inner is optimizer or not hasattr(inner, "param_groups"):
             break
-        optimizer, seen = inner, seen + 1
-    for attribute in ("_optimizer",):  # LightningOptimizer keeps it here
-        inner = getattr(optimizer, attribute, None)
-        if inner is not None and hasattr(inner, "param_groups"):
-            optimizer = inner
+        optimizer = inner
     return optimizer
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import memlens  # noqa: E402
+import memlens.integrations  # noqa: E402
 from memlens.integrations.lightning import MemlensCallback  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -135,3 +138,35 @@ def test_the_file_is_named_by_the_trainers_global_rank(tmp_path: Path, monkeypat
     fit(callback, TinyRegressor(), batches=1, tmp_path=tmp_path)
     assert [path.name for path in callback.paths] == ["rank2.pickle"]
     assert len(memlens.analyze(callback.paths[0]).device().steps) == 1
+
+
+def test_the_older_pytorch_lightning_package_is_used_where_lightning_is_not_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pl = pytest.importorskip("pytorch_lightning")
+    for hidden in ("lightning", "lightning.pytorch"):
+        monkeypatch.setitem(sys.modules, hidden, None)
+    # Import the integration afresh; the one built on lightning.pytorch comes back afterwards.
+    monkeypatch.delitem(sys.modules, "memlens.integrations.lightning")
+    monkeypatch.delattr(memlens.integrations, "lightning", raising=False)
+    integration = importlib.import_module("memlens.integrations.lightning")
+    assert issubclass(integration.MemlensCallback, pl.Callback)
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(32, 1)
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            return nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    callback = integration.MemlensCallback(tmp_path / "runs", device="cpu", stacks="none")
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, callbacks=[callback], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=str(tmp_path))
+    trainer.fit(Module(), loader(batches=2))
+    assert trainer.global_step == 2
+    assert len(memlens.analyze(callback.paths[0]).device().steps) == 2
