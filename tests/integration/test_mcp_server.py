@@ -227,3 +227,26 @@ def test_error_lines_name_the_problem() -> None:
     assert one_line_error(MemlensFormatError("a.pickle", "truncated\nfile")) == "a.pickle: truncated\\nfile"
     assert one_line_error(MemoryError()) == "ran out of memory on this input (MemoryError)"
     assert one_line_error(KeyError("x")).startswith("internal error: KeyError: ")
+
+
+@pytest.mark.timeout(300)
+def test_the_sdks_own_client_lists_and_calls_the_tools() -> None:
+    """Beside the raw messages above: the reference client (what assistants embed) talks to it."""
+    import asyncio
+
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    async def session() -> tuple[list[str], str, str]:
+        server = StdioServerParameters(command=sys.executable, args=["-m", "memlens", "mcp"], cwd=str(REPO_ROOT))
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            names = [tool.name for tool in (await client.list_tools()).tools]
+            found = await client.call_tool("findings", {"snapshot": str(LEAK)})
+            missing = await client.call_tool("triage", {"snapshot": "/no/such.pickle"})
+            assert not found.is_error and missing.is_error
+            return names, found.content[0].text, missing.content[0].text  # type: ignore[union-attr]
+
+    names, found, missing = asyncio.run(session())
+    assert set(names) == TOOLS
+    assert json.loads(found)["findings"] == json.loads(cli_json("triage", str(LEAK), "--json"))["findings"]
+    assert missing == "Error executing tool triage: snapshot /no/such.pickle: no such file"
