@@ -36,9 +36,14 @@ def test_sample_loads_with_steps_and_sidecar(name: str) -> None:
     assert path.stat().st_size < 2 * 1024 * 1024
     assert path.read_bytes()[:2] == b"\x80\x04"  # protocol 4
     snapshot = memlens.load(path)
-    starts = [a.name for a in snapshot.annotations if a.stage == "START"]
-    assert starts and all(n.startswith("memlens.step#") for n in starts)
+    names = [a.name for a in snapshot.annotations if a.stage == "START"]
+    starts = [n for n in names if n.startswith("memlens.step#")]
+    # the rest are the model's module scopes (memlens.recorder.module_scopes)
+    assert starts and all(n.startswith(("memlens.forward#", "memlens.backward#")) for n in names if n not in starts)
     assert snapshot.devices[0].has_time
+    # what the recorder knew puts every byte live at the peak in a category (issue 14: under 5%)
+    device = memlens.analyze(snapshot).device(0)
+    assert device.categories_at_peak["unknown"] < 0.05 * device.peak_allocated_bytes
     assert snapshot.sidecar["backend"] == "cpu"
     assert snapshot.sidecar["optimizer"]["class"] == "AdamW"
     assert [s["index"] for s in snapshot.sidecar["steps"]] == list(range(len(starts)))
