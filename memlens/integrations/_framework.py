@@ -183,17 +183,15 @@ class FrameworkRun:
         finally:
             self._running = False
 
-    def fail(self, exc: BaseException | None, tb: TracebackType | None = None, reason: str | None = None) -> None:
+    def fail(self, exc: BaseException | None, reason: str | None = None) -> None:
         """Training failed with ``exc``: the step it interrupted is kept, the snapshot written
         (``reason`` for the sidecar, by default from the exception).
 
-        The exception is not touched: the framework (or Python) goes on raising it.
+        The exception is not touched (not even thrown into the step's scope, which would add
+        to its traceback): the framework, or Python, goes on raising it as it was.
         """
         try:
-            if self._scope is not None:
-                scope, self._scope = self._scope, None
-                # The scope ends the interrupted step; it returns False: it never swallows.
-                scope.__exit__(type(exc) if exc is not None else None, exc, tb)
+            self.end_step()
             if self._owned and self._running:
                 self.recorder.close(failed=True, reason=reason or failure_reason(exc))
         finally:
@@ -252,14 +250,14 @@ class UncaughtExceptionGuard:
 
     def _excepthook(self, exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         try:
-            self._fail(exc, tb)
+            self._fail(exc)
         finally:
             previous = self._previous_hook or sys.__excepthook__
             previous(exc_type, exc, tb)
 
     def _thread_excepthook(self, args: Any) -> None:
         try:
-            self._fail(args.exc_value, args.exc_traceback)
+            self._fail(args.exc_value)
         finally:
             previous = self._previous_thread_hook or threading.__excepthook__
             previous(args)
@@ -270,12 +268,12 @@ class UncaughtExceptionGuard:
             # No exception reached the excepthook, yet the program ends inside training: a
             # SystemExit (the recorder's SIGTERM handler raises one) or a caught exception
             # followed by the end of the program.
-            self.run.fail(None, None, reason="terminated")
-        self._fail(exc, None)
+            self.run.fail(None, reason="terminated")
+        self._fail(exc)
 
-    def _fail(self, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def _fail(self, exc: BaseException | None) -> None:
         if self.run.active:
-            self.run.fail(exc, tb)
+            self.run.fail(exc)
         self.uninstall()
 
 

@@ -66,7 +66,7 @@ def record(
     try:
         yield recorder
     except BaseException as error:
-        run.fail(error, error.__traceback__)
+        run.fail(error)
         raise
     else:
         run.finish()

@@ -110,7 +110,7 @@ class MemlensCallback(Callback):
         # Lightning calls this, then re-raises the exception itself: nothing to raise here.
         if self.runs and self.runs[-1].active:
             self._global_step_at_begin = None
-            self.runs[-1].fail(exception, exception.__traceback__)
+            self.runs[-1].fail(exception)
 
 
 __all__ = ["MemlensCallback"]
