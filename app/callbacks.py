@@ -43,6 +43,7 @@ from memlens_app.panels.timeline import (
     view_for_finding,
     view_with_marker,
     view_without_marker,
+    view_without_window,
     window_of,
     window_text,
 )
@@ -122,17 +123,19 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Input({"type": "finding", "index": ALL}, "n_clicks"),
         Input("timeline", "clickData"),
         Input("live-reset", "n_clicks"),
+        Input("x-axis", "value"),
         State("view", "data"),
-        State("x-axis", "value"),
     )
     def update_view(source_id: str | None, device: int | None, relayout: dict[str, Any] | None,
-                    clicks: list[int | None], click: dict[str, Any] | None, _reset: int,
-                    view: dict[str, Any] | None, x_axis: str) -> dict[str, Any]:
+                    clicks: list[int | None], click: dict[str, Any] | None, _reset: int, x_axis: str,
+                    view: dict[str, Any] | None) -> dict[str, Any]:
         trigger = ctx.triggered_id
         if trigger is None or new_snapshot():
             return {}
         if trigger == "live-reset":
             return view_without_marker(view)
+        if trigger == "x-axis":
+            return view_without_window(view)  # the other axis starts whole, and so do the panels
         analysis = analysis_of(source_id)
         device_id = device_of(analysis.report, device)
         if isinstance(trigger, dict) and trigger.get("type") == "finding":
@@ -167,7 +170,7 @@ def register_callbacks(app: Dash, library: Library) -> None:
         if new_snapshot():
             view = {}
         elif ctx.triggered_id == "x-axis":
-            view = {k: v for k, v in (view or {}).items() if k not in ("start", "end")}
+            view = view_without_window(view)  # update_view drops it from the store too
         return timeline_panel(analysis, device_of(analysis.report, device), view, x_axis)
 
     @app.callback(

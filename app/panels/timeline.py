@@ -102,6 +102,11 @@ def view_without_marker(view: View | None) -> View:
     return {k: v for k, v in (view or {}).items() if k != "marker"}
 
 
+def view_without_window(view: View | None) -> View:
+    """``view`` zoomed out: no window, the highlighted finding and the clicked row kept."""
+    return {k: v for k, v in (view or {}).items() if k not in ("start", "end")}
+
+
 def shown_timeline(analysis: Analysis, device: int, view: View | None) -> Timeline:
     """The rows ``view`` shows, cut from the trace at full resolution (a one-row spike inside a
     zoomed window still shows)."""

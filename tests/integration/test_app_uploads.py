@@ -336,9 +336,11 @@ def test_hostile_frame_names_reach_the_page_as_text(tmp_path: Path) -> None:
     assert uploaded.status_code == 200, uploaded.get_json()
     source_id = uploaded.get_json()["id"]
 
-    findings = _dash_call(client, [("findings", "children")], source_id)
+    findings = _dash_call(client, [("findings", "children"), ("window-label", "children")], source_id,
+                          extra_inputs=[("view", "data", {})])
     live = _dash_call(client, [("categories", "figure"), ("tab-peak", "label"), ("live-label", "children"),
-                               ("live-reset", "disabled")], source_id, extra_inputs=[("moment", "data", None)])
+                               ("live-reset", "disabled")], source_id,
+                      extra_inputs=[("view", "data", {}), ("group-by", "value", "category")])
     for raw_body, outputs in (findings, live):
         # JSON escapes '<' and '/', so the string cannot close a <script> the page embeds it in.
         assert b"<script" not in raw_body and b"</" not in raw_body
@@ -347,7 +349,7 @@ def test_hostile_frame_names_reach_the_page_as_text(tmp_path: Path) -> None:
 
     # In the layout, the name is a text child of plain components (React renders it as text):
     # never in Markdown, raw HTML or an attribute.
-    places = list(_string_places(findings[1]))
+    places = list(_string_places(findings[1]["findings"]))
     hostile_places = [(component, prop) for component, prop, value in places if "<script>" in value]
     assert hostile_places
     assert all(prop == "children" and component in ("Summary", "Pre", "Div", "Span")
@@ -357,6 +359,12 @@ def test_hostile_frame_names_reach_the_page_as_text(tmp_path: Path) -> None:
     figure = live[1]["categories"]["figure"]
     keys = {key for trace in figure["data"] for key, value in trace.items() if "<script>" in json.dumps(value)}
     assert keys and keys <= {"hovertext", "text", "labels", "customdata"}, keys
+    # Grouped by frame, the name is a bar's label and hover text, its markup escaped for plotly.
+    _, by_frame = _dash_call(client, [("categories", "figure"), ("tab-peak", "label"), ("live-label", "children"),
+                                      ("live-reset", "disabled")], source_id,
+                             extra_inputs=[("view", "data", {}), ("group-by", "value", "frame")])
+    bars = json.dumps(by_frame["categories"]["figure"]["data"])
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in bars and "<script>" not in bars
 
 
 def _dash_call(client: Any, outputs: list[tuple[str, str]], source_id: str,
@@ -444,9 +452,12 @@ def test_uploads_over_the_byte_budget_evict_shown_ones_first_never_unanalysed_on
                                         ("card-events", "children"), ("card-findings", "children")],
                                ids["shown.pickle"])
         assert "no longer on the server" in json.dumps(status["message"])
-        payload = {"output": "findings.children", "outputs": {"id": "findings", "property": "children"},
+        payload = {"output": "..findings.children...window-label.children..",
+                   "outputs": [{"id": "findings", "property": "children"},
+                               {"id": "window-label", "property": "children"}],
                    "inputs": [{"id": "source-picker", "property": "value", "value": ids["shown.pickle"]},
-                              {"id": "device-picker", "property": "value", "value": None}],
+                              {"id": "device-picker", "property": "value", "value": None},
+                              {"id": "view", "property": "data", "value": {}}],
                    "changedPropIds": ["source-picker.value"]}
         assert client.post("/_dash-update-component", json=payload).status_code == 204
     finally:

@@ -36,6 +36,7 @@ from memlens_app.panels.timeline import (
     view_for_finding,
     view_with_marker,
     view_without_marker,
+    view_without_window,
     window_of,
     window_text,
 )
@@ -140,6 +141,7 @@ def test_view_with_and_without_a_clicked_marker() -> None:
     assert view_with_marker({}, {"points": []}) is None
     assert view_with_marker({}, {"points": [{"customdata": "x"}]}) is None
     assert view_without_marker({"start": 1, "marker": 42}) == {"start": 1}
+    assert view_without_window({"start": 1, "end": 9, "marker": 42, "highlight": 0}) == {"marker": 42, "highlight": 0}
 
 
 def test_relayout_zooms_and_a_double_click_clears_the_window(leak: Analysis) -> None:
@@ -253,8 +255,8 @@ def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
 
 
 def test_rank_rows_carry_the_reports_numbers(four_ranks: list[Any]) -> None:
-    report = analyze_snapshot(RANK1).report
     row = four_ranks[3]
+    report = analyze_snapshot(row.path).report  # the copy: without the sample's sidecar
     assert row.ok and row.label == "rank 3"
     assert row.peak_allocated_bytes == report.device(None).peak_allocated_bytes
     assert row.categories_at_peak == {k: v for k, v in report.device(None).categories_at_peak.items()
