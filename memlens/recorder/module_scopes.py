@@ -55,7 +55,7 @@ class ModuleScopes:
                 continue
             name = qualname or ROOT_NAME
             self._handles.append(module.register_forward_pre_hook(self._forward_start(name)))
-            self._handles.append(module.register_forward_hook(self._forward_end(name)))
+            self._handles.append(module.register_forward_hook(self._forward_end(name), with_kwargs=True))
             count += 1
         return count
 
@@ -80,14 +80,15 @@ class ModuleScopes:
         scope = FORWARD_PREFIX + name
         backward = BACKWARD_PREFIX + name
 
-        def hook(module: Any, args: Any, output: Any) -> None:
+        def hook(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
             if not self.active():
                 return
             self._edge(scope, "END")
             if not torch.is_grad_enabled():
                 return
             first_output = next(_grad_tensors(output), None)
-            inputs = list(_grad_tensors(args))
+            # Hugging Face passes hidden_states by keyword
+            inputs = [*_grad_tensors(args), *_grad_tensors(kwargs)]
             if first_output is None or not inputs or any(first_output is tensor for tensor in inputs):
                 return  # no backward to see, or an in-place module (its output is its input)
             self._hook_backward(backward, first_output, inputs)
