@@ -738,27 +738,56 @@ def interval_peaks(values: I64, first: I64, last: I64) -> tuple[I64, I64]:
     """For many row ranges ``[first[i], last[i]]`` at once: the largest value in each, and the
     first row holding it. Empty ranges (``last < first``) give the int64 minimum and row -1.
 
-    Module scopes make hundreds of thousands of ranges, nested, so a Python loop of ``argmax``
-    would take seconds: the maxima come from one ``np.maximum.reduceat`` (the ranges' bounds
-    interleaved; the odd slots are discarded), and the rows from one sorted search for (maximum,
-    first row) among the rows holding one of the maxima.
+    Module scopes make hundreds of thousands of ranges, nested, and a hostile file can make every
+    one of them span the whole trace, so neither a loop of ``argmax`` nor a sum over the ranges'
+    rows will do: a segment tree of each node's first maximal row (built level by level) answers
+    every range in about 2 log2(n) vectorised steps, O((n + ranges) log n) in all.
     """
-    peak = np.full(first.size, np.iinfo(np.int64).min, dtype=np.int64)
-    row = np.full(first.size, -1, dtype=np.int64)
-    ranges = np.flatnonzero(last >= first)
-    if not ranges.size:
+    count = first.size
+    peak = np.full(count, np.iinfo(np.int64).min, dtype=np.int64)
+    row = np.full(count, -1, dtype=np.int64)
+    n = values.size
+    if not count or not n:
         return peak, row
-    padded = np.append(values, values.dtype.type(0))  # a range may end on the last row: its bound is n
-    bounds = np.empty(2 * ranges.size, dtype=np.int64)
-    bounds[0::2], bounds[1::2] = first[ranges], last[ranges] + 1
-    maxima = np.maximum.reduceat(padded, bounds)[0::2]
-    peak[ranges] = maxima
-    distinct, which = np.unique(maxima, return_inverse=True)
-    holders = np.flatnonzero(np.isin(values, distinct))
-    stride = values.size + 1
-    keys = np.sort(np.searchsorted(distinct, values[holders]).astype(np.int64) * stride + holders)
-    wanted = which.astype(np.int64) * stride + first[ranges]
-    row[ranges] = keys[np.searchsorted(keys, wanted)] - which.astype(np.int64) * stride
+    size = 1 << max(int(n - 1).bit_length(), 0)
+    lowest = np.iinfo(np.int64).min
+    padded = np.full(size + 1, lowest, dtype=np.int64)  # slot ``size``: the padding leaves' row
+    padded[:n] = values
+    # best[node]: the first row holding the maximum under that node; leaves are their own rows.
+    best = np.full(2 * size, size, dtype=np.int64)
+    best[size:size + n] = np.arange(n, dtype=np.int64)
+    for level_start in (1 << k for k in range(max(size.bit_length() - 2, -1), -1, -1)):
+        nodes = np.arange(level_start, 2 * level_start)
+        left, right = best[2 * nodes], best[2 * nodes + 1]
+        best[nodes] = np.where(padded[left] >= padded[right], left, right)  # ties: the left (earlier)
+    # Ranges as half-open node bounds; each step takes the odd left node / even right node.
+    lo = np.where(last >= first, first, 0).astype(np.int64) + size
+    hi = np.where(last >= first, last + 1, first).astype(np.int64) + size
+    hi[last < first] = lo[last < first]  # empty: no node is ever taken
+    found = np.full(count, size, dtype=np.int64)  # the padding row: value lowest
+
+    def take(candidate_nodes: I64, where: npt.NDArray[np.bool_]) -> None:
+        candidate = best[candidate_nodes[where]]
+        current = found[where]
+        better = (padded[candidate] > padded[current]) | (
+            (padded[candidate] == padded[current]) & (candidate < current))
+        found[where] = np.where(better, candidate, current)
+
+    while True:
+        active = lo < hi
+        if not active.any():
+            break
+        from_left = active & (lo & 1 == 1)
+        take(lo, from_left)
+        lo = lo + from_left
+        from_right = active & (hi & 1 == 1)
+        hi = hi - from_right
+        take(hi, from_right)
+        lo >>= 1
+        hi >>= 1
+    nonempty = last >= first
+    row[nonempty] = found[nonempty]
+    peak[nonempty] = padded[found[nonempty]]
     return peak, row
 
 
