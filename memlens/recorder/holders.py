@@ -829,6 +829,13 @@ def _mutation_lines(named: _Named, holds_tensor_directly: bool,
     for code in codes:
         for filename, line, how in _scan(code, name, named.is_attribute, holds_tensor_directly):
             found.setdefault((filename, line), how)
+    if not found and not holds_tensor_directly:
+        # Nothing here stores into the container (``kept = train()`` got it filled elsewhere):
+        # where the name is bound is the next best thing to show, and says so ("assignment").
+        for code in codes:
+            for filename, line, how in _scan(code, name, named.is_attribute, True):
+                if how == "assignment":
+                    found.setdefault((filename, line), how)
     lines = []
     for (filename, line), how in sorted(found.items(), key=lambda item: (item[0][0], item[0][1])):
         text = _without_comment(linecache.getline(filename, line).strip())[:MAX_CODE_TEXT]

@@ -324,3 +324,21 @@ def test_reading_a_loops_locals_does_not_keep_them_alive() -> None:
         return dead() is None
 
     assert loop()
+
+
+@pytest.mark.usefixtures("module_cleanup")
+def test_a_container_filled_elsewhere_shows_where_its_name_is_bound(tmp_path: Path) -> None:
+    module = load_module(tmp_path, "filled_elsewhere", """
+        import torch
+
+
+        def train():
+            return [torch.ones(4) for _ in range(2)]
+
+
+        kept = train()  # line 9
+    """)
+    blocks = Blocks()
+    blocks.add(*module.kept)
+    found = holder(blocks.search(), "list `kept` (global in filled_elsewhere.py)")
+    assert found["lines"] == [{"file": "filled_elsewhere.py", "line": 9, "how": "assignment", "code": "kept = train()"}]
