@@ -194,3 +194,4 @@ def test_context_state_keeps_stacks_on_live_blocks_only(tmp_path: Path) -> None:
     assert not any(entry["frames"] for entry in raw["device_traces"][0])
     live = [b for s in raw["segments"] for b in s["blocks"] if b["state"] == "active_allocated" and b.get("frames")]
     assert live and kept is not None
+
