@@ -19,13 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import msgspec  # noqa: E402
-from bench_analysis import best_of  # noqa: E402
+import msgspec
+from bench_analysis import best_of
 
-from memlens.analysis import analyze  # noqa: E402
-from memlens.analysis.report import Report, Step  # noqa: E402
-from memlens.snapshot.reader import parse  # noqa: E402
-from memlens.synthetic import synthetic_snapshot  # noqa: E402
+from memlens.analysis import analyze
+from memlens.analysis.report import Report, Step
+from memlens.snapshot.reader import parse
+from memlens.synthetic import synthetic_snapshot
 
 
 def big_report(steps: int) -> Report:
