@@ -30,19 +30,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from bench_analysis import best_of  # the sibling script: same timing
+
 TARGET_S = 1.0
-
-
-def best_of(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
-    import gc
-
-    best, result = float("inf"), None
-    for _ in range(repeat):
-        gc.collect()
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
 
 
 def timed(command: list[str]) -> float:

@@ -1,7 +1,7 @@
 """File and process facts several parts of memlens rely on, written once.
 
-* ``write_atomic``: readers see the old file or the new one, never a part of it (the recorder's
-  snapshots and sidecars, the HTML export).
+* ``write_atomic`` / ``atomic_stream``: readers see the old file or the new one, never a part of
+  it (the recorder's snapshots and sidecars, the HTML export, streamed JSON-lines/CSV exports).
 * ``current_umask``: the mode a new file of the user's would get (``mkstemp`` makes 0600).
 * ``process_alive``: whether a temporary file's writer still runs (stale files of killed
   recorders, cache writers and dashboard servers are removed by the next one).
@@ -17,20 +17,26 @@ import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 
-def write_atomic(path: Path, data: bytes, temp_prefix: str | None = None) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder, ``fsync`` and
-    ``os.replace``; the file gets the user's usual mode. ``temp_prefix`` names the temporary file
-    (the recorder puts its host and pid there, so the next run can tell a killed writer's file)."""
+@contextlib.contextmanager
+def atomic_stream(path: Path, temp_prefix: str | None = None, buffering: int = -1) -> Iterator[IO[bytes]]:
+    """A binary handle whose bytes appear at ``path`` only when the block ends without error.
+
+    A temporary file in the same folder (``temp_prefix``, default ``.NAME.PID.``; the recorder
+    puts its host and pid there, so the next run can tell a killed writer's file), ``fsync``,
+    ``os.replace``; the file gets the user's usual mode. On any exception (Ctrl-C included) the
+    temporary file is removed and ``path`` is left as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     prefix = temp_prefix if temp_prefix is not None else f".{path.name}.{os.getpid()}."
     fd, temp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; these files are the user's to share
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+        with os.fdopen(fd, "wb", buffering=buffering) as handle:
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp_name, path)
@@ -39,6 +45,12 @@ def write_atomic(path: Path, data: bytes, temp_prefix: str | None = None) -> Non
             os.unlink(temp_name)
         raise
     _fsync_directory(path.parent)
+
+
+def write_atomic(path: Path, data: bytes, temp_prefix: str | None = None) -> None:
+    """Write ``data`` to ``path`` whole or not at all (``atomic_stream`` with one write)."""
+    with atomic_stream(path, temp_prefix) as handle:
+        handle.write(data)
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -181,11 +181,10 @@ class Tools:
             raise MemlensUsageError("group_by 'rules' needs rules: the path of a JSON or TOML rules file")
         path = self.paths.check(snapshot)
         analysis = self.analyses.get(path, None)
-        # The device ``memlens triage --group-by`` picks by default (``lens_inputs``: the most
-        # events), read from the kept analysis: the same lifetimes, categories and steps.
-        chosen = analysis.snapshot.device(device).device
+        # The device ``memlens triage --group-by`` picks by default (the report's: the highest
+        # peak), read from the kept analysis: the same lifetimes, categories and steps.
         lens = {"at": at, "window": window, "step": step, "file_path": file}
-        return lens_payload(lens_inputs_of(analysis, chosen), path, group_by, loaded_rules, lens).to_json()
+        return lens_payload(lens_inputs_of(analysis, device), path, group_by, loaded_rules, lens).to_json()
 
     def diff(self, before: str, after: str, device: int | None = None, top: int = 10,
              file: str | None = None) -> dict[str, Any]:
@@ -209,18 +208,12 @@ class Tools:
         from memlens.allocator import AllocatorSettings
         from memlens.allocator import whatif as run_whatif
         from memlens.snapshot.reader import load
-        from memlens.units import MiB
 
         capacity_bytes = _capacity(capacity)
         loaded = load(self.paths.check(snapshot))
-        overrides: dict[str, Any] = {}
-        if expandable_segments is not None:
-            overrides["expandable_segments"] = expandable_segments
-        if max_split_size_mb is not None:
-            overrides["max_split_size"] = max_split_size_mb * MiB
-        if garbage_collection_threshold is not None:
-            overrides["garbage_collection_threshold"] = garbage_collection_threshold
-        settings = dataclasses.replace(AllocatorSettings.from_snapshot_dict(loaded.allocator_settings), **overrides)
+        settings = AllocatorSettings.from_snapshot_dict(loaded.allocator_settings).with_changes(
+            expandable_segments=expandable_segments, max_split_size_mb=max_split_size_mb,
+            garbage_collection_threshold=garbage_collection_threshold)
         return run_whatif(loaded, settings=settings, capacity=capacity_bytes, device=device).to_json()
 
     def budget(self, params: str | float | None = None, hidden: int | None = None, layers: int | None = None,

@@ -14,18 +14,20 @@ import re
 
 # C0 controls (newline and tab included: one string is one line), DEL, C1 controls, the Unicode
 # line/paragraph separators and the bidirectional-text controls (the "Trojan Source" set).
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 MAX_SHOWN_CHARS = 2000  # longer than any real frame name; a 10 MB one would flood the screen
 
 
-def _escape(match: re.Match[str]) -> str:
+def escape_char(match: re.Match[str]) -> str:
+    """A matched character as its visible escape: ``\\x1b``, ``\\u202e`` (``UNPRINTABLE.sub``'s
+    replacement, for other writers of snapshot text such as the CSV export)."""
     code = ord(match.group())
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def printable(text: object, limit: int = MAX_SHOWN_CHARS) -> str:
     """``text`` as one visible line: controls escaped, cut in the middle past ``limit`` chars."""
-    shown = _UNPRINTABLE.sub(_escape, str(text))
+    shown = UNPRINTABLE.sub(escape_char, str(text))
     if len(shown) > limit:
         half = limit // 2
         shown = f"{shown[:half]}…[{len(shown) - 2 * half:,} chars]…{shown[-half:]}"

@@ -32,10 +32,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import os
 import re
 import sys
-import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -47,8 +45,8 @@ import numpy.typing as npt
 
 from memlens.analysis.datatypes import CATEGORIES
 from memlens.errors import MemlensUsageError
-from memlens.files import current_umask
-from memlens.printable import _UNPRINTABLE, _escape
+from memlens.files import atomic_stream
+from memlens.printable import UNPRINTABLE, escape_char
 from memlens.snapshot.model import Action, DeviceTrace, Snapshot, StackTable
 
 if TYPE_CHECKING:
@@ -178,7 +176,7 @@ def json_cell(text: str) -> bytes:
     raw but a terminal acts on (DEL, C1 controls, line separators, bidi controls) is written as a
     ``\\uXXXX`` escape, so ``cat``-ing the file is safe; a lone surrogate (legal in a pickle's str,
     not encodable as UTF-8) becomes its escape too ("backslashreplace"), so it round-trips."""
-    dumped = _UNPRINTABLE.sub(_json_escape, json.dumps(text, ensure_ascii=False))
+    dumped = UNPRINTABLE.sub(_json_escape, json.dumps(text, ensure_ascii=False))
     return dumped.encode("utf-8", "backslashreplace")
 
 
@@ -195,7 +193,7 @@ def csv_text(text: str) -> str:
     """What a CSV cell shows of ``text``: controls and bidi characters as visible escapes (the
     ``printable`` set; a lone surrogate too: UTF-8 cannot hold one), and a leading ``'`` where a
     spreadsheet would run the cell as a formula."""
-    shown = _LONE_SURROGATE.sub(_escape, _UNPRINTABLE.sub(_escape, text))
+    shown = _LONE_SURROGATE.sub(escape_char, UNPRINTABLE.sub(escape_char, text))
     return "'" + shown if shown.startswith(_FORMULA_STARTS) else shown
 
 
@@ -415,34 +413,6 @@ def write_table(snapshot: Snapshot, handle: IO[bytes], fmt: Format = "jsonl", ta
 # --------------------------------------------------------------------------- destinations
 
 @contextlib.contextmanager
-def atomic_stream(path: Path) -> Iterator[IO[bytes]]:
-    """A binary handle whose bytes appear at ``path`` only when the block ends without error.
-
-    The streaming sibling of ``memlens.files.write_atomic``: a temporary file in the same folder
-    (named ``.NAME.PID.XXXXXXXX.tmp``), ``fsync``, ``os.replace``; the file gets the user's usual
-    mode. On any exception (Ctrl-C included) the temporary file is removed and ``path`` is left
-    as it was."""
-    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "wb", buffering=1 << 20) as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp_name)
-        raise
-    with contextlib.suppress(OSError):
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-
-
-@contextlib.contextmanager
 def open_output(output: str) -> Iterator[IO[bytes]]:
     """``-``: standard output (flushed, left open); anything else: ``atomic_stream``."""
     if output == "-":
@@ -450,5 +420,5 @@ def open_output(output: str) -> Iterator[IO[bytes]]:
         yield stdout
         stdout.flush()
     else:
-        with atomic_stream(Path(output)) as handle:
+        with atomic_stream(Path(output), buffering=1 << 20) as handle:
             yield handle

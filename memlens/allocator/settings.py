@@ -7,7 +7,7 @@ environment means the same thing to the simulator as to PyTorch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memlens.errors import MemlensUsageError
@@ -109,6 +109,24 @@ class AllocatorSettings:
     def max_split_size_or_max(self) -> int:
         """The value the allocator compares against: SIZE_MAX when unset."""
         return self.max_split_size if self.max_split_size is not None else (1 << 64) - 1
+
+    def with_changes(
+        self,
+        *,
+        expandable_segments: bool | None = None,
+        max_split_size_mb: int | None = None,
+        garbage_collection_threshold: float | None = None,
+    ) -> AllocatorSettings:
+        """These settings with the what-if knobs a user turns (``None``: as they are); the one
+        mapping ``memlens whatif``'s flags and the MCP ``whatif`` tool share."""
+        changes: dict[str, Any] = {}
+        if expandable_segments is not None:
+            changes["expandable_segments"] = expandable_segments
+        if max_split_size_mb is not None:
+            changes["max_split_size"] = max_split_size_mb * MiB
+        if garbage_collection_threshold is not None:
+            changes["garbage_collection_threshold"] = garbage_collection_threshold
+        return replace(self, **changes)
 
     # ------------------------------------------------------------------ constructors
     @classmethod

@@ -9,15 +9,13 @@ run out of memory within --capacity. Flags not given keep the recorded run's set
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from typing import Any
 
 import click
 
 from memlens.cli.common import help_text
 from memlens.errors import MemlensUsageError
-from memlens.units import MiB, parse_bytes
+from memlens.units import parse_bytes
 
 
 @click.command(help=help_text(__doc__))
@@ -55,14 +53,9 @@ def whatif(
     if capacity_bytes is not None and capacity_bytes <= 0:
         raise MemlensUsageError(f"--capacity {capacity!r}: a device needs more than 0 bytes")
     loaded = load(snapshot)
-    overrides: dict[str, Any] = {}
-    if expandable_segments is not None:
-        overrides["expandable_segments"] = expandable_segments
-    if max_split_size_mb is not None:
-        overrides["max_split_size"] = max_split_size_mb * MiB
-    if garbage_collection_threshold is not None:
-        overrides["garbage_collection_threshold"] = garbage_collection_threshold
-    settings = dataclasses.replace(AllocatorSettings.from_snapshot_dict(loaded.allocator_settings), **overrides)
+    settings = AllocatorSettings.from_snapshot_dict(loaded.allocator_settings).with_changes(
+        expandable_segments=expandable_segments, max_split_size_mb=max_split_size_mb,
+        garbage_collection_threshold=garbage_collection_threshold)
     result = run_whatif(loaded, settings=settings, capacity=capacity_bytes, device=device)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
