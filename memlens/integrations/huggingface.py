@@ -57,7 +57,9 @@ class MemlensCallback(TrainerCallback):
     recording, newest last (``runs[-1].recorder.paths`` are the files it wrote).
     """
 
-    def __init__(self, out: str | Path = "memlens_runs", *, recorder: Recorder | None = None, **record_options: Any):
+    def __init__(
+        self, out: str | Path = "memlens_runs", *, recorder: Recorder | None = None, **record_options: Any
+    ) -> None:
         if recorder is not None and record_options:
             raise TypeError("MemlensCallback: pass either recorder= or memlens.record options, not both")
         self.out = out

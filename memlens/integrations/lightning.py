@@ -59,7 +59,9 @@ class MemlensCallback(Callback):
     snapshot). ``runs`` lists each ``fit()``'s recording, newest last.
     """
 
-    def __init__(self, out: str | Path = "memlens_runs", *, recorder: Recorder | None = None, **record_options: Any):
+    def __init__(
+        self, out: str | Path = "memlens_runs", *, recorder: Recorder | None = None, **record_options: Any
+    ) -> None:
         super().__init__()
         if recorder is not None and record_options:
             raise TypeError("MemlensCallback: pass either recorder= or memlens.record options, not both")
