@@ -226,34 +226,17 @@ class Tools:
                activations: str = "megatron", chunked_loss: float | None = None, zero: int = 0,
                world_size: int = 1, offload_optimizer: bool = False, offload_params: bool = False,
                capacity: list[str | float] | None = None) -> dict[str, Any]:
-        # The mapping of ``memlens budget``'s flags onto the budget library, flag for flag.
-        from memlens.budget import ModelSpec, TrainingSetup, estimate
-        from memlens.budget.training import parse_checkpointing
-        from memlens.cli.budget import parse_capacity
-        from memlens.units import parse_count
+        from memlens.cli.budget import budget_from_flags, parse_capacity
 
-        n_params = parse_count(str(params)) if params is not None else None
-        sizes = {"hidden": hidden, "layers": layers, "heads": heads, "kv_heads": kv_heads, "vocab": vocab,
-                 "ffn": ffn}
-        if config is not None:
-            given = [name for name, value in sizes.items() if value is not None]
-            if given or tie_embeddings:
-                raise MemlensUsageError(f"config gives the sizes; drop {', '.join(given) or 'tie_embeddings'}")
-            spec = ModelSpec.from_config_json(self.paths.check(config, "config"), n_params=n_params)
-        else:
-            spec = ModelSpec.from_numbers(n_params, hidden_size=hidden, n_layers=layers, n_heads=heads,
-                                          n_kv_heads=kv_heads, vocab_size=vocab, ffn_size=ffn,
-                                          tie_embeddings=tie_embeddings)
-        mode, every = parse_checkpointing(checkpointing)
-        setup = TrainingSetup(
+        result = budget_from_flags(
+            params=str(params) if params is not None else None, hidden=hidden, layers=layers, heads=heads,
+            kv_heads=kv_heads, vocab=vocab, ffn=ffn, tie_embeddings=tie_embeddings,
+            config_path=str(self.paths.check(config, "config")) if config is not None else None,
             precision=precision, optimizer=optimizer, optim_dtype=optim_dtype, grad_dtype=grad_dtype,
-            galore_rank=galore_rank, lora_rank=lora_rank, lora_targets=tuple(lora_targets.split(",")), qlora=qlora,
-            frozen_layers=frozen_layers, micro_batch=batch, seq_len=seq, grad_accum=grad_accum, checkpointing=mode,
-            checkpoint_every=every, flash_attention=flash_attn, activation_formula=activations,
-            chunked_loss=chunked_loss, zero_stage=zero, world_size=world_size, offload_optimizer=offload_optimizer,
-            offload_params=offload_params,
-        )
-        result = estimate(spec, setup)
+            galore_rank=galore_rank, lora_rank=lora_rank, lora_targets=lora_targets, qlora=qlora,
+            frozen_layers=frozen_layers, batch=batch, seq=seq, grad_accum=grad_accum, checkpointing=checkpointing,
+            flash_attn=flash_attn, activation_formula=activations, chunked_loss=chunked_loss, zero_stage=zero,
+            world_size=world_size, offload_optimizer=offload_optimizer, offload_params=offload_params)
         payload = result.to_json()
         payload["capacities"] = [result.check(parse_capacity(str(size))).to_json() for size in capacity or []]
         return payload

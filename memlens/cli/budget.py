@@ -18,12 +18,16 @@ Examples:
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
 from memlens.cli.common import help_text
 from memlens.errors import MemlensUsageError
 from memlens.units import parse_bytes, parse_count
+
+if TYPE_CHECKING:
+    from memlens.budget import Budget
 
 
 def parse_capacity(text: str) -> int:
@@ -151,7 +155,60 @@ def budget(
     gib: bool,
     as_json: bool,
 ) -> None:
-    from memlens.budget import ModelSpec, TrainingSetup, estimate, render_budget
+    from memlens.budget import render_budget
+
+    result = budget_from_flags(
+        params=params, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, vocab=vocab, ffn=ffn,
+        tie_embeddings=tie_embeddings, config_path=config_path, precision=precision, optimizer=optimizer,
+        optim_dtype=optim_dtype, grad_dtype=grad_dtype, galore_rank=galore_rank, lora_rank=lora_rank,
+        lora_targets=lora_targets, qlora=qlora, frozen_layers=frozen_layers, batch=batch, seq=seq,
+        grad_accum=grad_accum, checkpointing=checkpointing, flash_attn=flash_attn,
+        activation_formula=activation_formula, chunked_loss=chunked_loss, zero_stage=zero_stage,
+        world_size=world_size, offload_optimizer=offload_optimizer, offload_params=offload_params)
+    checks = [result.check(parse_capacity(text)) for text in capacity]
+    if as_json:
+        payload = result.to_json()
+        payload["capacities"] = [check.to_json() for check in checks]
+        click.echo(json.dumps(payload, indent=2))
+    else:
+        click.echo(render_budget(result, binary=units_name == "gib", checks=checks), nl=False)
+
+
+def budget_from_flags(
+    *,
+    params: str | None,
+    hidden: int | None = None,
+    layers: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    vocab: int | None = None,
+    ffn: int | None = None,
+    tie_embeddings: bool = False,
+    config_path: str | None = None,
+    precision: str = "bf16-mixed",
+    optimizer: str = "adamw",
+    optim_dtype: str = "fp32",
+    grad_dtype: str | None = None,
+    galore_rank: int | None = None,
+    lora_rank: int | None = None,
+    lora_targets: str = "q_proj,v_proj",
+    qlora: bool = False,
+    frozen_layers: int = 0,
+    batch: int = 1,
+    seq: int | None = None,
+    grad_accum: int = 1,
+    checkpointing: str = "none",
+    flash_attn: bool = True,
+    activation_formula: str = "megatron",
+    chunked_loss: float | None = None,
+    zero_stage: int = 0,
+    world_size: int = 1,
+    offload_optimizer: bool = False,
+    offload_params: bool = False,
+) -> Budget:
+    """``memlens budget``'s flags mapped onto the budget library, flag for flag: the one mapping
+    the command and the MCP ``budget`` tool share."""
+    from memlens.budget import ModelSpec, TrainingSetup, estimate
     from memlens.budget.training import parse_checkpointing
 
     n_params = parse_count(params) if params is not None else None
@@ -203,11 +260,4 @@ def budget(
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
     )
-    result = estimate(spec, setup)
-    checks = [result.check(parse_capacity(text)) for text in capacity]
-    if as_json:
-        payload = result.to_json()
-        payload["capacities"] = [check.to_json() for check in checks]
-        click.echo(json.dumps(payload, indent=2))
-    else:
-        click.echo(render_budget(result, binary=units_name == "gib", checks=checks), nl=False)
+    return estimate(spec, setup)
