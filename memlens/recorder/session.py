@@ -328,10 +328,10 @@ class Recorder:
             add_root = getattr(self.backend, "add_root", None)
             if add_root is not None:
                 add_root(model)
-            if hasattr(model, "register_forward_pre_hook"):
+            if hasattr(model, "register_forward_pre_hook") and self._state != "closed":
                 self._model_hooks.append(model.register_forward_pre_hook(self._on_model_inputs, with_kwargs=True))
                 self._model_hooks.append(model.register_forward_hook(self._on_model_outputs))
-                if self.module_scopes is not False and self._state != "closed":
+                if self.module_scopes is not False:
                     self._scopes.attach(model)
         if optimizer is not None and not any(ref() is optimizer for ref in self._optimizers):
             self._optimizers.append(weakref.ref(optimizer))

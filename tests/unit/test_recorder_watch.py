@@ -43,3 +43,12 @@ def test_watch_holds_no_strong_reference(tmp_path: Path) -> None:
         del model, optimizer
         gc.collect()
         assert rec.models == [] and rec.optimizers == []
+
+
+def test_watch_after_close_adds_no_hooks(tmp_path: Path) -> None:
+    model, optimizer = tiny()
+    with record(tmp_path, device="cpu") as rec, rec.step():
+        model(torch.randn(2, 16))
+    rec.watch(model=model, optimizer=optimizer)  # e.g. a framework callback firing late
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    assert not any(m._forward_hooks for m in model.modules())
