@@ -147,39 +147,69 @@ def _pool_context() -> Any:
     return context
 
 
+# Files go to the pool in chunks, about this many per worker: one round trip per chunk rather
+# than per file (on a busy machine each trip waits for a time slice), still balanced.
+CHUNKS_PER_WORKER = 4
+
+
+# After this many files in a row each killed the worker analysing it alone, stop retrying.
+DEATHS_BEFORE_GIVING_UP = 3
+
+
+def _run_chunk(task: Task, paths: Sequence[str]) -> list[dict[str, Any]]:
+    return [task(path) for path in paths]
+
+
+def _chunks(count: int, workers: int) -> list[list[int]]:
+    """Indices 0..count-1 in consecutive chunks, about ``CHUNKS_PER_WORKER`` per worker."""
+    size = max(1, -(-count // (workers * CHUNKS_PER_WORKER)))
+    return [list(range(start, min(start + size, count))) for start in range(0, count, size)]
+
+
 def run_processes(paths: Sequence[str], task: Task, jobs: int,
                   progress: Progress | None = None) -> list[dict[str, Any]]:
     """``task`` over ``paths`` in a pool of ``jobs`` processes; results in input order.
 
     A worker that dies (killed for memory, a crash in native code) breaks the whole pool and
-    every file still in it. Those files are retried one at a time, each in a pool of one, so the
+    every chunk still in it. Those files are retried one at a time, each in a pool of one, so the
     file that kills its worker is named and the others still get analysed.
     """
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
     results: list[dict[str, Any] | None] = [None] * len(paths)
+    chunks = _chunks(len(paths), jobs)
     done = 0
     retry: list[int] = []
     with ProcessPoolExecutor(max_workers=jobs, mp_context=_pool_context()) as pool:
-        futures = {pool.submit(task, path): index for index, path in enumerate(paths)}
+        futures = {pool.submit(_run_chunk, task, [paths[i] for i in chunk]): chunk for chunk in chunks}
         for future in as_completed(futures):
-            index = futures[future]
+            chunk = futures[future]
             try:
-                results[index] = future.result()
+                for index, result in zip(chunk, future.result(), strict=True):
+                    results[index] = result
             except BrokenProcessPool:
-                retry.append(index)
+                retry.extend(chunk)
                 continue
-            done += 1
+            done += len(chunk)
             if progress:
                 progress(done, len(paths))
+    deaths_in_a_row = 0
     for index in sorted(retry):
-        with ProcessPoolExecutor(max_workers=1, mp_context=_pool_context()) as alone:
-            try:
-                results[index] = alone.submit(task, paths[index]).result()
-            except BrokenProcessPool:
-                results[index] = _died(paths[index], "the worker process analysing this file died "
-                                                     "(killed for memory, or a crash)")
+        if deaths_in_a_row >= DEATHS_BEFORE_GIVING_UP:
+            # Workers that die whatever the file cannot start at all (no memory left, a broken
+            # interpreter): the rest would each cost a pool start to learn the same.
+            results[index] = _died(paths[index], f"not analysed: {DEATHS_BEFORE_GIVING_UP} worker processes "
+                                                 "in a row died, each on its own file")
+        else:
+            with ProcessPoolExecutor(max_workers=1, mp_context=_pool_context()) as alone:
+                try:
+                    results[index] = alone.submit(task, paths[index]).result()
+                    deaths_in_a_row = 0
+                except BrokenProcessPool:
+                    deaths_in_a_row += 1
+                    results[index] = _died(paths[index], "the worker process analysing this file died "
+                                                         "(killed for memory, or a crash)")
         done += 1
         if progress:
             progress(done, len(paths))
@@ -202,28 +232,44 @@ def run_dask(paths: Sequence[str], task: Task, address: str,
     except (OSError, TimeoutError, ValueError) as exc:
         raise MemlensUsageError(f"cannot reach the Dask scheduler at {address!r}: {printable(exc, 200)}") from None
     try:
+        threads = max(1, sum(client.nthreads().values()))
+        chunks = _chunks(len(paths), threads)
         # pure=False: two files with equal paths are still two tasks, and a rerun reanalyses.
-        futures = client.map(task, list(paths), pure=False)
-        results = []
-        for done, (path, future) in enumerate(zip(paths, futures, strict=True), 1):
+        futures = [client.submit(_run_chunk, task, [paths[i] for i in chunk], pure=False) for chunk in chunks]
+        results: list[dict[str, Any]] = []
+        for chunk, future in zip(chunks, futures, strict=True):
             try:
-                results.append(future.result())
-            except Exception as exc:  # KilledWorker and the like: this file's row
-                results.append(_died(path, f"the Dask task failed: {type(exc).__name__}: {printable(exc, 200)}"))
+                results.extend(future.result())
+            except Exception:  # KilledWorker and the like: the chunk's files one by one, to name the culprit
+                for index in chunk:
+                    one = client.submit(task, paths[index], pure=False)
+                    try:
+                        results.append(one.result())
+                    except Exception as exc:
+                        results.append(_died(paths[index], f"the Dask task failed: {type(exc).__name__}: "
+                                                           f"{printable(exc, 200)}"))
             if progress:
-                progress(done, len(paths))
+                progress(len(results), len(paths))
         return results
     finally:
         client.close()  # ours to close; the cluster is not ours to stop
 
 
-def default_jobs(files: int) -> int:
-    """The CPUs this process may use, capped by the number of files."""
+# Below this many bytes of snapshots in all, the default is to analyse them here: starting the
+# workers (~1 s) costs more than they would save (the analysis reads ~10 MiB of pickle a second).
+IN_PROCESS_BYTES = 16 << 20
+
+
+def default_jobs(paths: Sequence[str]) -> int:
+    """The CPUs this process may use, capped by the number of files; 1 for a small fleet."""
+    sizes = [os.path.getsize(p) if os.path.isfile(p) else 0 for p in paths]
+    if sum(sizes) < IN_PROCESS_BYTES:
+        return 1
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(cpus, files))
+    return max(1, min(cpus, len(paths)))
 
 
 # --------------------------------------------------------------------------- plain data
@@ -306,6 +352,8 @@ class FleetReport:
     executor: str  # "sequential", "processes" or "dask"
     workers: int | None
     wall_seconds: float
+    # Two ranks have no majority to differ from: how the higher one differs from the other.
+    pair: str | None = None
     # The per-file reports' JSON (None for a failed file), kept only when asked for.
     reports: list[dict[str, Any] | None] | None = field(default=None, repr=False)
 
@@ -322,6 +370,7 @@ class FleetReport:
             "ranks": [asdict(row) for row in self.rows],
             "medians": dict(self.medians),
             "outliers": [asdict(outlier) for outlier in self.outliers],
+            "pair": self.pair,
         }
         if self.reports is not None:
             payload["reports"] = list(self.reports)
@@ -507,6 +556,31 @@ def verdict_line(row: RankRow, deviations: Sequence[Deviation], reasons: Sequenc
     return text
 
 
+def pair_difference(rows: Sequence[RankRow]) -> str | None:
+    """With exactly two analysed ranks: the higher peak against the other, by category, or None
+    when they are within ``SIGNIFICANT_SHARE`` of each other."""
+    good = [row for row in rows if row.ok]
+    if len(good) != 2:
+        return None
+    low, high = sorted(good, key=lambda row: row.peak_allocated_bytes)
+    delta = high.peak_allocated_bytes - low.peak_allocated_bytes
+    if delta < SIGNIFICANT_SHARE * max(low.peak_allocated_bytes, 1):
+        return None
+    base = {name: float(value) for name, value in low.categories_at_peak.items()}
+    base["peak_allocated"] = float(low.peak_allocated_bytes)
+    base_findings = {kind: float(size) for kind, size in _finding_bytes(low).items()}
+    reasons = explain(high, base, base_findings)
+    text = (f"{high.label}: peak allocated {format_bytes(high.peak_allocated_bytes)}, {_signed(delta)} against "
+            f"{low.label} ({format_bytes(low.peak_allocated_bytes)})")
+    categories = [r for r in reasons if r.what == "category"]
+    if categories:
+        text += "; at the peak " + ", ".join(f"{r.name} {_signed(r.delta)}" for r in categories)
+    kinds = [r for r in reasons if r.what == "finding"]
+    if kinds:
+        text += "; findings " + ", ".join(f"{r.name} {_signed(r.delta)}" for r in kinds)
+    return text
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -515,8 +589,9 @@ def triage_fleet(paths: Sequence[str | os.PathLike[str]], *, jobs: int | None = 
                  keep_reports: bool = False, progress: Progress | None = None) -> FleetReport:
     """Analyse every snapshot in ``paths`` and compare the ranks.
 
-    ``jobs``: worker processes (default: the CPUs, capped by the files; 1 analyses here, in this
-    process); ``dask``: the address of a running Dask scheduler (then ``jobs`` is unused);
+    ``jobs``: worker processes (default: the CPUs, capped by the files, or none below
+    ``IN_PROCESS_BYTES`` of snapshots; 1 analyses here, in this process); ``dask``: the address
+    of a running Dask scheduler (then ``jobs`` is unused);
     ``capacity``, ``device``, ``cache``: as for one ``memlens.analyze``/``memlens.load``;
     ``keep_reports``: keep each file's report JSON in ``FleetReport.reports``.
     """
@@ -537,7 +612,7 @@ def triage_fleet(paths: Sequence[str | os.PathLike[str]], *, jobs: int | None = 
                 result["error"] = name + result["error"][len(full):]
         executor, workers = "dask", None
     else:
-        workers = min(jobs, len(names)) if jobs is not None else default_jobs(len(names))
+        workers = min(jobs, len(names)) if jobs is not None else default_jobs(names)
         if workers == 1:
             executor, results = "sequential", run_sequential(names, task, progress)
         else:
@@ -545,7 +620,7 @@ def triage_fleet(paths: Sequence[str | os.PathLike[str]], *, jobs: int | None = 
     wall = time.perf_counter() - started
     rows = [row_from_result(result) for result in results]
     outliers, medians = find_outliers(rows)
-    return FleetReport(rows, outliers, medians, executor, workers, wall,
+    return FleetReport(rows, outliers, medians, executor, workers, wall, pair_difference(rows),
                        reports=[r.get("report") for r in results] if keep_reports else None)
 
 
@@ -570,6 +645,7 @@ def side_by_side(fleet: FleetReport) -> dict[str, Any]:
 
 __all__ = [
     "FLEET_SCHEMA_VERSION",
+    "IN_PROCESS_BYTES",
     "Deviation",
     "Difference",
     "FindingSummary",
@@ -580,6 +656,7 @@ __all__ = [
     "default_jobs",
     "explain",
     "find_outliers",
+    "pair_difference",
     "rank_from_name",
     "robust_z",
     "row_from_result",

@@ -135,7 +135,8 @@ def budget_reconciliation(report: Report, device: int | None, flags: BudgetFlags
 @click.option("--width", type=int, default=None, help="Terminal width (default: detected; piped output: 80).")
 @click.option("--color/--no-color", default=None, help="Force colour on or off (default: only on a terminal).")
 @click.option("--jobs", type=click.IntRange(1), default=None,
-              help="Several files: worker processes (default: the CPUs, at most one per file).")
+              help="Several files: worker processes (default: the CPUs, at most one per file; "
+                   "none under 16 MiB of snapshots in all).")
 @click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
               help="Several files: analyse them on the Dask cluster at ADDRESS (pip install 'memlens[dask]').")
 @lens_options

@@ -27,14 +27,6 @@ MIN_LAST_COLUMN = 12
 MIN_FILE_COLUMN = 10
 
 
-def _how(fleet: FleetReport) -> str:
-    if fleet.executor == "processes":
-        return f"{fleet.workers} processes"
-    if fleet.executor == "dask":
-        return "a Dask cluster"
-    return "this process"
-
-
 def _findings_cell(row: RankRow) -> str:
     kinds: dict[str, int] = {}
     for finding in row.findings:
@@ -45,9 +37,10 @@ def _findings_cell(row: RankRow) -> str:
 def render_fleet(console: Console, fleet: FleetReport) -> None:
     rows = fleet.rows
     failed = len(fleet.failed)
+    # No timings or worker counts here: the same files print the same text on any machine (the
+    # JSON has executor, workers and wall_seconds).
     console.print(Text(f"memlens triage  {len(rows):,} files · {len(rows) - failed:,} analysed"
-                       + (f" · {failed:,} failed" if failed else "")
-                       + f" · {_how(fleet)}, {fleet.wall_seconds:.2f} s", style="bold"))
+                       + (f" · {failed:,} failed" if failed else ""), style="bold"))
     outlying = {outlier.index for outlier in fleet.outliers}
     median_peak = fleet.medians.get("peak_allocated", 0.0)
     cells: list[list[str]] = []
@@ -93,6 +86,8 @@ def render_fleet(console: Console, fleet: FleetReport) -> None:
             console.print(Text(f"    details: memlens triage {printable(outlier.path)}", style="dim"))
     elif analysed < 3:
         console.print(Text(f"Outliers  none named: {analysed} analysed file(s) have no majority to differ from"))
+        if fleet.pair:
+            console.print(Text(f"  {printable(fleet.pair, 2000)}"))
     else:
         low = min(row.peak_allocated_bytes for row in rows if row.ok)
         high = max(row.peak_allocated_bytes for row in rows if row.ok)

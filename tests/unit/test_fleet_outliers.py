@@ -69,6 +69,14 @@ def test_natural_spread_small_differences_and_two_ranks_name_nobody() -> None:
     assert find_outliers([row(0), row(1, unknown=100 * MiB)])[0] == []  # no majority to differ from
 
 
+def test_two_ranks_are_compared_with_each_other() -> None:
+    from memlens.fleet import pair_difference
+
+    assert pair_difference([row(0), row(1, activations=130 * MiB)]) == (
+        "rank 1: peak allocated 180.00 MiB, +30.00 MiB against rank 0 (150.00 MiB); at the peak activations +30.00 MiB")
+    assert pair_difference([row(0), row(1, unknown=1 * MiB)]) is None  # under 5%: alike
+
+
 def test_failed_rows_are_left_out_of_the_medians() -> None:
     failed = RankRow("run/rank9.pickle", 9, None, None, 0, 0, 0, None, {}, [], 0.0, error="not a pickle")
     outliers, medians = find_outliers([row(r) for r in range(4)] + [failed])
@@ -99,3 +107,11 @@ def test_a_worker_that_dies_costs_its_own_file_only() -> None:
     assert [r["path"] for r in results] == paths
     assert "died" in str(results[2]["error"])
     assert [r["error"] for i, r in enumerate(results) if i != 2] == [None, None, None]
+
+
+@pytest.mark.timeout(120)
+def test_workers_that_die_on_every_file_are_not_retried_for_ever() -> None:
+    paths = ["1.doomed", "2.doomed", "3.doomed", "4.doomed", "5.doomed"]
+    results = run_processes(paths, _die_on_doomed, jobs=2)
+    errors = [str(r["error"]) for r in results]
+    assert all("died" in e for e in errors[:3]) and all(e.startswith("not analysed") for e in errors[3:])
