@@ -61,9 +61,15 @@ MUTATING_METHODS = frozenset({
     "append", "extend", "insert", "add", "update", "setdefault", "appendleft", "extendleft",
     "put", "put_nowait", "__setitem__", "__iadd__",
 })
-_LOAD_NAME_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FAST", "LOAD_DEREF", "LOAD_CLASSDEREF",
-                            "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_FROM_DICT_OR_GLOBALS"})
-_STORE_NAME_OPS = frozenset({"STORE_GLOBAL", "STORE_NAME", "STORE_FAST", "STORE_DEREF"})
+# How each kind of name is loaded and stored in bytecode: a global's lines are never a local's
+# of the same name in another function, nor a closure's.
+_NAME_OPS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "global": (frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"}),
+               frozenset({"STORE_GLOBAL", "STORE_NAME"})),
+    "local": (frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_DEREF", "LOAD_NAME"}),
+              frozenset({"STORE_FAST", "STORE_DEREF", "STORE_NAME"})),
+    "closure": (frozenset({"LOAD_DEREF", "LOAD_CLASSDEREF"}), frozenset({"STORE_DEREF"})),
+}
 _METHOD_OPS = frozenset({"LOAD_METHOD", "LOAD_ATTR"})
 _CONTAINER_TYPES = (list, tuple, dict, set, frozenset, deque)
 MAX_LINES = 5
@@ -549,6 +555,11 @@ def _edges(referrer: Any, wanted: set[int], module_dicts: Mapping[int, Any]) -> 
         instance_dict = getattr(referrer, "__dict__", None)
         if isinstance(instance_dict, dict) and id(instance_dict) in wanted:
             yield id(instance_dict), ".__dict__"
+        elif isinstance(referrer, type):
+            # a class shows its dict as a read-only proxy; the dict itself is among its referents
+            for referent in gc.get_referents(referrer):
+                if isinstance(referent, dict) and id(referent) in wanted:
+                    yield id(referent), ".__dict__"
 
 
 def _attributes(obj: Any) -> dict[str, Any]:
@@ -558,7 +569,7 @@ def _attributes(obj: Any) -> dict[str, Any]:
         instance_dict = object.__getattribute__(obj, "__dict__")
     except (AttributeError, TypeError):
         instance_dict = None
-    if isinstance(instance_dict, dict):
+    if isinstance(instance_dict, dict | types.MappingProxyType):
         found.update((k, v) for k, v in instance_dict.items() if isinstance(k, str))
     for klass in type(obj).__mro__:
         slots = klass.__dict__.get("__slots__", ())
@@ -587,13 +598,21 @@ def _name_of_referrer(referrer: Any, module_dicts: Mapping[int, Any]) -> _Named 
         return _Named("closure", "", f"closure variable of {referrer.__qualname__}()",
                       code=list(_nested_code(referrer.__code__)))
     if isinstance(referrer, type):
+        # ``Registry.items.append(x)`` may be anywhere in the class's module, not only in its methods
         return _Named("class attribute", "", f"of class `{referrer.__qualname__}`",
-                      code=_class_code(referrer), is_attribute=True)
+                      code=_class_code(referrer), is_attribute=True, source_file=_module_file(referrer))
     if isinstance(referrer, (*_CONTAINER_TYPES, types.CellType, types.ModuleType)):
         return None
     if _is_instance_dict_candidate(referrer):
         return _Named("attribute", "", _owner_text(referrer), code=_class_code(type(referrer)), is_attribute=True)
     return None
+
+
+def _module_file(obj: Any) -> str | None:
+    """The source file of the module that defines ``obj`` (a class or a function)."""
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    filename = getattr(module, "__file__", None)
+    return filename if isinstance(filename, str) and filename.endswith(".py") else None
 
 
 def _owner_text(obj: Any) -> str:
@@ -645,12 +664,22 @@ def _names_of_root(root: Any, objects: dict[int, Any], parents: dict[int, list[t
             if parent is None:
                 continue
             named = _name_of_referrer(parent, module_dicts)
+            if named is not None and isinstance(parent, types.FunctionType) and label != ".__closure__":
+                # an attribute set on a function object (``log.seen = []``)
+                named.kind, named.is_attribute = "function attribute", True
+                named.where = f"of function {parent.__qualname__}()"
+                named.source_file = _module_file(parent)
             if named is not None and label == ".__dict__":
                 # reached through the instance's dict: the dict's key is the attribute
                 through = _through_instance_dict(root, objects, node_id, trail, named)
                 if through is not None:
                     add(through)
-            elif named is not None and label != ".__closure__":
+            elif named is not None and label == ".__closure__":
+                # function -> __closure__ tuple -> cell -> the object: named by the free variable
+                through_cell = _through_closure(root, objects, parent, trail, named)
+                if through_cell is not None:
+                    add(through_cell)
+            elif named is not None:
                 add(_build_path(root, objects, trail, node_id, named, label))
             elif parent_id not in visited:
                 visited.add(parent_id)
@@ -665,6 +694,19 @@ def _through_instance_dict(root: Any, objects: dict[int, Any], dict_id: int, tra
         return None
     child_id, key_label = trail[-1]
     return _build_path(root, objects, trail[:-1], child_id, named, f".{_label_key(key_label)}")
+
+
+def _through_closure(root: Any, objects: dict[int, Any], function: Any, trail: list[tuple[int, str]],
+                     named: _Named) -> _Path | None:
+    """``trail`` ends ..., (the object, ".cell_contents"), (the cell, "[i]"): the object is the
+    free variable ``i`` of ``function``."""
+    if len(trail) < 2 or trail[-2][1] != ".cell_contents":
+        return None
+    index = _label_key(trail[-1][1])
+    freevars = function.__code__.co_freevars
+    if not (index.startswith("[") and index[1:-1].isdigit() and int(index[1:-1]) < len(freevars)):
+        return None
+    return _build_path(root, objects, trail[:-2], trail[-2][0], named, f".{freevars[int(index[1:-1])]}")
 
 
 def _label_key(label: str) -> str:
@@ -720,7 +762,7 @@ def _group(
         kind_of_object = type(obj).__name__ if not _is_tensor(obj) else "tensor"
         expression = f"self.{named.name}" if named.is_attribute and named.kind == "attribute" else named.name
         where = _fill_files(named.where, filename_map)
-        if named.kind == "attribute" or named.kind == "class attribute":
+        if named.kind in ("attribute", "class attribute", "function attribute"):
             holder = f"{kind_of_object} `{expression}` {where}"
         else:
             holder = f"{kind_of_object} `{expression}` ({where})"
@@ -827,13 +869,13 @@ def _mutation_lines(named: _Named, holds_tensor_directly: bool,
     name = named.name.split("[")[0].split(".")[0]
     found: dict[tuple[str, int], str] = {}
     for code in codes:
-        for filename, line, how in _scan(code, name, named.is_attribute, holds_tensor_directly):
+        for filename, line, how in _scan(code, name, named.kind, named.is_attribute, holds_tensor_directly):
             found.setdefault((filename, line), how)
     if not found and not holds_tensor_directly:
         # Nothing here stores into the container (``kept = train()`` got it filled elsewhere):
         # where the name is bound is the next best thing to show, and says so ("assignment").
         for code in codes:
-            for filename, line, how in _scan(code, name, named.is_attribute, True):
+            for filename, line, how in _scan(code, name, named.kind, named.is_attribute, True):
                 if how == "assignment":
                     found.setdefault((filename, line), how)
     lines = []
@@ -856,8 +898,10 @@ def _without_comment(line: str) -> str:
     return line
 
 
-def _scan(code: types.CodeType, name: str, attribute: bool, direct: bool) -> Iterator[tuple[str, int, str]]:
-    """(file, line, how) for each line of ``code`` (nested code included) storing into ``name``."""
+def _scan(code: types.CodeType, name: str, kind: str, attribute: bool, direct: bool) -> Iterator[tuple[str, int, str]]:
+    """(file, line, how) for each line of ``code`` (nested code included) storing into ``name``,
+    a ``kind`` of name (global, local, closure) or an attribute."""
+    load_ops, store_ops = _NAME_OPS.get(kind, _NAME_OPS["global"])
     for inner in _nested_code(code):
         instructions = [i for i in dis.get_instructions(inner) if i.opname != "CACHE"]
         for position, instruction in enumerate(instructions):
@@ -865,7 +909,7 @@ def _scan(code: types.CodeType, name: str, attribute: bool, direct: bool) -> Ite
             if line is None:
                 continue
             loads_name = instruction.argval == name and (
-                instruction.opname in _METHOD_OPS if attribute else instruction.opname in _LOAD_NAME_OPS)
+                instruction.opname in _METHOD_OPS if attribute else instruction.opname in load_ops)
             if loads_name and position + 1 < len(instructions):
                 following = instructions[position + 1]
                 if following.opname in _METHOD_OPS and following.argval in MUTATING_METHODS:
@@ -878,7 +922,7 @@ def _scan(code: types.CodeType, name: str, attribute: bool, direct: bool) -> Ite
                         yield inner.co_filename, line, "item assignment"
                         break
             stores_name = instruction.argval == name and (
-                instruction.opname == "STORE_ATTR" if attribute else instruction.opname in _STORE_NAME_OPS)
+                instruction.opname == "STORE_ATTR" if attribute else instruction.opname in store_ops)
             if stores_name and (direct or _augmented(instructions, position)):
                 yield inner.co_filename, line, "assignment"
 

@@ -342,3 +342,85 @@ def test_a_container_filled_elsewhere_shows_where_its_name_is_bound(tmp_path: Pa
     blocks.add(*module.kept)
     found = holder(blocks.search(), "list `kept` (global in filled_elsewhere.py)")
     assert found["lines"] == [{"file": "filled_elsewhere.py", "line": 9, "how": "assignment", "code": "kept = train()"}]
+
+
+@pytest.mark.usefixtures("module_cleanup")
+def test_a_hook_closure_that_keeps_outputs_is_named_by_its_free_variable(tmp_path: Path) -> None:
+    module = load_module(tmp_path, "hooks", """
+        import torch
+
+
+        def attach(model):
+            outputs = []
+
+            def keep(module, args, output):
+                outputs.append(output)  # line 9
+
+            return model.register_forward_hook(keep)
+    """)
+    model = torch.nn.Linear(4, 4)
+    handle = module.attach(model)
+    with torch.no_grad():
+        kept = [model(torch.randn(2, 4)) for _ in range(2)]
+    blocks = Blocks()
+    blocks.add(*kept)
+    del kept
+    found = holder(blocks.search(), "list `outputs` (closure variable of attach.<locals>.keep())")
+    assert found["kind"] == "closure" and found["count"] == 2
+    assert found["line"] == "hooks.py:9"
+    handle.remove()
+
+
+@pytest.mark.usefixtures("module_cleanup")
+def test_class_and_function_attributes_are_named_as_such(tmp_path: Path) -> None:
+    module = load_module(tmp_path, "attributes", """
+        import torch
+
+
+        class Registry:
+            items = []
+
+
+        def log(value):
+            log.seen.append(value)  # line 10
+
+
+        log.seen = []
+
+
+        def step():
+            Registry.items.append(torch.ones(3))  # line 17
+            log(torch.ones(5))
+    """)
+    module.step()
+    blocks = Blocks()
+    blocks.add(*module.Registry.items, *module.log.seen)
+    result = blocks.search()
+    in_class = holder(result, "list `items` of class `Registry`")
+    assert in_class["kind"] == "class attribute" and in_class["line"] == "attributes.py:17"
+    on_function = holder(result, "list `seen` of function log()")
+    assert on_function["kind"] == "function attribute" and on_function["line"] == "attributes.py:10"
+
+
+@pytest.mark.usefixtures("module_cleanup")
+def test_a_local_of_the_same_name_elsewhere_is_not_the_globals_line(tmp_path: Path) -> None:
+    module = load_module(tmp_path, "shadowed", """
+        import torch
+
+        kept = []
+
+
+        def unrelated():
+            kept = []
+            kept.append(1)  # line 9: a local that only shares the name
+            return kept
+
+
+        def step():
+            kept.append(torch.ones(2))  # line 14
+    """)
+    module.step()
+    blocks = Blocks()
+    blocks.add(*module.kept)
+    found = holder(blocks.search(), "list `kept` (global in shadowed.py)")
+    assert [line["line"] for line in found["lines"]] == [14]
