@@ -35,6 +35,7 @@ from memlens_app.panels.ranks import (
     rank_row,
     rank_sources,
     ranks_panel,
+    source_of_click,
 )
 from memlens_app.panels.timeline import (
     findings_panel,
@@ -356,4 +357,16 @@ def register_callbacks(app: Dash, library: Library) -> None:
                     None, None)
         with ThreadPoolExecutor(DEFAULT_CONCURRENT_ANALYSES) as pool:
             rows = list(pool.map(rank_row_of, chosen))
-        return ranks_panel(rows).outputs()
+        return ranks_panel(rows, chosen).outputs()
+
+    @app.callback(
+        Output("source-picker", "value", allow_duplicate=True),
+        Output("tabs", "value"),
+        Input("ranks-graph", "clickData"),
+        prevent_initial_call=True,
+    )
+    def open_rank(click: dict[str, Any] | None) -> Any:
+        source_id = source_of_click(click)
+        if source_id is None:
+            raise PreventUpdate
+        return source_id, "timeline"  # the clicked rank's own timeline and findings

@@ -205,6 +205,7 @@ def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
                         placeholder="pick the snapshots of each rank…")),
                     html.Div(id="ranks-verdicts", className="ranks-verdicts-area"),
                     dcc.Loading(dcc.Graph(id="ranks-graph"), type="dot"),
+                    html.Div("Click a rank's bar to open its timeline and findings.", className="hint"),
                     html.Div(id="ranks-table"),
                 ]),
             ]),

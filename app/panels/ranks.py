@@ -155,9 +155,20 @@ def distinct_labels(labels: Sequence[str], paths: Sequence[str]) -> list[str]:
             for label, path in zip(labels, paths, strict=True)]
 
 
-def ranks_panel(rows: Sequence[RankRow]) -> RanksPanel:
-    """The ranks view of ``rows`` (in the order picked): chart, table and verdicts."""
+def ranks_panel(rows: Sequence[RankRow], source_ids: Sequence[str] | None = None) -> RanksPanel:
+    """The ranks view of ``rows`` (in the order picked): chart, table and verdicts. ``source_ids``
+    (one per row) let a click on a rank's bar say which snapshot to open."""
     fleet = fleet_of(rows)
     side = side_by_side(fleet)
     side["labels"] = distinct_labels(side["labels"], side["paths"])
-    return RanksPanel(ranks_figure(side), ranks_table(fleet), verdicts_of(fleet))
+    keys = None
+    if source_ids is not None:
+        keys = [key for key, row in zip(source_ids, rows, strict=True) if row.ok]  # side_by_side's rows
+    return RanksPanel(ranks_figure(side, keys=keys), ranks_table(fleet), verdicts_of(fleet))
+
+
+def source_of_click(click: dict[str, Any] | None) -> str | None:
+    """The source id of the rank whose bar was clicked (its ``customdata``); None for anything else."""
+    points = (click or {}).get("points") or []
+    key = points[0].get("customdata") if points else None
+    return key if isinstance(key, str) and key else None

@@ -6,6 +6,7 @@ every number comes from the fleet's rows, the outlier verdicts from its outlier 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import plotly.graph_objects as go
@@ -17,12 +18,17 @@ from memlens.units import format_bytes
 OUTLIER_COLOR = "#C62828"
 
 
-def ranks_figure(side: dict[str, Any], title: str = "Ranks side by side: live at each rank's peak") -> go.Figure:
+def ranks_figure(side: dict[str, Any], title: str = "Ranks side by side: live at each rank's peak",
+                 keys: Sequence[str] | None = None) -> go.Figure:
     """One stacked bar per rank (its categories at its own peak), its peak reserved as a marker,
-    outlier ranks' labels in red with an "outlier" note above the bar."""
+    outlier ranks' labels in red with an "outlier" note above the bar. ``keys`` (one per rank, e.g.
+    the app's source ids) ride along as each bar's ``customdata``, so a click can tell which rank."""
     labels = [str(label) for label in side.get("labels", [])]
     if not labels:
         return message_figure(title, "No rank could be analysed.")
+    customdata = list(keys) if keys is not None else None
+    if customdata is not None and len(customdata) != len(labels):
+        raise ValueError(f"{len(customdata)} keys for {len(labels)} ranks")
     allocated = [int(v) for v in side["peak_allocated_bytes"]]
     reserved = [int(v) for v in side["peak_reserved_bytes"]]
     scale = ByteScale.for_max(max([*allocated, *reserved, 1]))
@@ -33,6 +39,7 @@ def ranks_figure(side: dict[str, Any], title: str = "Ranks side by side: live at
             continue
         fig.add_trace(go.Bar(
             x=labels, y=scale(values), name=category.replace("_", " "), marker_color=CATEGORY_COLORS[category],
+            customdata=customdata,
             hovertext=[f"{label}: {category} {format_bytes(v)} at its peak" for label, v in zip(labels, values,
                                                                                                strict=True)],
             hoverinfo="text",

@@ -164,3 +164,15 @@ def test_ranks_side_by_side_name_the_outlier(page: DashPage, tmp_path: Path, art
     outlier_rows = page.driver.find_elements(By.CSS_SELECTOR, "#ranks-table tr.rank-outlier")
     assert [r.text.split()[:2] for r in outlier_rows] == [["rank", "3"]]
     page.driver.save_screenshot(str(artifacts_dir / "app-ranks.png"))
+
+    # Clicking the outlier's bar opens that rank: its timeline, findings and cards.
+    page.driver.execute_script(
+        "var gd = document.querySelector('#ranks-graph .js-plotly-plot');"
+        "var c = gd._fullData.findIndex(t => t.type === 'bar'); var t = gd._fullData[c];"
+        "gd.emit('plotly_click', {points: [{curveNumber: c, pointNumber: 3, x: t.x[3], y: t.y[3],"
+        " customdata: t.customdata[3], data: gd.data[c], fullData: t}]});")
+    page.wait_for_contains_text("#source-picker", "rank3.pickle", timeout=TIMEOUT)
+    page.wait_for_contains_text("#card-peak", expected_peak, timeout=TIMEOUT)
+    wait_until(lambda: page.driver.find_elements(By.CSS_SELECTOR, ".tab--selected, .tab.tab--selected")
+               and "Timeline" in page.driver.find_element(By.CSS_SELECTOR, ".tab--selected").text,
+               what="the timeline tab to open")

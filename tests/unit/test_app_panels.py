@@ -26,6 +26,7 @@ from memlens_app.panels.ranks import (
     rank_groups,
     rank_row,
     ranks_panel,
+    source_of_click,
 )
 from memlens_app.panels.timeline import (
     Window,
@@ -278,10 +279,16 @@ def test_the_ranks_view_names_the_outlier_and_why(four_ranks: list[Any]) -> None
 
 def test_identical_ranks_agree_and_a_failed_file_stays_a_row(four_ranks: list[Any]) -> None:
     rows = [*four_ranks[:3], failed_row("job/rank9.pickle", "refused to load: not a pickle")]
-    panel = ranks_panel(rows)
+    panel = ranks_panel(rows, ["id0", "id1", "id2", "id9"])
     assert "No outlier: the 3 ranks agree" in _text(panel.verdicts)
     assert "could not be analysed: refused to load" in _text(panel.table)
     assert panel.figure.layout.meta["ranks"] == 3
+    # Each bar carries its snapshot's id (the failed file has no bar), so a click can open it.
+    bars = [t for t in panel.figure.data if t.type == "bar"]
+    assert bars and all(list(t.customdata) == ["id0", "id1", "id2"] for t in bars)
+    click = {"points": [{"curveNumber": 0, "pointNumber": 2, "customdata": "id2"}]}
+    assert source_of_click(click) == "id2"
+    assert source_of_click({"points": []}) is None and source_of_click(None) is None
 
 
 def test_ranks_of_one_job_grouped_and_picked_by_default() -> None:
