@@ -5,7 +5,7 @@ its ``Timeline`` and ``SegmentMap``, a budget reconciliation) returning a
 ``plotly.graph_objects.Figure``. Nothing here imports dash, reads a snapshot or computes an
 analysis: the numbers come from ``memlens.analyze``, ``memlens.budget`` and ``memlens.allocator``;
 this package only shapes them for the eye. One module a figure family: ``timeline``,
-``categories``, ``segments``, ``budget``, ``compare``; ``_style`` holds what they share.
+``categories``, ``groups`` (a lens's breakdown), ``segments``, ``budget``, ``compare``, ``ranks``; ``_style`` holds what they share.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from memlens.figures._style import (
 from memlens.figures.budget import budget_figure, budget_rows
 from memlens.figures.categories import categories_bar_figure, categories_figure
 from memlens.figures.compare import compare_figure, compare_rows
+from memlens.figures.groups import groups_figure
+from memlens.figures.ranks import ranks_figure
 from memlens.figures.segments import segment_map_figure
 from memlens.figures.timeline import event_range, timeline_figure, times_s
 
@@ -49,7 +51,9 @@ __all__ = [
     "compare_rows",
     "event_range",
     "finding_title",
+    "groups_figure",
     "primary_device",
+    "ranks_figure",
     "segment_map_figure",
     "timeline_figure",
     "times_s",
