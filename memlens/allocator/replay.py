@@ -64,6 +64,10 @@ _ADDRESS_HINT_LOOKAHEAD = 8
 
 # Called with (row, simulator) just before the replay handles a recorded segment_alloc or oom
 # row: the simulator's state is then what the allocator held when it called cudaMalloc (or gave up).
+# One exception: where the row follows a release run the replay leaves to the simulator
+# (``left_to_simulator``), the recorded allocator released those segments *before* the row, but
+# the simulator releases only inside the malloc it replays next. At that row the observer sees
+# the state before the free-and-retry: the recorded ``reserved`` before the run, not the row's.
 Observer = Callable[[int, CachingAllocatorSimulator], None]
 
 
@@ -230,6 +234,31 @@ def _time_at(trace: DeviceTrace, index: int | None) -> int | None:
     return int(trace.time_us[index])
 
 
+def trace_releases(
+    trace: DeviceTrace, stacks: StackTable | None, recorded_settings: AllocatorSettings, capacity: int | None
+) -> list[Release]:
+    """Every recorded release run of ``trace`` with its cause (``memlens.allocator.releases``)."""
+    actions = np.asarray(trace.action).tolist()
+    return classify_releases(
+        actions,
+        np.asarray(trace.size).tolist(),
+        np.asarray(trace.stack_id).tolist() if len(trace.stack_id) else [-1] * len(actions),
+        np.asarray(trace.reserved).tolist() if len(trace.reserved) else [0] * len(actions),
+        int(trace.baseline_reserved),
+        stacks.frames_of if stacks is not None else (lambda _stack: []),
+        recorded_settings,
+        capacity,
+    )
+
+
+def left_to_simulator(release: Release, capacity: int | None) -> bool:
+    """Whether a replay with ``capacity`` leaves this recorded release to the simulator (which
+    then releases inside the malloc that follows, if its own settings make it run short) rather
+    than calling ``empty_cache()`` where the run starts. Without a capacity the simulation can
+    never run short, so the recorded choice is carried."""
+    return release.cause == ALLOCATOR and capacity is not None
+
+
 class _RecordedSegments:
     """The recorded run's live segments as the window goes, to name the segment of an address."""
 
@@ -320,26 +349,12 @@ class _Replay:
     # ------------------------------------------------------------------ releases
     def _release_actions(self) -> dict[int, bool]:
         """First row of each recorded release run -> whether the replay calls empty_cache() there."""
-        stacks = self.stacks
-        self.releases = classify_releases(
-            self.actions,
-            self.sizes,
-            np.asarray(self.trace.stack_id).tolist() if len(self.trace.stack_id) else [-1] * len(self.actions),
-            np.asarray(self.trace.reserved).tolist() if len(self.trace.reserved) else [0] * len(self.actions),
-            int(self.trace.baseline_reserved),
-            stacks.frames_of if stacks is not None else (lambda _stack: []),
-            self.recorded_settings,
-            self.capacity,
-        )
+        self.releases = trace_releases(self.trace, self.stacks, self.recorded_settings, self.capacity)
         decisions: dict[int, bool] = {}
         carried: list[int] = []
         for release in self.releases:
-            if release.cause == EMPTY_CACHE:
-                decisions[release.start] = True
-            elif release.cause == ALLOCATOR and self.capacity is not None:
-                decisions[release.start] = False  # the simulator decides on its own
-            else:
-                decisions[release.start] = True
+            decisions[release.start] = not left_to_simulator(release, self.capacity)
+            if decisions[release.start] and release.cause != EMPTY_CACHE:
                 carried.append(release.start)
         if carried:
             why = "no capacity is known, so the simulation cannot run short" if self.capacity is None else (

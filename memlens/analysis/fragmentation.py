@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, whatif
+from memlens.allocator.replay import left_to_simulator, recorded_capacity, trace_releases
 from memlens.allocator.settings import MIN_MAX_SPLIT_SIZE_MB
 from memlens.allocator.simulator import K_SMALL_SIZE
 from memlens.analysis.context import DeviceContext
@@ -124,9 +125,15 @@ class AllocatorEvidence:
         return [c for c in self.cudamallocs if c.pool.blocked and self.trusted(c.event)]
 
 
-def _pool_state(sim: CachingAllocatorSimulator, event: int, request: int, stream: int) -> PoolState:
+def _pool_state(
+    sim: CachingAllocatorSimulator, event: int, request: int, stream: int, released: bool = False
+) -> PoolState:
+    """``released``: as the pool is once the allocator has freed its whole cached segments
+    (``release_cached_blocks``, before it raises out-of-memory): its pieces only."""
     small = request <= K_SMALL_SIZE
     blocks = sim.cached_blocks(small, stream)
+    if released:
+        blocks = [(size, is_whole) for size, is_whole in blocks if not is_whole]
     whole = sum(size for size, is_whole in blocks if is_whole)
     total = sum(size for size, _ in blocks)
     return PoolState(
@@ -201,15 +208,35 @@ def _allocator_evidence(snapshot: Snapshot, trace: DeviceTrace, capacity: int | 
     # last row it is asked about instead of running the whole trace.
     last_row = max([*candidates, *([] if oom_row is None else [oom_row])])
 
+    # The allocator's own free-and-retry runs (segment_free rows just before a segment_alloc or
+    # the oom) are left to the simulator when the capacity is known: it releases inside the malloc
+    # it replays after the row, so at the row it still holds what the recorded run held before the
+    # release (see ``memlens.allocator.replay.Observer``). First row after such a run -> its first row.
+    # The capacity is the one the replay runs with (``whatif`` infers it when none is given).
+    replay_capacity = capacity if capacity is not None else recorded_capacity(snapshot, trace)[0]
+    pending_release = {
+        r.end: r.start for r in trace_releases(trace, snapshot.stacks, settings, replay_capacity)
+        if left_to_simulator(r, replay_capacity)
+    }
+
     def observe(row: int, sim: CachingAllocatorSimulator) -> None:
-        recorded_before = int(trace.reserved[row]) - (int(trace.size[row]) if row != oom_row else 0)
+        run_start = pending_release.get(row)
+        if run_start is not None:
+            recorded_before = int(trace.reserved[run_start - 1]) if run_start else int(trace.baseline_reserved)
+        else:
+            recorded_before = int(trace.reserved[row]) - (int(trace.size[row]) if row != oom_row else 0)
         if not diverged and sim.reserved_bytes != recorded_before:
             diverged.append(row)
         stream = int(trace.stream[row])
         if row in candidates:
             states[row] = _pool_state(sim, row, candidates[row][1], stream)
         elif row == oom_row:
-            states[row] = _pool_state(sim, row, rounder.round_size(int(trace.size[row])), stream)
+            # The recorded allocator gave up only after its free-and-retry released every unsplit
+            # cached segment; where the simulator has yet to make that release, the pool it held
+            # when it gave up is the simulator's pieces (the released bytes are in the recorded
+            # device_free already).
+            request = rounder.round_size(int(trace.size[row]))
+            states[row] = _pool_state(sim, row, request, stream, released=run_start is not None)
         if row >= last_row:
             raise _ReplayDone
 

@@ -3,7 +3,9 @@ analysis reads at every recorded cudaMalloc."""
 
 from __future__ import annotations
 
-from memlens.allocator import CachingAllocatorSimulator, whatif
+from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, whatif
+from memlens.allocator.releases import ALLOCATOR
+from memlens.allocator.replay import left_to_simulator, trace_releases
 from memlens.snapshot.reader import parse
 
 MiB = 1 << 20
@@ -36,3 +38,28 @@ def test_observer_sees_the_state_before_each_recorded_cudamalloc() -> None:
     assert [row for row, _, _ in seen] == rows
     assert seen[0][1:] == (0, [])
     assert seen[1][1:] == (100 * MiB, [(40 * MiB, False)])
+
+
+def test_after_the_allocators_free_and_retry_the_observer_sees_the_state_before_it() -> None:
+    """A free-and-retry run is left to the simulator when the capacity is known: at the recorded
+    segment_alloc after it, the simulator still holds what the allocator held before the run
+    (the finders compare with the recorded reserved there); without a capacity the run is
+    replayed as empty_cache() where it starts, and the observer sees the row's own state."""
+    sim = CachingAllocatorSimulator(capacity=100 * MiB)
+    sim.free(sim.malloc(60 * MiB))
+    sim.malloc(70 * MiB)  # 60 + 70 > 100: the idle 60 MiB segment is released, then it fits
+    snapshot = parse(sim.snapshot(), source="<retry>")
+    trace = snapshot.device()
+    (release,) = trace_releases(trace, snapshot.stacks, AllocatorSettings(), 100 * MiB)
+    assert release.cause == ALLOCATOR and sim.trace[release.end]["action"] == "segment_alloc"
+    assert left_to_simulator(release, 100 * MiB) and not left_to_simulator(release, None)
+
+    def reserved_at(capacity: int | None) -> list[tuple[int, int]]:
+        seen: list[tuple[int, int]] = []
+        whatif(snapshot, capacity=capacity, observer=lambda row, replay: seen.append((row, replay.reserved_bytes)))
+        return seen
+
+    before_the_run = int(trace.reserved[release.start - 1])
+    assert before_the_run == 60 * MiB
+    assert reserved_at(100 * MiB)[-1] == (release.end, before_the_run)
+    assert reserved_at(None)[-1] == (release.end, 0)  # with no capacity whatif infers none here

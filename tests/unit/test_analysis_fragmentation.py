@@ -228,3 +228,51 @@ def test_a_trace_the_replay_cannot_run_gets_no_fragmentation_and_no_error() -> N
     raw["allocator_settings"]["garbage_collection_threshold"] = 0.8
     report = analyze(parse(raw, source="<simulated>"))
     assert _kind(report, "fragmentation") == []
+
+
+def _free_and_retry_run() -> CachingAllocatorSimulator:
+    """A 1000 MiB device whose allocator twice frees an idle cached segment and retries: once
+    before a cudaMalloc that then fits, once before an OOM that fragmentation explains."""
+    sim = CachingAllocatorSimulator(capacity=1000 * MiB)
+    first = [sim.malloc(200 * MiB) for _ in range(4)]
+    for address in first:
+        sim.free(address)
+    kept = [sim.malloc(160 * MiB) for _ in range(4)]  # 160 MiB free in four 40 MiB pieces
+    sim.free(sim.malloc(100 * MiB))  # an idle 100 MiB segment: 900 MiB reserved
+    kept.append(sim.malloc(150 * MiB))  # 900 + 150 > 1000: the idle segment goes, then it fits
+    sim.free(sim.malloc(46 * MiB))  # another idle segment: 996 MiB reserved
+    with pytest.raises(SimulatedOOM):
+        sim.malloc(120 * MiB)  # the idle 46 MiB go, and still only 50 MiB on the device
+    assert sim.alloc_retries == 2 and sim.segment_free_count == 2
+    return sim
+
+
+def test_the_allocators_own_free_and_retry_keeps_the_replay_trusted() -> None:
+    """With a capacity the replay leaves the allocator's free-and-retry runs to the simulator,
+    which releases inside the malloc after the recorded segment_alloc / oom row: at that row it
+    still holds the released segments. That is the recorded state before the run, not a
+    divergence (it used to discard every row from the first retry on, the OOM included)."""
+    sim = _free_and_retry_run()
+    actions = [e["action"] for e in sim.trace]
+    retry_row = actions.index("segment_free") + 1
+    oom_row = len(actions) - 1
+    assert actions[retry_row] == "segment_alloc" and actions[oom_row - 1:] == ["segment_free", "oom"]
+    report = analyze(_snapshot(sim), capacity=1000 * MiB)
+    (frag,) = _kind(report, "fragmentation")
+    evidence = frag.evidence
+    assert evidence["replay_reproduces_recorded_reserved"] == "yes"
+    # The 100, 150 and 46 MiB cudaMallocs found 160 MiB in 40 MiB pieces; the 150 MiB one also
+    # the idle 100 MiB segment, as the allocator searched its pool before releasing it.
+    assert evidence["blocked_cudamallocs"] == 3 and evidence["worst_blocked_event"] == retry_row
+    assert evidence["worst_blocked_pool_free_bytes"] == 260 * MiB
+    assert evidence["worst_blocked_free_in_partly_used_segments_bytes"] == 160 * MiB
+    assert evidence["worst_blocked_free_in_whole_segments_bytes"] == 100 * MiB
+    # At the OOM the idle segment is already gone: the pool holds its pieces, the device 50 MiB.
+    assert evidence["oom_event"] == oom_row
+    assert evidence["oom_pool_free_bytes"] == 160 * MiB
+    assert evidence["oom_free_in_whole_segments_bytes"] == 0
+    assert evidence["oom_largest_free_block_bytes"] == 40 * MiB
+    assert evidence["oom_device_free_bytes"] == 50 * MiB
+    assert evidence["oom_blocked_by_fragmentation"] == "yes"
+    (oom,) = _kind(report, "oom")
+    assert oom.evidence["explained_by"] == "fragmentation"
