@@ -5,7 +5,8 @@ its ``Timeline`` and ``SegmentMap``, a budget reconciliation) returning a
 ``plotly.graph_objects.Figure``. Nothing here imports dash, reads a snapshot or computes an
 analysis: the numbers come from ``memlens.analyze``, ``memlens.budget`` and ``memlens.allocator``;
 this package only shapes them for the eye. One module a figure family: ``timeline``,
-``categories``, ``groups`` (a lens's breakdown), ``segments``, ``budget``, ``compare``, ``ranks``; ``_style`` holds what they share.
+``categories``, ``groups`` (a lens's breakdown), ``segments``, ``budget``, ``compare``,
+``ranks``; ``_style`` holds what they share.
 """
 
 from __future__ import annotations

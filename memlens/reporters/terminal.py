@@ -369,21 +369,3 @@ def render_triage(
         render_reconciliation(console, reconciliation)
     if report.source and report.source != "<memory>":
         console.print(Text(f"\nSame file in PyTorch's viewer: {MEMORY_VIZ}", style="dim"))
-
-
-def render_ranks(console: Console, reports: Sequence[Report]) -> None:
-    """Several files (one per rank): a table first, the outlier rank is the one to read."""
-    table = Table(title="Ranks", title_justify="left", box=None, header_style="bold")
-    for column in ("file", "device", "events", "steps", "peak allocated", "peak reserved", "findings"):
-        table.add_column(column, justify="left" if column == "file" else "right")
-    peaks = [r.device().peak_allocated_bytes for r in reports]
-    highest = max(peaks) if peaks else 0
-    for report in reports:
-        dev = report.device()
-        kinds = ", ".join(sorted({f.kind for f in dev.findings})) or "-"
-        style = "bold" if dev.peak_allocated_bytes == highest and len(reports) > 1 else ""
-        name = printable(os.path.basename(report.source))
-        table.add_row(name, str(dev.device), f"{dev.events:,}", str(len(dev.steps)),
-                      format_bytes(dev.peak_allocated_bytes), format_bytes(dev.peak_reserved_bytes), kinds,
-                      style=style)
-    console.print(table)
