@@ -39,6 +39,8 @@ from memlens.snapshot.model import Snapshot
 
 Finder = Callable[[DeviceContext], list[Finding]]
 
+_EVIDENCE_ONLY_SIDECAR = frozenset({"tensor_roles"})
+
 # Order matters only for OOM, which runs last and names the finding that explains it.
 FINDERS: tuple[tuple[str, Finder], ...] = (
     ("leak", leak.find),
@@ -104,7 +106,9 @@ def analyze_snapshot(
         devices=devices,
         findings=findings,
         format_guess=snapshot.format_guess,
-        sidecar=dict(snapshot.sidecar),
+        # The recorder's role lists are evidence for the categories (read from the snapshot),
+        # not something a report needs to carry: they grow with the model and the steps.
+        sidecar={key: value for key, value in snapshot.sidecar.items() if key not in _EVIDENCE_ONLY_SIDECAR},
     )
     return Analysis(snapshot=snapshot, report=report, live=live)
 
@@ -132,6 +136,7 @@ def _device_report(ctx: DeviceContext, index: LiveIndex) -> DeviceReport:
         peak_reserved_event=peak_reserved_event,
         peak_time_us=ctx.time_at(ctx.peak_event if ctx.peak_event is not None else 0) if n else None,
         start_time_us=ctx.time_at(0) if n else None,
+        outside_pytorch_bytes=outside_pytorch(ctx.snapshot.sidecar, ctx.device),
         peak_reserved_time_us=ctx.time_at(peak_reserved_event) if n and peak_reserved_event is not None else None,
         baseline_allocated_bytes=trace.baseline_allocated,
         final_allocated_bytes=trace.final_allocated,
@@ -168,3 +173,16 @@ __all__ = [
     "analyze_snapshot",
     "live_at",
 ]
+
+
+def outside_pytorch(sidecar: dict[str, object], device: int) -> int | None:
+    """The most device memory the caching allocator did not hold at any step boundary (CUDA
+    context, NCCL, libraries, other processes on the GPU), from the recorder's ``mem_get_info``
+    readings; ``None`` where none were taken (the CPU recorder, a foreign snapshot)."""
+    readings = sidecar.get("outside_pytorch")
+    if not isinstance(readings, list):
+        return None
+    values = [entry.get("outside_pytorch_bytes") for entry in readings
+              if isinstance(entry, dict) and entry.get("device", device) == device]
+    counted = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+    return max(counted) if counted else None

@@ -90,6 +90,9 @@ class DeviceReport(PlainData):
     # Freed by the program, still waiting on another stream: not allocated, still reserved.
     pending_free_peak_bytes: int = 0
     pending_free_final_bytes: int = 0
+    # CUDA only: the most device memory in use outside the caching allocator at a step boundary
+    # (the recorder's mem_get_info against memory_reserved); None when not measured.
+    outside_pytorch_bytes: int | None = None
     capacity_bytes: int | None
     categories_at_peak: dict[str, int]
     top_stacks_by_category: dict[str, list[StackBytes]]

@@ -157,6 +157,9 @@ def render_header(console: Console, report: Report, device: DeviceReport) -> Non
         where = when(device, event, time_us) if event is not None or not device.events else "when the history began"
         console.print(Text.assemble(f"  peak {label} ", (f"{format_bytes(size):>10}", "bold"),
                                     f"  ({where})" if where else ""))
+    if device.outside_pytorch_bytes is not None:
+        console.print(f"  outside PyTorch {format_bytes(device.outside_pytorch_bytes):>10}  (CUDA context, NCCL, "
+                      "libraries, other processes on this GPU: the most at a step boundary)")
     if device.baseline_allocated_bytes and device.events:
         console.print(f"  {format_bytes(device.baseline_allocated_bytes)} was already live when the history began")
     for note in device.notes:

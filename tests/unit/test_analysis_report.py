@@ -89,3 +89,36 @@ def test_settings_are_checked() -> None:
     with pytest.raises(TypeError, match="nonsense"):
         analyze(snapshot, nonsense=1)  # type: ignore[call-arg]
     assert analyze(snapshot, device=0, capacity="1GiB").device(0).capacity_bytes == 1 << 30
+
+
+def test_memory_outside_pytorch_is_the_most_at_a_step_boundary_of_that_device() -> None:
+    """The recorder's mem_get_info readings (CUDA) reach the report and the screen; malformed
+    entries and other devices' readings are left out; without readings it is null."""
+    readings = [
+        {"at": "step#0.start", "device": 0, "outside_pytorch_bytes": 400 * MiB},
+        {"at": "step#0.end", "device": 0, "outside_pytorch_bytes": 600 * MiB},
+        {"at": "step#0.end", "device": 1, "outside_pytorch_bytes": 9000 * MiB},
+        {"at": "step#1.end", "device": 0, "outside_pytorch_bytes": "lots"},
+        "not a reading",
+    ]
+    snapshot = training_run(2).snapshot(sidecar={"outside_pytorch": readings, "tensor_roles": {"records": []}})
+    report = analyze(snapshot)
+    assert report.device(0).outside_pytorch_bytes == 600 * MiB
+    assert "tensor_roles" not in report.sidecar  # evidence for the categories, not report content
+    assert analyze(training_run(2).snapshot()).device(0).outside_pytorch_bytes is None
+    assert Report.from_json(report.to_json()) == report
+
+
+def test_triage_shows_memory_outside_pytorch(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from memlens.cli.main import cli
+
+    raw = training_run(2).raw()
+    path = tmp_path / "run.pickle"
+    path.write_bytes(pickle.dumps(raw, protocol=4))
+    (tmp_path / "run.memlens.json").write_text(json.dumps(
+        {"outside_pytorch": [{"at": "step#0.end", "device": 0, "outside_pytorch_bytes": 512 * MiB}]}))
+    result = CliRunner().invoke(cli, ["triage", str(path), "--no-cache", "--width", "120"])
+    assert result.exit_code == 0, result.output
+    assert "outside PyTorch 512.00 MiB" in result.output
