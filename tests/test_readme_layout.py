@@ -12,7 +12,7 @@ import subprocess
 
 from tests.conftest import REPO_ROOT
 
-ENTRY = re.compile(r"^( *)([A-Za-z0-9_.]+/)")
+ENTRY = re.compile(r"^( {0,4})([A-Za-z0-9_.]+/)")  # a name at the left; deeper lines continue an entry
 
 
 def layout_block() -> list[str]:
