@@ -66,8 +66,9 @@ def split_command(command: tuple[str, ...]) -> tuple[str, str, list[str]]:
     return "path", args[0], args[1:]
 
 
-def run_program(kind: str, target: str, argv: list[str]) -> None:
-    """Run a script or module as ``__main__`` in this process, restoring sys.argv and sys.path.
+def run_program(kind: str, target: str, argv: list[str]) -> dict[str, Any]:
+    """Run a script or module as ``__main__`` in this process, restoring sys.argv and sys.path;
+    returns the script's globals (a copy of its module dict: the same objects).
 
     This frame and every frame outward of it (click, the memlens command) are memlens' own: the
     recorded stacks leave them out, so they end at the script's ``<module>``.
@@ -80,11 +81,10 @@ def run_program(kind: str, target: str, argv: list[str]) -> None:
         if kind == "module":
             sys.argv = [target, *argv]
             sys.path.insert(0, os.getcwd())
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = [target, *argv]
-            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
-            runpy.run_path(target, run_name="__main__")
+            return runpy.run_module(target, run_name="__main__", alter_sys=True)
+        sys.argv = [target, *argv]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+        return runpy.run_path(target, run_name="__main__")
     finally:
         sys.argv[:] = saved_argv
         sys.path[:] = saved_path
@@ -172,7 +172,11 @@ def record(
         )
         # Entering reserves the snapshot's name, which checks --out, before the script runs.
         with recorder:
-            exit_code = run_recorded(recorder, kind, target, argv)
+            exit_code, script_state = run_recorded(recorder, kind, target, argv)
+        # `python train.py` keeps the script's globals until the interpreter exits: they were kept
+        # through the final dump above (a leak held by a global list is still alive there, and
+        # the leak's holder is found); they go now.
+        del script_state
     except KeyboardInterrupt:
         exit_code = INTERRUPTED  # Ctrl-C before or after the script: nothing (more) to write
     if exit_code:
@@ -185,8 +189,12 @@ INTERRUPTED = 128 + signal.SIGINT
 TERMINATED = 128 + signal.SIGTERM
 
 
-def run_recorded(recorder: Any, kind: str, target: str, argv: list[str]) -> int:
-    """Run the script inside ``recorder``; returns the exit status ``python SCRIPT`` would have.
+def run_recorded(recorder: Any, kind: str, target: str, argv: list[str]) -> tuple[int, object]:
+    """Run the script inside ``recorder``; returns the exit status ``python SCRIPT`` would have,
+    and what keeps the script's globals alive: its module dict, or, when it ended by an exception
+    (``sys.exit`` included), that exception, whose traceback holds the script's frames and so
+    their globals. The caller holds it until the recorder's final dump is written, as the
+    interpreter would hold the globals until it exits.
 
     An error, SIGTERM or Ctrl-C writes the snapshot first (the session's ``reason`` says which),
     then: a traceback and 1, 143 (SIGTERM, as torchrun and job schedulers send it), or a
@@ -196,22 +204,22 @@ def run_recorded(recorder: Any, kind: str, target: str, argv: list[str]) -> int:
     from memlens.recorder import Terminated
 
     try:
-        run_program(kind, target, argv)
+        script_globals = run_program(kind, target, argv)
     except Terminated as exc:
         click.echo("memlens: terminated (SIGTERM); writing the snapshot", err=True)
         recorder.close(failed=True, reason="terminated")
-        return TERMINATED if exc.signum == signal.SIGTERM else 128 + exc.signum
+        return (TERMINATED if exc.signum == signal.SIGTERM else 128 + exc.signum), exc
     except SystemExit as exc:
-        return exit_status(exc.code)
-    except KeyboardInterrupt:
+        return exit_status(exc.code), exc
+    except KeyboardInterrupt as exc:
         traceback.print_exc()
         recorder.close(failed=True, reason="interrupted")
-        return INTERRUPTED
-    except Exception:
+        return INTERRUPTED, exc
+    except Exception as exc:
         traceback.print_exc()
         recorder.close(failed=True)
-        return 1
-    return 0
+        return 1, exc
+    return 0, script_globals
 
 
 def exit_status(code: object) -> int:
