@@ -46,7 +46,7 @@ class TinyLM(nn.Module):
         self.blocks = nn.ModuleList(Block(d_model, n_heads) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
-        self.checkpointing = False
+        self.d_model, self.n_heads, self.checkpointing = d_model, n_heads, False  # memlens reads d_model, n_heads
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)

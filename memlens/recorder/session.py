@@ -61,6 +61,7 @@ from typing import Any, Literal, Protocol, TypeVar, get_args
 from memlens.errors import MemlensUsageError
 from memlens.recorder.distributed import RankInfo, rank_info, write_rank_summary
 from memlens.recorder.holders import leak_holders
+from memlens.recorder.model_shapes import input_dimensions, model_dimensions
 from memlens.recorder.module_scopes import ModuleScopes
 from memlens.recorder.naming import SnapshotNames
 from memlens.recorder.roles import (
@@ -325,6 +326,9 @@ class Recorder:
         if model is not None and not any(ref() is model for ref in self._models):
             self._models.append(weakref.ref(model))
             self._model_stats = model_stats(model)
+            dimensions = model_dimensions(model)
+            if self._model_stats is not None and dimensions:
+                self._model_stats["config"] = dimensions
             add_root = getattr(self.backend, "add_root", None)
             if add_root is not None:
                 add_root(model)
@@ -355,6 +359,12 @@ class Recorder:
             self._model_stats = parameter_stats(params)
 
     def _on_model_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        stats = self._model_stats
+        if stats is not None and "inputs" not in stats and self._models and self._models[-1]() is module:
+            # the batch and sequence length of the first call of the model the sidecar describes
+            shape = input_dimensions(module, args, kwargs, stats.get("config") or {})
+            if shape is not None:
+                stats["inputs"] = shape
         if self._state == "recording":
             self._roles.note("forward", self.backend.now(), {"inputs": forward_inputs(args, kwargs)})
 

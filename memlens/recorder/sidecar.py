@@ -38,7 +38,18 @@ The sidecar, ``<name>.memlens.json`` next to ``<name>.pickle`` (keys, all always
                              ``"model"``); ``memlens record`` finds the model owning the hooked
                              optimizer's parameters, and where no single module owns them counts
                              the optimizer's parameters (``source`` ``"optimizer"``,
-                             ``buffer_bytes_total`` null).
+                             ``buffer_bytes_total`` null). Two optional keys feed the activation
+                             plateau's per-layer theory (``memlens.recorder.model_shapes``):
+``model.config``             the dimensions the model declares, positive ints only:
+                             ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``
+                             (GPT-2: ``n_embd``, ``n_head``) copied from a Hugging Face model's
+                             ``config``, else ``d_model``, ``hidden_size``, ``n_heads``, ... set as
+                             plain attributes on the root module. Absent when it declares none;
+                             never inferred from weight shapes.
+``model.inputs``             ``{batch_size, seq_len, shape, dtype}`` of the model's first forward
+                             call: a 2-D integer tensor (token ids, ``input_ids=`` first), else a
+                             3-D float ``(batch, seq, hidden)`` whose last dimension is the
+                             declared hidden size. Absent when no input tells both.
 ``optimizer``                ``null``, or ``{class: "AdamW", param_groups: n}``.
 ``recorder``                 ``{stacks, context, max_entries, max_stack_depth, dump_every,
                              module_scopes}``.
