@@ -61,7 +61,6 @@ from typing import Any, Literal, Protocol, TypeVar, get_args
 from memlens.errors import MemlensUsageError
 from memlens.recorder.distributed import RankInfo, rank_info, write_rank_summary
 from memlens.recorder.holders import leak_holders
-from memlens.recorder.model_shapes import input_dimensions, model_dimensions
 from memlens.recorder.module_scopes import ModuleScopes
 from memlens.recorder.naming import SnapshotNames
 from memlens.recorder.roles import (
@@ -74,6 +73,8 @@ from memlens.recorder.roles import (
 )
 from memlens.recorder.sidecar import (
     build_sidecar,
+    input_dimensions,
+    model_dimensions,
     model_stats,
     optimizer_stats,
     parameter_stats,

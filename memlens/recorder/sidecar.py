@@ -39,7 +39,7 @@ The sidecar, ``<name>.memlens.json`` next to ``<name>.pickle`` (keys, all always
                              optimizer's parameters, and where no single module owns them counts
                              the optimizer's parameters (``source`` ``"optimizer"``,
                              ``buffer_bytes_total`` null). Two optional keys feed the activation
-                             plateau's per-layer theory (``memlens.recorder.model_shapes``):
+                             plateau's per-layer theory (``model_dimensions``, ``input_dimensions``):
 ``model.config``             the dimensions the model declares, positive ints only:
                              ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``
                              (GPT-2: ``n_embd``, ``n_head``) copied from a Hugging Face model's
@@ -77,11 +77,15 @@ import pickle
 import platform
 import re
 import socket
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memlens import files
 from memlens._version import __version__
+
+if TYPE_CHECKING:  # torch is imported where tensors are looked at: reading a sidecar needs none
+    import torch
 
 SIDECAR_VERSION = 1
 PICKLE_PROTOCOL = 4  # protocol 5 (the default) is not readable by the pytorch.org viewer
@@ -307,10 +311,103 @@ def build_sidecar(
     }
 
 
+
+# ---------------------------------------------------------------- the model's shapes
+# What the activation plateau's per-layer theory needs (memlens.analysis.activations.layer_theory
+# sets each block's measured activation bytes against Megatron-LM's count: hidden size, batch,
+# sequence length; heads and key/value heads refine it): ``model.config`` and ``model.inputs``
+# in the table above. Only what is known for certain is written: ints a model declares, never a
+# width inferred from weight shapes (an embedding's width is not always the hidden size: ALBERT
+# factorises it).
+
+# The names memlens.analysis.activations reads (its _THEORY_KEYS), less its generic fallbacks
+# ("hidden", "heads"), which are too vague to copy from an arbitrary module's attributes.
+DIMENSION_KEYS = (
+    "hidden_size", "d_model", "n_embd",
+    "num_attention_heads", "n_heads", "n_head",
+    "num_key_value_heads", "n_kv_heads",
+)
+_HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd")
+# Inputs handed to a forward are searched this deep into tuples, lists and dicts.
+_MAX_DEPTH = 2
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def model_dimensions(model: Any) -> dict[str, int]:
+    """The dimensions ``model`` declares (``model.config`` in the module docstring); {} when none."""
+    config = getattr(model, "config", None)
+    if config is not None:
+        found = _dimensions_of(config)
+        if found:
+            return found
+    attributes = getattr(model, "__dict__", None)  # plain attributes only, not properties
+    return _dimensions_of(attributes) if isinstance(attributes, Mapping) else {}
+
+
+def _dimensions_of(source: Any) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for key in DIMENSION_KEYS:
+        try:
+            value = source.get(key) if isinstance(source, Mapping) else getattr(source, key, None)
+        except Exception:  # a config's property may raise; it then declares nothing under that name
+            continue
+        number = _positive_int(value)
+        if number is not None:
+            found[key] = number
+    return found
+
+
+def input_dimensions(
+    module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None, dimensions: Mapping[str, int]
+) -> dict[str, Any] | None:
+    """``{batch_size, seq_len, shape, dtype}`` from the tensors handed to ``module``'s forward, or
+    None when none of them tells both for certain."""
+    import torch
+
+    kwargs = kwargs or {}
+    token_ids = kwargs.get("input_ids")
+    candidates = [token_ids] if isinstance(token_ids, torch.Tensor) else []
+    candidates += list(_tensors(args, 0)) + list(_tensors(tuple(kwargs.values()), 0))
+    for tensor in candidates:
+        if tensor.dim() == 2 and not (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool):
+            return _described(tensor)
+    hidden = next((dimensions[key] for key in _HIDDEN_KEYS if key in dimensions), None)
+    if hidden is None or getattr(module, "batch_first", True) is False:
+        return None
+    for tensor in candidates:
+        if tensor.dim() == 3 and tensor.is_floating_point() and tensor.shape[-1] == hidden:
+            return _described(tensor)
+    return None
+
+
+def _described(tensor: torch.Tensor) -> dict[str, Any] | None:
+    batch, seq = int(tensor.shape[0]), int(tensor.shape[1])
+    if batch < 1 or seq < 1:
+        return None
+    return {"batch_size": batch, "seq_len": seq, "shape": [int(n) for n in tensor.shape], "dtype": str(tensor.dtype)}
+
+
+def _tensors(values: tuple[Any, ...] | list[Any], depth: int) -> Iterator[torch.Tensor]:
+    import torch
+
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif depth < _MAX_DEPTH and isinstance(value, tuple | list):
+            yield from _tensors(value, depth + 1)
+        elif depth < _MAX_DEPTH and isinstance(value, Mapping):
+            yield from _tensors(tuple(value.values()), depth + 1)
+
+
 __all__ = [
     "PICKLE_PROTOCOL",
     "Reservation",
     "build_sidecar",
+    "input_dimensions",
+    "model_dimensions",
     "model_stats",
     "optimizer_stats",
     "parameter_stats",
