@@ -338,6 +338,7 @@ def _positive_int(value: Any) -> int | None:
 
 def model_dimensions(model: Any) -> dict[str, int]:
     """The dimensions ``model`` declares (``model.config`` in the module docstring); {} when none."""
+    model = _unwrapped(model)
     config = getattr(model, "config", None)
     if config is not None:
         found = _dimensions_of(config)
@@ -345,6 +346,20 @@ def model_dimensions(model: Any) -> dict[str, int]:
             return found
     attributes = getattr(model, "__dict__", None)  # plain attributes only, not properties
     return _dimensions_of(attributes) if isinstance(attributes, Mapping) else {}
+
+
+def _unwrapped(model: Any) -> Any:
+    """The model inside DistributedDataParallel / DataParallel (``.module``) or ``torch.compile``
+    (``._orig_mod``): the wrapper declares nothing itself."""
+    for _ in range(4):  # a compiled DDP model: two wrappers; a few more levels cost nothing
+        kind = type(model).__name__
+        if kind in ("DistributedDataParallel", "DataParallel") and hasattr(model, "module"):
+            model = model.module
+        elif kind == "OptimizedModule" and hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            break
+    return model
 
 
 def _dimensions_of(source: Any) -> dict[str, int]:

@@ -38,6 +38,8 @@ def test_root_attributes_count_and_weight_shapes_are_never_guessed_from() -> Non
     plain = nn.Sequential(nn.Embedding(100, 32), nn.TransformerEncoderLayer(32, 4, batch_first=True))
     assert model_dimensions(plain) == {}
     assert model_dimensions(Declares(d_model=0, n_heads=-1)) == {}
+    # a wrapper (DataParallel here, DistributedDataParallel alike) declares what its module does
+    assert model_dimensions(nn.DataParallel(Declares(d_model=64))) == {"d_model": 64}
 
 
 def test_token_ids_give_batch_and_sequence_input_ids_first() -> None:
