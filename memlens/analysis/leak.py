@@ -231,7 +231,8 @@ def find(ctx: DeviceContext) -> list[Finding]:
     if holding:
         evidence.update(holder_evidence(holding, int(at_dump.size), int(block_bytes(lt.size[at_dump]).sum())))
         summary += " " + holder_sentence(holding, int(at_dump.size))
-        recommendation = holder_recommendation(holding[0]) + " " + recommendation
+        # The named line is the fix; the general advice stays only where no line could be named.
+        recommendation = holder_recommendation(holding[0]) + (" " + recommendation if holding[0].line is None else "")
     return [
         Finding(
             kind="leak",
@@ -349,5 +350,5 @@ def holder_recommendation(top: Holder) -> str:
     if top.line is None:
         return f"Stop {top.text} from keeping each step's tensors (no line could be named)."
     code = f" (`{top.code}`)" if top.code else ""
-    return (f"Edit {top.line}{code}: it keeps each step's tensors alive through {top.text}; keep "
-            "loss.item() or tensor.detach() there, or clear it every step.")
+    return (f"Edit {top.line}{code}: it keeps each step's tensors alive through {top.text}. Keep only "
+            "what you need there (loss.item(), a detached CPU copy), bound it, or clear it every step.")

@@ -2,7 +2,7 @@
 
 One screen per snapshot: the file, torch release, device and capacity, the steps found
 and how; peak allocated and reserved and when; a text timeline (one sparkline per step,
-peak marked); the findings ranked by bytes with evidence, top stacks and the fix; what was
+peak marked); the findings, most severe first, with evidence, top stacks and the fix; what was
 live at the peak by category; and, with budget flags or a recorder sidecar, the theoretical
 budget beside the measured categories. Several files (one per rank) are a fleet: analysed
 in parallel (a process per CPU, --jobs N, or a Dask cluster with --dask ADDRESS), one table
@@ -107,7 +107,7 @@ def budget_reconciliation(report: Report, device: int | None, flags: BudgetFlags
 
 @click.command(help=help_text(__doc__))
 @click.argument("snapshots", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--device", type=int, default=None, help="Device index (default: the one with the most events).")
+@click.option("--device", type=int, default=None, help="Device index (default: the one with the highest peak).")
 @click.option("--capacity", type=CAPACITY, default=None,
               help="Device memory, e.g. 80GiB (default: the recorder's sidecar, if any).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema: memlens.analysis.schema).")

@@ -19,6 +19,8 @@ from tests.conftest import REPO_ROOT, SAMPLE_SNAPSHOTS_DIR
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
 REGENERATE = os.environ.get("MEMLENS_REGEN_GOLDEN") == "1"
 GROUPS = sample_groups(SAMPLE_SNAPSHOTS_DIR) if SAMPLE_SNAPSHOTS_DIR.is_dir() else []
+# A rank of the DDP run on its own screen too: the fleet view of both ranks shows no categories.
+GROUPS += [[str(SAMPLE_SNAPSHOTS_DIR / "ddp_rank1.pickle")]] if GROUPS else []
 
 
 def _golden_name(files: list[str]) -> str:

@@ -37,6 +37,7 @@ def test_the_leak_says_which_list_holds_it_and_the_line_that_appends() -> None:
     # steps 2-6 are the comparable ones: their five survivors are what the finding counts
     assert "5 of the 5 leaked blocks alive at the dump (40.00 MiB)" in leak.summary
     assert leak.recommendation.startswith("Edit train.py:40 (`kept.append(logits)`)")
+    assert "Find what keeps" not in leak.recommendation  # the named line is the fix, not a hunt
     assert leak.evidence["held_by"] == "list `kept` (global in train.py)"
     assert leak.evidence["held_by_line"] == "train.py:40"
     assert leak.evidence["held_by_blocks"] == 5 and leak.evidence["held_by_bytes"] == 40 * MiB
