@@ -9,7 +9,8 @@
 #  1. environment: python, torch, CUDA device; which optional packages are importable
 #  2. pytest -m gpu (tests/gpu: recording with step markers, stacks="none", OOM observer, cap restored)
 #  3. memlens record of examples/train_tiny.py on CUDA, through the CLI, six optimizer steps
-#  4. memlens triage and memlens whatif of that snapshot
+#  4. memlens triage and memlens whatif of that snapshot; what the recorder knew (tensor roles:
+#     under 5% "unknown" at the peak; module scopes; memory outside PyTorch from mem_get_info)
 #  5. SIGTERM mid-recording on CUDA (snapshot written, exit 143); two recordings at once into one folder
 #  6. leak recall on CUDA: the loops of tests/integration/leaky_loop.py (scripts/gpu_leak_recall.py)
 #  7. that record/triage/whatif never imported plotly, dash or orjson
@@ -61,6 +62,29 @@ import json, sys
 sidecar = json.load(open(sys.argv[1].removesuffix('.pickle') + '.memlens.json'))
 print(json.dumps({k: sidecar[k] for k in ('backend', 'reason', 'device', 'steps', 'peak_allocated_bytes', 'torch_version')}, indent=1))
 assert sidecar['backend'] == 'cuda' and len(sidecar['steps']) == 6, 'expected six CUDA steps'
+" "${snapshot:-$out/run/snapshot.pickle}"
+
+# What the recorder knew on CUDA: exact categories from the tensor roles, module scopes among the
+# annotations, and the CUDA context / NCCL bytes outside the caching allocator at step boundaries.
+step recorder_knowledge "$python" -c "
+import json, sys
+import memlens
+path = sys.argv[1]
+sidecar = json.load(open(path.removesuffix('.pickle') + '.memlens.json'))
+readings = sidecar.get('outside_pytorch') or []
+print('model', sidecar.get('model'), 'optimizer', sidecar.get('optimizer'))
+print('outside_pytorch readings', len(readings), 'max', max((r['outside_pytorch_bytes'] for r in readings), default=None))
+print('tensor_roles records', len((sidecar.get('tensor_roles') or {}).get('records', [])))
+snapshot = memlens.load(path, cache=False)
+scopes = {a.name.split('#')[0] for a in snapshot.annotations}
+print('annotation kinds', sorted(scopes))
+device = memlens.analyze(snapshot).device()
+cats = device.categories_at_peak
+print('categories at the peak', {k: v for k, v in cats.items() if v}, 'outside PyTorch', device.outside_pytorch_bytes)
+assert sidecar['optimizer'] is not None and sidecar['model'] is not None, 'model and optimizer from the hooked optimizer'
+assert readings and device.outside_pytorch_bytes is not None, 'mem_get_info readings at step boundaries'
+assert 'memlens.forward' in scopes, 'module scopes recorded'
+assert cats['unknown'] < 0.05 * device.peak_allocated_bytes, 'under 5% unknown at the peak'
 " "${snapshot:-$out/run/snapshot.pickle}"
 
 # SIGTERM (what torchrun and schedulers send) in the middle of a CUDA recording: the snapshot is
