@@ -469,8 +469,13 @@ def time_of(trace: DeviceTrace, event: int | None) -> int | None:
 
 def group_labels_at(inputs: LensInputs, labels: Labels, event: int | None, group_by: str,
                     moment: Moment | None = None) -> GroupBreakdown:
-    """Sum the lifetimes live after ``event`` by ``labels`` (reuse one ``Labels`` for many moments)."""
+    """Sum the lifetimes live after ``event`` by ``labels`` (reuse one ``Labels`` for many moments).
+
+    ``event=None`` is the allocated peak (as ``live_at``): on a trace with rows the peak row, on
+    one without rows the dump."""
     index, trace = inputs.index, inputs.trace
+    if event is None:
+        event = whole_peak(trace)
     live = index.live_mask(event)
     codes = labels.codes[live]
     sizes = index.size[live]
@@ -494,9 +499,10 @@ def group_labels_at(inputs: LensInputs, labels: Labels, event: int | None, group
     return GroupBreakdown(group_by, trace.device, moment, time_of(trace, event), allocated, groups)
 
 
-def group_live(inputs: LensInputs, group_by: str, event: int | None, rules: Sequence[Rule] = (),
+def group_live(inputs: LensInputs, group_by: str, event: int | None = None, rules: Sequence[Rule] = (),
                moment: Moment | None = None) -> GroupBreakdown:
-    """The blocks live after row ``event`` grouped by ``group_by`` (see the module docstring)."""
+    """The blocks live after row ``event`` (``None``: the peak) grouped by ``group_by`` (see the
+    module docstring)."""
     return group_labels_at(inputs, labels_for(inputs, group_by, rules), event, group_by, moment)
 
 

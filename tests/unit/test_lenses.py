@@ -473,3 +473,19 @@ def test_groups_sum_to_allocated_at_random_moments(ops: list[tuple[str, int, int
         result = group_live(inputs, group_by, event, rules)
         assert sum(g.bytes for g in result.groups) == result.allocated_bytes == allocated_at(inputs.trace, event)
         assert sum(g.blocks for g in result.groups) == int(inputs.index.live_mask(event).sum())
+
+
+def test_no_event_means_the_peak_as_live_at_does() -> None:
+    """``group_live(inputs, g)`` with no row is the peak (a trace with rows), never every lifetime
+    at once against the baseline."""
+    from memlens.analysis import analyze_snapshot, live_at
+    from memlens.analysis.lenses import group_live, lens_inputs_of, whole_peak
+    from tests.unit.tracebuilder import training_run
+
+    analysis = analyze_snapshot(training_run(3).snapshot())
+    inputs = lens_inputs_of(analysis)
+    at_peak = group_live(inputs, "category", whole_peak(inputs.trace))
+    default = group_live(inputs, "category")
+    assert default.groups == at_peak.groups and default.allocated_bytes == at_peak.allocated_bytes
+    assert default.allocated_bytes == analysis.device().peak_allocated_bytes == live_at(analysis, None).total_bytes
+    assert sum(g.bytes for g in group_live(inputs, "file").groups) == default.allocated_bytes
