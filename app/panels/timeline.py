@@ -108,11 +108,15 @@ def view_without_window(view: View | None) -> View:
 
 
 def shown_timeline(analysis: Analysis, device: int, view: View | None) -> Timeline:
-    """The rows ``view`` shows, cut from the trace at full resolution (a one-row spike inside a
-    zoomed window still shows)."""
+    """The rows ``view`` shows: the whole run is the report's own timeline (already cut, with the
+    same point budget); a zoomed window is cut from the trace at full resolution (a one-row spike
+    inside it still shows)."""
     view = view or {}
-    return timeline_of(analysis.trace(device), analysis.device(device).steps, start=view.get("start") or 0,
-                       end=view.get("end"), max_points=figures.DEFAULT_MAX_POINTS // 2)
+    device_report = analysis.device(device)
+    if view.get("start") is None and view.get("end") is None and device_report.timeline is not None:
+        return device_report.timeline
+    return timeline_of(analysis.trace(device), device_report.steps, start=view.get("start") or 0,
+                       end=view.get("end"))
 
 
 def view_after_relayout(analysis: Analysis, device: int, view: View | None, relayout: dict[str, Any] | None,

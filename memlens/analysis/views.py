@@ -16,8 +16,9 @@ import numpy.typing as npt
 from memlens.analysis.datatypes import BlockState, BlockView, SegmentMap, SegmentView, Step, Timeline
 from memlens.snapshot.model import Action, DeviceTrace, Snapshot
 
-# Buckets of the report's own timeline: each gives its min and max, so about twice as many points.
-# Enough for a smooth curve in a 1,200 px HTML plot and a 40-column sparkline per step.
+# Buckets of a timeline (the report's, and each window the web app zooms to): each gives its min
+# and max, so about twice as many points, per curve; the two curves share their points. Enough
+# for a smooth curve at full-HD width and a 40-column sparkline per step.
 REPORT_TIMELINE_BUCKETS = 1000
 # Segments drawn block by block; a snapshot can hold thousands of 2 MiB small-pool segments.
 MAX_SEGMENTS_SHOWN = 48

@@ -11,10 +11,6 @@ import plotly.graph_objects as go
 
 from memlens.units import GiB, KiB, MiB
 
-# Points per curve the web app sends to the browser: enough to look continuous at full-HD width
-# (two points, the min and the max, per pixel column of a ~2000 px plot). The two curves share
-# their points, so each is cut to half of this and the union is about this many.
-DEFAULT_MAX_POINTS = 4000
 # Step boundaries drawn at most; past that they become a grey comb that hides the curve.
 MAX_STEP_LINES = 200
 # Stacks per category in the treemap; the rest is summed into one "other stacks" tile.
