@@ -19,9 +19,12 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memlens.errors import MemlensUsageError
+
+if TYPE_CHECKING:
+    from memlens.recorder.session import Recorder
 
 # The options of memlens.record that an integration passes through; model, optimizer and
 # record_optimizer_steps are the integration's own business (it knows them from the framework).
@@ -100,6 +103,24 @@ def failure_reason(exc: BaseException | None) -> str:
     if exc is not None and type(exc).__name__ == "OutOfMemoryError":
         return "oom"
     return "exception"
+
+
+class RecordingCallback:
+    """What the framework callbacks share: where to write (or the caller's own recorder), the
+    checked ``memlens.record`` options, and each run's recording (``runs``, newest last)."""
+
+    def _set_up_recording(self, out: str | Path, recorder: Recorder | None, record_options: dict[str, Any]) -> None:
+        if recorder is not None and record_options:
+            raise TypeError("MemlensCallback: pass either recorder= or memlens.record options, not both")
+        self.out = out
+        self.recorder = recorder
+        self.record_options = check_record_options(record_options, "MemlensCallback")
+        self.runs: list[FrameworkRun] = []
+
+    @property
+    def paths(self) -> list[Path]:
+        """Every snapshot written by this callback's runs, oldest first."""
+        return [path for run in self.runs if run.recorder is not None for path in run.recorder.paths]
 
 
 class FrameworkRun:
@@ -280,6 +301,7 @@ class UncaughtExceptionGuard:
 __all__ = [
     "FrameworkRun",
     "MissingExtraError",
+    "RecordingCallback",
     "UncaughtExceptionGuard",
     "check_record_options",
     "failure_reason",

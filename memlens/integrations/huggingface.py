@@ -38,7 +38,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memlens.integrations._framework import FrameworkRun, UncaughtExceptionGuard, check_record_options, require
+from memlens.integrations._framework import FrameworkRun, RecordingCallback, UncaughtExceptionGuard, require
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -48,7 +48,7 @@ else:
     TrainerCallback = require("transformers", "hf", "huggingface").TrainerCallback
 
 
-class MemlensCallback(TrainerCallback):
+class MemlensCallback(RecordingCallback, TrainerCallback):
     """A ``transformers.TrainerCallback`` that records the training run's memory with memlens.
 
     ``out`` and ``record_options`` are ``memlens.record``'s; ``recorder`` is a started
@@ -60,18 +60,8 @@ class MemlensCallback(TrainerCallback):
     def __init__(
         self, out: str | Path = "memlens_runs", *, recorder: Recorder | None = None, **record_options: Any
     ) -> None:
-        if recorder is not None and record_options:
-            raise TypeError("MemlensCallback: pass either recorder= or memlens.record options, not both")
-        self.out = out
-        self.recorder = recorder
-        self.record_options = check_record_options(record_options, "MemlensCallback")
-        self.runs: list[FrameworkRun] = []
+        self._set_up_recording(out, recorder, record_options)
         self._guard: UncaughtExceptionGuard | None = None
-
-    @property
-    def paths(self) -> list[Path]:
-        """Every snapshot written by this callback's runs, oldest first."""
-        return [path for run in self.runs if run.recorder is not None for path in run.recorder.paths]
 
     # ---------------------------------------------------------------- Trainer events
     def on_train_begin(

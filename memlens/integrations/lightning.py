@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from memlens.integrations._framework import (
     FrameworkRun,
     MissingExtraError,
-    check_record_options,
+    RecordingCallback,
     require,
 )
 
@@ -51,7 +51,7 @@ else:
             ) from None
 
 
-class MemlensCallback(Callback):
+class MemlensCallback(RecordingCallback, Callback):
     """A Lightning ``Callback`` that records the fit's memory with memlens.
 
     ``out`` and ``record_options`` are ``memlens.record``'s; ``recorder`` is a started
@@ -63,19 +63,9 @@ class MemlensCallback(Callback):
         self, out: str | Path = "memlens_runs", *, recorder: Recorder | None = None, **record_options: Any
     ) -> None:
         super().__init__()
-        if recorder is not None and record_options:
-            raise TypeError("MemlensCallback: pass either recorder= or memlens.record options, not both")
-        self.out = out
-        self.recorder = recorder
-        self.record_options = check_record_options(record_options, "MemlensCallback")
-        self.runs: list[FrameworkRun] = []
+        self._set_up_recording(out, recorder, record_options)
         # trainer.global_step when the open step began: the step ends once it has moved.
         self._global_step_at_begin: int | None = None
-
-    @property
-    def paths(self) -> list[Path]:
-        """Every snapshot written by this callback's runs, oldest first."""
-        return [path for run in self.runs if run.recorder is not None for path in run.recorder.paths]
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         run = FrameworkRun(self.out, self.record_options, recorder=self.recorder)
