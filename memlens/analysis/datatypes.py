@@ -35,6 +35,13 @@ SEVERITIES: tuple[Severity, ...] = get_args(Severity)
 STEP_SOURCES: tuple[StepSource, ...] = get_args(StepSource)
 
 
+def busiest_first(peak_allocated: int, peak_reserved: int, events: int, device: int) -> tuple[int, int, int, int]:
+    """The sort key of the device shown when none is named: the highest allocated peak, then
+    reserved, then the most events, then the lowest number. Memory, not events, decides: a
+    state-only snapshot whose 10 GiB sit on device 1 is about device 1."""
+    return peak_allocated, peak_reserved, events, -device
+
+
 def finding_rank(finding: Finding) -> tuple[int, int]:
     """The order findings are read in: the most severe first, then the most bytes.
 

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memlens.analysis.context import build_context
-from memlens.analysis.datatypes import CATEGORIES, Step
+from memlens.analysis.datatypes import CATEGORIES, Step, busiest_first
 from memlens.analysis.live import BEFORE_FIRST_ROW, LiveIndex
 from memlens.analysis.settings import AnalysisSettings
 from memlens.analysis.stacks import _CPP_NOISE, _INTERNAL_FILE, StackFacts, is_python_frame, reduce_per_stack
@@ -116,7 +116,7 @@ def busiest_device(snapshot: Snapshot) -> int | None:
     def weight(trace: DeviceTrace) -> tuple[int, int, int, int]:
         allocated = max(trace.baseline_allocated, int(trace.allocated.max()) if len(trace) else 0)
         reserved = max(trace.baseline_reserved, int(trace.reserved.max()) if len(trace) else 0)
-        return allocated, reserved, len(trace), -trace.device
+        return busiest_first(allocated, reserved, len(trace), trace.device)
 
     traces = list(snapshot.devices.values())
     return max(traces, key=weight).device if traces else None

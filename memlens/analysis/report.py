@@ -37,6 +37,7 @@ from memlens.analysis.datatypes import (
     StepSource,
     Timeline,
     as_json,
+    busiest_first,
     encode_json,
     finding_rank,
     format_evidence,
@@ -117,16 +118,12 @@ class Report(PlainData):
     sidecar: dict[str, Any] = field(default_factory=dict)
 
     def device(self, device: int | None = None) -> DeviceReport:
-        """The report of ``device``; with ``None`` the busiest: the highest peak, then the most events.
-
-        Memory, not events, decides: a state-only snapshot whose 10 GiB sit on device 1 is about
-        device 1, though no device has a recorded event.
-        """
+        """The report of ``device``; with ``None`` the busiest (``datatypes.busiest_first``)."""
         if device is None:
             if not self.devices:
                 raise MemlensUsageError(f"{self.source}: the report has no devices")
-            return max(self.devices.values(),
-                       key=lambda d: (d.peak_allocated_bytes, d.peak_reserved_bytes, d.events, -d.device))
+            return max(self.devices.values(), key=lambda d: busiest_first(
+                d.peak_allocated_bytes, d.peak_reserved_bytes, d.events, d.device))
         if device not in self.devices:
             known = ", ".join(str(d) for d in sorted(self.devices)) or "none"
             raise MemlensUsageError(f"{self.source}: no device {device} in this snapshot (devices: {known})")

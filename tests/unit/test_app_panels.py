@@ -4,7 +4,6 @@ figures, components and plain data out; their numbers are the analysis' and the 
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,8 +40,9 @@ from memlens_app.panels.timeline import (
     window_of,
     window_text,
 )
+from tests.conftest import SAMPLE_SNAPSHOTS_DIR
 
-SAMPLES = Path(__file__).resolve().parents[2] / "sample_snapshots"
+SAMPLES = SAMPLE_SNAPSHOTS_DIR
 LEAK = SAMPLES / "leak.pickle"
 RANK0, RANK1 = SAMPLES / "ddp_rank0.pickle", SAMPLES / "ddp_rank1.pickle"
 
