@@ -72,11 +72,20 @@ def render_fleet(console: Console, fleet: FleetReport) -> None:
     table = Table(title="Ranks  peak memory per rank", title_justify="left", box=None, header_style="bold")
     for i in shown:
         table.add_column(COLUMNS[i], justify="left" if COLUMNS[i] in ("file", "findings") else "right", no_wrap=True)
+    cut_errors: list[tuple[str, str]] = []
     for index, (row, line) in enumerate(zip(rows, cells, strict=True)):
         last = line[-1] if len(line[-1]) <= room else line[-1][: room - 1] + "…"
+        if not row.ok and last != line[-1]:
+            cut_errors.append((row.path, row.error or ""))
         table.add_row(*[line[i] for i in shown[:-1]], last,
                       style="red" if not row.ok else "bold" if index in outlying else "")
     console.print(table)
+    if cut_errors:  # a reason the table had to cut is given whole, one line a file
+        console.print(Text("Not analysed", style="bold"))
+        for path, reason in cut_errors:
+            reason = reason.removeprefix(path + ": ")
+            console.print(Text(f"  {printable(os.path.basename(path))}: {printable(reason)}", style="red"),
+                          soft_wrap=True)
     analysed = len(rows) - failed
     if fleet.outliers:
         console.print(Text("Outliers  against the median rank (robust z-score on the peaks and each category)",

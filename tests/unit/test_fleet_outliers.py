@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +116,23 @@ def test_workers_that_die_on_every_file_are_not_retried_for_ever() -> None:
     results = run_processes(paths, _die_on_doomed, jobs=2)
     errors = [str(r["error"]) for r in results]
     assert all("died" in e for e in errors[:3]) and all(e.startswith("not analysed") for e in errors[3:])
+
+
+def test_a_failed_files_reason_cut_by_a_narrow_table_is_given_whole_below_it(tmp_path: Path) -> None:
+    """At 80 columns the table cuts a long error; the reason then follows the table in full."""
+    from click.testing import CliRunner
+
+    from memlens.cli.main import cli
+    from tests.conftest import SAMPLE_SNAPSHOTS_DIR
+
+    broken = tmp_path / "broken.pickle"
+    broken.write_bytes((SAMPLE_SNAPSHOTS_DIR / "leak.pickle").read_bytes()[:5000])
+    files = [str(broken), str(SAMPLE_SNAPSHOTS_DIR / "leak.pickle"), str(SAMPLE_SNAPSHOTS_DIR / "healthy.pickle")]
+    result = CliRunner().invoke(cli, ["triage", *files, "--jobs", "1", "--width", "80"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert any("error: " in line and line.rstrip().endswith("…") for line in lines)  # cut in the table
+    reason = lines[lines.index("Not analysed") + 1]
+    assert reason.startswith("  broken.pickle: ") and "truncated or was still being written" in reason
+    wide = CliRunner().invoke(cli, ["triage", *files, "--jobs", "1", "--width", "200"])
+    assert "Not analysed" not in wide.output  # nothing was cut: the table says it all
