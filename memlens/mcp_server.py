@@ -238,7 +238,9 @@ class Tools:
             flash_attn=flash_attn, activation_formula=activations, chunked_loss=chunked_loss, zero_stage=zero,
             world_size=world_size, offload_optimizer=offload_optimizer, offload_params=offload_params)
         payload = result.to_json()
-        payload["capacities"] = [result.check(parse_capacity(str(size))).to_json() for size in capacity or []]
+        # A JSON number is echoed as the CLI echoes the same text (80, not 80.0).
+        labels = [size if isinstance(size, str) else f"{size:g}" for size in capacity or []]
+        payload["capacities"] = [result.check(parse_capacity(label), label=label).to_json() for label in labels]
         return payload
 
 

@@ -16,7 +16,7 @@ from memlens.budget import formulas
 from memlens.budget.spec import Matrix, ModelSpec
 from memlens.budget.training import TrainingSetup
 from memlens.errors import MemlensUsageError
-from memlens.units import GiB, parse_bytes
+from memlens.units import GiB, format_bytes, parse_bytes
 
 STATIC_ITEMS: tuple[str, ...] = ("weights", "gradients", "master_weights", "optimizer_state")
 BATCH_ITEMS: tuple[str, ...] = ("activations", "activation_recompute", "logits")
@@ -36,6 +36,9 @@ class LineItem:
     explanation: str = ""
     host_bytes: int = 0
     estimated: bool = True
+    # What the item adds up from, (label, bytes) each, when it has more than one term (before
+    # any ZeRO sharding): printed under the item, e.g. the 4-bit base and its constants.
+    parts: tuple[tuple[str, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -47,35 +50,70 @@ class LineItem:
             "explanation": self.explanation,
             "host_bytes": self.host_bytes,
             "estimated": self.estimated,
+            "parts": [{"name": label, "bytes": value} for label, value in self.parts],
         }
 
 
 @dataclass(frozen=True)
 class BatchFit:
-    """The largest micro-batch whose budget fits ``capacity_bytes``, and what stops the next one."""
+    """The largest micro-batch whose budget fits ``capacity_bytes``, and what stops the next one.
+
+    ``next_total_bytes`` is what ``micro_batch + 1`` would need (``total_bytes`` is the need at
+    ``micro_batch``, or at B = 1 when none fits); ``limiting_bytes`` the limiting item's share.
+    """
 
     capacity_bytes: int
     micro_batch: int
     limiting_item: str
     total_bytes: int
-    explanation: str
+    next_total_bytes: int
+    limiting_bytes: int
+    static_exceeds: bool = False
+
+    def describe(self, *, binary: bool = True, capacity_label: str | None = None) -> str:
+        """Why the next micro-batch does not fit, in GiB (``binary``) or GB, bytes formatted."""
+
+        def size(n: int) -> str:
+            return format_bytes(n, binary=binary)
+
+        cap = capacity_label or size(self.capacity_bytes)
+        if self.static_exceeds:
+            return (
+                f"static memory {size(self.total_bytes)} exceeds the capacity {cap} before any batch; "
+                f"largest item: {self.limiting_item}"
+            )
+        if self.micro_batch == 0:
+            return f"B = 1 needs {size(self.next_total_bytes)}; {self.limiting_item} is the largest per-batch item"
+        return (
+            f"B = {self.micro_batch + 1} would need {size(self.next_total_bytes)} > {cap}; "
+            f"{self.limiting_item} is the largest per-batch item ({size(self.limiting_bytes)})"
+        )
+
+    @property
+    def explanation(self) -> str:
+        return self.describe()
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "explanation": self.explanation}
 
 
 @dataclass(frozen=True)
 class CapacityCheck:
-    """Whether a budget fits one device, and the largest micro-batch (None with the reason when unknown)."""
+    """Whether a budget fits one device, and the largest micro-batch (None with the reason when unknown).
+
+    ``label`` is the capacity as the user wrote it (``48GB``), echoed back next to its bytes.
+    """
 
     capacity_bytes: int
     fits: bool
     total_bytes: int
     max_batch: BatchFit | None
     max_batch_unknown: str = ""
+    label: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "capacity": self.label or str(self.capacity_bytes),
             "capacity_bytes": self.capacity_bytes,
             "fits": self.fits,
             "total_bytes": self.total_bytes,
@@ -135,14 +173,18 @@ class Budget:
         """The largest micro-batch that fits ``capacity`` and the item that limits it."""
         return max_micro_batch(self.spec, self.setup, capacity)
 
-    def check(self, capacity: int | float | str) -> CapacityCheck:
-        """``fits`` and ``max_micro_batch`` together (the batch stays unknown, with why, if unsizable)."""
+    def check(self, capacity: int | float | str, label: str = "") -> CapacityCheck:
+        """``fits`` and ``max_micro_batch`` together (the batch stays unknown, with why, if unsizable).
+
+        ``label``: the capacity as the user wrote it (a string ``capacity`` is its own label).
+        """
         cap = parse_bytes(capacity)
         try:
             fit, why = self.max_micro_batch(cap), ""
         except MemlensUsageError as exc:
             fit, why = None, str(exc)
-        return CapacityCheck(cap, self.fits(cap), self.total_bytes, fit, why)
+        label = label or (capacity.strip() if isinstance(capacity, str) else "")
+        return CapacityCheck(cap, self.fits(cap), self.total_bytes, fit, why, label)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: the line items in bytes (with GB = 1e9 and GiB = 2**30 values) and totals."""
@@ -265,6 +307,42 @@ def _optimizer_state(
     )
 
 
+def _nf4_base(
+    spec: ModelSpec, setup: TrainingSetup, notes: list[str]
+) -> tuple[int, str, str, list[tuple[str, int]]]:
+    """(bytes, formula, explanation, parts) of a QLoRA base as bitsandbytes holds it.
+
+    Only the blocks' linear weights are quantised (``Linear4bit``); the embeddings, the output
+    head, norms and biases stay in the compute dtype. The quantised values cost P_4/2 plus their
+    NF4 constants (``formulas.nf4_constant_bytes``). ``qlora_flat_base``: the reference's flat P/2.
+    """
+    p = spec.n_params
+    flat_all = formulas.nf4_weight_bytes(p)
+    if setup.qlora_flat_base:
+        return flat_all, "P/2", "4-bit NF4 base (flat P/2, constants and 16-bit layers left out)", []
+    wb = setup.weight_bytes_per_param
+    outside_blocks = sum(m.numel for m in spec.matrices if not m.in_blocks)
+    if spec.vocab_size is None and outside_blocks == 0:
+        notes.append("QLoRA: the embeddings and head are not known (no --vocab): counted as 4-bit")
+    if spec.vector_params is None:
+        notes.append("QLoRA: the norms are not known (no --hidden/--layers): counted as 4-bit")
+    kept = min(p, outside_blocks + (spec.vector_params or 0))
+    quantised = p - kept
+    flat = formulas.nf4_weight_bytes(quantised)
+    constants = formulas.nf4_constant_bytes(quantised, double_quant=setup.qlora_double_quant)
+    kept_bytes = formulas.weight_bytes(kept, wb)
+    kept_dtype = "fp32" if wb == 4 else "16-bit"
+    bits = formulas.NF4_DOUBLE_QUANT_CONSTANT_BITS if setup.qlora_double_quant else formulas.NF4_CONSTANT_BITS
+    dq = "double-quantised, " if setup.qlora_double_quant else ""
+    parts = [
+        (f"4-bit NF4 block linears ({quantised:,} values, P_4/2)", flat),
+        (f"NF4 quantisation constants ({dq}{bits:.3f} bit per value)", constants),
+        (f"{kept_dtype} embeddings, head, norms, biases ({kept:,} values)", kept_bytes),
+    ]
+    text = f"4-bit NF4 block linears and their constants; {kept_dtype} embeddings, head, norms"
+    return flat + constants + kept_bytes, f"P_4/2 + {bits:.3f}P_4/8 + {wb}P_16", text, parts
+
+
 def _shard(value: int, sharded: bool, world: int) -> int:
     return math.ceil(value / world) if sharded else value
 
@@ -273,7 +351,7 @@ def _shard(value: int, sharded: bool, world: int) -> int:
 def estimate(spec: ModelSpec, setup: TrainingSetup | None = None) -> Budget:
     """The theoretical memory budget of one training step (reference: memory-budget.md)."""
     setup = setup or TrainingSetup()
-    notes: list[str] = []
+    notes: list[str] = list(spec.assumptions)
     if setup.lora_rank is not None and spec.adapter_params:
         raise MemlensUsageError("this module already has LoRA adapters; do not ask for another LoRA rank")
 
@@ -297,27 +375,32 @@ def estimate(spec: ModelSpec, setup: TrainingSetup | None = None) -> Budget:
     p = spec.n_params
 
     # ---- weights
+    parts: list[tuple[str, int]] = []
     if setup.qlora:
-        base_bytes = formulas.nf4_weight_bytes(
-            p, double_quant=setup.qlora_double_quant, count_constants=setup.count_quant_constants
-        )
-        base_formula, base_text = "P/2", "4-bit NF4 base"
-        if setup.count_quant_constants:
-            base_formula += " + constants"
-            base_text += " with quantisation constants" + (" (double-quantised)" if setup.qlora_double_quant else "")
+        base_bytes, base_formula, base_text, parts = _nf4_base(spec, setup, notes)
     else:
         base_bytes = formulas.weight_bytes(p, wb)
         base_formula, base_text = f"{wb}P", f"{'fp32' if wb == 4 else '16-bit'} weights"
-    weights = base_bytes + formulas.weight_bytes(n_adapter, wb)
+    adapter_bytes = formulas.weight_bytes(n_adapter, wb)
+    weights = base_bytes + adapter_bytes
+    if parts and peft:
+        parts.append((f"LoRA adapters ({n_adapter:,} values, {wb}|theta|)", adapter_bytes))
     weight_formula = base_formula + (f" + {wb}|theta|" if peft else "")
     weight_text = f"{base_text}, P = {p:,}" + (f"; {n_adapter:,} adapter values |theta|" if peft else "")
     weights_dev = _shard(weights, stage >= 3, world)
     if stage >= 3 and world > 1:
         weight_formula, weight_text = f"({weight_formula})/N", weight_text + f"; ZeRO-3 over N = {world}"
     items = [
-        LineItem("weights", 0, weight_formula, weight_text + "; offloaded to host", host_bytes=weights_dev)
+        LineItem(
+            "weights",
+            0,
+            weight_formula,
+            weight_text + "; offloaded to host",
+            host_bytes=weights_dev,
+            parts=tuple(parts),
+        )
         if setup.offload_params
-        else LineItem("weights", weights_dev, weight_formula, weight_text)
+        else LineItem("weights", weights_dev, weight_formula, weight_text, parts=tuple(parts))
     ]
 
     # ---- gradients
@@ -470,12 +553,7 @@ def max_micro_batch(spec: ModelSpec, setup: TrainingSetup, capacity: int | float
     if at_one.static_bytes > cap:
         worst = max((line for line in at_one.items if line.name in STATIC_ITEMS), key=lambda line: line.bytes)
         return BatchFit(
-            cap,
-            0,
-            worst.name,
-            at_one.static_bytes,
-            f"static memory {at_one.static_bytes:,} B exceeds the capacity before any batch; "
-            f"largest item: {worst.name}",
+            cap, 0, worst.name, at_one.static_bytes, at_one.total_bytes, worst.bytes, static_exceeds=True
         )
     per_sample = max(1, at_one.batch_bytes)
     low, high = 0, (cap - at_one.static_bytes) // per_sample + 2  # every batch item is linear in B
@@ -488,11 +566,4 @@ def max_micro_batch(spec: ModelSpec, setup: TrainingSetup, capacity: int | float
     over = estimate(spec, setup.with_batch(low + 1))
     limiting = max((line for line in over.items if line.name in BATCH_ITEMS), key=lambda line: line.bytes)
     fitted = estimate(spec, setup.with_batch(low)).total_bytes if low else at_one.total_bytes
-    if low == 0:
-        text = f"B = 1 needs {at_one.total_bytes:,} B; {limiting.name} is the largest per-batch item"
-    else:
-        text = (
-            f"B = {low + 1} would need {over.total_bytes:,} B > {cap:,} B; "
-            f"{limiting.name} is the largest per-batch item ({limiting.bytes:,} B)"
-        )
-    return BatchFit(cap, low, limiting.name, fitted, text)
+    return BatchFit(cap, low, limiting.name, fitted, over.total_bytes, limiting.bytes)

@@ -20,8 +20,8 @@ ZERO_STATE_BYTES_PER_PARAM = 12
 # Bits per parameter of the NF4 quantisation constants (QLoRA paper, Dettmers et al. 2023, 2.2):
 # one fp32 absmax per 64-value block is 32/64 = 0.5 bit; double quantisation stores it as fp8
 # with one fp32 constant per 256 blocks: 8/64 + 32/(64*256) = 0.127 bit, saving ~0.373 bit,
-# the "~0.37 bit per parameter" of the reference. The reference's figures count the base as
-# P/2 (4 bits) and leave the constants out; memlens does the same unless asked.
+# the "~0.37 bit per parameter" of the reference. The reference's figures count the base as a
+# flat P/2 (4 bits) and leave the constants out; the budget adds them as their own part.
 NF4_BITS = 4.0
 NF4_CONSTANT_BITS = 32 / 64
 NF4_DOUBLE_QUANT_CONSTANT_BITS = 8 / 64 + 32 / (64 * 256)
@@ -65,6 +65,16 @@ def nf4_weight_bytes(n_params: int, *, double_quant: bool = True, count_constant
     bits = NF4_BITS
     if count_constants:
         bits += NF4_DOUBLE_QUANT_CONSTANT_BITS if double_quant else NF4_CONSTANT_BITS
+    return round(n_params * bits / 8)
+
+
+def nf4_constant_bytes(n_params: int, *, double_quant: bool = True) -> int:
+    """The NF4 quantisation constants of ``n_params`` quantised values, on top of their P/2.
+
+    One fp32 absmax per 64 values (0.5 bit each); double-quantised, an 8-bit absmax per 64
+    values plus one fp32 constant per 256 blocks (0.127 bit). QLoRA paper, section 2.2.
+    """
+    bits = NF4_DOUBLE_QUANT_CONSTANT_BITS if double_quant else NF4_CONSTANT_BITS
     return round(n_params * bits / 8)
 
 

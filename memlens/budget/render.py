@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from memlens.budget.estimate import Budget, CapacityCheck
@@ -11,6 +12,22 @@ from memlens.units import format_bytes
 
 def _size(n: int, binary: bool) -> str:
     return format_bytes(n, binary=binary)
+
+
+def capacity_text(check: CapacityCheck, binary: bool) -> str:
+    """The capacity as the user wrote it, with its size in the table's unit when that differs.
+
+    ``48GB`` in a GiB table reads "48GB (44.70 GiB)"; ``80GiB`` stays "80GiB"; a bare number
+    (GiB, as ``--capacity`` reads it) gets its unit.
+    """
+    size = _size(check.capacity_bytes, binary)
+    label = check.label.strip()
+    if not label:
+        return size
+    unit = re.sub(r"^[0-9.,_\s]*(e[+-]?[0-9]+)?\s*", "", label, flags=re.IGNORECASE).lower()
+    if not unit:
+        label, unit = f"{label} GiB", "gib"
+    return label if unit == ("gib" if binary else "gb") else f"{label} ({size})"
 
 
 def render_budget(budget: Budget, *, binary: bool = True, checks: Sequence[CapacityCheck] = ()) -> str:
@@ -37,6 +54,8 @@ def render_budget(budget: Budget, *, binary: bool = True, checks: Sequence[Capac
         size = _size(line.bytes, binary) if line.estimated else "n/a"
         host = f" [host {_size(line.host_bytes, binary)}]" if line.host_bytes else ""
         lines.append(f"{line.name:<{name_width}}{size:>{size_width}}  {line.formula:<14} {line.explanation}{host}")
+        for label, value in line.parts:  # the terms the item adds up (before any sharding)
+            lines.append(f"{'  +':<{name_width}}{_size(value, binary):>{size_width}}  {label}")
         if line.name == "optimizer_state":
             lines.append(f"{'static total':<{name_width}}{_size(budget.static_bytes, binary):>{size_width}}")
     missing = [line.name for line in budget.items if not line.estimated]
@@ -48,14 +67,13 @@ def render_budget(budget: Budget, *, binary: bool = True, checks: Sequence[Capac
         lines.append(f"{'on the host':<{name_width}}{_size(budget.host_bytes, binary):>{size_width}}  (offloaded)")
     for check in checks:
         verdict = "yes" if check.fits else "no"
-        cap = _size(check.capacity_bytes, binary)
+        cap = capacity_text(check, binary)
         lines.append("")
         lines.append(f"fits {cap}: {verdict} (needs {_size(check.total_bytes, binary)})")
         if check.max_batch is not None:
             fit = check.max_batch
-            lines.append(
-                f"largest micro-batch on {cap}: {fit.micro_batch} (limited by {fit.limiting_item}; {fit.explanation})"
-            )
+            why = fit.describe(binary=binary, capacity_label=cap)
+            lines.append(f"largest micro-batch on {cap}: {fit.micro_batch} (limited by {fit.limiting_item}; {why})")
         else:
             lines.append(f"largest micro-batch on {cap}: unknown ({check.max_batch_unknown})")
     if budget.notes:

@@ -86,6 +86,10 @@ class ModelSpec:
     adapter_matrices: tuple[Matrix, ...] = ()
     param_bytes_by_dtype: Mapping[str, int] = field(default_factory=dict)
     source: str = "numbers"
+    # Parameters outside every 2-D weight (norms, biases), when the layout says how many.
+    vector_params: int | None = None
+    # What the spec assumed where a size was not given, said in the budget's notes.
+    assumptions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.n_params <= 0:
@@ -166,7 +170,17 @@ class ModelSpec:
             raise MemlensUsageError(f"hidden size {hidden_size} is not divisible by {n_heads} heads")
         if n_kv_heads is not None and n_heads is None:
             raise MemlensUsageError("--kv-heads needs --heads")
+        assumptions: list[str] = []
+        if n_params is None and ffn_size is None and hidden_size is not None and n_layers is not None:
+            # Counting P from sizes needs the MLP; without --ffn take the d -> 4d -> d MLP the
+            # activation formulas (Megatron's 34*T*B*d) assume, rather than refuse.
+            ffn_size, gated_mlp = 4 * hidden_size, False
+            assumptions.append(
+                f"--ffn not given: a d -> 4d -> d MLP assumed ({ffn_size:,} = 4 x {hidden_size:,}), "
+                "as the activation formulas assume; give --ffn for a gated (LLaMA-style) MLP"
+            )
         matrices: list[Matrix] = []
+        vectors: int | None = None
         per_layer: int | None = None
         computed: int | None = None
         if hidden_size is not None and n_layers is not None:
@@ -180,6 +194,8 @@ class ModelSpec:
             ]
             matrices += attention
             norm = d * (2 if norm_bias else 1)
+            # Two norms per layer and the final one; biases only where the MLP's size is known.
+            vectors = (2 * n_l + 1) * norm + (sum(m.rows for m in matrices) * n_l if linear_bias else 0)
             if ffn_size is not None:
                 mlp = [Matrix("up_proj", ffn_size, d, n_l), Matrix("down_proj", d, ffn_size, n_l)]
                 if gated_mlp:
@@ -187,6 +203,7 @@ class ModelSpec:
                 matrices += mlp
                 biases = sum(m.rows for m in matrices) if linear_bias else 0
                 per_layer = sum(m.rows * m.cols for m in matrices) + biases + 2 * norm
+                vectors = (2 * n_l + 1) * norm + biases * n_l
             if vocab_size is not None:
                 matrices.append(Matrix("embed_tokens", vocab_size, d, 1, in_blocks=False))
                 if not tie_embeddings:
@@ -224,6 +241,8 @@ class ModelSpec:
             matrices=tuple(matrices),
             params_per_layer=per_layer,
             source=source,
+            vector_params=vectors,
+            assumptions=tuple(assumptions),
         )
 
     @classmethod
@@ -313,7 +332,7 @@ class ModelSpec:
 
         if not isinstance(module, nn.Module):
             raise MemlensUsageError(f"from_module needs a torch.nn.Module, not {type(module).__name__}")
-        n_base = n_base_trainable = n_adapters = 0
+        n_base = n_base_trainable = n_adapters = n_vectors = 0
         adapter_matrices: list[Matrix] = []
         by_dtype: Counter[str] = Counter()
         for name, param in module.named_parameters():
@@ -326,6 +345,7 @@ class ModelSpec:
             else:
                 n_base += numel
                 n_base_trainable += numel if param.requires_grad else 0
+                n_vectors += numel if param.dim() < 2 else 0
         if n_base == 0:
             raise MemlensUsageError(f"{type(module).__name__} has no parameters")
 
@@ -420,4 +440,5 @@ class ModelSpec:
             adapter_matrices=tuple(adapter_matrices),
             param_bytes_by_dtype=dict(by_dtype),
             source=f"module:{type(module).__name__}",
+            vector_params=n_vectors,
         )

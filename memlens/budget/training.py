@@ -69,7 +69,10 @@ class TrainingSetup:
     optimizer: see ``OPTIMIZERS``; ``galore`` needs ``galore_rank``. ``optim_dtype`` is the
     state's dtype (fp32 default; 8-bit Adam ignores it). ``grad_dtype`` None = the weights'.
     LoRA: ``lora_rank`` and ``lora_targets`` (module names, peft-style, or ``all-linear``);
-    ``qlora`` keeps the base in 4-bit NF4. ``frozen_layers``: the first k blocks do not train.
+    ``qlora`` keeps the base's block linears in 4-bit NF4 with their quantisation constants
+    (double-quantised unless ``qlora_double_quant`` is False) and the embeddings, head, norms
+    and biases in 16-bit, as bitsandbytes does; ``qlora_flat_base`` counts the whole base as
+    the reference's flat P/2 instead. ``frozen_layers``: the first k blocks do not train.
     Batch: micro-batch ``micro_batch``, ``seq_len``, ``grad_accum``. ``checkpointing``:
     none/full/selective/every (every ``checkpoint_every``-th block keeps only its input).
     ``chunked_loss``: factor a chunked cross-entropy divides the fp32 logits by.
@@ -86,7 +89,7 @@ class TrainingSetup:
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
     qlora: bool = False
     qlora_double_quant: bool = True
-    count_quant_constants: bool = False
+    qlora_flat_base: bool = False
     frozen_layers: int = 0
     micro_batch: int = 1
     seq_len: int | None = None

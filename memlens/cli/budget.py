@@ -165,7 +165,7 @@ def budget(
         grad_accum=grad_accum, checkpointing=checkpointing, flash_attn=flash_attn,
         activation_formula=activation_formula, chunked_loss=chunked_loss, zero_stage=zero_stage,
         world_size=world_size, offload_optimizer=offload_optimizer, offload_params=offload_params)
-    checks = [result.check(parse_capacity(text)) for text in capacity]
+    checks = [result.check(parse_capacity(text), label=text.strip()) for text in capacity]
     if as_json:
         payload = result.to_json()
         payload["capacities"] = [check.to_json() for check in checks]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -77,10 +78,16 @@ def test_capacity_prints_fit_and_max_micro_batch() -> None:
         "80",
     ]
     out = run(*args)
-    assert "fits 22.35 GiB: yes" in out and "fits 80.00 GiB: yes" in out  # 24GB is 22.35 GiB
-    assert "largest micro-batch on 22.35 GiB:" in out and "limited by" in out
+    # A capacity is echoed as written, with its size in the table's unit (24GB is 22.35 GiB).
+    assert "fits 24GB (22.35 GiB): yes" in out and "fits 80 GiB: yes" in out
+    assert "largest micro-batch on 24GB (22.35 GiB):" in out and "limited by" in out
+    assert "> 24GB (22.35 GiB);" in out  # the next batch's need in GiB, not raw bytes
+    assert not re.search(r"\d{1,3}(,\d{3}){2,} B", out)  # no unformatted byte counts
+    in_gb = run(*args, "--units", "gb")
+    assert "fits 24GB: yes" in in_gb and "fits 80 GiB (85.90 GB): yes" in in_gb
     payload = json.loads(run(*args, "--json"))
     small, big = payload["capacities"]
+    assert small["capacity"] == "24GB" and small["capacity_bytes"] == 24 * 10**9
     assert 1 <= small["max_micro_batch"]["micro_batch"] < big["max_micro_batch"]["micro_batch"]
 
 
@@ -188,3 +195,19 @@ def test_parsers() -> None:
     assert parse_capacity("80") == parse_capacity("80GiB") == 80 * 2**30  # a bare number is GiB
     assert parse_capacity("80GB") == 80 * 10**9
     assert parse_capacity("24GiB") == 24 * 2**30
+
+
+def test_architecture_without_ffn_assumes_4d_and_says_so() -> None:
+    out = run("--hidden", "768", "--layers", "12", "--heads", "12", "--vocab", "32000", "--seq", "1024")
+    # 12 layers of 4d^2 attention + 8d^2 MLP (d -> 4d -> d), two norms each, the final norm and an
+    # untied embedding and head.
+    d = 768
+    expected = 12 * (12 * d * d + 2 * d) + 2 * 32000 * d + d
+    assert f"P = {expected:,}" in out
+    assert "note: --ffn not given: a d -> 4d -> d MLP assumed (3,072 = 4 x 768)" in out
+
+
+def test_capacity_below_static_memory_formats_bytes() -> None:
+    out = run("--params", "7e9", "--hidden", "4096", "--layers", "32", "--seq", "2048", "--capacity", "48GB")
+    assert "fits 48GB (44.70 GiB): no (needs 112.81 GiB)" in out
+    assert "static memory 104.31 GiB exceeds the capacity 48GB (44.70 GiB)" in out
