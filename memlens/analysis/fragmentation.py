@@ -17,8 +17,10 @@ could have held the request, so a trace whose cudaMallocs all grew a full pool c
 replay. At an ``oom`` row the request is set against what its pool held then, plus what the
 device still had. The saving is what a replay with ``expandable_segments`` (and with
 ``max_split_size_mb`` when large blocked requests suggest one) gives: the difference in peak
-reserved, and whether the failed request then fits. A state-only snapshot has no requests and
-no replay: it gets the pieces it holds, with no saving claimed.
+reserved, and whether the failed request then fits. The finding's bytes are that saving: where
+no setting lowers the peak (or a setting's replay runs out of memory itself) there is no finding,
+unless the pieces made an OOM, which is reported with no setting offered. A state-only snapshot
+has no requests and no replay: it gets the pieces it holds, with no saving claimed.
 
 Evidence keys. ``fragmentation`` with a history: ``cudamallocs``, ``blocked_cudamallocs``,
 ``blocked_cudamalloc_bytes``; the moments ``first_blocked_*`` and ``worst_blocked_*`` (``_event``,
@@ -26,7 +28,8 @@ Evidence keys. ``fragmentation`` with a history: ``cudamallocs``, ``blocked_cuda
 ``_pool_free_bytes``, ``_free_in_partly_used_segments_bytes``, ``_free_in_whole_segments_bytes``,
 ``_largest_free_block_bytes``, ``_free_blocks``); at an OOM the same under ``oom_*`` plus
 ``oom_device_free_bytes`` and ``oom_blocked_by_fragmentation``; per replayed setting
-``<setting>_peak_reserved_bytes``, ``<setting>_saving_bytes`` (and ``<setting>_avoids_oom``),
+``<setting>_peak_reserved_bytes``, ``<setting>_saving_bytes`` (not for a replay that ran out of memory:
+``<setting>_runs_out_of_memory``; at an OOM ``<setting>_avoids_oom``),
 ``best_setting``, ``recorded_peak_reserved_bytes``, ``replay_reproduces_recorded_reserved``.
 ``fragmentation`` without a history: ``free_in_partly_used_segments_bytes``,
 ``partly_used_segments``, ``largest_free_piece_bytes``, ``free_in_whole_segments_bytes``,
@@ -368,6 +371,15 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
     avoids_oom = oom is not None and best is not None and not best.oom
     reference = ctx.capacity or peak_reserved
     saving = max(best.saving, 0) if best is not None else 0
+    # A finding's bytes are what its fix saves in the replay. Where every replayed setting leaves
+    # the peak as high or higher (and avoids no OOM), the blocked cudaMallocs cost nothing at the
+    # peak: there is no finding to make, and no setting to offer. An OOM the pieces caused stays
+    # a finding (the failure is recorded), with no setting offered.
+    helps = best is not None and (best.saving > 0 or avoids_oom)
+    if savings and not helps:
+        if not oom_blocked:
+            return []
+        best = None
 
     facts: Evidence = {
         "source": "replay of the trace through memlens' caching-allocator model (recorded settings)",
@@ -419,9 +431,12 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
         if name == "max_split_size_mb":
             facts["max_split_size_mb_tried"] = int(value)
         facts[f"{name}_peak_reserved_bytes"] = trial.peak_reserved
-        facts[f"{name}_saving_bytes"] = trial.saving
+        if not trial.oom:  # a replay cut off by its OOM has no peak to compare
+            facts[f"{name}_saving_bytes"] = trial.saving
         if oom is not None:
             facts[f"{name}_avoids_oom"] = "no" if trial.oom else "yes"
+        elif trial.oom:
+            facts[f"{name}_runs_out_of_memory"] = "yes"
     if best is not None:
         facts["best_setting"] = best.setting
 
@@ -432,7 +447,11 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
         severity = "medium"
     else:
         severity = "low"
-    stranded = max((c.pool.free_in_pieces_bytes for c in blocked), default=oom.free_bytes if oom else 0)
+    # Without a setting that helps, the bytes are the pieces the failed request could not use
+    # (or, no setting tried at all, the pieces of the worst blocked cudaMalloc's pool).
+    stranded = oom.free_bytes if oom_blocked and oom is not None else max(
+        (c.pool.free_in_pieces_bytes for c in blocked), default=oom.free_bytes if oom else 0
+    )
     lead = "oom" if oom_blocked else "worst_blocked"
     facts = lead_with(facts, [
         f"{lead}_event", f"{lead}_request_bytes", f"{lead}_pool_free_bytes", f"{lead}_largest_free_block_bytes",
@@ -453,7 +472,7 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
             top_stacks=[],
             evidence=facts,
             summary="; ".join(parts) + ".",
-            recommendation=_history_recommendation(peak_reserved, faithful, savings, best, oom is not None),
+            recommendation=_history_recommendation(peak_reserved, faithful, savings, best, oom is not None, helps),
             estimated_saving_bytes=saving or None,
         )
     ]
@@ -466,13 +485,18 @@ def lead_with(facts: Evidence, first: list[str]) -> Evidence:
 
 
 def _history_recommendation(
-    peak_reserved: int, faithful: bool, savings: list[ReplaySaving], best: ReplaySaving | None, had_oom: bool
+    peak_reserved: int,
+    faithful: bool,
+    savings: list[ReplaySaving],
+    best: ReplaySaving | None,
+    had_oom: bool,
+    helps: bool,
 ) -> str:
     baseline = format_bytes(peak_reserved)
     if not faithful:
         return ("memlens' allocator replay does not reproduce this trace's reserved memory, so it claims no saving; "
                 "try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and compare the peak reserved.")
-    if best is None:
+    if not savings:
         return ("expandable_segments is already on and no max_split_size_mb applies: keep tensor shapes stable "
                 "between steps, and allocate long-lived tensors before the temporaries that surround them.")
     tried = "; ".join(
@@ -480,12 +504,12 @@ def _history_recommendation(
         + (", still out of memory" if had_oom and s.oom else ", the failed request fits" if had_oom else "")
         for s in savings
     )
-    if (had_oom and not best.oom) or best.saving > 0:
+    if helps and best is not None:
         return (f"Set PYTORCH_CUDA_ALLOC_CONF={best.setting}. Replaying this trace through memlens' allocator "
                 f"model: {baseline} peak reserved as recorded; {tried}.")
-    return (f"Replaying this trace does not lower its peak ({baseline} as recorded; {tried}): "
-            "these cudaMallocs grew the cache below its peak. Keep tensor shapes stable between steps so "
-            "freed blocks fit the next requests.")
+    return (f"No allocator setting memlens replayed avoids this failure ({baseline} peak reserved as recorded; "
+            f"{tried}). Keep tensor shapes stable between steps so freed blocks fit the next requests, or "
+            "free (or allocate earlier) the long-lived tensors that split the cached blocks.")
 
 
 def _dump_pieces(segments: list[Segment]) -> tuple[int, int, int, int]:

@@ -276,3 +276,45 @@ def test_the_allocators_own_free_and_retry_keeps_the_replay_trusted() -> None:
     assert evidence["oom_blocked_by_fragmentation"] == "yes"
     (oom,) = _kind(report, "oom")
     assert oom.evidence["explained_by"] == "fragmentation"
+
+
+def _random_run(seed: int) -> CachingAllocatorSimulator:
+    """120 mallocs and frees of six sizes (3-250 MiB) in a random order: a run whose cudaMallocs
+    are sometimes blocked by pieces (fixed seeds, so every run of the test replays the same trace)."""
+    import random
+
+    rnd = random.Random(seed)
+    sim = CachingAllocatorSimulator()
+    live: list[int] = []
+    sizes = [rnd.choice([3, 7, 12, 30, 50, 90, 130, 200, 250]) * MiB + rnd.randrange(0, MiB) for _ in range(6)]
+    for _ in range(120):
+        if live and rnd.random() < 0.45:
+            sim.free(live.pop(rnd.randrange(len(live))))
+        else:
+            live.append(sim.malloc(rnd.choice(sizes)))
+    return sim
+
+
+def test_blocked_cudamallocs_that_no_setting_helps_are_no_finding() -> None:
+    """13 cudaMallocs (2.26 GiB) were blocked by pieces, but replayed with expandable_segments the
+    peak reserved is 192 MiB *higher*, and with max_split_size_mb higher too: no fix saves
+    anything, so no finding is headlined with the stranded bytes, and no setting is offered."""
+    from memlens.analysis.fragmentation import _allocator_evidence
+
+    snapshot = _snapshot(_random_run(34))
+    evidence = _allocator_evidence(snapshot, snapshot.device(0), None)
+    assert len(evidence.blocked) == 13
+    assert sum(c.segment_bytes for c in evidence.blocked) == 2316 * MiB
+    assert _kind(analyze(snapshot), "fragmentation") == []
+
+
+def test_a_finding_s_bytes_are_what_the_helping_setting_saves() -> None:
+    """expandable_segments would cost 256 MiB more here; max_split_size_mb:128 saves 32 MiB: the
+    finding is 32 MiB and offers that setting only."""
+    (frag,) = _kind(analyze(_snapshot(_random_run(19))), "fragmentation")
+    assert frag.evidence["expandable_segments_saving_bytes"] == -256 * MiB
+    assert frag.evidence["max_split_size_mb_saving_bytes"] == 32 * MiB
+    assert frag.bytes == frag.estimated_saving_bytes == 32 * MiB
+    assert frag.evidence["best_setting"] == "max_split_size_mb:128"
+    assert frag.recommendation.startswith("Set PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128.")
+    assert "ALLOC_CONF=expandable_segments" not in frag.recommendation
