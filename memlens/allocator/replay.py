@@ -89,6 +89,17 @@ class WhatIfResult:
     releases: list[Release] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     start_time_us: int | None = None
+    # When the simulated run ran out of memory before the trace's end, its figures stop there:
+    # the recorded run's figures over the same events (``recorded_figures(..., until=)``), the
+    # only ones its figures can be compared with.
+    recorded_until_simulated_oom: dict[str, Any] | None = None
+
+    @property
+    def compared_events(self) -> int | None:
+        """The events both sides' figures cover when the simulated run stopped early, else None."""
+        if self.recorded_until_simulated_oom is None:
+            return None
+        return int(self.recorded_until_simulated_oom["events"])
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -108,6 +119,9 @@ class WhatIfResult:
             "notes": list(self.notes),
             "recorded": dict(self.recorded),
             "simulated": dict(self.simulated),
+            "recorded_until_simulated_oom": (
+                dict(self.recorded_until_simulated_oom) if self.recorded_until_simulated_oom is not None else None
+            ),
         }
 
 
@@ -168,6 +182,16 @@ def whatif(
     simulated = replay.run()
     if capacity_note:
         replay.notes.insert(0, capacity_note)
+    until_oom = None
+    if simulated["oom"]:
+        # The recorded rows just before the request that failed (its cudaMalloc, its page maps)
+        # are the recorded allocator serving that request: the simulated run never got that far.
+        cut = int(simulated["oom_event"])
+        while cut > 0 and int(trace.action[cut - 1]) in (_SEGMENT_ALLOC, _SEGMENT_MAP):
+            cut -= 1
+        # Stopped before its first event (the starting state already over the capacity): nothing to compare.
+        if 0 < cut < len(trace):
+            until_oom = recorded_figures(trace, segments, until=cut)
     return WhatIfResult(
         source=snapshot.source,
         device=trace.device,
@@ -181,17 +205,25 @@ def whatif(
         releases=replay.releases,
         notes=replay.notes,
         start_time_us=_time_at(trace, 0) if len(trace) else None,
+        recorded_until_simulated_oom=until_oom,
     )
 
 
-def recorded_figures(trace: DeviceTrace, segments: list[Segment]) -> dict[str, Any]:
-    """Peak reserved, fragmentation at the peak, cudaMalloc count and OOMs of the recorded run."""
+def recorded_figures(trace: DeviceTrace, segments: list[Segment], until: int | None = None) -> dict[str, Any]:
+    """Peak reserved, fragmentation at the peak, cudaMalloc count and OOMs of the recorded run.
+
+    ``until``: of its first ``until`` events only (the events a simulated run that ran out of
+    memory there replayed), its "end" being the state after the last of them.
+    """
     action = np.asarray(trace.action)
+    if until is not None and not 0 < until <= len(action):
+        raise ValueError(f"until={until} is outside 1..{len(action)}")
+    action = action[:until]
     n = len(action)
     final_reserved = sum(s.total_size for s in segments)
     if n:
-        reserved = np.asarray(trace.reserved, dtype=np.int64)
-        allocated = np.asarray(trace.allocated, dtype=np.int64)
+        reserved = np.asarray(trace.reserved, dtype=np.int64)[:n]
+        allocated = np.asarray(trace.allocated, dtype=np.int64)[:n]
         peak_reserved = int(reserved.max())
         # Reserved stays at its peak for a while; measure the waste when the most is in use.
         at_peak = np.flatnonzero(reserved == peak_reserved)
@@ -216,7 +248,9 @@ def recorded_figures(trace: DeviceTrace, segments: list[Segment]) -> dict[str, A
         "peak_allocated_bytes": peak_allocated,
         "fragmentation_at_peak_bytes": fragmentation,
         "peak_event": peak_event,
-        "final_reserved_bytes": int(trace.final_reserved) if n else final_reserved,
+        "final_reserved_bytes": int(reserved[-1]) if until is not None else (
+            int(trace.final_reserved) if n else final_reserved
+        ),
         "segment_allocs": int(np.count_nonzero(action == _SEGMENT_ALLOC)),
         "segment_frees": int(np.count_nonzero(action == _SEGMENT_FREE)),
         "segment_maps": int(np.count_nonzero(action == _SEGMENT_MAP)),

@@ -20,21 +20,43 @@ def render_whatif(result: WhatIfResult) -> list[str]:
         f"recorded settings:  {printable(_describe(result.recorded_settings.to_alloc_conf()))}",
         f"simulated settings: {printable(_describe(result.settings.to_alloc_conf()))}",
         "capacity: " + (format_bytes(result.capacity) if result.capacity else "unlimited (no OOM possible)"),
-        "",
-        f"{'':{_LABEL_WIDTH}}{'recorded':>{_COLUMN_WIDTH}}{'simulated':>{_COLUMN_WIDTH}}  change",
     ]
+    # A simulated run that ran out of memory stopped there: its figures are not a whole run's (and
+    # up to there its reserved bytes were held under the capacity, releasing cache to fit). Set
+    # against the recorded run they would read as savings: both columns cover the same events,
+    # and no change is shown.
+    same_stop = recorded["oom"] and recorded["oom_event"] == simulated["oom_event"]
+    comparable = not simulated["oom"] or same_stop
+    if simulated["oom"] and not same_stop:
+        stop = int(simulated["oom_event"])
+        if result.recorded_until_simulated_oom is not None:
+            recorded = {**recorded, **result.recorded_until_simulated_oom, "oom": result.recorded["oom"]}
+            covered = int(result.recorded_until_simulated_oom["events"])
+            lines.append(
+                f"the simulated run ran out of memory at event {stop:,} of {result.recorded['events']:,} and stopped "
+                f"there: both columns cover the {covered:,} event{'s' if covered != 1 else ''} before that request;"
+            )
+            lines.append("a run that does not finish saves nothing, so no change is shown")
+        else:
+            lines.append(
+                f"the simulated run ran out of memory at event {stop:,}, before it replayed anything: "
+                "no change to show"
+            )
+    header = f"{'':{_LABEL_WIDTH}}{'recorded':>{_COLUMN_WIDTH}}{'simulated':>{_COLUMN_WIDTH}}"
+    lines += ["", header + ("  change" if comparable else "")]
     for label, key in (
         ("peak reserved", "peak_reserved_bytes"),
         ("peak allocated", "peak_allocated_bytes"),
         ("fragmentation at peak (res - alloc)", "fragmentation_at_peak_bytes"),
-        ("reserved at the end", "final_reserved_bytes"),
+        ("reserved at the end" if recorded is result.recorded else "reserved where it stopped",
+         "final_reserved_bytes"),
     ):
         lines.append(
             _row(
                 label,
                 format_bytes(recorded[key]),
                 format_bytes(simulated[key]),
-                _change(recorded[key], simulated[key]),
+                _change(recorded[key], simulated[key]) if comparable else "",
             )
         )
     lines.append(

@@ -131,3 +131,37 @@ def test_an_escaping_simulated_oom_is_reported_as_our_bug(snapshot_path: Path, m
     result = CliRunner().invoke(cli, ["whatif", str(snapshot_path)])
     assert result.exit_code == 2
     assert "internal error: SimulatedOOM" in result.stderr and "please report it" in result.stderr
+
+
+def test_a_simulated_run_cut_off_by_its_oom_shows_no_savings(snapshot_path: Path) -> None:
+    """With 100 MiB the replay runs out of memory at event 26 of 226 (the recorded run reserved
+    362 MiB): its figures stop there and were held under the capacity by releasing cache. Read
+    against the whole recorded run they said "peak reserved -76%": no change figure is shown, and
+    both columns cover the same 26 events."""
+    result = CliRunner().invoke(cli, ["whatif", str(snapshot_path), "--capacity", "100MiB"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "ran out of memory at event 26 of 226 and stopped there" in out
+    assert "both columns cover the 26 events before that request" in out
+    assert "%" not in out and "same" not in out
+    peak = next(line for line in out.splitlines() if line.startswith("peak reserved"))
+    assert peak.split()[2:] == ["152.00", "MiB", "86.00", "MiB"]  # the recorded run by event 26, not its 362 MiB
+    assert "reserved where it stopped" in out
+    data = json.loads(CliRunner().invoke(cli, ["whatif", str(snapshot_path), "--capacity", "100MiB", "--json"]).output)
+    assert data["recorded"]["peak_reserved_bytes"] == 362 * MiB  # the whole recorded run, as before
+    assert data["recorded_until_simulated_oom"]["events"] == 26
+    assert data["recorded_until_simulated_oom"]["peak_reserved_bytes"] == 152 * MiB
+
+
+def test_the_requests_own_cudamalloc_is_left_out_of_the_compared_events(snapshot_path: Path) -> None:
+    # 1 MiB: the first request (30 MiB, whose cudaMalloc is the recorded row before it) fails.
+    out = CliRunner().invoke(cli, ["whatif", str(snapshot_path), "--capacity", "1MiB"]).output
+    assert "before it replayed anything: no change to show" in out
+    assert "%" not in out
+
+
+def test_a_replay_that_fits_still_shows_the_change(snapshot_path: Path) -> None:
+    out = CliRunner().invoke(cli, ["whatif", str(snapshot_path), "--expandable-segments"]).output
+    assert "stopped there" not in out
+    peak = next(line for line in out.splitlines() if line.startswith("peak reserved"))
+    assert peak.endswith("%") or peak.endswith("same")
