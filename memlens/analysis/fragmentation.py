@@ -50,7 +50,7 @@ import numpy as np
 from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, whatif
 from memlens.allocator.replay import left_to_simulator, recorded_capacity, trace_releases
 from memlens.allocator.settings import MIN_MAX_SPLIT_SIZE_MB
-from memlens.allocator.simulator import K_SMALL_SIZE
+from memlens.allocator.simulator import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, get_allocation_size
 from memlens.analysis.context import DeviceContext
 from memlens.analysis.datatypes import Evidence, Finding, Severity
 from memlens.analysis.settings import (
@@ -86,6 +86,17 @@ class PoolState:
     free_in_whole_segments_bytes: int  # entire unused segments: idle cache
     largest_free_block_bytes: int
     free_blocks: int
+    # What the allocator had to get from the device for the request when no cached block held
+    # it: the cudaMalloc ``get_allocation_size`` makes (a 1-10 MiB request opens a 20 MiB
+    # segment), or with expandable segments the pages to map.
+    new_segment_bytes: int = 0
+
+    def fits_if_whole(self, device_free: int) -> bool:
+        """Had the pool's free bytes been one block (or given back to the device), the request
+        would have fit: in them alone, or as the new segment in them plus what the device had."""
+        if self.free_bytes <= 0 or self.largest_free_block_bytes >= self.request_bytes:
+            return False
+        return self.free_bytes >= self.request_bytes or self.new_segment_bytes <= self.free_bytes + device_free
 
     @property
     def blocked(self) -> bool:
@@ -149,7 +160,17 @@ def _pool_state(
         free_in_whole_segments_bytes=whole,
         largest_free_block_bytes=max((size for size, _ in blocks), default=0),
         free_blocks=len(blocks),
+        new_segment_bytes=new_segment_bytes(request, sim.settings.expandable_segments),
     )
+
+
+def new_segment_bytes(request: int, expandable_segments: bool) -> int:
+    """The device memory a rounded ``request`` that no cached block holds needs: the segment
+    ``get_allocation_size`` opens, or with expandable segments the request in whole pages."""
+    if expandable_segments:
+        page = K_SMALL_BUFFER if request <= K_SMALL_SIZE else K_LARGE_BUFFER
+        return -(-request // page) * page
+    return get_allocation_size(request)
 
 
 def _segment_alloc_requests(trace: DeviceTrace, rounder: CachingAllocatorSimulator) -> list[tuple[int, int, int]]:
@@ -352,11 +373,10 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
     peak_reserved = int(trace.reserved.max())
     oom = evidence.at_oom if evidence.at_oom is not None and evidence.trusted(evidence.at_oom.event) else None
     # At an OOM the allocator has already released its whole free segments and retried: what its
-    # pool still holds is pieces. If they plus what the device had would have held the request,
-    # fragmentation is what made it fail, whatever the sizes.
-    oom_blocked = oom is not None and oom.largest_free_block_bytes < oom.request_bytes <= (
-        oom.free_bytes + evidence.oom_device_free_bytes
-    )
+    # pool still holds is pieces. If they, as one block or given back to the device, would have
+    # held the request (or the segment it needed), fragmentation is what made it fail. A pool
+    # with nothing free did not fail by fragmentation, whatever the device had left.
+    oom_blocked = oom is not None and oom.fits_if_whole(evidence.oom_device_free_bytes)
     significant = blocked_bytes >= FRAGMENTATION_MIN_BYTES and blocked_bytes >= (
         FRAGMENTATION_MIN_BLOCKED_FRACTION * peak_reserved
     )

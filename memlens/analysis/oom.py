@@ -18,7 +18,7 @@ from memlens.analysis.context import DeviceContext
 from memlens.analysis.datatypes import Finding
 from memlens.analysis.settings import OOM_NEAR_CAPACITY_FRACTION
 from memlens.snapshot.model import Action
-from memlens.units import format_bytes
+from memlens.units import MiB, format_bytes
 
 _ADVICE = {
     "fragmentation": "enough memory was cached but not in one piece: see the fragmentation finding",
@@ -28,7 +28,10 @@ _ADVICE = {
 }
 
 
-def _explain(ctx: DeviceContext, event: int | None, live: dict[str, int]) -> str:
+def _explain(ctx: DeviceContext, event: int | None, live: dict[str, int], pool_known: bool) -> str:
+    """Which finding explains the failure. ``pool_known``: the replay held the failed request's
+    pool at the OOM row; then only the fragmentation finder's verdict on that row makes it a
+    fragmentation failure, never another moment's blocked cudaMallocs."""
     kinds = {f.kind for f in ctx.findings}
     for f in ctx.findings:
         # The fragmentation finder set the request against its pool and the device at this row.
@@ -42,9 +45,34 @@ def _explain(ctx: DeviceContext, event: int | None, live: dict[str, int]) -> str
             return "optimizer_spike"
     if "activation_plateau" in kinds and live.get("activations", 0) >= max(live.values(), default=0):
         return "activation_plateau"
-    if "fragmentation" in kinds:
+    if "fragmentation" in kinds and not pool_known:
         return "fragmentation"
     return "none"
+
+
+def _why_no_room(pool: fragmentation.PoolState, device_free: int) -> str:
+    """Why the request did not fit, from the replay's pool at the OOM and the device's free bytes."""
+    request = format_bytes(pool.request_bytes)
+    largest = format_bytes(pool.largest_free_block_bytes)
+    if pool.fits_if_whole(device_free):
+        if pool.free_bytes >= pool.request_bytes:
+            return (f"its {pool.pool} pool held {format_bytes(pool.free_bytes)} free, enough for the {request} "
+                    f"request but not in one piece (largest block {largest})")
+        return (f"its {pool.pool} pool held {format_bytes(pool.free_bytes)} free in pieces (largest block {largest}): "
+                f"with the {format_bytes(device_free)} left on the device enough for the "
+                f"{format_bytes(pool.new_segment_bytes)} segment the {request} request needed, but not in one piece")
+    held = f"its {pool.pool} pool held {format_bytes(pool.free_bytes)} free" + (
+        f" (largest block {largest})" if pool.free_bytes else "")
+    segment = pool.new_segment_bytes
+    if segment > pool.request_bytes:
+        opens = f"the {request} request opens a {format_bytes(segment)} segment"
+        if pool.small_pool:
+            opens += " (requests up to 1 MiB share 2 MiB segments)"
+        elif segment == 20 * MiB and pool.request_bytes < 10 * MiB:
+            opens += " (the allocator packs 1-10 MiB requests in 20 MiB segments)"
+    else:
+        opens = f"the {request} request needs a new {format_bytes(segment)} segment"
+    return f"{held}, so {opens}, which did not fit in the {format_bytes(device_free)} left on the device"
 
 
 def find(ctx: DeviceContext) -> list[Finding]:
@@ -79,7 +107,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
         event = None
     cached_free = max(reserved - allocated, 0)
     live["unknown"] = live.get("unknown", 0) + max(allocated - sum(live.values()), 0)
-    cause = _explain(ctx, event, live)
+    cause = _explain(ctx, event, live, pool is not None)
     evidence: dict[str, int | float | str] = {
         "source": source,
         "requested_bytes": requested,
@@ -99,8 +127,10 @@ def find(ctx: DeviceContext) -> list[Finding]:
             "pool_free_in_partly_used_segments_bytes": pool.free_in_pieces_bytes,
             "pool_largest_free_block_bytes": pool.largest_free_block_bytes,
         })
-        where = (f"its {pool.pool} pool held {format_bytes(pool.free_bytes)} free then, largest block "
-                 f"{format_bytes(pool.largest_free_block_bytes)}")
+        where = ""  # the reason says what the pool held
+        evidence["new_segment_bytes"] = pool.new_segment_bytes
+        reason = _why_no_room(pool, device_free)
+        evidence["reason"] = reason
     else:
         evidence["moment"] = "oom" if event is not None else "dump"
         evidence["largest_free_block_at_dump_bytes"] = largest_free
@@ -116,8 +146,10 @@ def find(ctx: DeviceContext) -> list[Finding]:
     asked = f"asked for {format_bytes(requested)} with " if requested else ""
     summary = (
         f"Out of memory: {asked}{format_bytes(device_free)} free on the device and "
-        f"{format_bytes(cached_free)} reserved but unallocated ({where})."
+        f"{format_bytes(cached_free)} reserved but unallocated"
     )
+    # With the replay's pool the reason says what it held; without it, what the dump shows.
+    summary += f". Why: {reason}." if pool is not None else f" ({where})."
     recommendation = _ADVICE.get(cause, "lower the batch size, or see the categories live at the failure")
     return [
         Finding(

@@ -41,3 +41,36 @@ def test_no_oom_without_evidence() -> None:
     b.ghost(1 * GiB)
     assert _oom(analyze(b.snapshot())) == []
     assert _oom(analyze(b.snapshot(), capacity="80GiB")) == []
+
+
+def test_the_reason_comes_from_the_replayed_pool_at_the_failure() -> None:
+    """Earlier cudaMallocs were blocked by pieces, but at the OOM the large pool held 0 B free: a
+    5 MiB request opens a 20 MiB segment, which did not fit in the 14 MiB the device had left.
+    That is no fragmentation failure, and the explanation says what happened."""
+    import pytest
+
+    from memlens.allocator import CachingAllocatorSimulator, SimulatedOOM
+    from memlens.snapshot.reader import parse
+
+    sim = CachingAllocatorSimulator(capacity=2294 * MiB)
+    first = [sim.malloc(240 * MiB) for _ in range(8)]
+    for address in first:
+        sim.free(address)
+    [sim.malloc(200 * MiB) for _ in range(8)]  # eight 40 MiB pieces
+    [sim.malloc(120 * MiB) for _ in range(3)]  # blocked cudaMallocs: the pieces are too small
+    [sim.malloc(40 * MiB) for _ in range(8)]  # the pieces filled: nothing free in the pool
+    with pytest.raises(SimulatedOOM):
+        sim.malloc(5 * MiB)
+    report = analyze(parse(sim.snapshot(), source="<simulated>"))
+    (oom,) = _oom(report)
+    assert oom.evidence["pool_free_bytes"] == 0
+    assert oom.evidence["device_free_bytes"] == 14 * MiB
+    assert oom.evidence["new_segment_bytes"] == 20 * MiB
+    assert oom.evidence["explained_by"] != "fragmentation"
+    assert "not in one piece" not in oom.summary + oom.recommendation
+    assert ("its large pool held 0 B free, so the 5.00 MiB request opens a 20.00 MiB segment "
+            "(the allocator packs 1-10 MiB requests in 20 MiB segments), which did not fit in the "
+            "14.00 MiB left on the device") in oom.summary
+    # 0 B in the pool plus 14 MiB on the device is no fragmentation failure either.
+    frag = [f for f in report.findings if f.kind == "fragmentation"]
+    assert all(f.evidence.get("oom_blocked_by_fragmentation") != "yes" for f in frag)
