@@ -581,6 +581,32 @@ def pair_difference(rows: Sequence[RankRow]) -> str | None:
     return text
 
 
+def no_outlier_verdict(fleet: FleetReport) -> str:
+    """Why no rank is named an outlier, the one sentence every face prints (``fleet.outliers`` empty).
+
+    Fewer than ``MIN_RANKS_FOR_OUTLIERS`` analysed ranks have no majority to differ from (two
+    ranks apart by a third are not "in agreement": ``fleet.pair`` then says how they differ);
+    otherwise every rank is near the median.
+    """
+    good = [row for row in fleet.rows if row.ok]
+    if len(good) < MIN_RANKS_FOR_OUTLIERS:
+        files = f"{len(good)} analysed file{'' if len(good) == 1 else 's'}"
+        return f"none named: {files} {'has' if len(good) == 1 else 'have'} no majority to differ from"
+    low = min(row.peak_allocated_bytes for row in good)
+    high = max(row.peak_allocated_bytes for row in good)
+    return (f"none: every rank's peaks and categories are near the median "
+            f"(peak allocated {format_bytes(low)} to {format_bytes(high)})")
+
+
+def fleet_of_rows(rows: Sequence[RankRow], executor: str, workers: int | None = None, wall_seconds: float = 0.0,
+                  reports: list[dict[str, Any] | None] | None = None) -> FleetReport:
+    """The fleet report of analysed ``rows``: outliers, medians and, for two ranks, the pair's
+    difference, as ``triage_fleet`` and the dashboard's ranks tab both build it."""
+    outliers, medians = find_outliers(rows)
+    return FleetReport(list(rows), outliers, medians, executor, workers, wall_seconds, pair_difference(rows),
+                       reports=reports)
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -619,9 +645,8 @@ def triage_fleet(paths: Sequence[str | os.PathLike[str]], *, jobs: int | None = 
             executor, results = "processes", run_processes(names, task, workers, progress)
     wall = time.perf_counter() - started
     rows = [row_from_result(result) for result in results]
-    outliers, medians = find_outliers(rows)
-    return FleetReport(rows, outliers, medians, executor, workers, wall, pair_difference(rows),
-                       reports=[r.get("report") for r in results] if keep_reports else None)
+    return fleet_of_rows(rows, executor, workers, wall,
+                         reports=[r.get("report") for r in results] if keep_reports else None)
 
 
 def side_by_side(fleet: FleetReport) -> dict[str, Any]:
@@ -656,6 +681,8 @@ __all__ = [
     "default_jobs",
     "explain",
     "find_outliers",
+    "fleet_of_rows",
+    "no_outlier_verdict",
     "pair_difference",
     "rank_from_name",
     "robust_z",

@@ -20,7 +20,15 @@ from dash import html
 
 from memlens.analysis.report import Report
 from memlens.figures.ranks import ranks_figure
-from memlens.fleet import FleetReport, RankRow, find_outliers, rank_from_name, row_from_result, side_by_side
+from memlens.fleet import (
+    FleetReport,
+    RankRow,
+    fleet_of_rows,
+    no_outlier_verdict,
+    rank_from_name,
+    row_from_result,
+    side_by_side,
+)
 from memlens.units import format_bytes
 from memlens_app.library import Source
 
@@ -51,9 +59,9 @@ def failed_row(path: str, error: str) -> RankRow:
 
 
 def fleet_of(rows: Sequence[RankRow]) -> FleetReport:
-    """The fleet report of ``rows``: the outliers and the medians, as ``memlens triage`` finds them."""
-    outliers, medians = find_outliers(rows)
-    return FleetReport(list(rows), outliers, medians, DASHBOARD_EXECUTOR, None, 0.0)
+    """The fleet report of ``rows``: the outliers, the medians and a pair's difference, as
+    ``memlens triage`` finds them (``memlens.fleet.fleet_of_rows``)."""
+    return fleet_of_rows(rows, DASHBOARD_EXECUTOR)
 
 
 def rank_path(source: Source) -> str:
@@ -133,14 +141,15 @@ def ranks_table(fleet: FleetReport) -> html.Table:
 
 
 def verdicts_of(fleet: FleetReport) -> Any:
-    """The outliers, each named with why it differs (the fleet's verdict line), or why none is."""
-    good = [row for row in fleet.rows if row.ok]
-    if len(good) < MIN_RANKS:
-        return html.P("Fewer than two ranks could be analysed: nothing to compare.", className="muted")
+    """The outliers, each named with why it differs (the fleet's verdict line), or why none is:
+    ``memlens.fleet.no_outlier_verdict``, the sentence ``memlens triage`` prints, and with two
+    ranks how they differ (``fleet.pair``)."""
     if not fleet.outliers:
-        median = fleet.medians.get("peak_allocated")
-        return html.P(f"No outlier: the {len(good)} ranks agree (median peak allocated "
-                      f"{format_bytes(int(median or 0))}).", className="ranks-agree")
+        verdict = no_outlier_verdict(fleet)
+        children: list[Any] = [html.B("Outliers: "), verdict[0].upper() + verdict[1:] + "."]
+        if fleet.pair:
+            children += [html.Br(), fleet.pair + "."]
+        return html.P(children, className="ranks-agree")
     return html.Ul(className="ranks-verdicts", children=[
         html.Li(className="ranks-verdict", children=[html.B("Outlier: "), o.verdict]) for o in fleet.outliers])
 

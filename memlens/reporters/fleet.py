@@ -86,19 +86,15 @@ def render_fleet(console: Console, fleet: FleetReport) -> None:
             reason = reason.removeprefix(path + ": ")
             console.print(Text(f"  {printable(os.path.basename(path))}: {printable(reason)}", style="red"),
                           soft_wrap=True)
-    analysed = len(rows) - failed
     if fleet.outliers:
         console.print(Text("Outliers  against the median rank (robust z-score on the peaks and each category)",
                            style="bold"))
         for outlier in fleet.outliers:
             console.print(Text(f"  {printable(outlier.verdict, 2000)}"))
             console.print(Text(f"    details: memlens triage {printable(outlier.path)}", style="dim"))
-    elif analysed < 3:
-        console.print(Text(f"Outliers  none named: {analysed} analysed file(s) have no majority to differ from"))
+    else:
+        from memlens.fleet import no_outlier_verdict  # the one verdict the dashboard shows too
+
+        console.print(Text(f"Outliers  {no_outlier_verdict(fleet)}"))
         if fleet.pair:
             console.print(Text(f"  {printable(fleet.pair, 2000)}"))
-    else:
-        low = min(row.peak_allocated_bytes for row in rows if row.ok)
-        high = max(row.peak_allocated_bytes for row in rows if row.ok)
-        console.print(Text(f"Outliers  none: every rank's peaks and categories are near the median "
-                           f"(peak allocated {format_bytes(low)} to {format_bytes(high)})"))

@@ -280,7 +280,7 @@ def test_the_ranks_view_names_the_outlier_and_why(four_ranks: list[Any]) -> None
 def test_identical_ranks_agree_and_a_failed_file_stays_a_row(four_ranks: list[Any]) -> None:
     rows = [*four_ranks[:3], failed_row("job/rank9.pickle", "refused to load: not a pickle")]
     panel = ranks_panel(rows, ["id0", "id1", "id2", "id9"])
-    assert "No outlier: the 3 ranks agree" in _text(panel.verdicts)
+    assert "None: every rank's peaks and categories are near the median" in _text(panel.verdicts)
     assert "could not be analysed: refused to load" in _text(panel.table)
     assert panel.figure.layout.meta["ranks"] == 3
     # Each bar carries its snapshot's id (the failed file has no bar), so a click can open it.
@@ -289,6 +289,20 @@ def test_identical_ranks_agree_and_a_failed_file_stays_a_row(four_ranks: list[An
     click = {"points": [{"curveNumber": 0, "pointNumber": 2, "customdata": "id2"}]}
     assert source_of_click(click) == "id2"
     assert source_of_click({"points": []}) is None and source_of_click(None) is None
+
+
+def test_two_ranks_that_differ_have_no_majority_not_agreement(four_ranks: list[Any]) -> None:
+    """Ranks at 5.67 and 8.82 MiB: the dashboard says what ``memlens triage`` says (one function),
+    and how the higher one differs, never that they agree."""
+    from memlens.fleet import no_outlier_verdict, triage_fleet
+
+    rows = [four_ranks[0], four_ranks[3]]
+    text = _text(ranks_panel(rows).verdicts)
+    assert "agree" not in text
+    cli_fleet = triage_fleet([rows[0].path, rows[1].path], jobs=1)
+    assert no_outlier_verdict(cli_fleet) == "none named: 2 analysed files have no majority to differ from"
+    assert "None named: 2 analysed files have no majority to differ from." in text
+    assert cli_fleet.pair is not None and cli_fleet.pair in text
 
 
 def test_ranks_of_one_job_grouped_and_picked_by_default() -> None:
