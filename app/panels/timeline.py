@@ -20,7 +20,7 @@ from memlens import figures
 from memlens.analysis import Analysis
 from memlens.analysis.datatypes import Finding, Timeline
 from memlens.analysis.lenses import allocated_at, lens_inputs_of, resolve_moment
-from memlens.analysis.report import DeviceReport, format_evidence
+from memlens.analysis.report import DeviceReport, format_evidence, no_findings_text
 from memlens.analysis.views import timeline_of
 from memlens.units import format_bytes
 
@@ -159,8 +159,8 @@ def findings_in_window(findings: Sequence[Finding], window: Window | None) -> li
 def findings_panel(device: DeviceReport, window: Window | None = None) -> Any:
     """The finding cards, those inside ``window`` marked and the others dimmed, with a count."""
     if not device.findings:
-        return html.P("No leak, plateau, spike, fragmentation or OOM was flagged on this device.",
-                      className="muted")
+        text = no_findings_text(device)
+        return html.P(text[0].upper() + text[1:] + ".", className="muted")
     inside = findings_in_window(device.findings, window)
     cards = [finding_card(i, f, in_window) for i, (f, in_window) in enumerate(zip(device.findings, inside,
                                                                                     strict=True))]

@@ -125,6 +125,11 @@ def _device_report(ctx: DeviceContext, index: LiveIndex) -> DeviceReport:
     # live when the history began.
     peak = ctx.peak_event if ctx.peak_event is not None else (BEFORE_FIRST_ROW if n else None)
     categories, top = breakdown(index, trace, peak)
+    notes = list(ctx.notes)
+    if n == 0 and not ctx.segments:
+        # Said first: the other notes (no steps, no categories) follow from it.
+        notes.insert(0, "the snapshot is empty on this device: no segments and no trace entries (dumped before "
+                        "any CUDA allocation, or after the cache was emptied, with no history recorded)")
     return DeviceReport(
         device=ctx.device,
         events=n,
@@ -150,7 +155,7 @@ def _device_report(ctx: DeviceContext, index: LiveIndex) -> DeviceReport:
         optimizer_windows=ctx.optimizer_windows,
         optimizer_window_source=ctx.optimizer_window_source,
         window_complete=trace.window_complete,
-        notes=ctx.notes,
+        notes=notes,
         timeline=timeline_of(trace, ctx.steps) if n else None,
         segment_map=segment_map_of(ctx.snapshot, ctx.device),
     )

@@ -65,6 +65,7 @@ __all__ = [
     "as_json",
     "finding_rank",
     "format_evidence",
+    "no_findings_text",
 ]
 
 
@@ -104,6 +105,20 @@ class DeviceReport(PlainData):
     findings: list[Finding]
     timeline: Timeline | None = None
     segment_map: SegmentMap = field(default_factory=SegmentMap)
+
+    @property
+    def empty(self) -> bool:
+        """No trace entries and no segments: the snapshot holds nothing for this device, so
+        "no finding" means nothing was looked at, not that nothing stood out."""
+        return self.events == 0 and self.segment_map.segments == 0 and self.peak_reserved_bytes == 0
+
+
+def no_findings_text(device: DeviceReport) -> str:
+    """What every face says of a device without findings (starting lower-case, no full stop)."""
+    if device.empty:
+        return ("the snapshot is empty on this device (no segments, no trace entries): "
+                "there was nothing to analyse")
+    return "no leak, activation plateau, optimizer spike, fragmentation or OOM stood out"
 
 
 

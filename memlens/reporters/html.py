@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memlens.analysis.report import finding_rank
+from memlens.analysis.report import finding_rank, no_findings_text
 from memlens.files import write_atomic
 from memlens.units import format_bytes
 
@@ -69,7 +69,7 @@ def render_html(report: Report, device: int | None = None) -> str:
     ]
     plots = "".join(pio.to_html(fig, full_html=False, include_plotlyjs=False) for fig in parts)
     findings = "".join(_finding_html(f) for f in sorted(dev.findings, key=finding_rank)) or (
-        "<p>No leak, activation plateau, optimizer spike, fragmentation or OOM stood out.</p>")
+        f"<p>{html.escape(no_findings_text(dev)[0].upper() + no_findings_text(dev)[1:])}.</p>")
     title = f"memlens report: {os.path.basename(report.source)}"
     peaks = (f"peak allocated {format_bytes(dev.peak_allocated_bytes)} · "
              f"peak reserved {format_bytes(dev.peak_reserved_bytes)}")

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from memlens.analysis.report import finding_rank, format_evidence
+from memlens.analysis.report import finding_rank, format_evidence, no_findings_text
 from memlens.printable import printable
 from memlens.units import format_bytes
 
@@ -312,7 +312,7 @@ def render_findings(console: Console, device: DeviceReport, top: int = MAX_FINDI
                     full_stacks: bool = False) -> None:
     console.print(Text("\nFindings", style="bold") + Text("  most severe first, then by bytes"))
     if not device.findings:
-        console.print("  none: no leak, activation plateau, optimizer spike, fragmentation or OOM stood out")
+        console.print(f"  none: {no_findings_text(device)}")
         return
     ranked = sorted(device.findings, key=finding_rank)
     for rank, finding in enumerate(ranked[:top], start=1):
