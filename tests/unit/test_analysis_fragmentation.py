@@ -278,20 +278,24 @@ def test_the_allocators_own_free_and_retry_keeps_the_replay_trusted() -> None:
     assert oom.evidence["explained_by"] == "fragmentation"
 
 
-def _random_run(seed: int) -> CachingAllocatorSimulator:
-    """120 mallocs and frees of six sizes (3-250 MiB) in a random order: a run whose cudaMallocs
-    are sometimes blocked by pieces (fixed seeds, so every run of the test replays the same trace)."""
+def _random_run(seed: int, capacities: tuple[int, ...] = (), steps: int = 120) -> CachingAllocatorSimulator:
+    """``steps`` mallocs and frees of six sizes (3-250 MiB) in a random order: a run whose
+    cudaMallocs are sometimes blocked by pieces (fixed seeds, so every run of the test replays the
+    same trace). With ``capacities`` (MiB, one picked by the seed) it stops at its first OOM."""
     import random
 
     rnd = random.Random(seed)
-    sim = CachingAllocatorSimulator()
+    sim = CachingAllocatorSimulator(capacity=rnd.choice(capacities) * MiB if capacities else None)
     live: list[int] = []
     sizes = [rnd.choice([3, 7, 12, 30, 50, 90, 130, 200, 250]) * MiB + rnd.randrange(0, MiB) for _ in range(6)]
-    for _ in range(120):
-        if live and rnd.random() < 0.45:
-            sim.free(live.pop(rnd.randrange(len(live))))
-        else:
-            live.append(sim.malloc(rnd.choice(sizes)))
+    try:
+        for _ in range(steps):
+            if live and rnd.random() < 0.45:
+                sim.free(live.pop(rnd.randrange(len(live))))
+            else:
+                live.append(sim.malloc(rnd.choice(sizes)))
+    except SimulatedOOM:
+        pass
     return sim
 
 
@@ -318,3 +322,19 @@ def test_a_finding_s_bytes_are_what_the_helping_setting_saves() -> None:
     assert frag.evidence["best_setting"] == "max_split_size_mb:128"
     assert frag.recommendation.startswith("Set PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128.")
     assert "ALLOC_CONF=expandable_segments" not in frag.recommendation
+
+
+def test_an_oom_the_pieces_caused_that_no_setting_avoids_offers_no_setting() -> None:
+    """At the OOM the large pool held 67.76 MiB in pieces (largest 20.15 MiB) and the device
+    54 MiB, together enough for the 90.08 MiB request; replayed with expandable_segments or
+    max_split_size_mb the run still runs out of memory. The failure stays a finding, its bytes
+    the stranded pieces; no setting is offered and no "saving" is read off a replay cut short."""
+    (frag,) = _kind(analyze(_snapshot(_random_run(60, capacities=(600, 800, 1000, 1500), steps=200))), "fragmentation")
+    evidence = frag.evidence
+    assert evidence["oom_blocked_by_fragmentation"] == "yes"
+    assert evidence["expandable_segments_avoids_oom"] == evidence["max_split_size_mb_avoids_oom"] == "no"
+    assert "best_setting" not in evidence
+    assert not any(key.endswith("_saving_bytes") for key in evidence)
+    assert frag.bytes == evidence["oom_pool_free_bytes"] and frag.estimated_saving_bytes is None
+    assert frag.recommendation.startswith("No allocator setting memlens replayed avoids this failure")
+    assert "Set PYTORCH_CUDA_ALLOC_CONF" not in frag.recommendation
