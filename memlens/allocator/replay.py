@@ -95,6 +95,27 @@ class WhatIfResult:
     recorded_until_simulated_oom: dict[str, Any] | None = None
 
     @property
+    def comparable(self) -> bool:
+        """Whether change figures mean anything: the simulated run finished, or stopped at the
+        recorded run's own OOM. One cut off earlier by its OOM saves nothing, whatever its peak."""
+        simulated, recorded = self.simulated, self.recorded
+        return not simulated["oom"] or bool(recorded["oom"] and recorded["oom_event"] == simulated["oom_event"])
+
+    def stopped_note(self) -> str | None:
+        """Where a simulated run cut off by its OOM stopped and what its figures cover (every face
+        shows it: it is the first of ``notes``); None when the figures compare."""
+        if self.comparable:
+            return None
+        stop = int(self.simulated["oom_event"])
+        covered = self.compared_events
+        if covered is None:
+            return (f"the simulated run ran out of memory at event {stop:,}, before it replayed anything: "
+                    "no change to show")
+        return (f"the simulated run ran out of memory at event {stop:,} of {self.recorded['events']:,} and stopped "
+                f"there: its figures cover only the {covered:,} event{'s' if covered != 1 else ''} before that "
+                "request; a run that does not finish saves nothing, so no change is shown")
+
+    @property
     def compared_events(self) -> int | None:
         """The events both sides' figures cover when the simulated run stopped early, else None."""
         if self.recorded_until_simulated_oom is None:
@@ -192,7 +213,7 @@ def whatif(
         # Stopped before its first event (the starting state already over the capacity): nothing to compare.
         if 0 < cut < len(trace):
             until_oom = recorded_figures(trace, segments, until=cut)
-    return WhatIfResult(
+    result = WhatIfResult(
         source=snapshot.source,
         device=trace.device,
         settings=settings,
@@ -207,6 +228,10 @@ def whatif(
         start_time_us=_time_at(trace, 0) if len(trace) else None,
         recorded_until_simulated_oom=until_oom,
     )
+    stopped = result.stopped_note()
+    if stopped is not None:
+        result.notes.insert(0, stopped)
+    return result
 
 
 def recorded_figures(trace: DeviceTrace, segments: list[Segment], until: int | None = None) -> dict[str, Any]:

@@ -24,24 +24,14 @@ def render_whatif(result: WhatIfResult) -> list[str]:
     # A simulated run that ran out of memory stopped there: its figures are not a whole run's (and
     # up to there its reserved bytes were held under the capacity, releasing cache to fit). Set
     # against the recorded run they would read as savings: both columns cover the same events,
-    # and no change is shown.
-    same_stop = recorded["oom"] and recorded["oom_event"] == simulated["oom_event"]
-    comparable = not simulated["oom"] or same_stop
-    if simulated["oom"] and not same_stop:
-        stop = int(simulated["oom_event"])
+    # and no change is shown. The result says so first among its notes; here it heads the table.
+    comparable = result.comparable
+    stopped = result.stopped_note()
+    if stopped is not None:
+        lines.append(f"note: {stopped}")
         if result.recorded_until_simulated_oom is not None:
             recorded = {**recorded, **result.recorded_until_simulated_oom, "oom": result.recorded["oom"]}
-            covered = int(result.recorded_until_simulated_oom["events"])
-            lines.append(
-                f"the simulated run ran out of memory at event {stop:,} of {result.recorded['events']:,} and stopped "
-                f"there: both columns cover the {covered:,} event{'s' if covered != 1 else ''} before that request;"
-            )
-            lines.append("a run that does not finish saves nothing, so no change is shown")
-        else:
-            lines.append(
-                f"the simulated run ran out of memory at event {stop:,}, before it replayed anything: "
-                "no change to show"
-            )
+            lines.append(f"the recorded column covers the same {result.compared_events:,} events")
     header = f"{'':{_LABEL_WIDTH}}{'recorded':>{_COLUMN_WIDTH}}{'simulated':>{_COLUMN_WIDTH}}"
     lines += ["", header + ("  change" if comparable else "")]
     for label, key in (
@@ -94,7 +84,7 @@ def render_whatif(result: WhatIfResult) -> list[str]:
             "note: the recording began mid-run; the replay starts from the state inferred at its first event "
             f"({len(seed.segments)} segments, {seed.live_blocks} live blocks)"
         )
-    lines.extend(f"note: {note}" for note in result.notes)
+    lines.extend(f"note: {note}" for note in result.notes if note != stopped)
     return lines
 
 

@@ -141,9 +141,11 @@ def test_a_simulated_run_cut_off_by_its_oom_shows_no_savings(snapshot_path: Path
     result = CliRunner().invoke(cli, ["whatif", str(snapshot_path), "--capacity", "100MiB"])
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "ran out of memory at event 26 of 226 and stopped there" in out
-    assert "both columns cover the 26 events before that request" in out
-    assert "%" not in out and "same" not in out
+    assert "note: the simulated run ran out of memory at event 26 of 226 and stopped there" in out
+    assert "its figures cover only the 26 events before that request" in out
+    assert "the recorded column covers the same 26 events" in out
+    assert out.count("ran out of memory at event 26") == 1  # at the head of the table, not again below
+    assert "%" not in out and not any(line.endswith("same") for line in out.splitlines())
     peak = next(line for line in out.splitlines() if line.startswith("peak reserved"))
     assert peak.split()[2:] == ["152.00", "MiB", "86.00", "MiB"]  # the recorded run by event 26, not its 362 MiB
     assert "reserved where it stopped" in out
@@ -151,6 +153,7 @@ def test_a_simulated_run_cut_off_by_its_oom_shows_no_savings(snapshot_path: Path
     assert data["recorded"]["peak_reserved_bytes"] == 362 * MiB  # the whole recorded run, as before
     assert data["recorded_until_simulated_oom"]["events"] == 26
     assert data["recorded_until_simulated_oom"]["peak_reserved_bytes"] == 152 * MiB
+    assert data["notes"][0].startswith("the simulated run ran out of memory at event 26 of 226")  # every face
 
 
 def test_the_requests_own_cudamalloc_is_left_out_of_the_compared_events(snapshot_path: Path) -> None:
