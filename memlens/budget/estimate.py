@@ -386,7 +386,8 @@ def estimate(spec: ModelSpec, setup: TrainingSetup | None = None) -> Budget:
     if parts and peft:
         parts.append((f"LoRA adapters ({n_adapter:,} values, {wb}|theta|)", adapter_bytes))
     weight_formula = base_formula + (f" + {wb}|theta|" if peft else "")
-    weight_text = f"{base_text}, P = {p:,}" + (f"; {n_adapter:,} adapter values |theta|" if peft else "")
+    weight_text = f"{base_text}, P = {p:,}" + (" (MLP assumed d -> 4d -> d: no --ffn)" if spec.ffn_assumed else "")
+    weight_text += f"; {n_adapter:,} adapter values |theta|" if peft else ""
     weights_dev = _shard(weights, stage >= 3, world)
     if stage >= 3 and world > 1:
         weight_formula, weight_text = f"({weight_formula})/N", weight_text + f"; ZeRO-3 over N = {world}"

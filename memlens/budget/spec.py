@@ -90,6 +90,8 @@ class ModelSpec:
     vector_params: int | None = None
     # What the spec assumed where a size was not given, said in the budget's notes.
     assumptions: tuple[str, ...] = ()
+    # P was counted with the d -> 4d -> d MLP because no FFN size was given (said on the weights line).
+    ffn_assumed: bool = False
 
     def __post_init__(self) -> None:
         if self.n_params <= 0:
@@ -243,6 +245,7 @@ class ModelSpec:
             source=source,
             vector_params=vectors,
             assumptions=tuple(assumptions),
+            ffn_assumed=bool(assumptions),
         )
 
     @classmethod

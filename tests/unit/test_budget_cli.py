@@ -205,6 +205,9 @@ def test_architecture_without_ffn_assumes_4d_and_says_so() -> None:
     expected = 12 * (12 * d * d + 2 * d) + 2 * 32000 * d + d
     assert f"P = {expected:,}" in out
     assert "note: --ffn not given: a d -> 4d -> d MLP assumed (3,072 = 4 x 768)" in out
+    weights = next(line for line in out.splitlines() if line.startswith("weights"))
+    assert "(MLP assumed d -> 4d -> d: no --ffn)" in weights
+    assert "(MLP assumed" not in run("--hidden", "768", "--layers", "12", "--vocab", "32000", "--ffn", "3072")
 
 
 def test_capacity_below_static_memory_formats_bytes() -> None:
