@@ -370,7 +370,7 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = ()) -> Any:
                offload_optimizer: bool = False, offload_params: bool = False,
                capacity: Annotated[list[str | float] | None, Field(
                    description="Device sizes to check the fit against, e.g. [\"80GB\", \"24GiB\"]; a bare "
-                               "number is GB")] = None,
+                               "number is GiB, as --capacity reads it")] = None,
                ) -> str:
         """The theoretical memory of a training step, as `memlens budget --json` prints it (the
         arguments are its flags): weights, gradients, master weights, optimizer state,
