@@ -32,7 +32,10 @@ of ``last_step``; also the finding's ``bytes``), ``level_rise_per_step_bytes``, 
 
 Who holds it: when the recorder's sidecar has ``leak_holders`` (memlens.recorder.holders: the
 names holding blocks that outlived a step at the dump, each with its block addresses), the
-leak's survivors still alive at the dump are matched to them by address. The
+leak's survivors still alive at the dump are matched to them by address. Every other block
+made in a step (the warm-up step's too) that such a holder keeps alive belongs to the leak as
+well: the warm-up step's kept tensor is left out of the comparison, and its first forward may
+run before the recorder's hooks, under another stack, but clearing the holder frees it. The
 finding then says "Held by list `kept` (global in train.py), appended at train.py:40" and its
 recommendation starts at that line. Of several lines that can store into the holder, the one
 named is the one whose function and value lines (``values_from``) the leaked blocks' own
@@ -41,7 +44,7 @@ where the stacks cannot tell, all the lines they match (or all), saying so. Keys
 ``held_by_line`` and ``held_by_code`` (one line named), ``held_by_lines`` (several),
 ``held_by_line_match`` (``only line`` | ``allocation stacks`` | ``undecided``),
 ``held_by_blocks`` and ``held_by_bytes`` (the leak's blocks that holder holds, 512-byte blocks),
-``leak_blocks_at_dump``/``leak_bytes_at_dump`` (all the leak's survivors alive at the dump),
+``leak_blocks_at_dump``/``leak_bytes_at_dump`` (all the leak's blocks alive at the dump),
 ``holders_matched`` and ``also_held_by``.
 """
 
@@ -136,6 +139,25 @@ def kept_depth_per_stack(found: Survivors, steps: int) -> tuple[I64, I64, I64]:
     return stacks, depth.astype(np.int64), recurring
 
 
+def held_with(ctx: DeviceContext, holders: list[Holder], rows: I64) -> I64:
+    """Lifetimes alive at the dump, made inside a whole step (the warm-up included), that a
+    holder of some of ``rows`` keeps: what clearing that holder frees along with them."""
+    lt = ctx.lifetimes
+    whole = [s for s in ctx.steps if not s.partial]
+    at_dump = rows[lt.free_event[rows] >= ctx.events]
+    if not holders or not whole or at_dump.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    leaked = set(lt.address[at_dump].tolist())
+    addresses = frozenset().union(*(h.addresses for h in holders if not leaked.isdisjoint(h.addresses)))
+    if not addresses:
+        return np.zeros(0, dtype=np.int64)
+    wanted = np.fromiter(addresses, dtype=np.int64, count=len(addresses))
+    first_start = min(s.start_event for s in whole)
+    alive = (lt.free_event >= ctx.events) & (lt.alloc_event >= first_start) & np.isin(lt.address, wanted)
+    alive &= ctx.phases.step_of(np.where(alive, lt.alloc_event, -1)) >= 0
+    return np.flatnonzero(alive).astype(np.int64)
+
+
 def block_bytes(requested: I64) -> I64:
     """Bytes the caching allocator holds for each request: rounded up to a 512-byte block."""
     return np.maximum(-(-requested // K_MIN_BLOCK_SIZE), 1) * K_MIN_BLOCK_SIZE
@@ -167,12 +189,17 @@ def find(ctx: DeviceContext) -> list[Finding]:
     bytes_per_step = round(float(per_step.mean()))
     if bytes_per_step <= 0:
         return []
-    # What the leak holds at the end of its last step: the survivors of the leaking stacks still alive.
+    # What the leak holds: the survivors of the leaking stacks, and every other block made in a
+    # step that a holder of theirs keeps alive at the dump. The warm-up step is left out of the
+    # comparison (it makes gradients and optimizer state) and its first forward can run before
+    # the recorder's hooks, under another stack: its kept tensor is still in the pile.
+    holders = read_holders(ctx.snapshot.sidecar)
+    kept = np.union1d(rows, held_with(ctx, holders, rows))
     end_row = comparable[last].end_event
-    held = lt.free_event[rows] >= end_row
-    held_bytes = int(blocks[held].sum())
+    held = kept[(lt.alloc_event[kept] < end_row) & (lt.free_event[kept] >= end_row)]
+    held_bytes = int(block_bytes(lt.size[held]).sum())
     leak_mask = np.zeros(len(lt), dtype=bool)
-    leak_mask[rows] = True
+    leak_mask[kept] = True
 
     allocated = ctx.trace.allocated
     first_step, last_step = comparable[first], comparable[last]
@@ -233,8 +260,8 @@ def find(ctx: DeviceContext) -> list[Finding]:
         "tensor.detach() instead of tensors with grad_fn, and clear caches and lists of outputs."
     )
     # Survivors still alive when the snapshot was written: what the recorder's holders can name.
-    at_dump = rows[lt.free_event[rows] >= ctx.events]
-    holding = match_holders(read_holders(ctx.snapshot.sidecar), lt.address[at_dump], block_bytes(lt.size[at_dump]),
+    at_dump = kept[lt.free_event[kept] >= ctx.events]
+    holding = match_holders(holders, lt.address[at_dump], block_bytes(lt.size[at_dump]),
                             lt.stack_id[at_dump].astype(np.int64), ctx.snapshot.stacks.frames_of)
     if holding:
         evidence.update(holder_evidence(holding, int(at_dump.size), int(block_bytes(lt.size[at_dump]).sum())))

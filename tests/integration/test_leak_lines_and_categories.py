@@ -136,3 +136,15 @@ def test_branches_the_stacks_cannot_tell_apart_are_all_listed_and_said_so(out: P
     assert f"loop.py:{first} (`seen.append(features)`), loop.py:{second}" in leak.summary
     assert leak.recommendation.startswith("Edit the one of these lines that runs (memlens could not tell which): "
                                           f"loop.py:{first}")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("pattern", ["second", "detached", "by_step"])
+def test_every_block_the_holder_keeps_is_counted(out: Path, pattern: str) -> None:
+    report = recorded(out, pattern)
+    leak = the_leak(report)
+    holder = next(h for h in report.sidecar["leak_holders"]["holders"] if h["holder"] == leak.evidence["held_by"])
+    assert holder["blocks_total"] == STEPS  # one tensor a step, the first step's included
+    assert leak.evidence["held_by_blocks"] == leak.evidence["leak_blocks_at_dump"] == STEPS
+    assert f"{STEPS} of the {STEPS} leaked blocks alive at the dump" in leak.summary
+    assert leak.evidence["held_by_bytes"] == holder["bytes"] == leak.bytes

@@ -34,14 +34,15 @@ def test_the_leak_says_which_list_holds_it_and_the_line_that_appends() -> None:
     sidecar = {"leak_holders": {"holders": [_holder("list `kept` (global in train.py)", leaked)]}}
     leak = _leak(builder, sidecar)
     assert "Held by list `kept` (global in train.py), appended at train.py:40 (`kept.append(logits)`)" in leak.summary
-    # steps 2-6 are the comparable ones: their five survivors are what the finding counts
-    assert "5 of the 5 leaked blocks alive at the dump (40.00 MiB)" in leak.summary
+    # steps 2-6 are the comparable ones; the warm-up step's survivor is kept by the list too
+    assert "6 of the 6 leaked blocks alive at the dump (48.00 MiB)" in leak.summary
     assert leak.recommendation.startswith("Edit train.py:40 (`kept.append(logits)`)")
     assert "Find what keeps" not in leak.recommendation  # the named line is the fix, not a hunt
     assert leak.evidence["held_by"] == "list `kept` (global in train.py)"
     assert leak.evidence["held_by_line"] == "train.py:40"
-    assert leak.evidence["held_by_blocks"] == 5 and leak.evidence["held_by_bytes"] == 40 * MiB
-    assert leak.evidence["leak_blocks_at_dump"] == 5
+    assert leak.evidence["held_by_blocks"] == 6 and leak.evidence["held_by_bytes"] == 48 * MiB
+    assert leak.evidence["leak_blocks_at_dump"] == 6
+    assert leak.bytes == leak.estimated_saving_bytes == 48 * MiB  # what clearing the list frees
 
 
 def test_a_holder_of_other_blocks_is_not_named() -> None:
@@ -69,7 +70,7 @@ def test_a_holder_without_a_line_is_named_without_one() -> None:
     builder = training_run(6, leak=8 * MiB)
     sidecar = {"leak_holders": {"holders": [_holder("list (no name)", _leaked_addresses(builder), None)]}}
     leak = _leak(builder, sidecar)
-    assert "Held by list (no name): 5 of the 5" in leak.summary
+    assert "Held by list (no name): 6 of the 6" in leak.summary
     assert "held_by_line" not in leak.evidence
 
 
