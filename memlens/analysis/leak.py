@@ -46,6 +46,9 @@ where the stacks cannot tell, all the lines they match (or all), saying so. Keys
 ``held_by_blocks`` and ``held_by_bytes`` (the leak's blocks that holder holds, 512-byte blocks),
 ``leak_blocks_at_dump``/``leak_bytes_at_dump`` (all the leak's blocks alive at the dump),
 ``holders_matched`` and ``also_held_by``.
+
+Category: the leak's blocks that no recorded role and no inference named (``unknown``) get the
+category ``leaked`` (``ctx.category`` is updated; the leak finder runs first).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memlens.allocator.simulator import K_MIN_BLOCK_SIZE
-from memlens.analysis.categories import OPTIMIZER_STATE
+from memlens.analysis.categories import LEAKED, OPTIMIZER_STATE, UNKNOWN
 from memlens.analysis.context import DeviceContext
 from memlens.analysis.datatypes import Finding, Step
 from memlens.analysis.settings import (
@@ -200,6 +203,9 @@ def find(ctx: DeviceContext) -> list[Finding]:
     held_bytes = int(block_bytes(lt.size[held]).sum())
     leak_mask = np.zeros(len(lt), dtype=bool)
     leak_mask[kept] = True
+    # The leak's blocks that no recorded role and no inference named are what the leak keeps.
+    unnamed = kept[ctx.category[kept] == UNKNOWN]
+    ctx.category[unnamed] = LEAKED
 
     allocated = ctx.trace.allocated
     first_step, last_step = comparable[first], comparable[last]
