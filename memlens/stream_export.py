@@ -92,8 +92,8 @@ EVENT_COLUMNS: tuple[Column, ...] = (
     Column("device_free", "int64", True, "free device memory the allocator saw, on oom rows; else null"),
     Column("step", "int64", True, "index of the training step holding the event (the latest-started one); "
                                   "null outside steps or with --no-analysis"),
-    Column("category", "string", True, "parameters, gradients, optimizer_state, activations, temporary or "
-                                      "unknown, on alloc rows and on the free that ends the allocation; "
+    Column("category", "string", True, "parameters, gradients, optimizer_state, activations, temporary, "
+                                      "leaked or unknown, on alloc rows and on the free that ends the allocation; "
                                       "else null"),
     Column("stack_id", "int64", True, "the stack's id, the same for every row with the same frames; "
                                       "null without frames"),

@@ -26,6 +26,10 @@ Inferred from lifetime, phase and stack, per allocation (vectorised over all lif
   would inflate the budget's gradient line. The leak finding names their stacks;
 - anything else (e.g. forward outputs kept across steps): ``unknown``.
 
+Leaked, after the inference: the leak finder (``memlens.analysis.leak``) gives the blocks of a
+leak it found, that neither a recorded role nor the inference above named, the category
+``leaked``: what its stacks (and the holder the recorder named) keep from step to step.
+
 The forward peak of a step is the peak of its *step-local* memory (allocations freed inside
 the same step), so gradients and optimizer state never move it.
 """
@@ -43,7 +47,7 @@ from memlens.analysis.lifetimes import Lifetimes, byte_counts
 from memlens.analysis.stacks import StackFacts
 
 I64 = npt.NDArray[np.int64]
-PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARY, UNKNOWN = range(len(CATEGORIES))
+PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARY, LEAKED, UNKNOWN = range(len(CATEGORIES))
 
 
 @dataclass

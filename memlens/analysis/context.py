@@ -1,6 +1,8 @@
 """Everything the finders share about one device, computed once: steps, phases, lifetimes,
 categories, the peak. Finders read it and return findings; none of them mutates it except
-``findings`` (so the OOM finder can say which earlier finding explains the failure).
+``findings`` (so the OOM finder can say which earlier finding explains the failure) and the
+leak finder, which runs first and gives the blocks of its leak the category ``leaked`` where
+nothing else named them (so the categories at the peak, and every later finder, see them so).
 """
 
 from __future__ import annotations

@@ -32,16 +32,28 @@ of ``last_step``; also the finding's ``bytes``), ``level_rise_per_step_bytes``, 
 
 Who holds it: when the recorder's sidecar has ``leak_holders`` (memlens.recorder.holders: the
 names holding blocks that outlived a step at the dump, each with its block addresses), the
-leak's survivors still alive at the dump are matched to them by address. The finding then says
-"Held by list `kept` (global in train.py), appended at train.py:40" and its recommendation
-starts at that line. Keys: ``held_by``, ``held_by_line``, ``held_by_code``, ``held_by_blocks``
-and ``held_by_bytes`` (the leak's blocks that holder holds, 512-byte blocks),
-``leak_blocks_at_dump``/``leak_bytes_at_dump`` (all the leak's survivors alive at the dump),
+leak's survivors still alive at the dump are matched to them by address. Every other block
+made in a step (the warm-up step's too) that such a holder keeps alive belongs to the leak as
+well: the warm-up step's kept tensor is left out of the comparison, and its first forward may
+run before the recorder's hooks, under another stack, but clearing the holder frees it. The
+finding then says "Held by list `kept` (global in train.py), appended at train.py:40" and its
+recommendation starts at that line. Of several lines that can store into the holder, the one
+named is the one whose function and value lines (``values_from``) the leaked blocks' own
+allocation stacks pass through; several when different blocks came through different lines;
+where the stacks cannot tell, all the lines they match (or all), saying so. Keys: ``held_by``,
+``held_by_line`` and ``held_by_code`` (one line named), ``held_by_lines`` (several),
+``held_by_line_match`` (``only line`` | ``allocation stacks`` | ``undecided``),
+``held_by_blocks`` and ``held_by_bytes`` (the leak's blocks that holder holds, 512-byte blocks),
+``leak_blocks_at_dump``/``leak_bytes_at_dump`` (all the leak's blocks alive at the dump),
 ``holders_matched`` and ``also_held_by``.
+
+Category: the leak's blocks that no recorded role and no inference named (``unknown``) get the
+category ``leaked`` (``ctx.category`` is updated; the leak finder runs first).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,7 +61,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memlens.allocator.simulator import K_MIN_BLOCK_SIZE
-from memlens.analysis.categories import OPTIMIZER_STATE
+from memlens.analysis.categories import LEAKED, OPTIMIZER_STATE, UNKNOWN
 from memlens.analysis.context import DeviceContext
 from memlens.analysis.datatypes import Finding, Step
 from memlens.analysis.settings import (
@@ -61,6 +73,7 @@ from memlens.analysis.settings import (
     LEAK_SHORT_RUN_STEPS,
     LEAK_WARMUP_STEPS,
 )
+from memlens.snapshot.model import Frame
 from memlens.units import format_bytes
 
 I64 = npt.NDArray[np.int64]
@@ -129,6 +142,25 @@ def kept_depth_per_stack(found: Survivors, steps: int) -> tuple[I64, I64, I64]:
     return stacks, depth.astype(np.int64), recurring
 
 
+def held_with(ctx: DeviceContext, holders: list[Holder], rows: I64) -> I64:
+    """Lifetimes alive at the dump, made inside a whole step (the warm-up included), that a
+    holder of some of ``rows`` keeps: what clearing that holder frees along with them."""
+    lt = ctx.lifetimes
+    whole = [s for s in ctx.steps if not s.partial]
+    at_dump = rows[lt.free_event[rows] >= ctx.events]
+    if not holders or not whole or at_dump.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    leaked = set(lt.address[at_dump].tolist())
+    addresses = frozenset().union(*(h.addresses for h in holders if not leaked.isdisjoint(h.addresses)))
+    if not addresses:
+        return np.zeros(0, dtype=np.int64)
+    wanted = np.fromiter(addresses, dtype=np.int64, count=len(addresses))
+    first_start = min(s.start_event for s in whole)
+    alive = (lt.free_event >= ctx.events) & (lt.alloc_event >= first_start) & np.isin(lt.address, wanted)
+    alive &= ctx.phases.step_of(np.where(alive, lt.alloc_event, -1)) >= 0
+    return np.flatnonzero(alive).astype(np.int64)
+
+
 def block_bytes(requested: I64) -> I64:
     """Bytes the caching allocator holds for each request: rounded up to a 512-byte block."""
     return np.maximum(-(-requested // K_MIN_BLOCK_SIZE), 1) * K_MIN_BLOCK_SIZE
@@ -160,12 +192,20 @@ def find(ctx: DeviceContext) -> list[Finding]:
     bytes_per_step = round(float(per_step.mean()))
     if bytes_per_step <= 0:
         return []
-    # What the leak holds at the end of its last step: the survivors of the leaking stacks still alive.
+    # What the leak holds: the survivors of the leaking stacks, and every other block made in a
+    # step that a holder of theirs keeps alive at the dump. The warm-up step is left out of the
+    # comparison (it makes gradients and optimizer state) and its first forward can run before
+    # the recorder's hooks, under another stack: its kept tensor is still in the pile.
+    holders = read_holders(ctx.snapshot.sidecar)
+    kept = np.union1d(rows, held_with(ctx, holders, rows))
     end_row = comparable[last].end_event
-    held = lt.free_event[rows] >= end_row
-    held_bytes = int(blocks[held].sum())
+    held = kept[(lt.alloc_event[kept] < end_row) & (lt.free_event[kept] >= end_row)]
+    held_bytes = int(block_bytes(lt.size[held]).sum())
     leak_mask = np.zeros(len(lt), dtype=bool)
-    leak_mask[rows] = True
+    leak_mask[kept] = True
+    # The leak's blocks that no recorded role and no inference named are what the leak keeps.
+    unnamed = kept[ctx.category[kept] == UNKNOWN]
+    ctx.category[unnamed] = LEAKED
 
     allocated = ctx.trace.allocated
     first_step, last_step = comparable[first], comparable[last]
@@ -226,13 +266,14 @@ def find(ctx: DeviceContext) -> list[Finding]:
         "tensor.detach() instead of tensors with grad_fn, and clear caches and lists of outputs."
     )
     # Survivors still alive when the snapshot was written: what the recorder's holders can name.
-    at_dump = rows[lt.free_event[rows] >= ctx.events]
-    holding = match_holders(read_holders(ctx.snapshot.sidecar), lt.address[at_dump], block_bytes(lt.size[at_dump]))
+    at_dump = kept[lt.free_event[kept] >= ctx.events]
+    holding = match_holders(holders, lt.address[at_dump], block_bytes(lt.size[at_dump]),
+                            lt.stack_id[at_dump].astype(np.int64), ctx.snapshot.stacks.frames_of)
     if holding:
         evidence.update(holder_evidence(holding, int(at_dump.size), int(block_bytes(lt.size[at_dump]).sum())))
         summary += " " + holder_sentence(holding, int(at_dump.size))
         # The named line is the fix; the general advice stays only where no line could be named.
-        recommendation = holder_recommendation(holding[0]) + (" " + recommendation if holding[0].line is None else "")
+        recommendation = holder_recommendation(holding[0]) + (" " + recommendation if not holding[0].named else "")
     return [
         Finding(
             kind="leak",
@@ -254,18 +295,65 @@ def find(ctx: DeviceContext) -> list[Finding]:
 
 
 # ----------------------------------------------------------------------------- who holds it
+@dataclass(frozen=True)
+class StoreLine:
+    """A line that can have stored into a holder, as the recorder listed it, with what tells
+    whether a block was stored there: the function the line is in and the lines of that function
+    where the stored value can have been allocated (see ``memlens.recorder.holders``)."""
+
+    where: str  # "train.py:40"
+    how: str  # "append", "item assignment", "assignment", ...
+    code: str  # the source of that line
+    file: str = ""
+    function: str = ""
+    first_line: int = 0
+    last_line: int = -1
+    values_from: frozenset[int] = frozenset()
+
+    def stored(self, frames: list[Frame]) -> bool:
+        """Whether a block allocated under ``frames`` can have been stored by this line: the
+        stack passes through this line's function at a line its stored value comes from."""
+        if not self.function or not self.values_from:
+            return False
+        return any(
+            frame.name == self.function and self.first_line <= frame.line <= self.last_line
+            and frame.line in self.values_from and _same_file(frame.filename, self.file)
+            for frame in frames
+        )
+
+
+def _same_file(frame_file: str, display: str) -> bool:
+    """A frame's file (absolute on CUDA, as the recorder displays it on the CPU) against the
+    file the recorder displays (relative, or the base name)."""
+    if not display:
+        return False
+    normal, shown = frame_file.replace("\\", "/"), display.replace("\\", "/")
+    return normal == shown or normal.endswith("/" + shown)
+
+
+# How a holder's lines were narrowed to the ones named (evidence ``held_by_line_match``).
+ONLY_LINE = "only line"  # one line can store into the holder
+FROM_STACKS = "allocation stacks"  # the leaked blocks' own stacks name the line(s) that ran
+UNDECIDED = "undecided"  # several lines can and the stacks cannot tell: all are named
+
+
 @dataclass
 class Holder:
     """One entry of the recorder's ``leak_holders`` (see ``memlens.recorder.holders``), with the
     leak's blocks it holds once matched."""
 
     text: str  # "list `kept` (global in train.py)"
-    line: str | None  # "train.py:40"
-    how: str  # "append", "item assignment", "assignment", ...
-    code: str  # the source of that line
+    lines: tuple[StoreLine, ...]  # every line that can have stored into it
     addresses: frozenset[int]
     matched_blocks: int = 0
     matched_bytes: int = 0
+    named: tuple[StoreLine, ...] = ()  # the lines the finding names (set by match_holders)
+    line_match: str = ONLY_LINE
+
+    @property
+    def line(self) -> str | None:
+        """The line to edit, when exactly one is named."""
+        return self.named[0].where if len(self.named) == 1 else None
 
 
 def read_holders(sidecar: dict[str, Any]) -> list[Holder]:
@@ -282,17 +370,46 @@ def read_holders(sidecar: dict[str, Any]) -> list[Holder]:
             block[0] for block in (blocks if isinstance(blocks, list) else [])
             if isinstance(block, list) and block and isinstance(block[0], int) and not isinstance(block[0], bool)
         )
-        lines = entry.get("lines")
-        first = lines[0] if isinstance(lines, list) and lines and isinstance(lines[0], dict) else {}
-        line = entry.get("line") if isinstance(entry.get("line"), str) else None
-        how, code = first.get("how"), first.get("code")
-        holders.append(Holder(entry["holder"], line, how if isinstance(how, str) else "",
-                              code if isinstance(code, str) else "", addresses))
+        lines = _read_lines(entry.get("lines"))
+        if not lines and isinstance(entry.get("line"), str):
+            lines = (StoreLine(entry["line"], "", ""),)
+        holders.append(Holder(entry["holder"], lines, addresses, named=lines[:1]))
     return holders
 
 
-def match_holders(holders: list[Holder], addresses: I64, blocks: I64) -> list[Holder]:
-    """The holders that hold some of the leak's blocks alive at the dump, most bytes first.
+# Lines read per holder (the recorder lists up to 20) and distinct stacks compared with them: an
+# untrusted sidecar cannot make the match quadratic in its size.
+MAX_HOLDER_LINES = 20
+MAX_STACKS_COMPARED = 1_000
+
+
+def _read_lines(entries: Any) -> tuple[StoreLine, ...]:
+    lines: list[StoreLine] = []
+    for entry in entries[:MAX_HOLDER_LINES] if isinstance(entries, list) else []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not _is_int(entry.get("line")):
+            continue
+        how, code, function = entry.get("how"), entry.get("code"), entry.get("function")
+        first, last, values = entry.get("first_line"), entry.get("last_line"), entry.get("values_from")
+        lines.append(StoreLine(
+            f"{entry['file']}:{entry['line']}", how if isinstance(how, str) else "",
+            code if isinstance(code, str) else "", entry["file"],
+            function if isinstance(function, str) else "",
+            first if isinstance(first, int) and _is_int(first) else 0,
+            last if isinstance(last, int) and _is_int(last) else -1,
+            frozenset(v for v in values if _is_int(v)) if isinstance(values, list) else frozenset(),
+        ))
+    return tuple(lines)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def match_holders(holders: list[Holder], addresses: I64, blocks: I64, stack_ids: I64 | None = None,
+                  frames_of: Callable[[int], list[Frame]] | None = None) -> list[Holder]:
+    """The holders that hold some of the leak's blocks alive at the dump, most bytes first, each
+    with the lines it names (``named``): of the lines that can store into it, the ones the blocks'
+    allocation stacks (``stack_ids``, aligned with ``addresses``) say stored them.
 
     A block two holders share counts for both (it stays alive until both let go)."""
     matched = []
@@ -303,19 +420,57 @@ def match_holders(holders: list[Holder], addresses: I64, blocks: I64) -> list[Ho
         if mask.any():
             holder.matched_blocks = int(mask.sum())
             holder.matched_bytes = int(blocks[mask].sum())
+            stacks = ([] if stack_ids is None or frames_of is None
+                      else [frames_of(int(s)) for s in np.unique(stack_ids[mask])[:MAX_STACKS_COMPARED]])
+            holder.named, holder.line_match = lines_that_ran(holder.lines, stacks)
             matched.append(holder)
     matched.sort(key=lambda h: (-h.matched_bytes, h.text))
     return matched
 
 
+def lines_that_ran(lines: tuple[StoreLine, ...], stacks: list[list[Frame]]) -> tuple[tuple[StoreLine, ...], str]:
+    """The lines to name and how they were chosen: the only line; else the lines the blocks'
+    allocation stacks match, when each stack matches exactly one (several lines named when
+    several ran, in different steps); else, undecided, the lines the stacks match when each
+    matches some, or every line."""
+    if len(lines) <= 1:
+        return lines, ONLY_LINE
+    stored = [[line for line in lines if line.stored(frames)] for frames in stacks]
+    matched = {line for hits in stored for line in hits}
+    if stored and all(len(hits) == 1 for hits in stored):
+        return tuple(line for line in lines if line in matched), FROM_STACKS
+    if stored and all(stored):
+        return tuple(line for line in lines if line in matched), UNDECIDED
+    return lines, UNDECIDED
+
+
+_VERBS = {"append": "appended", "appendleft": "appended", "extend": "appended", "extendleft": "appended",
+          "insert": "inserted", "assignment": "assigned"}
+
+
+# Lines written out in a sentence; the rest are counted.
+MAX_LINES_SHOWN = 5
+
+
+def _listed(lines: tuple[StoreLine, ...]) -> str:
+    shown = ", ".join(_quoted(line) for line in lines[:MAX_LINES_SHOWN])
+    return shown + (f" and {len(lines) - MAX_LINES_SHOWN} more" if len(lines) > MAX_LINES_SHOWN else "")
+
+
+def _quoted(line: StoreLine) -> str:
+    """"train.py:40 (`kept.append(logits)`)"."""
+    return f"{line.where} (`{line.code}`)" if line.code else line.where
+
+
 def _placed(holder: Holder) -> str:
-    """", appended at train.py:40 (`kept.append(logits)`)" or "" without a line."""
-    if holder.line is None:
+    """", appended at train.py:40 (`kept.append(logits)`)", the lines it could be when memlens
+    could not tell which ran, or "" without a line."""
+    if not holder.named:
         return ""
-    verb = {"append": "appended", "appendleft": "appended", "extend": "appended", "extendleft": "appended",
-            "insert": "inserted", "assignment": "assigned"}.get(holder.how, "stored")
-    code = f" (`{holder.code}`)" if holder.code else ""
-    return f", {verb} at {holder.line}{code}"
+    if holder.line_match == UNDECIDED:
+        return (f", stored by one of {len(holder.named)} lines (memlens could not tell which one ran): "
+                + _listed(holder.named))
+    return ", " + " and ".join(f"{_VERBS.get(line.how, 'stored')} at {_quoted(line)}" for line in holder.named)
 
 
 def holder_evidence(holding: list[Holder], blocks_at_dump: int, bytes_at_dump: int) -> dict[str, int | float | str]:
@@ -330,8 +485,12 @@ def holder_evidence(holding: list[Holder], blocks_at_dump: int, bytes_at_dump: i
     }
     if top.line is not None:
         evidence["held_by_line"] = top.line
-    if top.code:
-        evidence["held_by_code"] = top.code
+        if top.named[0].code:
+            evidence["held_by_code"] = top.named[0].code
+    if len(top.named) > 1:
+        evidence["held_by_lines"] = "; ".join(line.where for line in top.named)
+    if top.named:
+        evidence["held_by_line_match"] = top.line_match
     if len(holding) > 1:
         evidence["also_held_by"] = "; ".join(h.text for h in holding[1:4])
     return evidence
@@ -347,8 +506,15 @@ def holder_sentence(holding: list[Holder], blocks_at_dump: int) -> str:
 
 
 def holder_recommendation(top: Holder) -> str:
-    if top.line is None:
+    advice = ("Keep only what you need there (loss.item(), a detached CPU copy), bound it, or clear it "
+              "every step.")
+    if not top.named:
         return f"Stop {top.text} from keeping each step's tensors (no line could be named)."
-    code = f" (`{top.code}`)" if top.code else ""
-    return (f"Edit {top.line}{code}: it keeps each step's tensors alive through {top.text}. Keep only "
-            "what you need there (loss.item(), a detached CPU copy), bound it, or clear it every step.")
+    lines = _listed(top.named)
+    if top.line_match == UNDECIDED:
+        return (f"Edit the one of these lines that runs (memlens could not tell which): {lines}. It keeps "
+                f"each step's tensors alive through {top.text}. {advice}")
+    if len(top.named) > 1:
+        lines = " and ".join(_quoted(line) for line in top.named)
+        return f"Edit {lines}: they keep each step's tensors alive through {top.text}. {advice}"
+    return f"Edit {lines}: it keeps each step's tensors alive through {top.text}. {advice}"

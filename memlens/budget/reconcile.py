@@ -1,7 +1,7 @@
 """``reconcile(budget, measured)``: each measured category next to its theoretical line.
 
 ``measured`` holds the analyzer's categories at the peak, in bytes (parameters, gradients,
-optimizer_state, activations, temporary, unknown), as a mapping or as an object with a
+optimizer_state, activations, temporary, leaked, unknown), as a mapping or as an object with a
 ``categories_at_peak`` mapping (the analyzer's DeviceReport). A category left out is "not
 measured" and compared with nothing. Where measured and theory differ by more than the
 tolerance, the row carries a note naming the likely cause.
@@ -23,8 +23,12 @@ MEASURED_CATEGORIES: tuple[str, ...] = (
     "optimizer_state",
     "activations",
     "temporary",
+    "leaked",
     "unknown",
 )
+# What a leak finding keeps (``leaked``) has no theory, and a healthy run has none: its row is
+# shown only where the run has some, and a measurement without it is still complete.
+OPTIONAL_CATEGORIES = frozenset({"leaked"})
 
 # Relative tolerance: 10% covers allocator rounding and small buffers the formulas leave out
 # (Adam's step counters, norm statistics); the CPU integration test holds the profiler to it.
@@ -39,6 +43,7 @@ THEORY_ITEMS: dict[str, tuple[str, ...]] = {
     "gradients": ("gradients",),
     "optimizer_state": ("master_weights", "optimizer_state"),
     "activations": ("activations", "activation_recompute", "logits"),
+    "leaked": (),
     "unknown": (),
 }
 
@@ -215,6 +220,8 @@ def reconcile(
         else:
             got = values.get(category)
         tol = tolerance_of(category)
+        if category in OPTIONAL_CATEGORIES and not got:
+            continue
         if got is None:
             rows.append(ReconciledRow(category, theory, None, None, tol, None, items, ""))
             continue
@@ -223,6 +230,10 @@ def reconcile(
             names = ", ".join(line.name for line in missing)
             note = f"{names} not estimated: the budget needs hidden size, layers and sequence length"
             rows.append(ReconciledRow(category, theory, got, None, tol, None, items, note, estimated=False))
+            continue
+        if category == "leaked":
+            note = "kept from step to step by the leak (see the leak finding); the theory has none"
+            rows.append(ReconciledRow(category, 0, got, None, tol, False, items, note))
             continue
         if category == "unknown":
             total = sum(values.values())
@@ -241,7 +252,8 @@ def reconcile(
         ratio = total / theory_total if theory_total and budget.complete else None
         within = ratio is not None and _near(ratio, 1.0, tol)
         note = "" if within or ratio is None else f"{ratio:.2f}x the theory in all"
-        complete = all(category in values for category in MEASURED_CATEGORIES) and budget.complete
+        complete = all(category in values for category in MEASURED_CATEGORIES
+                       if category not in OPTIONAL_CATEGORIES) and budget.complete
         rows.append(
             ReconciledRow(
                 "total",

@@ -29,6 +29,13 @@ How a block is traced to a name
    (``kept[k] = ...``); for a tensor held directly by the name, the lines that assign it. This is
    cheap (no tracing while training) and exact about which lines can have stored into the holder;
    when several lines can, all are listed.
+4. **Which line ran.** Each listed line carries what the analysis needs to tell, from a leaked
+   block's own allocation stack, whether that line stored it: the function it is in
+   (``function``, ``first_line``, ``last_line``) and ``values_from``, the lines of that function
+   where the value it stores can have been allocated (the line itself, for ``kept.append(x * 2)``
+   or ``.clone()``, and the lines that assign each name it stores, ``logits = model(x)`` for
+   ``kept.append(logits)``). A block whose stack passes through that function at one of those
+   lines was stored there (``memlens.analysis.leak``).
 
 Everything here is bounded by ``HolderLimits``; ``complete`` in the result says whether the
 search finished within them.
@@ -72,7 +79,8 @@ _NAME_OPS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 }
 _METHOD_OPS = frozenset({"LOAD_METHOD", "LOAD_ATTR"})
 _CONTAINER_TYPES = (list, tuple, dict, set, frozenset, deque)
-MAX_LINES = 5
+# Lines listed per holder: enough that the one that ran is among them (the analysis picks it).
+MAX_LINES = 20
 MAX_CODE_TEXT = 200
 MAX_KEYS = 5
 MAX_NAMES_PER_TENSOR = 4
@@ -867,22 +875,139 @@ def _mutation_lines(named: _Named, holds_tensor_directly: bool,
     if not codes or not named.name:
         return []
     name = named.name.split("[")[0].split(".")[0]
-    found: dict[tuple[str, int], str] = {}
+    found: dict[tuple[str, int], _Store] = {}
     for code in codes:
-        for filename, line, how in _scan(code, name, named.kind, named.is_attribute, holds_tensor_directly):
-            found.setdefault((filename, line), how)
+        for store in _scan(code, name, named.kind, named.is_attribute, holds_tensor_directly):
+            found.setdefault((store.filename, store.line), store)
     if not found and not holds_tensor_directly:
         # Nothing here stores into the container (``kept = train()`` got it filled elsewhere):
         # where the name is bound is the next best thing to show, and says so ("assignment").
         for code in codes:
-            for filename, line, how in _scan(code, name, named.kind, named.is_attribute, True):
-                if how == "assignment":
-                    found.setdefault((filename, line), how)
+            for store in _scan(code, name, named.kind, named.is_attribute, True):
+                if store.how == "assignment":
+                    found.setdefault((store.filename, store.line), store)
     lines = []
-    for (filename, line), how in sorted(found.items(), key=lambda item: (item[0][0], item[0][1])):
+    for (filename, line), store in sorted(found.items(), key=lambda item: (item[0][0], item[0][1])):
         text = _without_comment(linecache.getline(filename, line).strip())[:MAX_CODE_TEXT]
-        lines.append({"file": _display(filename, filename_map), "line": line, "how": how, "code": text})
+        first_line, last_line = _line_range(store.code)
+        lines.append({"file": _display(filename, filename_map), "line": line, "how": store.how, "code": text,
+                      "function": store.code.co_name, "first_line": first_line, "last_line": last_line,
+                      "values_from": _values_from(store, name)})
     return lines[:MAX_LINES]
+
+
+@dataclass(frozen=True)
+class _Store:
+    """An instruction that stores into the holder: ``instructions[position]`` loads (or, for an
+    assignment, stores) the holder's name on ``line`` of ``code``."""
+
+    filename: str
+    line: int
+    how: str
+    code: types.CodeType
+    instructions: tuple[dis.Instruction, ...]
+    position: int
+
+
+# Instructions that read or bind a variable, and the names they do it with (3.13's
+# superinstructions carry two names in a tuple).
+_LOAD_VARIABLE = frozenset({
+    "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW",
+    "LOAD_FAST_BORROW_LOAD_FAST_BORROW", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF",
+    "LOAD_FROM_DICT_OR_GLOBALS",
+})
+_STORE_VARIABLE = frozenset({"STORE_FAST", "STORE_FAST_STORE_FAST", "STORE_NAME", "STORE_GLOBAL", "STORE_DEREF"})
+# Instructions of a call's argument span looked at, at most.
+_MAX_ARGUMENT_INSTRUCTIONS = 400
+
+
+def _names(instruction: dis.Instruction) -> tuple[str, ...]:
+    value = instruction.argval
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, tuple):
+        return tuple(v for v in value if isinstance(v, str))
+    return ()
+
+
+def _stored_names(instruction: dis.Instruction) -> tuple[str, ...]:
+    if instruction.opname == "STORE_FAST_LOAD_FAST":
+        return _names(instruction)[:1]
+    return _names(instruction) if instruction.opname in _STORE_VARIABLE else ()
+
+
+def _loaded_names(instruction: dis.Instruction) -> tuple[str, ...]:
+    if instruction.opname == "STORE_FAST_LOAD_FAST":
+        return _names(instruction)[1:]
+    return _names(instruction) if instruction.opname in _LOAD_VARIABLE else ()
+
+
+def _line_range(code: types.CodeType) -> tuple[int, int]:
+    """The first and last line of ``code`` itself (its nested functions are code of their own)."""
+    lines = [line for _, _, line in code.co_lines() if line is not None]
+    first = code.co_firstlineno
+    return first, max([first, *lines])
+
+
+def _values_from(store: _Store, holder_name: str) -> list[int]:
+    """Lines of the store's function where the value it stores can have been allocated: its own
+    line, and the lines that assign the names the stored expression reads."""
+    instructions, position = store.instructions, store.position
+    if store.how in MUTATING_METHODS:
+        span = _argument_span(instructions, position + 2)
+    else:
+        # ``outputs[k] = v`` and ``x = v``: the value is computed on the statement's line before
+        # the holder is loaded (or stored).
+        start = position
+        while start > 0 and _line_of(instructions[start - 1]) == store.line:
+            start -= 1
+        # ``kept += [x]``: the in-place operator before the store is not part of the value.
+        end = position - 1 if store.how == "assignment" and _augmented(instructions, position) else position
+        span = instructions[start:end]
+    lines = {store.line}
+    if any(_computes(instruction) for instruction in span):
+        # ``kept.append(x * 2)``, ``kept.append(torch.cat([a, b]))``: what is stored is made on
+        # this line, not where ``x`` or ``a`` were.
+        return sorted(lines)
+    read = {name for instruction in span for name in _loaded_names(instruction)} - {holder_name}
+    for instruction in instructions:
+        line = _line_of(instruction)
+        if line is not None and read.intersection(_stored_names(instruction)):
+            lines.add(line)
+    return sorted(lines)
+
+
+def _computes(instruction: dis.Instruction) -> bool:
+    """Whether an instruction of a stored expression makes a new value from what it reads (an
+    operator, a call with arguments), rather than passing a name on (``x``, ``x.detach()``,
+    ``x[0]``, ``(x, y)``: the stored tensor may be the one ``x`` was assigned)."""
+    name = instruction.opname
+    if name.startswith(("BINARY_OP", "UNARY_", "COMPARE_OP")) or name in ("CALL_FUNCTION_EX", "CALL_KW"):
+        return True
+    return name in ("CALL", "PRECALL") and bool(instruction.arg)
+
+
+def _argument_span(instructions: tuple[dis.Instruction, ...], start: int) -> tuple[dis.Instruction, ...]:
+    """The instructions that compute a method call's arguments, from ``start`` (right after the
+    method is loaded) to the call that consumes the method: the first instruction that takes the
+    stack below where it was."""
+    depth = 0
+    end = min(len(instructions), start + _MAX_ARGUMENT_INSTRUCTIONS)
+    for index in range(start, end):
+        instruction = instructions[index]
+        try:
+            effect = dis.stack_effect(instruction.opcode, instruction.arg if instruction.opcode >= dis.HAVE_ARGUMENT
+                                      else None, jump=False)
+        except ValueError:
+            break
+        depth += effect
+        if depth < 0:
+            # Python 3.11 readies the call with a PRECALL right before it: not an argument.
+            last = index - 1 if index > start and instructions[index - 1].opname == "PRECALL" else index
+            return instructions[start:last]
+    # Not found within bounds: the arguments are on the call's own line.
+    line = _line_of(instructions[start - 1]) if start > 0 else None
+    return tuple(i for i in instructions[start:end] if _line_of(i) == line)
 
 
 def _without_comment(line: str) -> str:
@@ -898,12 +1023,12 @@ def _without_comment(line: str) -> str:
     return line
 
 
-def _scan(code: types.CodeType, name: str, kind: str, attribute: bool, direct: bool) -> Iterator[tuple[str, int, str]]:
-    """(file, line, how) for each line of ``code`` (nested code included) storing into ``name``,
-    a ``kind`` of name (global, local, closure) or an attribute."""
+def _scan(code: types.CodeType, name: str, kind: str, attribute: bool, direct: bool) -> Iterator[_Store]:
+    """Each line of ``code`` (nested code included) storing into ``name``, a ``kind`` of name
+    (global, local, closure) or an attribute."""
     load_ops, store_ops = _NAME_OPS.get(kind, _NAME_OPS["global"])
     for inner in _nested_code(code):
-        instructions = [i for i in dis.get_instructions(inner) if i.opname != "CACHE"]
+        instructions = tuple(i for i in dis.get_instructions(inner) if i.opname != "CACHE")
         for position, instruction in enumerate(instructions):
             line = _line_of(instruction)
             if line is None:
@@ -913,21 +1038,21 @@ def _scan(code: types.CodeType, name: str, kind: str, attribute: bool, direct: b
             if loads_name and position + 1 < len(instructions):
                 following = instructions[position + 1]
                 if following.opname in _METHOD_OPS and following.argval in MUTATING_METHODS:
-                    yield inner.co_filename, line, str(following.argval)
+                    yield _Store(inner.co_filename, line, str(following.argval), inner, instructions, position)
                     continue
                 for later in instructions[position + 1 : position + 12]:
                     if _line_of(later) != line:
                         break
                     if later.opname == "STORE_SUBSCR":
-                        yield inner.co_filename, line, "item assignment"
+                        yield _Store(inner.co_filename, line, "item assignment", inner, instructions, position)
                         break
             stores_name = instruction.argval == name and (
                 instruction.opname == "STORE_ATTR" if attribute else instruction.opname in store_ops)
             if stores_name and (direct or _augmented(instructions, position)):
-                yield inner.co_filename, line, "assignment"
+                yield _Store(inner.co_filename, line, "assignment", inner, instructions, position)
 
 
-def _augmented(instructions: list[dis.Instruction], position: int) -> bool:
+def _augmented(instructions: tuple[dis.Instruction, ...], position: int) -> bool:
     """``kept += [x]``: an in-place operator right before the store."""
     return position > 0 and instructions[position - 1].opname in ("BINARY_OP", "INPLACE_ADD") \
         and "=" in (instructions[position - 1].argrepr or "=")

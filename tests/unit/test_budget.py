@@ -588,6 +588,17 @@ def test_reconcile_matching_measurement_is_ok() -> None:
     assert "ratio" in render_reconciliation(result)
 
 
+def test_reconcile_shows_what_a_leak_keeps_only_where_there_is_some() -> None:
+    budget = estimate(ModelSpec.from_numbers(**LLAMA_7B), TrainingSetup(seq_len=2048))  # type: ignore[arg-type]
+    measured = _theory_as_measured(budget)
+    assert "leaked" not in [row.category for row in reconcile(budget, {**measured, "leaked": 0}).rows]
+    result = reconcile(budget, {**measured, "leaked": 3 * GB})
+    row = result.row("leaked")
+    assert row.measured_bytes == 3 * GB and row.theory_bytes == 0 and row.within_tolerance is False
+    assert "the leak" in row.note and not result.ok
+    assert result.row("total").measured_bytes == sum(measured.values()) + 3 * GB
+
+
 def test_reconcile_flags_state_for_frozen_parameters() -> None:
     spec = ModelSpec.from_numbers(**LLAMA_7B)  # type: ignore[arg-type]
     budget = estimate(spec, TrainingSetup(frozen_layers=16, seq_len=2048))

@@ -341,7 +341,8 @@ def test_a_container_filled_elsewhere_shows_where_its_name_is_bound(tmp_path: Pa
     blocks = Blocks()
     blocks.add(*module.kept)
     found = holder(blocks.search(), "list `kept` (global in filled_elsewhere.py)")
-    assert found["lines"] == [{"file": "filled_elsewhere.py", "line": 9, "how": "assignment", "code": "kept = train()"}]
+    assert [{key: line[key] for key in ("file", "line", "how", "code")} for line in found["lines"]] == [
+        {"file": "filled_elsewhere.py", "line": 9, "how": "assignment", "code": "kept = train()"}]
 
 
 @pytest.mark.usefixtures("module_cleanup")
@@ -424,3 +425,36 @@ def test_a_local_of_the_same_name_elsewhere_is_not_the_globals_line(tmp_path: Pa
     blocks.add(*module.kept)
     found = holder(blocks.search(), "list `kept` (global in shadowed.py)")
     assert [line["line"] for line in found["lines"]] == [14]
+
+
+@pytest.mark.usefixtures("module_cleanup")
+def test_each_line_says_where_the_value_it_stores_can_have_been_allocated(tmp_path: Path) -> None:
+    module = load_module(tmp_path, "branches", """
+        import torch
+
+        history = []
+
+
+        def step(i, mode):
+            global history
+            logits = torch.full((4, 8), float(i))  # line 9
+            loss = logits.sum()  # line 10
+            if mode == 0:
+                history.append(loss)  # line 12
+            elif mode == 1:
+                history.append(logits.detach())  # line 14
+            else:
+                history.append(logits * 2)  # line 16
+            history.extend([loss, logits])  # line 17
+            history += [torch.cat([logits, logits])]  # line 18
+    """)
+    for i in range(2):
+        module.step(i, 1)
+    blocks = Blocks()
+    blocks.add(*[t for t in module.history if t.dim() == 2 and t.shape[0] == 4])
+    found = holder(blocks.search(), "list `history` (global in branches.py)")
+    values = {line["line"]: line["values_from"] for line in found["lines"]}
+    # a name stored: where it was assigned (and the line itself); a value made on the line: the line
+    assert values == {12: [10, 12], 14: [9, 14], 16: [16], 17: [9, 10, 17], 18: [18]}
+    assert {line["function"] for line in found["lines"]} == {"step"}
+    assert all(line["first_line"] == 7 and line["last_line"] == 18 for line in found["lines"])
