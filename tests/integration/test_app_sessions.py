@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from memlens.synthetic import synthetic_snapshot, write_pickle
 from memlens_app import worker as worker_module
 from memlens_app.main import create_app
 from memlens_app.scheduler import FairQueue, ServerBusy
-from memlens_app.session import COOKIE
+from memlens_app.session import COOKIE, client_gone_check
 from tests.conftest import SAMPLE_SNAPSHOTS_DIR
 from tests.integration.app_server import ServeProcess, wait_for
 
@@ -253,6 +255,31 @@ def test_the_whatif_replay_runs_in_a_worker_with_the_analysis_limits(monkeypatch
         assert "simulation stopped: took over 0.001 s" in json.dumps(stopped.get_json()["response"])
     finally:
         library.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_job_whose_page_has_gone_is_stopped() -> None:
+    workers = worker_module.WorkerGroup()
+    gone = r"^simulation stopped: the page that asked for it has gone$"
+    with pytest.raises(worker_module.AnalysisStopped, match=gone):
+        worker_module.run_job_in_worker(time.sleep, (60,), limits=worker_module.AnalysisLimits(90), workers=workers,
+                                        abandoned=lambda: True, what="simulation")
+
+
+def test_the_client_gone_check_sees_the_connection_close() -> None:
+    app = create_app([], sample_dir=None)
+    server_end, client_end = socket.socketpair()
+    try:
+        with app.server.test_request_context("/", environ_overrides={"werkzeug.socket": server_end}):
+            gone = client_gone_check()
+            assert gone is not None and not gone()
+            client_end.close()
+            assert gone()
+        with app.server.test_request_context("/"):
+            assert client_gone_check() is None  # not werkzeug's server: nothing to watch
+    finally:
+        server_end.close()
+        app.server.config["MEMLENS_LIBRARY"].close()
 
 
 # ----------------------------------------------------------------------------- forged callback requests
