@@ -95,6 +95,12 @@ def budget_form() -> html.Div:
     ])
 
 
+def parallel_uploads(library: Library) -> int:
+    """Uploads the page sends at once: half the session's share of the workers, so that the
+    page's own analyses (another snapshot picked meanwhile) still find room in it."""
+    return max(1, library.queue.per_session // 2)
+
+
 def build_layout(library: Library, max_upload_bytes: int, session: str | None) -> html.Div:
     """The page of browser session ``session``; called per page load so the picker lists the
     uploads it made since the server started (and never another session's)."""
@@ -110,7 +116,9 @@ def build_layout(library: Library, max_upload_bytes: int, session: str | None) -
             ]),
         ]),
         html.Div(className="toolbar", children=[
-            html.Div(id="dropzone", className="dropzone", **data_attributes({"max-upload": str(max_upload_bytes)}),
+            html.Div(id="dropzone", className="dropzone",
+                     **data_attributes({"max-upload": str(max_upload_bytes),
+                                        "parallel-uploads": str(parallel_uploads(library))}),
                      children=[
                          html.Span("⇪", className="dropzone-icon"),
                          html.Div([html.B("Drop snapshot pickles here"), html.Br(),
