@@ -40,7 +40,8 @@ DEFAULT_ANALYSIS_TIMEOUT_S = 120.0
 # Modules the forkserver imports once, so that each forked child starts with them loaded.
 # memlens.cli.main too: a child re-runs the ``memlens`` console script (as __mp_main__), which
 # imports it.
-_PRELOAD = ["memlens", "memlens.analysis", "memlens.snapshot.reader", "memlens.cli.main", "memlens_app.worker"]
+_PRELOAD = ["memlens", "memlens.analysis", "memlens.snapshot.reader", "memlens.cli.main", "memlens_app.worker",
+            "memlens.allocator"]  # the what-if job's simulator
 _PR_SET_PDEATHSIG = 1
 # How long a killed child may take to be reaped before we stop waiting for it.
 _REAP_S = 10.0

@@ -168,9 +168,12 @@ def test_a_job_that_gets_no_turn_in_time_is_answered_busy() -> None:
         pass
 
 
+SLOW_LIMIT_S = 5
+
+
 @pytest.fixture(scope="module")
 def slow_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 1,000,000-event snapshot: many seconds to analyse, so each analysis runs to its 1 s limit."""
+    """A 1,000,000-event snapshot: ~13 s to analyse here, so each analysis runs to the test's 5 s limit."""
     import subprocess
     import sys
 
@@ -183,7 +186,10 @@ def slow_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_small_upload_is_served_before_a_busy_sessions_later_jobs(tmp_path: Path, slow_snapshot: Path) -> None:
     small = tmp_path / "small.pickle"
     write_pickle(synthetic_snapshot(20), small)
-    server = ServeProcess(tmp_path, "--analysis-timeout", "1", "--queue-timeout", "300", "--max-upload", "256MiB")
+    # The slow jobs hold both workers for up to 5 s: the window in which the newcomer must
+    # arrive while two of them still wait (the test's own requests take a fraction of it).
+    server = ServeProcess(tmp_path, "--analysis-timeout", str(SLOW_LIMIT_S), "--queue-timeout", "300",
+                          "--max-upload", "256MiB")
     finished: list[str] = []
     lock = threading.Lock()
 
@@ -210,8 +216,10 @@ def test_a_small_upload_is_served_before_a_busy_sessions_later_jobs(tmp_path: Pa
             newcomer = pool.submit(upload, small, server.new_session(), "newcomer")
             assert newcomer.result().status_code == 200, newcomer.result().text
             results = [future.result() for future in slow]
-        assert [r.status_code for r in results] == [400] * 4, [r.text for r in results]
-        assert all("analysis stopped: took over 1 s" in r.json()["error"] for r in results)
+        # Stopped at the limit (or, on a fast machine, analysed within it).
+        assert all(r.status_code == 200 or (r.status_code == 400 and r.json()["error"] ==
+                                            f"slow.pickle: analysis stopped: took over {SLOW_LIMIT_S} s")
+                   for r in results), [r.text for r in results]
         # Served at the first free worker: before both of the busy session's waiting jobs.
         assert finished.index("newcomer") <= 2, finished
     finally:
