@@ -56,7 +56,7 @@ from memlens_app.panels.timeline import (
 )
 from memlens_app.panels.whatif import whatif_panel, whatif_request
 from memlens_app.session import client_gone_check, current_session
-from memlens_app.worker import AnalysisCrashed
+from memlens_app.worker import AnalysisCrashed, JobAbandoned
 
 log = logging.getLogger("memlens.app")
 
@@ -328,6 +328,9 @@ def register_callbacks(app: Dash, library: Library) -> None:
             asked = whatif_request(analysis.device(device_id), extra_text, capacity_text)
             answer = library.whatif(source_id or "", session, device_id, asked.capacity, asked.extra,
                                     abandoned=client_gone_check())
+        except JobAbandoned as exc:
+            log.warning("%s", exc)  # nobody is left to read the answer: the server log says why
+            return alert(str(exc))
         except MemlensError as exc:
             return alert(str(exc))
         except AnalysisCrashed as exc:

@@ -321,7 +321,7 @@ class Library:
                 return whatif_in_worker(analysis.snapshot, device, capacity, extra, limits=self.limits,
                                         workers=self._workers, abandoned=abandoned)
         except AnalysisStopped as exc:
-            raise AnalysisStopped(f"{source.name}: {exc}") from None
+            raise type(exc)(f"{source.name}: {exc}") from None
 
     def _cached(self, source_id: str) -> Any:
         """The cached report, marked as just used (caller holds the lock)."""

@@ -71,6 +71,10 @@ class AnalysisStopped(MemlensError):
     """The analysis went past a limit and its process was stopped (the file, not a bug)."""
 
 
+class JobAbandoned(AnalysisStopped):
+    """The job was stopped because whoever asked for it has gone (its page closed the connection)."""
+
+
 class AnalysisCrashed(Exception):
     """The analysis process failed for a reason that is memlens' fault (logged with its traceback)."""
 
@@ -187,7 +191,7 @@ def run_job_in_worker(job: Callable[..., Any], job_args: tuple[Any, ...], *, lim
         sender.close()  # the child holds the only writer: EOF on the pipe means it is gone
         if not _wait_for_answer(receiver, limits.timeout_s, abandoned):
             if abandoned is not None and abandoned():
-                raise AnalysisStopped(f"{what} stopped: the page that asked for it has gone")
+                raise JobAbandoned(f"{what} stopped: the page that asked for it has gone")
             raise AnalysisStopped(f"{what} stopped: took over {_seconds(limits.timeout_s)}")
         try:
             outcome, detail = receiver.recv()

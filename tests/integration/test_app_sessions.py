@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import requests
 
@@ -29,7 +30,7 @@ from memlens_app.main import create_app
 from memlens_app.scheduler import FairQueue, ServerBusy
 from memlens_app.session import COOKIE, client_gone_check
 from tests.conftest import SAMPLE_SNAPSHOTS_DIR
-from tests.integration.app_server import ServeProcess, wait_for
+from tests.integration.app_server import ServeProcess, raw_request, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -272,6 +273,41 @@ def test_a_job_whose_page_has_gone_is_stopped() -> None:
     with pytest.raises(worker_module.AnalysisStopped, match=gone):
         worker_module.run_job_in_worker(time.sleep, (60,), limits=worker_module.AnalysisLimits(90), workers=workers,
                                         abandoned=lambda: True, what="simulation")
+
+
+@pytest.mark.timeout(600)
+def test_a_simulation_is_stopped_when_its_page_goes_away(tmp_path: Path, slow_snapshot: Path) -> None:
+    server = ServeProcess(tmp_path, "--analysis-timeout", "300", "--max-upload", "256MiB")
+    try:
+        cookies = server.new_session()
+        uploaded = server.upload(slow_snapshot, cookies=cookies)
+        assert uploaded.status_code == 200, uploaded.text
+        payload = _payload([("whatif-result", "children")],
+                           [{"id": "w-run", "property": "n_clicks", "value": 1}],
+                           [{"id": "w-extra", "property": "value", "value": "8GiB"},
+                            {"id": "b-capacity", "property": "value", "value": "80GiB"},
+                            {"id": "source-picker", "property": "value", "value": uploaded.json()["id"]},
+                            {"id": "device-picker", "property": "value", "value": None}])
+        body = json.dumps(payload).encode()
+        cookie = f"{COOKIE}={cookies[COOKIE]}"
+        sock = raw_request(server.port, {"Content-Type": "application/json", "Content-Length": str(len(body)),
+                                         "Cookie": cookie}, path=DASH)
+        sock.sendall(body)
+        # The replay of a million events runs in a worker (the server has no other job now)...
+        wait_for(lambda: bool(_workers(server)), "the simulation's worker process")
+        sock.close()  # ...and the page goes away before it is done
+        wait_for(lambda: "simulation stopped: the page that asked for it has gone" in server.text(),
+                 "the server to stop the simulation")
+        wait_for(lambda: not _workers(server), "the simulation's worker to be gone")
+        assert requests.get(server.url + "/", timeout=30).status_code == 200
+    finally:
+        server.stop()
+
+
+def _workers(server: ServeProcess) -> list[psutil.Process]:
+    """The server's worker processes: the children of its multiprocessing forkserver."""
+    return [worker for child in psutil.Process(server.pid()).children()
+            if "forkserver" in " ".join(child.cmdline()) for worker in child.children()]
 
 
 def test_the_client_gone_check_sees_the_connection_close() -> None:
