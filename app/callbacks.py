@@ -4,6 +4,11 @@ to a panel function (``memlens_app.panels``), returning what it built.
 No analysis and no page-building happens here: what a panel shows is decided in its module, where
 it can be tested without Dash; this file only says which component feeds which panel, and which
 input fired (Dash's callback context is read here and nowhere else).
+
+Two things every callback does first: it checks its inputs' types and ranges
+(``memlens_app.inputs``: a forged request gets one line in the message area, never a
+traceback), and it looks snapshots up in the asking browser session's space
+(``memlens_app.session``), so another visitor's uploads cannot be opened by id.
 """
 
 from __future__ import annotations
@@ -13,19 +18,20 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import plotly.graph_objects as go
-from dash import ALL, Dash, Input, Output, State, ctx, no_update
+from dash import ALL, Dash, Input, Output, State, ctx, no_update, set_props
 from dash.exceptions import PreventUpdate
 
 from memlens.analysis import Analysis
 from memlens.errors import MemlensError
 from memlens.fleet import RankRow
 from memlens.units import format_bytes
-from memlens_app.layout import source_options
+from memlens_app import inputs
+from memlens_app.layout import CHECKPOINTING, OPTIMIZERS, PRECISIONS, source_options
 from memlens_app.library import DEFAULT_CONCURRENT_ANALYSES, Library
 from memlens_app.panels.budget import BudgetForm, budget_panel, budget_prefill, capacity_of
 from memlens_app.panels.common import alert, device_of, empty_figure
 from memlens_app.panels.compare import compare_panel, device_choices
-from memlens_app.panels.live import DEFAULT_GROUP_BY, live_panel, segments_panel
+from memlens_app.panels.live import DASHBOARD_GROUP_BYS, DEFAULT_GROUP_BY, live_panel, segments_panel
 from memlens_app.panels.overview import no_overview, overview
 from memlens_app.panels.ranks import (
     MIN_RANKS,
@@ -48,11 +54,28 @@ from memlens_app.panels.timeline import (
     window_of,
     window_text,
 )
-from memlens_app.panels.whatif import whatif_panel
+from memlens_app.panels.whatif import whatif_panel, whatif_request
+from memlens_app.session import client_gone_check, current_session
+from memlens_app.worker import AnalysisCrashed, JobAbandoned
 
 log = logging.getLogger("memlens.app")
 
 SNAPSHOT_PICKERS = ("source-picker", "device-picker")
+X_AXES = ("event", "time")
+FLAGS = ("flash",)
+
+
+def answer_error(error: Exception) -> None:
+    """The app's ``on_error``: a callback that raised answers with one line in the message area
+    (and leaves its outputs as they were) instead of an HTTP 500 with a traceback."""
+    if isinstance(error, inputs.BadInput):
+        message = f"Refused a request from the page: {error}"
+    elif isinstance(error, MemlensError):
+        message = str(error)
+    else:
+        log.error("a dashboard callback failed", exc_info=error)
+        message = "memlens failed to draw this (an internal error; see the server log)"
+    set_props("message", {"children": alert(message)})
 
 
 def register_callbacks(app: Dash, library: Library) -> None:
@@ -60,7 +83,7 @@ def register_callbacks(app: Dash, library: Library) -> None:
         if not source_id:
             raise PreventUpdate
         try:
-            return library.analysis(source_id)
+            return library.analysis(source_id, current_session())
         except MemlensError:
             # An upload gone from the server, or a file stopped by the analysis limits:
             # load_source shows why in the message area; the other panes stay as they are.
@@ -82,14 +105,17 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Input("upload-event", "data"),
         prevent_initial_call=True,
     )
-    def on_upload(event: dict[str, Any] | None) -> Any:
+    def on_upload(event_data: Any) -> Any:
+        event = inputs.upload_event(event_data)
         if not event:
             raise PreventUpdate
-        options = source_options(library)
+        session = current_session()
+        options = source_options(library, session)
         if event.get("error"):
-            return options, no_update, options, options, no_update, alert(str(event["error"]))
+            return options, no_update, options, options, no_update, alert(event["error"])
+        library.source(event["id"], session)  # only this session's own uploads (and public files)
         # An upload that completes a job's ranks (two or more loaded) shows that job side by side.
-        job = default_rank_sources(rank_sources(library.sources()), prefer=event["id"])
+        job = default_rank_sources(rank_sources(library.sources(session)), prefer=event["id"])
         return (options, event["id"], options, options, job if event["id"] in job else no_update,
                 alert(f"Loaded {event.get('name', 'the upload')}.", "ok"))
 
@@ -105,11 +131,12 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Input("source-picker", "value"),
         Input("device-picker", "value"),
     )
-    def load_source(source_id: str | None, device: int | None) -> Any:
+    def load_source(source_value: Any, device_value: Any) -> Any:
+        source_id, device = inputs.source_id(source_value), inputs.device(device_value)
         if not source_id:
             return no_overview(alert("Drop a snapshot above or pick one to begin.", "info")).outputs()
         try:
-            report = library.analysis(source_id).report
+            report = library.analysis(source_id, current_session()).report
         except MemlensError as exc:
             return no_overview(alert(str(exc))).outputs()
         return overview(report, device if ctx.triggered_id == "device-picker" else None).outputs()
@@ -127,9 +154,13 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Input("x-axis", "value"),
         State("view", "data"),
     )
-    def update_view(source_id: str | None, device: int | None, relayout: dict[str, Any] | None,
-                    clicks: list[int | None], click: dict[str, Any] | None, _reset: int, x_axis: str,
-                    view: dict[str, Any] | None) -> dict[str, Any]:
+    def update_view(source_value: Any, device_value: Any, relayout_value: Any, clicks_value: Any,
+                    click_value: Any, reset_value: Any, x_axis_value: Any, view_value: Any) -> dict[str, Any]:
+        source_id, device = inputs.source_id(source_value), inputs.device(device_value)
+        relayout, clicks = inputs.relayout(relayout_value), inputs.click_list(clicks_value)
+        click, x_axis = inputs.click_data(click_value), inputs.choice(x_axis_value, X_AXES, "event", "x axis")
+        view = inputs.view(view_value)
+        inputs.clicks(reset_value, "back to the peak")
         trigger = ctx.triggered_id
         if trigger is None or new_snapshot():
             return {}
@@ -143,7 +174,7 @@ def register_callbacks(app: Dash, library: Library) -> None:
             if not any(clicks):
                 raise PreventUpdate  # the cards were redrawn, not clicked
             zoomed = view_for_finding(analysis.device(device_id), len(analysis.trace(device_id)),
-                                      int(trigger["index"]))
+                                      inputs.index(trigger.get("index"), "finding"))
         elif any(p.endswith("clickData") for p in ctx.triggered_prop_ids):
             zoomed = view_with_marker(view, click)
         else:
@@ -160,12 +191,13 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Input("source-picker", "value"),
         Input("device-picker", "value"),
     )
-    def draw_timeline(view: dict[str, Any] | None, x_axis: str, source_id: str | None,
-                      device: int | None) -> go.Figure:
+    def draw_timeline(view_value: Any, x_axis_value: Any, source_value: Any, device_value: Any) -> go.Figure:
+        view, x_axis = inputs.view(view_value), inputs.choice(x_axis_value, X_AXES, "event", "x axis")
+        source_id, device = inputs.source_id(source_value), inputs.device(device_value)
         if not source_id:
             return empty_figure()
         try:
-            analysis = library.analysis(source_id)
+            analysis = library.analysis(source_id, current_session())
         except MemlensError:
             return empty_figure("This snapshot could not be loaded (see the message above).")
         if new_snapshot():
@@ -181,7 +213,8 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Input("device-picker", "value"),
         Input("view", "data"),
     )
-    def list_findings(source_id: str | None, device: int | None, view: dict[str, Any] | None) -> Any:
+    def list_findings(source_value: Any, device_value: Any, view_value: Any) -> Any:
+        source_id, device, view = inputs.source_id(source_value), inputs.device(device_value), inputs.view(view_value)
         analysis = analysis_of(source_id)
         device_id = device_of(analysis.report, device)
         window = None if new_snapshot() else window_of(view, len(analysis.trace(device_id)))
@@ -199,23 +232,24 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Input("view", "data"),
         Input("group-by", "value"),
     )
-    def draw_live(source_id: str | None, device: int | None, view: dict[str, Any] | None,
-                  group_by: str | None) -> Any:
+    def draw_live(source_value: Any, device_value: Any, view_value: Any, group_by_value: Any) -> Any:
+        source_id, device, view = inputs.source_id(source_value), inputs.device(device_value), inputs.view(view_value)
+        group_by = inputs.choice(group_by_value, DASHBOARD_GROUP_BYS, DEFAULT_GROUP_BY, "group by")
         analysis = analysis_of(source_id)
         device_id = device_of(analysis.report, device)
         view = {} if new_snapshot() else (view or {})
         return live_panel(analysis, device_id, marker=view.get("marker"),
                           window=window_of(view, len(analysis.trace(device_id))),
-                          group_by=group_by or DEFAULT_GROUP_BY).outputs()
+                          group_by=group_by).outputs()
 
     @app.callback(
         Output("segments", "figure"),
         Input("source-picker", "value"),
         Input("device-picker", "value"),
     )
-    def draw_segments(source_id: str | None, device: int | None) -> Any:
-        analysis = analysis_of(source_id)
-        return segments_panel(analysis, device_of(analysis.report, device))
+    def draw_segments(source_value: Any, device_value: Any) -> Any:
+        analysis = analysis_of(inputs.source_id(source_value))
+        return segments_panel(analysis, device_of(analysis.report, inputs.device(device_value)))
 
     # ------------------------------------------------------------- budget and what-if
 
@@ -229,9 +263,9 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Input("source-picker", "value"),
         State("device-picker", "value"),
     )
-    def prefill_budget(source_id: str | None, device: int | None) -> Any:
-        report = analysis_of(source_id).report
-        dr = report.devices[device_of(report, device)]
+    def prefill_budget(source_value: Any, device_value: Any) -> Any:
+        report = analysis_of(inputs.source_id(source_value)).report
+        dr = report.devices[device_of(report, inputs.device(device_value))]
         prefill = budget_prefill(report.sidecar, dr.categories_at_peak.get("parameters", 0))
         capacity = capacity_of(dr, report.sidecar)
         return (prefill.params or "",
@@ -262,19 +296,15 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Input("b-capacity", "value"),
         State("b-inferred", "data"),
     )
-    def draw_budget(source_id: str | None, device: int | None, params: str | None, hidden: int | None,
-                    layers: int | None, heads: int | None, vocab: int | None, precision: str, optimizer: str,
-                    batch: int | None, seq: int | None, accum: int | None, checkpointing: str,
-                    lora: int | None, flags: list[str] | None, capacity_text: str | None,
-                    inferred_params: str | None) -> Any:
+    def draw_budget(source_value: Any, device_value: Any, *fields: Any) -> Any:
+        source_id, device = inputs.source_id(source_value), inputs.device(device_value)
+        form = budget_form_of(*fields)
         try:
-            report = library.analysis(source_id).report if source_id else None
+            report = library.analysis(source_id, current_session()).report if source_id else None
         except MemlensError:
             report = None
         if report is None:
             return empty_figure(""), None
-        form = BudgetForm(params, hidden, layers, heads, vocab, precision, optimizer, batch, seq, accum,
-                          checkpointing, lora, tuple(flags or ()), capacity_text, inferred_params)
         return budget_panel(report.devices[device_of(report, device)], form)
 
     @app.callback(
@@ -286,10 +316,27 @@ def register_callbacks(app: Dash, library: Library) -> None:
         State("device-picker", "value"),
         prevent_initial_call=True,
     )
-    def run_whatif(_: int, extra_text: str | None, capacity_text: str | None, source_id: str | None,
-                   device: int | None) -> Any:
+    def run_whatif(clicks_value: Any, extra_value: Any, capacity_value: Any, source_value: Any,
+                   device_value: Any) -> Any:
+        inputs.clicks(clicks_value, "simulate")
+        extra_text, capacity_text = inputs.text(extra_value, "extra memory"), inputs.text(capacity_value, "capacity")
+        source_id, device = inputs.source_id(source_value), inputs.device(device_value)
+        session = current_session()
         analysis = analysis_of(source_id)
-        return whatif_panel(analysis, device_of(analysis.report, device), extra_text, capacity_text)
+        device_id = device_of(analysis.report, device)
+        try:
+            asked = whatif_request(analysis.device(device_id), extra_text, capacity_text)
+            answer = library.whatif(source_id or "", session, device_id, asked.capacity, asked.extra,
+                                    abandoned=client_gone_check())
+        except JobAbandoned as exc:
+            log.warning("%s", exc)  # nobody is left to read the answer: the server log says why
+            return alert(str(exc))
+        except MemlensError as exc:
+            return alert(str(exc))
+        except AnalysisCrashed as exc:
+            log.error("the what-if simulation failed:\n%s", exc)
+            return alert("memlens failed to simulate this run (an internal error; see the server log)")
+        return whatif_panel(answer, asked)
 
     # ------------------------------------------------------------- compare
 
@@ -298,11 +345,12 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Output("compare-device", "value"),
         Input("compare-picker", "value"),
     )
-    def compare_devices(source_id: str | None) -> Any:
+    def compare_devices(source_value: Any) -> Any:
+        source_id = inputs.source_id(source_value, "compare with")
         if not source_id:
             return [], None
         try:
-            return device_choices(library.analysis(source_id).report)
+            return device_choices(library.analysis(source_id, current_session()).report)
         except MemlensError:
             return [], None
 
@@ -315,12 +363,16 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Input("x-axis", "value"),
         State("compare-picker", "value"),
     )
-    def draw_compare(device_b: int | None, source_a: str | None, device_a: int | None, x_axis: str,
-                     source_b: str | None) -> Any:
+    def draw_compare(device_b_value: Any, source_a_value: Any, device_a_value: Any, x_axis_value: Any,
+                     source_b_value: Any) -> Any:
+        device_b, device_a = inputs.device(device_b_value, "its device"), inputs.device(device_a_value)
+        source_a, source_b = inputs.source_id(source_a_value), inputs.source_id(source_b_value, "compare with")
+        x_axis = inputs.choice(x_axis_value, X_AXES, "event", "x axis")
         if not source_a or not source_b:
             return empty_figure("Pick a second snapshot (another run or another rank) to compare."), None
+        session = current_session()
         try:
-            a, b = library.analysis(source_a).report, library.analysis(source_b).report
+            a, b = library.analysis(source_a, session).report, library.analysis(source_b, session).report
         except MemlensError as exc:
             return empty_figure(""), alert(str(exc))
         return compare_panel(a, b, device_a, device_b, x_axis)
@@ -329,16 +381,16 @@ def register_callbacks(app: Dash, library: Library) -> None:
 
     rows_by_source: dict[str, RankRow] = {}  # plain rows: kept after the analysis leaves the cache
 
-    def rank_row_of(source_id: str) -> RankRow:
-        if source_id in rows_by_source:
-            return rows_by_source[source_id]
+    def rank_row_of(source_id: str, session: str) -> RankRow:
         try:
-            source = library.source(source_id)
+            source = library.source(source_id, session)  # before the cache: rows are scoped too
         except MemlensError as exc:
             return failed_row(source_id, str(exc))
+        if source_id in rows_by_source:
+            return rows_by_source[source_id]
         name = rank_path(source)
         try:
-            row = rank_row(name, library.analysis(source_id).report)
+            row = rank_row(name, library.analysis(source_id, session).report)
         except MemlensError as exc:
             return failed_row(name, str(exc))  # not kept: the next look may succeed
         rows_by_source[source_id] = row
@@ -350,13 +402,14 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Output("ranks-verdicts", "children"),
         Input("ranks-picker", "value"),
     )
-    def draw_ranks(source_ids: list[str] | None) -> Any:
-        chosen = [s for s in source_ids or [] if s]
+    def draw_ranks(source_values: Any) -> Any:
+        chosen = inputs.source_ids(source_values, "ranks of one job")
         if len(chosen) < MIN_RANKS:
             return (empty_figure("Pick two or more snapshots of one job (its ranks) to see them side by side."),
                     None, None)
+        session = current_session()  # the pool's threads are outside the request
         with ThreadPoolExecutor(DEFAULT_CONCURRENT_ANALYSES) as pool:
-            rows = list(pool.map(rank_row_of, chosen))
+            rows = list(pool.map(lambda source_id: rank_row_of(source_id, session), chosen))
         return ranks_panel(rows, chosen).outputs()
 
     @app.callback(
@@ -365,8 +418,23 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Input("ranks-graph", "clickData"),
         prevent_initial_call=True,
     )
-    def open_rank(click: dict[str, Any] | None) -> Any:
-        source_id = source_of_click(click)
+    def open_rank(click_value: Any) -> Any:
+        source_id = source_of_click(inputs.click_data(click_value, "ranks click"))
         if source_id is None:
             raise PreventUpdate
         return source_id, "timeline"  # the clicked rank's own timeline and findings
+
+
+def budget_form_of(params: Any, hidden: Any, layers: Any, heads: Any, vocab: Any, precision: Any, optimizer: Any,
+                   batch: Any, seq: Any, accum: Any, checkpointing: Any, lora: Any, flags: Any, capacity: Any,
+                   inferred: Any) -> BudgetForm:
+    """The budget form's fields, each checked (what the counts and sizes mean is the panel's)."""
+    return BudgetForm(
+        inputs.text(params, "parameters"), inputs.number(hidden, "hidden size"), inputs.number(layers, "layers"),
+        inputs.number(heads, "attention heads"), inputs.number(vocab, "vocabulary"),
+        inputs.choice(precision, PRECISIONS, "bf16-mixed", "precision"),
+        inputs.choice(optimizer, OPTIMIZERS, "adamw", "optimizer"), inputs.number(batch, "micro-batch"),
+        inputs.number(seq, "sequence length"), inputs.number(accum, "gradient accumulation"),
+        inputs.choice(checkpointing, CHECKPOINTING, "none", "activation checkpointing"),
+        inputs.number(lora, "LoRA rank"), tuple(inputs.choices(flags, FLAGS, "flags")),
+        inputs.text(capacity, "capacity"), inputs.text(inferred, "inferred parameters"))

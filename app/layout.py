@@ -24,13 +24,14 @@ GROUP_BY_LABELS = {"category": "category (and stack)", "annotation": "annotation
                    "frame": "innermost frame", "stack": "whole stack"}
 
 
-def source_options(library: Library) -> list[dict[str, str]]:
+def source_options(library: Library, session: str | None) -> list[dict[str, str]]:
+    """The picker's choices for ``session``: the public files and its own uploads."""
     return [{"label": f"{s.name}  ({KIND_LABELS.get(s.kind, s.kind)})", "value": s.id}
-            for s in library.sources()]
+            for s in library.sources(session)]
 
 
-def default_source(library: Library) -> Source | None:
-    sources = library.sources()
+def default_source(library: Library, session: str | None) -> Source | None:
+    sources = library.sources(session)
     for kind in ("cli", "upload", "sample"):
         for source in sources:
             if source.kind == kind:
@@ -94,9 +95,17 @@ def budget_form() -> html.Div:
     ])
 
 
-def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
-    """The page; called per page load so the picker lists uploads made since the server started."""
-    first = default_source(library)
+def parallel_uploads(library: Library) -> int:
+    """Uploads the page sends at once: half the session's share of the workers, so that the
+    page's own analyses (another snapshot picked meanwhile) still find room in it."""
+    return max(1, library.queue.per_session // 2)
+
+
+def build_layout(library: Library, max_upload_bytes: int, session: str | None) -> html.Div:
+    """The page of browser session ``session``; called per page load so the picker lists the
+    uploads it made since the server started (and never another session's)."""
+    first = default_source(library, session)
+    options = source_options(library, session)
     return html.Div(className="page", children=[
         dcc.Store(id="upload-event"),
         dcc.Store(id="view", data={}),
@@ -107,7 +116,9 @@ def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
             ]),
         ]),
         html.Div(className="toolbar", children=[
-            html.Div(id="dropzone", className="dropzone", **data_attributes({"max-upload": str(max_upload_bytes)}),
+            html.Div(id="dropzone", className="dropzone",
+                     **data_attributes({"max-upload": str(max_upload_bytes),
+                                        "parallel-uploads": str(parallel_uploads(library))}),
                      children=[
                          html.Span("⇪", className="dropzone-icon"),
                          html.Div([html.B("Drop snapshot pickles here"), html.Br(),
@@ -115,7 +126,7 @@ def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
                                              className="muted")]),
                      ]),
             html.Div(className="pickers", children=[
-                _field("snapshot", dcc.Dropdown(id="source-picker", options=source_options(library),
+                _field("snapshot", dcc.Dropdown(id="source-picker", options=options,
                                                 value=first.id if first else None,
                                                 placeholder="Open a snapshot…", clearable=False)),
                 html.Div(className="picker-row", children=[
@@ -189,7 +200,7 @@ def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
                 html.Div(className="panel", children=[
                     html.Div(className="picker-row compare-row", children=[
                         _field("compare with", dcc.Dropdown(
-                            id="compare-picker", options=source_options(library),
+                            id="compare-picker", options=options,
                             placeholder="another snapshot or rank…")),
                         _field("its device", dcc.Dropdown(id="compare-device", clearable=False)),
                     ]),
@@ -200,8 +211,8 @@ def build_layout(library: Library, max_upload_bytes: int) -> html.Div:
             dcc.Tab(label="Ranks", value="ranks", children=[
                 html.Div(className="panel", children=[
                     _field("ranks of one job", dcc.Dropdown(
-                        id="ranks-picker", options=source_options(library), multi=True,
-                        value=default_rank_sources(rank_sources(library.sources())),
+                        id="ranks-picker", options=options, multi=True,
+                        value=default_rank_sources(rank_sources(library.sources(session))),
                         placeholder="pick the snapshots of each rank…")),
                     html.Div(id="ranks-verdicts", className="ranks-verdicts-area"),
                     dcc.Loading(dcc.Graph(id="ranks-graph"), type="dot"),

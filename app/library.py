@@ -7,7 +7,12 @@ private folder per server (``memlens-upload-<pid>-*``, mode 0700) that is delete
 server stops; within it, analysed uploads are evicted once they exceed a byte budget (those
 the page has already shown first, least recently used first), and an upload is never evicted
 before its first analysis has finished.
-Every analysis runs in a child process with time and memory limits (``memlens_app.worker``).
+Every analysis runs in a child process with time and memory limits (``memlens_app.worker``),
+when its browser session's turn comes (``memlens_app.scheduler``).
+
+Uploads belong to the browser session that made them (``memlens_app.session``): every lookup by
+id names the session asking, and another session's upload is answered as if it did not exist.
+Files named on the command line and the samples belong to nobody and are seen by everyone.
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ import hashlib
 import logging
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import threading
-import uuid
 from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +38,16 @@ from typing import Any
 from memlens.errors import MemlensError
 from memlens.files import process_alive
 from memlens.units import GiB
-from memlens_app.worker import AnalysisLimits, AnalysisStopped, WorkerGroup, analyse_in_worker
+from memlens_app.scheduler import DEFAULT_WAIT_S, FairQueue, QueueState, ServerBusy
+from memlens_app.session import SERVER_SESSION
+from memlens_app.worker import (
+    AnalysisLimits,
+    AnalysisStopped,
+    WhatIfAnswer,
+    WorkerGroup,
+    analyse_in_worker,
+    whatif_in_worker,
+)
 
 log = logging.getLogger("memlens.app")
 
@@ -59,6 +74,10 @@ class Source:
     path: str
     kind: str  # "cli" | "sample" | "upload"
     bytes: int = 0
+    owner: str | None = None  # the browser session of an upload; None: seen by everyone
+
+    def visible_to(self, session: str | None) -> bool:
+        return self.owner is None or self.owner == session
 
 
 def _release_memory() -> None:
@@ -97,6 +116,7 @@ class Library:
         upload_budget_bytes: int = DEFAULT_UPLOAD_BUDGET,
         concurrent_analyses: int = DEFAULT_CONCURRENT_ANALYSES,
         limits: AnalysisLimits | None = None,
+        queue: FairQueue | None = None,
     ) -> None:
         self.report_cache = max(1, report_cache)
         self.upload_budget_bytes = max(1, upload_budget_bytes)
@@ -105,7 +125,9 @@ class Library:
         self._reports: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.RLock()
         self._building: dict[str, threading.Lock] = {}
-        self._analysis_slots = threading.BoundedSemaphore(max(1, concurrent_analyses))
+        # The workers' turns, shared fairly by the browser sessions.
+        self.queue = queue or FairQueue(concurrent_analyses, wait_s=DEFAULT_WAIT_S)
+        self._uploading: Counter[str] = Counter()  # uploads in flight, by session
         self._workers = WorkerGroup()
         # Uploads in least-recently-used order; those not yet analysed once, or being
         # analysed now, are never evicted (their file is still needed).
@@ -154,9 +176,29 @@ class Library:
         files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(SNAPSHOT_SUFFIXES))
         return [self.add_path(p, kind) for p in files]
 
+    @contextlib.contextmanager
+    def upload_turn(self, session: str) -> Iterator[None]:
+        """Hold one of ``session``'s places while its upload streams in and is analysed: a session
+        has at most as many uploads in flight as it may have analyses queued (``ServerBusy``)."""
+        with self._lock:
+            if self._uploading[session] >= self.queue.per_session:
+                raise ServerBusy(f"busy: you already have {self._uploading[session]} uploads in progress "
+                                 f"(at most {self.queue.per_session} at once); try again when they are done")
+            self._uploading[session] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._uploading[session] -= 1
+                if self._uploading[session] <= 0:
+                    del self._uploading[session]
+
+    def queue_state(self, session: str) -> QueueState:
+        return self.queue.state(session)
+
     def new_upload_file(self, name: str) -> tuple[str, str]:
-        """A fresh upload id and the path to spool its body to, inside this server's folder."""
-        source_id = f"u-{uuid.uuid4().hex[:16]}"
+        """A fresh, unguessable upload id and the path to spool its body to, inside this server's folder."""
+        source_id = f"u-{secrets.token_urlsafe(18)}"
         with self._lock:
             if self._closed:
                 raise MemlensError("the server is shutting down: upload again once it is back")
@@ -166,9 +208,9 @@ class Library:
             # The id keeps names unique; the user's name stays readable in the folder.
             return source_id, os.path.join(self._upload_dir, f"{source_id}-{name}")
 
-    def add_upload(self, source_id: str, name: str, path: str, size: int) -> Source:
-        """Register a spooled upload; it is kept at least until its first analysis is over."""
-        source = Source(source_id, name, path, "upload", size)
+    def add_upload(self, source_id: str, name: str, path: str, size: int, owner: str) -> Source:
+        """Register a spooled upload of session ``owner``; kept at least until its first analysis is over."""
+        source = Source(source_id, name, path, "upload", size, owner)
         with self._lock:
             if self._closed:
                 _remove_file(path)
@@ -211,26 +253,30 @@ class Library:
         for source in evicted:
             _remove_file(source.path)
 
-    def source(self, source_id: str) -> Source:
+    def source(self, source_id: str, session: str | None = None) -> Source:
+        """The source ``source_id`` as ``session`` may see it (None: the public files only)."""
         with self._lock:
             found = self._sources.get(source_id)
-        if found is None:
+        if found is None or not found.visible_to(session):
+            # Another session's upload reads exactly like one that is gone: ids reveal nothing.
             raise MemlensError("this snapshot is no longer on the server (uploads are kept for a while "
                                "only): upload it again")
         return found
 
-    def sources(self) -> list[Source]:
+    def sources(self, session: str | None = None) -> list[Source]:
+        """The files ``session`` may open: the public ones and its own uploads (None: public only)."""
         with self._lock:
-            return list(self._sources.values())
+            return [s for s in self._sources.values() if s.visible_to(session)]
 
     # ----------------------------------------------------------------- reports
 
-    def analysis(self, source_id: str, *, showing: bool = True) -> Any:
-        """The analysis (report and snapshot) of a source, from the cache or analysed now (one
-        build per id).
+    def analysis(self, source_id: str, session: str | None = None, *, showing: bool = True) -> Any:
+        """The analysis (report and snapshot) of a source ``session`` may see, from the cache or
+        analysed now in ``session``'s turn (one build per id).
 
         ``showing=False``: the upload route's own first analysis, not the page asking to show it.
         """
+        self.source(source_id, session)  # another session's upload is not there for this one
         with self._lock:
             if showing:
                 self._unshown.discard(source_id)
@@ -244,10 +290,10 @@ class Library:
                     cached = self._cached(source_id)
                     if cached is not None:
                         return cached
-                    source = self.source(source_id)
+                    source = self.source(source_id, session)
                     self._busy[source_id] += 1
                 try:
-                    with self._analysis_slots:
+                    with self.queue.turn(session or SERVER_SESSION, f"the analysis of {source.name}"):
                         report = analyse_in_worker(source.path, uploaded=source.kind == "upload",
                                                    limits=self.limits, workers=self._workers)
                 except AnalysisStopped as exc:
@@ -263,6 +309,19 @@ class Library:
                 self._building.pop(source_id, None)
         self._evict_uploads()
         return report
+
+    def whatif(self, source_id: str, session: str | None, device: int, capacity: int | None, extra: int,
+               abandoned: Callable[[], bool] | None = None) -> WhatIfAnswer:
+        """The what-if replays of ``device`` (``memlens_app.worker.whatif_in_worker``), in the
+        analysis workers, in ``session``'s turn and under the analyses' limits."""
+        analysis = self.analysis(source_id, session)
+        source = self.source(source_id, session)
+        try:
+            with self.queue.turn(session or SERVER_SESSION, "the simulation"):
+                return whatif_in_worker(analysis.snapshot, device, capacity, extra, limits=self.limits,
+                                        workers=self._workers, abandoned=abandoned)
+        except AnalysisStopped as exc:
+            raise type(exc)(f"{source.name}: {exc}") from None
 
     def _cached(self, source_id: str) -> Any:
         """The cached report, marked as just used (caller holds the lock)."""

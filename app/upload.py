@@ -7,8 +7,11 @@ a body that grows past it (chunked uploads) is refused when it does. A body that
 (the client went away), stalls longer than ``idle_timeout_s`` between reads, or is still
 arriving at its deadline (``idle_timeout_s`` plus its size at ``MIN_UPLOAD_RATE``) is dropped
 with its partial file. The answer is JSON: ``{"id", "name", ...}`` on success, ``{"error"}``
-with status 400 (not a snapshot, hostile pickle, a limit of the analysis), 408, 413, 500 or
-507 (a declared size that the server's disk has no room for).
+with status 400 (not a snapshot, hostile pickle, a limit of the analysis), 408, 413, 500,
+503 (busy: the session already has its share of uploads or analyses in progress, or no worker
+came free in time; try again) or 507 (a declared size that the server's disk has no room for).
+
+The upload belongs to the browser session that sent it (``memlens_app.session``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from werkzeug.exceptions import ClientDisconnected
 from memlens.errors import MemlensError
 from memlens.units import GiB, KiB, format_bytes
 from memlens_app.library import Library
+from memlens_app.scheduler import ServerBusy
+from memlens_app.session import current_session
 from memlens_app.worker import AnalysisCrashed
 
 CHUNK_BYTES = 1 << 20
@@ -71,6 +76,20 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
         declared = request.content_length
         if declared is not None and declared > limits.max_bytes:
             return _error(413, _too_large_message(name, limits.max_bytes), close=True)
+        session = current_session()
+        try:
+            with library.upload_turn(session):
+                return _store_and_analyse(name, declared, session)
+        except ServerBusy as exc:
+            return _error(503, f"{name}: {exc}", close=True)
+
+    @server.route("/upload/queue", methods=["GET"])
+    def queue_state() -> Any:
+        """This session's own jobs at the workers, and how many wait in all (no one else's ids)."""
+        state = library.queue_state(current_session())
+        return jsonify(running=state.running, waiting=state.waiting, waiting_in_all=state.waiting_in_all)
+
+    def _store_and_analyse(name: str, declared: int | None, session: str) -> Any:
         try:
             source_id, path = library.new_upload_file(name)
         except MemlensError as exc:
@@ -95,11 +114,14 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
             return _error(400, f"{name}: the upload was empty")
 
         try:
-            library.add_upload(source_id, name, path, written)
+            library.add_upload(source_id, name, path, written, owner=session)
         except MemlensError as exc:
             return _error(503, str(exc))
         try:
-            report = library.analysis(source_id, showing=False).report
+            report = library.analysis(source_id, session, showing=False).report
+        except ServerBusy as exc:
+            library.forget(source_id)
+            return _error(503, f"{name}: {exc}")
         except MemlensError as exc:
             library.forget(source_id)
             return _error(400, str(exc).replace(path, name))

@@ -24,7 +24,9 @@ import os
 import resource
 import signal
 import threading
+import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -38,7 +40,8 @@ DEFAULT_ANALYSIS_TIMEOUT_S = 120.0
 # Modules the forkserver imports once, so that each forked child starts with them loaded.
 # memlens.cli.main too: a child re-runs the ``memlens`` console script (as __mp_main__), which
 # imports it.
-_PRELOAD = ["memlens", "memlens.analysis", "memlens.snapshot.reader", "memlens.cli.main", "memlens_app.worker"]
+_PRELOAD = ["memlens", "memlens.analysis", "memlens.snapshot.reader", "memlens.cli.main", "memlens_app.worker",
+            "memlens.allocator"]  # the what-if job's simulator
 _PR_SET_PDEATHSIG = 1
 # How long a killed child may take to be reaped before we stop waiting for it.
 _REAP_S = 10.0
@@ -66,6 +69,10 @@ class AnalysisLimits:
 
 class AnalysisStopped(MemlensError):
     """The analysis went past a limit and its process was stopped (the file, not a bug)."""
+
+
+class JobAbandoned(AnalysisStopped):
+    """The job was stopped because whoever asked for it has gone (its page closed the connection)."""
 
 
 class AnalysisCrashed(Exception):
@@ -124,18 +131,68 @@ def analyse_in_worker(path: str, *, uploaded: bool, limits: AnalysisLimits, work
     Raises ``MemlensError`` for a file memlens cannot read (the reader's own message),
     ``AnalysisStopped`` when a limit was hit, ``AnalysisCrashed`` for a bug in memlens.
     """
+    return run_job_in_worker(analyze_file, (path, uploaded), limits=limits, workers=workers)
+
+
+@dataclass(frozen=True)
+class WhatIfAnswer:
+    """The what-if replays, as plain dicts: the recorded run, it with expandable segments, and it
+    on a device with more memory (None when the capacity is unknown)."""
+
+    recorded: dict[str, Any]
+    expandable: dict[str, Any]
+    more_memory: dict[str, Any] | None
+    notes: tuple[str, ...]
+
+
+def whatif_in_worker(snapshot: Any, device: int, capacity: int | None, extra: int, *, limits: AnalysisLimits,
+                     workers: WorkerGroup, abandoned: Callable[[], bool] | None = None) -> WhatIfAnswer:
+    """Replay ``device`` of ``snapshot`` through the allocator simulator in a child process, under
+    the same limits as an analysis (a replay is as long as the trace, and a crafted trace can
+    make the simulator slow): with expandable segments, and with ``extra`` more bytes than
+    ``capacity`` when it is known. Stopped early when ``abandoned()`` turns true (the page that
+    asked has gone)."""
+    return run_job_in_worker(whatif_job, (snapshot, device, capacity, extra), limits=limits, workers=workers,
+                             abandoned=abandoned, what="simulation")
+
+
+def whatif_job(snapshot: Any, device: int, capacity: int | None, extra: int) -> WhatIfAnswer:
+    """What the what-if child runs."""
+    from memlens.allocator import AllocatorSettings, whatif
+
+    recorded_settings = AllocatorSettings.from_snapshot_dict(snapshot.allocator_settings)
+    expandable = whatif(snapshot, AllocatorSettings(expandable_segments=True), capacity=capacity, device=device)
+    more = None
+    if capacity:
+        more = whatif(snapshot, recorded_settings, capacity=capacity + extra, device=device).simulated
+    return WhatIfAnswer(dict(expandable.recorded), dict(expandable.simulated), more, tuple(expandable.notes))
+
+
+# How often a waiting job checks whether whoever asked for it is still there.
+_ABANDON_POLL_S = 0.5
+
+
+def run_job_in_worker(job: Callable[..., Any], job_args: tuple[Any, ...], *, limits: AnalysisLimits,
+                      workers: WorkerGroup, abandoned: Callable[[], bool] | None = None,
+                      what: str = "analysis") -> Any:
+    """``job(*job_args)`` (a module-level function) in a limited child process; what it returned.
+
+    Errors as for ``analyse_in_worker``; ``AnalysisStopped`` also when ``abandoned()`` turns true.
+    """
     context = _forkserver()
     receiver, sender = context.Pipe(duplex=False)
     memory = limits.memory_limit()
-    process = context.Process(target=_child_main, args=(sender, path, uploaded, memory, limits.timeout_s),
-                              name="memlens-analysis", daemon=True)
+    process = context.Process(target=_child_main, args=(sender, job, job_args, memory, limits.timeout_s),
+                              name=f"memlens-{what}", daemon=True)
     try:
         if not workers.add(process):
-            raise AnalysisStopped("analysis stopped: the server is shutting down")
+            raise AnalysisStopped(f"{what} stopped: the server is shutting down")
         process.start()
         sender.close()  # the child holds the only writer: EOF on the pipe means it is gone
-        if not receiver.poll(limits.timeout_s):
-            raise AnalysisStopped(f"analysis stopped: took over {_seconds(limits.timeout_s)}")
+        if not _wait_for_answer(receiver, limits.timeout_s, abandoned):
+            if abandoned is not None and abandoned():
+                raise JobAbandoned(f"{what} stopped: the page that asked for it has gone")
+            raise AnalysisStopped(f"{what} stopped: took over {_seconds(limits.timeout_s)}")
         try:
             outcome, detail = receiver.recv()
         except (EOFError, OSError):
@@ -150,17 +207,32 @@ def analyse_in_worker(path: str, *, uploaded: bool, limits: AnalysisLimits, work
     if outcome == "error":
         raise MemlensError(detail)
     if outcome == "memory":
-        raise AnalysisStopped(f"analysis stopped: needed over {format_bytes(memory)}")
+        raise AnalysisStopped(f"{what} stopped: needed over {format_bytes(memory)}")
     if outcome == "died":
         code = process.exitcode
         if workers.closed:
-            raise AnalysisStopped("analysis stopped: the server is shutting down")
+            raise AnalysisStopped(f"{what} stopped: the server is shutting down")
         if code == -signal.SIGXCPU:  # the CPU-time backstop, reached before our deadline
-            raise AnalysisStopped(f"analysis stopped: took over {_seconds(limits.timeout_s)}")
+            raise AnalysisStopped(f"{what} stopped: took over {_seconds(limits.timeout_s)}")
         if code == -signal.SIGKILL:  # not ours (those are handled above): the OOM killer
-            raise AnalysisStopped("analysis stopped: the analysis process was killed (out of memory?)")
-        raise AnalysisCrashed(f"the analysis process exited with code {code}")
+            raise AnalysisStopped(f"{what} stopped: the {what} process was killed (out of memory?)")
+        raise AnalysisCrashed(f"the {what} process exited with code {code}")
     raise AnalysisCrashed(str(detail))
+
+
+def _wait_for_answer(receiver: Connection, timeout_s: float, abandoned: Callable[[], bool] | None) -> bool:
+    """Whether the child answered (or died) within ``timeout_s``; False early once abandoned."""
+    if abandoned is None:
+        return bool(receiver.poll(timeout_s))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if receiver.poll(min(left, _ABANDON_POLL_S)):
+            return True
+        if abandoned():
+            return False
 
 
 def _seconds(value: float) -> str:
@@ -204,8 +276,9 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _child_main(sender: Connection, path: str, uploaded: bool, memory_bytes: int, timeout_s: float) -> None:
-    """Runs in the child: cap the address space, analyse, send back one (outcome, detail) pair."""
+def _child_main(sender: Connection, job: Callable[..., Any], job_args: tuple[Any, ...], memory_bytes: int,
+                timeout_s: float) -> None:
+    """Runs in the child: cap the address space, run the job, send back one (outcome, detail) pair."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     # Backstops for a server that dies without killing us (SIGKILL, OOM killer): the kernel
     # kills this child when the forkserver exits (it does when the server goes), and when its
@@ -216,7 +289,7 @@ def _child_main(sender: Connection, path: str, uploaded: bool, memory_bytes: int
     # Ctrl-C in the terminal reaches the whole process group; the server decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        message: tuple[str, Any] = ("ok", analyze_file(path, uploaded=uploaded))
+        message: tuple[str, Any] = ("ok", job(*job_args))
     except MemoryError:
         message = ("memory", None)
     except MemlensError as exc:

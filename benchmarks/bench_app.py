@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psutil
 import requests
@@ -152,8 +153,9 @@ def concurrent_uploads(path: str, count: int) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def timeline_callback(url: str, source_id: str) -> requests.Response:
-    """The request the page makes to draw the timeline (what ``draw_timeline`` answers)."""
+def timeline_callback(url: str, source_id: str, cookies: Any) -> requests.Response:
+    """The request the page makes to draw the timeline (what ``draw_timeline`` answers), from the
+    browser session (``cookies``) that uploaded it: another session would not see the upload."""
     payload = {
         "output": "timeline.figure",
         "outputs": {"id": "timeline", "property": "figure"},
@@ -163,7 +165,7 @@ def timeline_callback(url: str, source_id: str) -> requests.Response:
                   {"id": "device-picker", "property": "value", "value": None}],
         "changedPropIds": ["view.data"],
     }
-    response = requests.post(url + "/_dash-update-component", json=payload, timeout=600)
+    response = requests.post(url + "/_dash-update-component", json=payload, cookies=cookies, timeout=600)
     response.raise_for_status()
     return response
 
@@ -174,7 +176,7 @@ def app_round_trip(url: str, path: str) -> tuple[float, float, float, bytes]:
         upload = requests.post(url + "/upload", params={"name": os.path.basename(path)}, data=handle, timeout=600)
     upload.raise_for_status()
     uploaded = time.perf_counter()
-    figure = timeline_callback(url, upload.json()["id"])
+    figure = timeline_callback(url, upload.json()["id"], upload.cookies)
     done = time.perf_counter()
     return done - started, uploaded - started, done - uploaded, figure.content
 

@@ -4,11 +4,17 @@
  * handed to Dash through dash_clientside.set_props on the "upload-event" store, which the
  * Python callbacks listen to. Dash renders the page after this script runs, so all listeners
  * are delegated from the document.
+ *
+ * The server gives each browser session a share of its workers (data-parallel-uploads on the
+ * drop zone): a drop of many files (the ranks of a job) is sent that many at a time, the rest
+ * waiting in the page, rather than all at once and the excess answered "busy".
  */
 (function () {
   "use strict";
 
   var nonce = 0;
+  var waiting = [];
+  var sending = 0;
 
   function zone() { return document.getElementById("dropzone"); }
 
@@ -16,6 +22,12 @@
     var el = zone();
     var value = el ? Number(el.getAttribute("data-max-upload")) : NaN;
     return isFinite(value) && value > 0 ? value : Infinity;
+  }
+
+  function parallelUploads() {
+    var el = zone();
+    var value = el ? Number(el.getAttribute("data-parallel-uploads")) : NaN;
+    return isFinite(value) && value >= 1 ? value : 1;
   }
 
   function human(bytes) {
@@ -62,6 +74,14 @@
     }
   }
 
+  function sendNext() {
+    while (sending < parallelUploads() && waiting.length > 0) {
+      var next = waiting.shift();
+      sending += 1;
+      send(next.file, next.ui, function () { sending -= 1; sendNext(); });
+    }
+  }
+
   function upload(file) {
     var ui = progressRow(file.name);
     if (file.size > limitBytes()) {
@@ -71,6 +91,11 @@
       notify({ error: message, name: file.name });
       return;
     }
+    waiting.push({ file: file, ui: ui });
+    sendNext();
+  }
+
+  function send(file, ui, done) {
     var xhr = new XMLHttpRequest();
     xhr.open("POST", "upload?name=" + encodeURIComponent(file.name));
     xhr.setRequestHeader("Content-Type", "application/octet-stream");
@@ -84,6 +109,7 @@
       ui.bar.removeAttribute("value");  // indeterminate while the server analyses
       ui.status.textContent = "analysing…";
     };
+    xhr.onloadend = done;
     xhr.onload = function () {
       var body = {};
       try { body = JSON.parse(xhr.responseText); } catch (e) { body = {}; }

@@ -9,6 +9,7 @@ from dash import html
 
 from memlens import figures, units
 from memlens.analysis.report import Report
+from memlens.errors import MemlensUsageError
 
 NO_VALUE = "–"  # what a card shows before a snapshot is open
 
@@ -32,11 +33,19 @@ def device_of(report: Report, device: int | None) -> int:
     return device if device is not None and device in report.devices else figures.primary_device(report)
 
 
+# The most parameters a model typed into the form may have: a thousand times today's largest
+# (a count like 1e308 would overflow every float the budget is drawn with).
+MAX_PARAMETER_COUNT = 10**15
+
+
 def parse_count(text: str | None) -> int | None:
     """``"7B"`` -> 7_000_000_000, ``"124M"``, ``"1.3e9"``; blank -> None."""
     if text is None or not str(text).strip():
         return None
-    return units.parse_count(str(text))
+    count = units.parse_count(str(text))
+    if count > MAX_PARAMETER_COUNT:
+        raise MemlensUsageError(f"{text!r} is more parameters than memlens budgets for (at most 1e15)")
+    return count
 
 
 def as_int(value: Any) -> int | None:

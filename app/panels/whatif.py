@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from dash import html
 
-from memlens.analysis import Analysis
-from memlens.errors import MemlensError
+from memlens.analysis.report import DeviceReport
 from memlens.units import format_bytes, parse_bytes
-from memlens_app.panels.common import alert
+from memlens_app.worker import WhatIfAnswer
 
 WHATIF_ROWS = (
     ("peak reserved", "peak_reserved_bytes", True),
@@ -20,27 +20,31 @@ WHATIF_ROWS = (
 )
 
 
-def whatif_panel(analysis: Analysis, device: int, extra_text: str | None, capacity_text: str | None) -> Any:
-    """The recorded run against expandable segments, and (when the capacity is known) against a
-    device with ``extra_text`` more memory, as a table."""
-    from memlens.allocator import AllocatorSettings, whatif
+@dataclass(frozen=True)
+class WhatIfRequest:
+    """What the what-if replays are asked for: the device's capacity (None: unknown) and the extra bytes."""
 
-    dr = analysis.device(device)
-    try:
-        extra = parse_bytes(extra_text or "0")
-        capacity = dr.capacity_bytes or (parse_bytes(capacity_text) if capacity_text else None)
-        recorded_settings = AllocatorSettings.from_snapshot_dict(analysis.snapshot.allocator_settings)
-        expandable = whatif(analysis.snapshot, AllocatorSettings(expandable_segments=True),
-                            capacity=capacity, device=device)
-        more = None
-        if capacity:
-            more = whatif(analysis.snapshot, recorded_settings, capacity=capacity + extra, device=device)
-    except MemlensError as exc:
-        return alert(str(exc))
-    columns = [("recorded", expandable.recorded), ("expandable_segments", expandable.simulated)]
-    notes = list(expandable.notes)
-    if more is not None and capacity:
-        columns.append((f"{format_bytes(capacity + extra)} device (+{format_bytes(extra)})", more.simulated))
+    capacity: int | None
+    extra: int
+
+
+def whatif_request(device: DeviceReport, extra_text: str | None, capacity_text: str | None) -> WhatIfRequest:
+    """The form's fields read (``MemlensError`` with the reason for a size that does not parse):
+    the recorded capacity when the file has one, else the budget form's."""
+    extra = parse_bytes(extra_text or "0")
+    capacity = device.capacity_bytes or (parse_bytes(capacity_text) if capacity_text else None)
+    return WhatIfRequest(capacity, extra)
+
+
+def whatif_panel(answer: WhatIfAnswer, asked: WhatIfRequest) -> html.Div:
+    """The recorded run against expandable segments, and (when the capacity is known) against a
+    device with ``asked.extra`` more memory, as a table. The replays themselves run in the
+    analysis workers (``Library.whatif``), never in the server."""
+    columns = [("recorded", answer.recorded), ("expandable_segments", answer.expandable)]
+    notes = list(answer.notes)
+    if answer.more_memory is not None and asked.capacity:
+        columns.append((f"{format_bytes(asked.capacity + asked.extra)} device (+{format_bytes(asked.extra)})",
+                        answer.more_memory))
     else:
         notes.append("The device capacity is unknown: enter it in the budget form to simulate more memory.")
     return whatif_table(columns, notes)

@@ -3,9 +3,11 @@
 Serves on 127.0.0.1 only unless --host says otherwise (the app reads uploaded files: expose it
 deliberately). SNAPSHOT files given here are checked with the safe reader before the server
 starts; they and the bundled samples are listed in the picker; more can be dragged onto the
-page (streamed to a temporary file, at most --max-upload each). Every file is analysed in a
-child process that is stopped past --analysis-timeout or --analysis-memory, so one hostile
-file cannot hold up the other users.
+page (streamed to a temporary file, at most --max-upload each) and are seen only by the
+browser session that uploaded them. Every file is analysed in a child process that is stopped
+past --analysis-timeout or --analysis-memory, so one hostile file cannot hold up the other
+users; the workers are shared fairly by the browser sessions, and a job that finds no free
+worker within --queue-timeout is answered "busy, try again".
 
 The server is werkzeug's threaded WSGI server (a thread per connection), bound here rather
 than through ``Dash.run`` so that ``--port 0`` prints the port the OS chose.
@@ -44,8 +46,12 @@ from memlens.units import format_bytes, parse_bytes
               help="Address space one analysis may use before it is stopped  [default: half the RAM].")
 @click.option("--upload-timeout", default=60.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds an upload may stall before it is dropped (its partial file deleted).")
+@click.option("--queue-timeout", default=120.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds an analysis or simulation may wait for a free worker before it is answered "
+                   "'busy, try again'.")
 def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, report_cache: int,
-          samples: bool, analysis_timeout: float, analysis_memory: int | None, upload_timeout: float) -> None:
+          samples: bool, analysis_timeout: float, analysis_memory: int | None, upload_timeout: float,
+          queue_timeout: float) -> None:
     """Open the interactive dashboard in your browser: timeline, findings, budget, what-if, compare.
 
     Serves on 127.0.0.1 only unless --host says otherwise. SNAPSHOT files given here, and the
@@ -66,7 +72,7 @@ def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, re
     app = create_app(snapshots, sample_dir=DEFAULT_SAMPLE_DIR if samples else None,
                      max_upload_bytes=max_upload_bytes, report_cache=report_cache,
                      analysis_limits=AnalysisLimits(analysis_timeout, analysis_memory),
-                     upload_idle_timeout_s=upload_timeout)
+                     upload_idle_timeout_s=upload_timeout, queue_timeout_s=queue_timeout)
     library = app.server.config["MEMLENS_LIBRARY"]
     # SIGTERM leaves like Ctrl-C from here on; closing the library then kills running analyses
     # and deletes the upload folder, in-flight uploads included.

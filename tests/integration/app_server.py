@@ -15,8 +15,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import requests
+
+from memlens_app.session import COOKIE
 
 # Bounds for the helpers' waiting loops: far beyond what a healthy server needs, only there
 # so that a broken one fails the test instead of hanging it (pytest-timeout is the real bound).
@@ -82,10 +85,26 @@ class ServeProcess:
             self.process.stdout.close()
         return int(self.process.returncode)
 
-    def upload(self, path: Path, name: str | None = None, timeout: float = 300) -> requests.Response:
+    def upload(self, path: Path, name: str | None = None, timeout: float = 300,
+               cookies: Any = None) -> requests.Response:
+        """POST ``path`` as an upload: from a new browser session, or the one ``cookies`` holds."""
         with open(path, "rb") as handle:
             return requests.post(f"{self.url}/upload", params={"name": name or path.name}, data=handle,
-                                 timeout=timeout)
+                                 cookies=cookies, timeout=timeout)
+
+    def new_session(self) -> Any:
+        """The cookies of a new browser session (its first page load)."""
+        response = requests.get(self.url + "/", timeout=30)
+        assert COOKIE in response.cookies, "the server issued no session cookie"
+        return response.cookies
+
+
+def client_session(client: Any) -> str:
+    """The browser session a Flask test client is given on its first page load."""
+    client.get("/")
+    cookie = client.get_cookie(COOKIE)
+    assert cookie is not None, "the server issued no session cookie"
+    return str(cookie.value.rpartition(".")[0])
 
 
 def upload_files(tmp_path: Path) -> list[Path]:

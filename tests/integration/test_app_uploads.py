@@ -29,11 +29,13 @@ from memlens.synthetic import synthetic_snapshot, write_pickle
 from memlens_app import upload as upload_module
 from memlens_app.library import Library, remove_stale_upload_dirs
 from memlens_app.main import create_app
+from memlens_app.session import COOKIE
 from memlens_app.worker import AnalysisLimits, AnalysisStopped, WorkerGroup, analyse_in_worker
 from tests.conftest import REAL_SNAPSHOTS_DIR, REAL_SNAPSHOTS_MISSING, SAMPLE_SNAPSHOTS_DIR
 from tests.hostile_files import CORPUS
 from tests.integration.app_server import (
     ServeProcess,
+    client_session,
     hash_bomb_pickle,
     raw_request,
     read_response,
@@ -48,7 +50,8 @@ PARALLEL_UPLOADS = 50
 # Short limits so that the hostile files and slow uploads are stopped quickly.
 ANALYSIS_TIMEOUT_S = 5
 UPLOAD_IDLE_S = 2
-SERVER_ARGS = ("--analysis-timeout", str(ANALYSIS_TIMEOUT_S), "--analysis-memory", "2GiB",
+# The queue's wait is generous: 50 uploads at once take their turns at 2 workers.
+SERVER_ARGS = ("--analysis-timeout", str(ANALYSIS_TIMEOUT_S), "--queue-timeout", "300", "--analysis-memory", "2GiB",
                "--upload-timeout", str(UPLOAD_IDLE_S), "--max-upload", "64MiB", "--cache", "3")
 
 
@@ -89,17 +92,19 @@ def test_fifty_parallel_uploads_of_one_real_snapshot_all_succeed(served: ServePr
     assert not failures, failures
     bodies = [r.json() for r in responses]
     assert len({b["id"] for b in bodies}) == PARALLEL_UPLOADS
+    # Each upload came without a cookie: 50 visitors, each given a session of their own.
+    assert len({r.cookies.get(COOKIE) for r in responses}) == PARALLEL_UPLOADS
     # All analysed, and alike: the same file gives the same report every time.
     assert {(b["events"], b["findings"]) for b in bodies} == {(bodies[0]["events"], bodies[0]["findings"])}
     assert bodies[0]["events"] > 0
     # The first upload's report was pushed out of the 3-report cache long ago: it is analysed
     # again from its file, which the upload list kept.
-    status = _load_source(served.url, bodies[0]["id"])
+    status = _load_source(served.url, bodies[0]["id"], responses[0].cookies)
     assert "no longer on the server" not in json.dumps(status)
     assert status["card-events"]["children"][0] == f"{bodies[0]['events']:,}"
 
 
-def _load_source(url: str, source_id: str) -> dict[str, Any]:
+def _load_source(url: str, source_id: str, cookies: Any) -> dict[str, Any]:
     """What the page's ``load_source`` callback answers for ``source_id`` (headline cards)."""
     outputs = [("device-picker", "options"), ("device-picker", "value"), ("message", "children"),
                ("card-peak", "children"), ("card-reserved", "children"), ("card-capacity", "children"),
@@ -111,7 +116,7 @@ def _load_source(url: str, source_id: str) -> dict[str, Any]:
                    {"id": "device-picker", "property": "value", "value": None}],
         "changedPropIds": ["source-picker.value"],
     }
-    response = requests.post(url + "/_dash-update-component", json=payload, timeout=120)
+    response = requests.post(url + "/_dash-update-component", json=payload, cookies=cookies, timeout=120)
     response.raise_for_status()
     return dict(response.json()["response"])
 
@@ -419,33 +424,34 @@ def test_uploads_over_the_byte_budget_evict_shown_ones_first_never_unanalysed_on
     size = sample.stat().st_size
     library = Library(report_cache=1, upload_budget_bytes=int(3.5 * size))
     app = create_app([], sample_dir=None, library=library)
+    client = app.server.test_client()
+    session = client_session(client)  # the uploads are this page's own
     try:
         ids = {}
 
         def upload(name: str) -> str:
             source_id, path = library.new_upload_file(name)
             shutil.copyfile(sample, path)
-            library.add_upload(source_id, name, path, size)
+            library.add_upload(source_id, name, path, size, owner=session)
             ids[name] = source_id
             return source_id
 
         upload("waiting.pickle")  # the oldest, and never analysed: it must stay
-        library.analysis(upload("older.pickle"), showing=False)  # analysed at upload, never shown
-        library.analysis(upload("shown.pickle"), showing=False)
-        library.analysis(ids["shown.pickle"])  # the page showed it
-        assert len(library.sources()) == 3  # within the budget of 3.5 files
-        library.analysis(upload("newest.pickle"), showing=False)
+        library.analysis(upload("older.pickle"), session, showing=False)  # analysed at upload, never shown
+        library.analysis(upload("shown.pickle"), session, showing=False)
+        library.analysis(ids["shown.pickle"], session)  # the page showed it
+        assert len(library.sources(session)) == 3  # within the budget of 3.5 files
+        library.analysis(upload("newest.pickle"), session, showing=False)
         # 4 files: the shown one goes first, although "older" was used less recently.
-        assert {s.name for s in library.sources()} == {"waiting.pickle", "older.pickle", "newest.pickle"}
+        assert {s.name for s in library.sources(session)} == {"waiting.pickle", "older.pickle", "newest.pickle"}
         library.upload_budget_bytes = int(1.5 * size)
-        library.analysis(upload("last.pickle"), showing=False)
+        library.analysis(upload("last.pickle"), session, showing=False)
         # Then the unshown ones, least recently used first, down to the budget; the one not
         # analysed yet stays although it is the oldest.
-        assert {s.name for s in library.sources()} == {"waiting.pickle"}
+        assert {s.name for s in library.sources(session)} == {"waiting.pickle"}
         assert os.listdir(library.upload_dir) == [f"{ids['waiting.pickle']}-waiting.pickle"]
 
         # The page asks for the evicted one: a message, not an error in every pane.
-        client = app.server.test_client()
         _, status = _dash_call(client, [("device-picker", "options"), ("device-picker", "value"),
                                         ("message", "children"), ("card-peak", "children"),
                                         ("card-reserved", "children"), ("card-capacity", "children"),
