@@ -178,7 +178,7 @@ def _per_stack(facts: StackFacts, label_of_stack: Callable[[list[Frame]], str]) 
     """One label per stack id (``label_of_stack(frames)``), plus the slot for stack id -1 (no
     stack) at the end."""
     table = facts.table
-    values = [label_of_stack(table.frames_of(sid)) for sid in range(len(table.stacks))]
+    values = [label_of_stack(table.innermost(sid)) for sid in range(len(table.stacks))]
     values.append(NO_STACK)
     return _label_table(values)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -85,6 +85,9 @@ class StackFacts:
     backward: npt.NDArray[np.bool_]
     # Any frame called "backward" (custom autograd.Function, Lightning, ...): weaker evidence.
     backward_named: npt.NDArray[np.bool_]
+    # frames_for_display per stack id: top_stacks, diff and the lenses ask for the same stacks
+    # again and again (per step, per finding), and a stack's frames are read once.
+    _display: dict[int, list[str]] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def build(cls, table: StackTable) -> StackFacts:
@@ -100,14 +103,18 @@ class StackFacts:
         )
 
     def frames_for_display(self, stack_id: int) -> list[str]:
-        """Python frames, innermost first; torch-internal ones dropped when user frames exist."""
-        frames = self.table.frames_of(stack_id)
-        python = [f for f in frames if is_python_frame(f)]
-        user = [f for f in python if not _INTERNAL_FILE.search(f.filename)]
-        chosen = user or python or [
-            f for f in frames if f.filename not in ("??", "") and not _CPP_NOISE.search(f.name)
-        ]
-        return [str(f) for f in chosen[:MAX_FRAMES_PER_STACK]]
+        """Python frames, innermost first; torch-internal ones dropped when user frames exist
+        (among the stack's innermost ``MAX_FRAMES_EXAMINED``). A new list each call."""
+        shown = self._display.get(stack_id)
+        if shown is None:
+            frames = self.table.innermost(stack_id)
+            python = [f for f in frames if is_python_frame(f)]
+            user = [f for f in python if not _INTERNAL_FILE.search(f.filename)]
+            chosen = user or python or [
+                f for f in frames if f.filename not in ("??", "") and not _CPP_NOISE.search(f.name)
+            ]
+            shown = self._display[stack_id] = [str(f) for f in chosen[:MAX_FRAMES_PER_STACK]]
+        return list(shown)
 
     def top_stacks(
         self, stack_ids: npt.NDArray[np.int32], sizes: npt.NDArray[np.int64], limit: int

@@ -111,6 +111,18 @@ def test_many_steps_and_streams_are_analysed_in_linear_time(tmp_path: Path) -> N
 
 
 @pytest.mark.timeout(300)
+def test_rows_sharing_a_deep_stack_cost_the_stack_once(tmp_path: Path) -> None:
+    """Release runs and allocations sharing one 100,000-frame stack: triage and whatif (in
+    check_class), then diff and the HTML export, each in the subprocess's 50 s."""
+    check_class("shared deep stacks", tmp_path)
+    releases, allocations = tmp_path / "release_runs.pickle", tmp_path / "allocations.pickle"
+    compared = memlens("diff", str(releases), str(allocations))
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    exported = memlens("export", str(allocations), "-o", str(tmp_path / "report.html"))
+    assert exported.returncode == 0, exported.stderr[-2000:]
+
+
+@pytest.mark.timeout(300)
 def test_many_devices_are_refused_or_analysed_in_linear_time(tmp_path: Path) -> None:
     check_class("many devices", tmp_path)
 
