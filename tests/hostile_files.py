@@ -408,6 +408,16 @@ def allocations_sharing_a_deep_stack(count: int = 50_000, depth: int = 100_000) 
     return dumps({"segments": [], "device_traces": [trace]})
 
 
+def one_allocation_beyond_80_gib(size: int = 95 << 30) -> bytes:
+    """One 95 GiB tensor under expandable_segments, no capacity known: the replay reserved the
+    address space of an assumed 80 GiB device and asserted (the dashboard's what-if: HTTP 500)."""
+    base = 0x7000_0000_0000
+    raw = snapshot(segments=[], device_traces=[[entry("segment_map", base, size + (2 << 20)),
+                                                entry("alloc", base, size)]])
+    raw["allocator_settings"]["expandable_segments"] = True
+    return dumps(raw)
+
+
 # Attack class -> name -> builder. "accept": a correct analysis is the right answer
 # (the file is odd but real-shaped); every other file must be refused with one line.
 CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
@@ -444,6 +454,7 @@ CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
         "address 2**64": address_2_64,
         "LONG4": huge_long4_integer,
         "memo index": huge_memo_index,
+        "95 GiB expandable": one_allocation_beyond_80_gib,
     },
     "huge strings": {
         "frame name": huge_frame_name,
@@ -469,6 +480,7 @@ ACCEPTED = {
     ("huge strings", "frame name"), ("huge strings", "long stacks"),
     ("deep nesting", "unknown key"), ("deep nesting", "self reference"), ("deep nesting", "allocator_settings"),
     ("many devices", "at the cap"),
+    ("types and numbers", "95 GiB expandable"),
     ("shared deep stacks", "release runs"), ("shared deep stacks", "allocations"),
     ("many steps and streams", "unclosed scopes"), ("many steps and streams", "identical steps"),
     ("many steps and streams", "one stream per allocation"),

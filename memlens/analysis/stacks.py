@@ -76,6 +76,22 @@ def reduce_per_stack(table: StackTable, frame_flag: npt.NDArray[np.bool_]) -> np
     return out
 
 
+def min_per_stack(table: StackTable, frame_value: npt.NDArray[np.int32], empty: int) -> npt.NDArray[np.int32]:
+    """Per stack: the smallest value of its frames (``empty`` for a stack without frames), +1
+    slot (for stack id -1) holding ``empty``. One pass over the frames of the distinct stacks."""
+    out = np.full(len(table.stacks) + 1, empty, dtype=np.int32)
+    if not table.stacks:
+        return out
+    lengths = np.fromiter(map(len, table.stacks), dtype=np.int64, count=len(table.stacks))
+    flat = np.fromiter(itertools.chain.from_iterable(table.stacks), dtype=np.int64, count=int(lengths.sum()))
+    if not flat.size:
+        return out
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    filled = lengths > 0  # (the reader never makes an empty stack; reduceat needs distinct starts)
+    out[:-1][filled] = np.minimum.reduceat(frame_value[flat], starts[filled])
+    return out
+
+
 @dataclass
 class StackFacts:
     """Lookup arrays indexed by ``stack_id`` (index -1 is the "no stack" slot)."""
