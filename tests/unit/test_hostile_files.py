@@ -15,6 +15,7 @@ import pytest
 from tests.hostile_files import ACCEPTED, CORPUS, dumps, entry, snapshot
 
 MEMORY_LIMIT = 2 << 30
+OUTPUT_LIMIT = 2 << 30
 REPO = Path(__file__).resolve().parents[2]
 
 # What the one line must say for each refused file (a word or two of the problem).
@@ -49,6 +50,11 @@ EXPECTED = {
 
 def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def _limit_memory_and_output() -> None:
+    _limit_memory()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_LIMIT, OUTPUT_LIMIT))  # no file may fill the disk
 
 
 def memlens(*args: str) -> subprocess.CompletedProcess[str]:
@@ -120,6 +126,13 @@ def test_rows_sharing_a_deep_stack_cost_the_stack_once(tmp_path: Path) -> None:
     assert compared.returncode == 0, compared.stderr[-2000:]
     exported = memlens("export", str(allocations), "-o", str(tmp_path / "report.html"))
     assert exported.returncode == 0, exported.stderr[-2000:]
+    for suffix in ("jsonl", "csv"):  # each row wrote the whole stack: gigabytes from 6 MB
+        out = tmp_path / f"events.{suffix}"
+        exported = subprocess.run(
+            [sys.executable, "-m", "memlens", "export", str(allocations), "-o", str(out), "--no-analysis"],
+            capture_output=True, text=True, cwd=REPO, preexec_fn=_limit_memory_and_output, timeout=120, check=False)
+        assert exported.returncode == 0, exported.stderr[-2000:]
+        assert out.stat().st_size < 100 * allocations.stat().st_size
 
 
 @pytest.mark.timeout(300)
