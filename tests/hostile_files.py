@@ -418,6 +418,20 @@ def one_allocation_beyond_80_gib(size: int = 95 << 30) -> bytes:
     return dumps(raw)
 
 
+def gzip_of_tiny_events(count: int = 4_360_000) -> bytes:
+    """44 KB of gzip holding 4.36 million ``{"action": "alloc"}`` entries (30 MB inflated, under
+    the old 64 MiB floor: 1.5 GB RSS and 24 s)."""
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=9) as zipped:
+        zipped.write(PROTO4 + b"}" + text("segments") + b"]s" + text("device_traces") + b"]]")
+        zipped.write(b"}" + text("action") + put(0) + text("alloc") + put(1) + b"sa")
+        block = (b"}" + get(0) + get(1) + b"sa") * 100_000
+        for _ in range(count // 100_000):
+            zipped.write(block)
+        zipped.write(b"as" + STOP)
+    return out.getvalue()
+
+
 # Attack class -> name -> builder. "accept": a correct analysis is the right answer
 # (the file is odd but real-shaped); every other file must be refused with one line.
 CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
@@ -438,6 +452,7 @@ CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
         "gzip": gzip_of_shared_entries,
         "gzip bomb": gzip_bomb,
         "gzip bomb strings": gzip_bomb_of_many_strings,
+        "gzip of tiny events": gzip_of_tiny_events,
     },
     "deep nesting": {
         "unknown key": deep_unknown_key,
