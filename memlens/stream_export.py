@@ -520,8 +520,8 @@ def write_table(snapshot: Snapshot, handle: IO[bytes], fmt: Format = "jsonl", ta
         snapshot.device(device)  # MemlensUsageError naming the devices there are
     syntax = SYNTAX[fmt]
     columns = COLUMNS[table]
-    counts, rows = rows_per_stack(snapshot, table, devices)
-    cells = _Cells(snapshot.stacks, syntax, frames_cut(snapshot.stacks, counts, rows))
+    counts, table_rows = rows_per_stack(snapshot, table, devices)
+    cells = _Cells(snapshot.stacks, syntax, frames_cut(snapshot.stacks, counts, table_rows))
     template = syntax.row_template(columns)
     chunks = (event_row_chunks(snapshot, cells, labels, devices) if table == "events"
               else block_row_chunks(snapshot, cells, devices) if table == "blocks"

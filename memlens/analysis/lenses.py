@@ -390,7 +390,8 @@ def _compile_rule(pattern: str, source: str, position: int, name: str) -> RulePa
             raise MemlensUsageError(f"{where}: bad regular expression {shorten_pattern(pattern)}: the "
                                     f"repetition {repeat.group()[:40]} counts over {_MAX_REPEAT:,} (RE2's limit)")
     try:
-        return re2.compile(pattern, _re2_options(_RE2_PATTERN_MEMORY))  # type: ignore[no-any-return]
+        compiled: RulePattern = re2.compile(pattern, _re2_options(_RE2_PATTERN_MEMORY))
+        return compiled
     except (re2.error, ValueError, OverflowError, TypeError) as exc:
         reason = exc.args[0] if exc.args else exc
         if isinstance(reason, bytes):
