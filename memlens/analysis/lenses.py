@@ -345,7 +345,7 @@ _RE2_SET_MEMORY = 256 << 20
 
 
 class RulePattern(Protocol):
-    def search(self, text: str) -> Any: ...
+    def search(self, text: str | bytes) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -491,11 +491,15 @@ def _toml_loads(text: str) -> Any:
 def first_rule_per_frame(rules: Sequence[Rule], texts: Sequence[str]) -> I32:
     """For each text, the index of the first rule whose pattern it matches (``len(rules)``: none).
 
-    One ``re2.Set`` holds every pattern: each text is scanned once, whatever the number of rules."""
+    One ``re2.Set`` holds every pattern: each text is scanned once, whatever the number of rules.
+    The set's last pattern is empty, so it matches every text: a text it does not report was not
+    matched (RE2's DFA ran out of memory and said nothing), and is searched rule by rule instead,
+    each still in linear time."""
     re2 = _re2()
     patterns = re2.Set.SearchSet(_re2_options(_RE2_SET_MEMORY))
     for rule in rules:
         patterns.Add(rule.source)
+    always = patterns.Add("")
     try:
         patterns.Compile()
     except re2.error:
@@ -506,9 +510,12 @@ def first_rule_per_frame(rules: Sequence[Rule], texts: Sequence[str]) -> I32:
     match = patterns.Match
     for k, text in enumerate(texts):
         # A pickle's str may hold a lone surrogate, which UTF-8 cannot: it is matched as its bytes.
-        hits = match(text.encode("utf-8", "surrogatepass"))
-        if hits:
-            out[k] = min(hits)
+        encoded = text.encode("utf-8", "surrogatepass")
+        hits = match(encoded) or ()
+        if always not in hits:  # the set failed on this text: one rule at a time, in order
+            out[k] = next((i for i, rule in enumerate(rules) if rule.pattern.search(encoded)), none)
+            continue
+        out[k] = min(hits)  # ``always`` is len(rules): "none" when it is the only hit
     return out
 
 

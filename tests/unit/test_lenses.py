@@ -261,6 +261,30 @@ def test_first_rule_per_frame_takes_the_smallest_index_and_reads_lone_surrogates
     assert first_rule_per_frame(rules, ["ab", "a", "q\udc80x", "zzz"]).tolist() == [0, 1, 2, 3]
 
 
+def test_a_text_the_rule_set_fails_on_is_matched_rule_by_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RE2's set reports nothing when its DFA runs out of memory: no match must not be inferred."""
+    import re2
+
+    rules = parse_rules([{"name": "b", "pattern": "b"}, {"name": "a", "pattern": "a"}])
+    real = re2.Set.SearchSet
+
+    class Failing:
+        def __init__(self, options: Any) -> None:
+            self.inner = real(options)
+
+        def Add(self, pattern: str) -> int:
+            return int(self.inner.Add(pattern))
+
+        def Compile(self) -> None:
+            self.inner.Compile()
+
+        def Match(self, text: bytes) -> None:
+            return None
+
+    monkeypatch.setattr(re2.Set, "SearchSet", staticmethod(Failing))
+    assert first_rule_per_frame(rules, ["ab", "a", "zz"]).tolist() == [0, 1, 2]
+
+
 @pytest.mark.timeout(30)
 def test_the_rules_file_must_be_a_regular_file_of_bounded_size(tmp_path: Path) -> None:
     fifo = tmp_path / "rules.json"
