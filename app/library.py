@@ -1,7 +1,8 @@
 """The server-side state of the app: which snapshots it knows and the reports it has analysed.
 
 Reports stay on the server (a million-event trace is tens of megabytes of numpy columns); the
-browser only ever holds an id. Analysed reports are a bounded LRU map, so a long-running
+browser only ever holds an id. Analysed reports are an LRU map bounded in count and in bytes
+(``Analysis.held_bytes``), so a long-running
 server's memory returns to its resting level as sessions end. Uploaded files live in one
 private folder per server (``memlens-upload-<pid>-*``, mode 0700) that is deleted when the
 server stops; within it, analysed uploads are evicted once they exceed a byte budget (those
@@ -51,9 +52,13 @@ from memlens_app.worker import (
 
 log = logging.getLogger("memlens.app")
 
-# Analysed reports kept in memory. Each holds a snapshot's columns (~60 bytes per event), so
-# 6 reports of a million events is well under a gigabyte.
+# Analysed reports kept in memory: at most this many, and together at most
+# DEFAULT_REPORT_CACHE_BYTES as ``analysis_bytes`` estimates them (a report holds its snapshot's
+# columns, ~60 bytes per event: a 1.9 MB gzip of 4.36 M tiny events is a 270 MB report, and six
+# of them held 1.6 GB). The most recent report is kept whatever its size (the page is showing it).
 DEFAULT_REPORT_CACHE = 6
+DEFAULT_REPORT_CACHE_BYTES = 1 * GiB
+UNKNOWN_REPORT_BYTES = 1 << 20  # what the worker sent is not an Analysis (tests' stand-ins)
 # Bytes of analysed uploads kept on disk (their reports can be rebuilt after eviction from the
 # cache); the least recently used go first once the total is over it.
 DEFAULT_UPLOAD_BUDGET = 4 * GiB
@@ -78,6 +83,12 @@ class Source:
 
     def visible_to(self, session: str | None) -> bool:
         return self.owner is None or self.owner == session
+
+
+def analysis_bytes(analysis: Any) -> int:
+    """The memory a cached analysis holds, as ``Analysis.held_bytes`` estimates it."""
+    held = getattr(analysis, "held_bytes", None)
+    return int(held()) if callable(held) else UNKNOWN_REPORT_BYTES
 
 
 def _release_memory() -> None:
@@ -114,15 +125,18 @@ class Library:
         self,
         report_cache: int = DEFAULT_REPORT_CACHE,
         upload_budget_bytes: int = DEFAULT_UPLOAD_BUDGET,
+        report_cache_bytes: int = DEFAULT_REPORT_CACHE_BYTES,
         concurrent_analyses: int = DEFAULT_CONCURRENT_ANALYSES,
         limits: AnalysisLimits | None = None,
         queue: FairQueue | None = None,
     ) -> None:
         self.report_cache = max(1, report_cache)
+        self.report_cache_bytes = max(1, report_cache_bytes)
         self.upload_budget_bytes = max(1, upload_budget_bytes)
         self.limits = limits or AnalysisLimits()
         self._sources: OrderedDict[str, Source] = OrderedDict()
         self._reports: OrderedDict[str, Any] = OrderedDict()
+        self._report_bytes: dict[str, int] = {}  # analysis_bytes of each cached report
         self._lock = threading.RLock()
         self._building: dict[str, threading.Lock] = {}
         # The workers' turns, shared fairly by the browser sessions.
@@ -145,7 +159,7 @@ class Library:
             self._closed = True
             for source_id in list(self._upload_lru):
                 self._sources.pop(source_id, None)
-                self._reports.pop(source_id, None)
+                self._drop_report(source_id)
             self._upload_lru.clear()
             self._unanalysed.clear()
             self._unshown.clear()
@@ -225,7 +239,7 @@ class Library:
         """Drop a source (an upload that failed to load: its file is deleted)."""
         with self._lock:
             source = self._sources.pop(source_id, None)
-            self._reports.pop(source_id, None)
+            self._drop_report(source_id)
             self._upload_lru.pop(source_id, None)
             self._unanalysed.discard(source_id)
             self._unshown.discard(source_id)
@@ -246,7 +260,7 @@ class Library:
                     break
                 source = self._sources.pop(source_id)
                 del self._upload_lru[source_id]
-                self._reports.pop(source_id, None)
+                self._drop_report(source_id)
                 self._unshown.discard(source_id)
                 total -= source.bytes
                 evicted.append(source)
@@ -332,16 +346,31 @@ class Library:
             self._upload_lru.move_to_end(source_id)
         return cached
 
+    def _drop_report(self, source_id: str) -> None:
+        """Forget a cached report (caller holds the lock)."""
+        self._reports.pop(source_id, None)
+        self._report_bytes.pop(source_id, None)
+
+    def cached_bytes(self) -> int:
+        """What the cached reports hold, as ``analysis_bytes`` estimates it."""
+        with self._lock:
+            return sum(self._report_bytes.values())
+
     def _store(self, source_id: str, report: Any) -> None:
         evicted = False
+        size = analysis_bytes(report)
         with self._lock:
             if source_id not in self._sources:  # forgotten (or the server closed) meanwhile
                 return
             self._unanalysed.discard(source_id)
             self._reports[source_id] = report
+            self._report_bytes[source_id] = size
             self._reports.move_to_end(source_id)
-            while len(self._reports) > self.report_cache:
-                self._reports.popitem(last=False)
+            # Oldest first, by count and by bytes; the newest stays, whatever its size.
+            while len(self._reports) > 1 and (len(self._reports) > self.report_cache
+                                              or sum(self._report_bytes.values()) > self.report_cache_bytes):
+                oldest, _ = self._reports.popitem(last=False)
+                self._report_bytes.pop(oldest, None)
                 evicted = True
         if evicted:
             _release_memory()
@@ -353,6 +382,7 @@ class Library:
     def clear_reports(self) -> None:
         with self._lock:
             self._reports.clear()
+            self._report_bytes.clear()
         _release_memory()
 
 

@@ -6,6 +6,11 @@ on each in a fresh process under an address-space limit, reading the child's own
 from ``os.wait4``. Target (issue 11): each ends in one line on stderr and exit 2, or in an
 analysis (exit 0), within seconds and with memory bounded by its content.
 
+Then the second round (issue 21), attacks on what runs after reading: the exports of rows
+sharing one deep stack (bytes written against the file's size), rules files (a catastrophic
+pattern, 5,000 rules, a FIFO, a count RE2 refuses) through ``triage --rules``, and ``diff`` of
+the deep-stack files, each with its time and peak RSS.
+
     python benchmarks/hostile_corpus.py [--keep DIR] [--limit-gib 2] [--timeout 60]
 """
 
@@ -27,8 +32,9 @@ from tests.hostile_files import ACCEPTED, CORPUS  # noqa: E402 - after the path 
 
 
 def run(path: Path, limit: int, timeout: float, *extra: str, env: dict[str, str] | None = None,
-        ) -> tuple[int | None, float, int, str]:
-    """(exit code or None on timeout, seconds, peak RSS bytes, stderr's last line)."""
+        command: tuple[str, ...] | None = None) -> tuple[int | None, float, int, str]:
+    """(exit code or None on timeout, seconds, peak RSS bytes, stderr's last line); ``command``:
+    memlens' arguments instead of ``triage PATH EXTRA``."""
 
     def cap_memory() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -36,7 +42,8 @@ def run(path: Path, limit: int, timeout: float, *extra: str, env: dict[str, str]
     started = time.perf_counter()
     with tempfile.TemporaryFile() as err:
         child = subprocess.Popen(
-            [sys.executable, "-m", "memlens", "triage", str(path), *(extra or ("--no-cache",))],
+            [sys.executable, "-m", "memlens",
+             *(command or ("triage", str(path), *(extra or ("--no-cache",))))],
             stdout=subprocess.DEVNULL, stderr=err, cwd=REPO, preexec_fn=cap_memory, env=env,
         )
         code: int | None = None
@@ -87,9 +94,56 @@ def main() -> None:
                   f"{seconds:7.2f} {rss / 2**20:7.0f}Mi  {'' if ok else 'UNEXPECTED '}{outcome[:90]}")
     print(f"\nlargest time {worst_time:.2f} s, largest peak RSS {worst_rss / 2**20:.0f} MiB "
           f"(fresh process each, memlens imports included; limit {args.limit_gib:g} GiB)")
+    round_time, round_rss = second_round(folder, limit, args.timeout, bad)
+    print(f"\nsecond round: largest time {round_time:.2f} s, largest peak RSS {round_rss / 2**20:.0f} MiB")
     if bad:
         print("unexpected outcomes: " + ", ".join(bad))
         sys.exit(1)
+
+
+def second_round(folder: Path, limit: int, timeout: float, bad: list[str]) -> tuple[float, int]:
+    """Exports, rules and diff on hostile inputs; (largest seconds, largest peak RSS)."""
+    import json
+
+    from tests.hostile_files import allocations_sharing_a_deep_stack, releases_sharing_a_deep_stack
+
+    deep = folder / "second-allocations-deep-stack.pickle"
+    deep.write_bytes(allocations_sharing_a_deep_stack())
+    releases = folder / "second-releases-deep-stack.pickle"
+    releases.write_bytes(releases_sharing_a_deep_stack())
+    rules = {
+        "catastrophic": json.dumps({"rules": {"evil": "(a+)+$"}}),
+        "5,000 rules": json.dumps([{"name": f"r{i}", "pattern": rf"call_{i}\b|f{i}\.py"} for i in range(5000)]),
+        "a{4294967295}": json.dumps({"rules": {"x": "a{4294967295}"}}),
+    }
+    fifo = folder / "second-rules-fifo.json"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    cases: list[tuple[str, tuple[str, ...], int, Path | None]] = []
+    for fmt in ("csv", "jsonl"):
+        out = folder / f"second-export.{fmt}"
+        cases.append((f"export {fmt}", ("export", str(deep), "-o", str(out), "--no-analysis"), 0, out))
+    for name, text in rules.items():
+        path = folder / f"second-rules-{name.replace(',', '').replace(' ', '_')}.json"
+        path.write_text(text)
+        cases.append((f"rules {name}", ("triage", str(deep), "--rules", str(path), "--no-cache"),
+                      2 if "4294967295" in name else 0, None))
+    cases.append(("rules FIFO", ("triage", str(deep), "--rules", str(fifo), "--no-cache"), 2, None))
+    cases.append(("diff", ("diff", str(releases), str(deep)), 0, None))
+    print(f"\n{'second round':25} {'input':>11} {'exit':>4} {'seconds':>7} {'peak RSS':>9}  outcome")
+    worst_time, worst_rss = 0.0, 0
+    for name, command, expected, out in cases:
+        code, seconds, rss, last = run(deep, limit, timeout, command=command)
+        worst_time, worst_rss = max(worst_time, seconds), max(worst_rss, rss)
+        outcome = "ok" if code == 0 else ("timeout" if code is None else last.split(": ", 3)[-1])
+        if out is not None and out.exists():
+            outcome += f", wrote {out.stat().st_size / deep.stat().st_size:.0f}x the file"
+            out.unlink()
+        if code != expected:
+            bad.append(f"second round/{name}")
+        print(f"{name:25} {deep.stat().st_size:>11,} {code if code is not None else '-':>4} {seconds:7.2f} "
+              f"{rss / 2**20:7.0f}Mi  {'' if code == expected else 'UNEXPECTED '}{outcome[:90]}")
+    return worst_time, worst_rss
 
 
 if __name__ == "__main__":

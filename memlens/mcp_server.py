@@ -49,6 +49,7 @@ INSTRUCTIONS = (
 # Analyses kept for the next call on the same file (an assistant asks triage, then findings, then
 # a group-by): two, since one analysis of a million-event file holds a few hundred MB.
 KEPT_ANALYSES = 2
+KEPT_ANALYSES_BYTES = 1 << 30  # as Analysis.held_bytes estimates them
 ERROR_CHARS = 500
 
 
@@ -121,7 +122,9 @@ class _Analyses:
         analysis = analyze_snapshot(load_with_progress(path, progress=False), capacity=capacity)
         with self.lock:
             self.entries[key] = analysis
-            while len(self.entries) > self.kept:
+            # By count and by bytes, oldest first; the one just made stays (it answers this call).
+            while len(self.entries) > 1 and (len(self.entries) > self.kept or sum(
+                    kept.held_bytes() for kept in self.entries.values()) > KEPT_ANALYSES_BYTES):
                 self.entries.popitem(last=False)
         return analysis
 

@@ -375,6 +375,63 @@ def gzip_bomb_of_many_strings(inflated: int = 1 << 30) -> bytes:
     return out.getvalue()
 
 
+# --------------------------------------------------------------------------- second round (issue 21)
+
+
+def deep_frames_list(depth: int = 100_000) -> list[dict[str, Any]]:
+    return [{"filename": f"f{j % 97}.py", "line": j, "name": "call"} for j in range(depth)]
+
+
+def releases_sharing_a_deep_stack(pairs: int = 50_000, depth: int = 100_000) -> bytes:
+    """50,000 segment_free / segment_alloc pairs (each a release run) sharing one 100,000-frame
+    stack, ending in an OOM so that triage replays the allocator (4 MB; 434 s when every run
+    walked the whole stack)."""
+    frames = deep_frames_list(depth)
+    base, size = 0x7000_0000, 2 << 20
+    trace = [entry("segment_alloc", base, size, frames=frames, time_us=0),
+             entry("alloc", base, 512, frames=frames, time_us=0)]  # with an alloc, triage replays
+    for i in range(pairs):
+        trace.append(entry("segment_free", base, size, frames=frames, time_us=2 * i + 1))
+        trace.append(entry("segment_alloc", base, size, frames=frames, time_us=2 * i + 2))
+    trace.append(entry("oom", 0, 1 << 30, frames=frames, time_us=2 * pairs + 3, device_free=0))
+    return dumps({"segments": [], "device_traces": [trace]})
+
+
+def allocations_sharing_a_deep_stack(count: int = 50_000, depth: int = 100_000) -> bytes:
+    """50,000 alloc / free pairs sharing one 100,000-frame stack: what triage, diff, the lenses
+    and the exports derive from a stack must be derived once per stack, not once per row."""
+    frames = deep_frames_list(depth)
+    trace = []
+    for i in range(count):
+        trace.append(entry("alloc", 0x7000_0000 + 512 * (i % 64), 512, frames=frames, time_us=2 * i))
+        trace.append(entry("free_completed", 0x7000_0000 + 512 * (i % 64), 512, frames=frames, time_us=2 * i + 1))
+    return dumps({"segments": [], "device_traces": [trace]})
+
+
+def one_allocation_beyond_80_gib(size: int = 95 << 30) -> bytes:
+    """One 95 GiB tensor under expandable_segments, no capacity known: the replay reserved the
+    address space of an assumed 80 GiB device and asserted (the dashboard's what-if: HTTP 500)."""
+    base = 0x7000_0000_0000
+    raw = snapshot(segments=[], device_traces=[[entry("segment_map", base, size + (2 << 20)),
+                                                entry("alloc", base, size)]])
+    raw["allocator_settings"]["expandable_segments"] = True
+    return dumps(raw)
+
+
+def gzip_of_tiny_events(count: int = 4_360_000) -> bytes:
+    """44 KB of gzip holding 4.36 million ``{"action": "alloc"}`` entries (30 MB inflated, under
+    the old 64 MiB floor: 1.5 GB RSS and 24 s)."""
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=9) as zipped:
+        zipped.write(PROTO4 + b"}" + text("segments") + b"]s" + text("device_traces") + b"]]")
+        zipped.write(b"}" + text("action") + put(0) + text("alloc") + put(1) + b"sa")
+        block = (b"}" + get(0) + get(1) + b"sa") * 100_000
+        for _ in range(count // 100_000):
+            zipped.write(block)
+        zipped.write(b"as" + STOP)
+    return out.getvalue()
+
+
 # Attack class -> name -> builder. "accept": a correct analysis is the right answer
 # (the file is odd but real-shaped); every other file must be refused with one line.
 CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
@@ -395,6 +452,7 @@ CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
         "gzip": gzip_of_shared_entries,
         "gzip bomb": gzip_bomb,
         "gzip bomb strings": gzip_bomb_of_many_strings,
+        "gzip of tiny events": gzip_of_tiny_events,
     },
     "deep nesting": {
         "unknown key": deep_unknown_key,
@@ -411,6 +469,7 @@ CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
         "address 2**64": address_2_64,
         "LONG4": huge_long4_integer,
         "memo index": huge_memo_index,
+        "95 GiB expandable": one_allocation_beyond_80_gib,
     },
     "huge strings": {
         "frame name": huge_frame_name,
@@ -420,6 +479,10 @@ CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
         "unclosed scopes": unclosed_step_scopes,
         "identical steps": identical_steps,
         "one stream per allocation": one_stream_per_allocation,
+    },
+    "shared deep stacks": {
+        "release runs": releases_sharing_a_deep_stack,
+        "allocations": allocations_sharing_a_deep_stack,
     },
     "many devices": {
         "device_traces": many_device_traces,
@@ -432,6 +495,8 @@ ACCEPTED = {
     ("huge strings", "frame name"), ("huge strings", "long stacks"),
     ("deep nesting", "unknown key"), ("deep nesting", "self reference"), ("deep nesting", "allocator_settings"),
     ("many devices", "at the cap"),
+    ("types and numbers", "95 GiB expandable"),
+    ("shared deep stacks", "release runs"), ("shared deep stacks", "allocations"),
     ("many steps and streams", "unclosed scopes"), ("many steps and streams", "identical steps"),
     ("many steps and streams", "one stream per allocation"),
 }

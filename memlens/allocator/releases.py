@@ -75,9 +75,20 @@ def classify_releases(
 
     ``reserved_after[i]`` is what was reserved after row ``i`` (the trace's curve),
     ``reserved_before_window`` what was reserved before row 0; ``capacity`` the device memory
-    the run had, if known.
+    the run had, if known. ``frames_of(stack_id)`` gives the frames examined of a stack (the
+    replay passes ``StackTable.innermost``); it is called once per distinct stack.
     """
     releases: list[Release] = []
+    # Runs share stacks (a training loop's frees repeat a few call sites; a crafted file makes
+    # 50,000 runs share one 100,000-frame stack): each stack is looked at once, not once per run.
+    calls_empty_cache: dict[int, bool] = {}
+
+    def through_empty_cache(stack: int) -> bool:
+        known = calls_empty_cache.get(stack)
+        if known is None:
+            known = calls_empty_cache[stack] = any(frame.name in _EMPTY_CACHE_FRAMES for frame in frames_of(stack))
+        return known
+
     n = len(actions)
     i = 0
     while i < n:
@@ -88,7 +99,7 @@ def classify_releases(
         while i < n and actions[i] in _RELEASES:
             i += 1
         releases.append(_classify(start, i, actions, sizes, stack_ids, reserved_after,
-                                  reserved_before_window, frames_of, settings, capacity))
+                                  reserved_before_window, through_empty_cache, settings, capacity))
     return releases
 
 
@@ -100,14 +111,13 @@ def _classify(
     stack_ids: Sequence[int],
     reserved_after: Sequence[int],
     reserved_before_window: int,
-    frames_of: Callable[[int], list[Frame]],
+    through_empty_cache: Callable[[int], bool],
     settings: AllocatorSettings,
     capacity: int | None,
 ) -> Release:
     run_stacks = {int(stack_ids[j]) for j in range(start, end) if stack_ids[j] >= 0}
-    for stack in run_stacks:
-        if any(frame.name in _EMPTY_CACHE_FRAMES for frame in frames_of(stack)):
-            return Release(start, end, EMPTY_CACHE, "its stack calls empty_cache()")
+    if any(map(through_empty_cache, run_stacks)):
+        return Release(start, end, EMPTY_CACHE, "its stack calls empty_cache()")
     if end == len(actions):
         return Release(start, end, EMPTY_CACHE, "it ends the window: no malloc asked for it")
     following = actions[end]

@@ -304,7 +304,7 @@ def trace_releases(
         np.asarray(trace.stack_id).tolist() if len(trace.stack_id) else [-1] * len(actions),
         np.asarray(trace.reserved).tolist() if len(trace.reserved) else [0] * len(actions),
         int(trace.baseline_reserved),
-        stacks.frames_of if stacks is not None else (lambda _stack: []),
+        stacks.innermost if stacks is not None else (lambda _stack: []),
         recorded_settings,
         capacity,
     )

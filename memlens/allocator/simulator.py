@@ -40,7 +40,9 @@ _ROUNDUP_INTERVAL_START_LOG2 = 20
 DEFAULT_BASE_ADDRESS = 0x7F0000000000
 _SEGMENT_ALIGNMENT = 2 * MiB
 # Expandable segments reserve 1 1/8 of the GPU's memory in address space; with no capacity
-# given, assume an 80 GiB device (an A100/H100).
+# given, at least an 80 GiB device (an A100/H100), and one large enough for the request that
+# makes the reservation: an unknown device never runs short, so a 100 GiB tensor of the trace
+# must fit in the address space too.
 _DEFAULT_DEVICE_MEMORY = 80 * GiB
 _KEY_SHIFT = 64
 _ADDRESS_MASK = (1 << _KEY_SHIFT) - 1
@@ -754,7 +756,7 @@ class CachingAllocatorSimulator:
             if room >= size:
                 return candidate
         page = K_SMALL_BUFFER if pool.is_small else K_LARGE_BUFFER
-        device_memory = self.capacity or _DEFAULT_DEVICE_MEMORY
+        device_memory = self.capacity or max(_DEFAULT_DEVICE_MEMORY, size)
         handles = -(-(device_memory + device_memory // 8) // page)
         va_size = handles * page
         base = self._new_segment_address(va_size)

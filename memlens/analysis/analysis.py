@@ -19,6 +19,16 @@ from memlens.analysis.report import DeviceReport, Report
 from memlens.errors import MemlensUsageError
 from memlens.snapshot.model import DeviceTrace, Snapshot
 
+# Python-object costs per item for ``Analysis.held_bytes`` (CPython 3.11, 64-bit), measured
+# against tracemalloc on real and synthetic snapshots: within 5% for large analyses, 0.5x-1.6x
+# for those of a few MiB.
+_FRAME_BYTES = 160  # a Frame (slots) and its strings' headers, plus the strings' characters
+_STACK_BYTES = 64  # a stack's tuple, plus 8 per frame it refers to
+_BLOCK_BYTES = 150
+_SEGMENT_BYTES = 400
+_STEP_BYTES = 600
+_REPORT_BYTES = 1 << 20  # findings, categories, top stacks, caches: small and bounded per device
+
 
 @dataclass(frozen=True)
 class Analysis:
@@ -28,6 +38,24 @@ class Analysis:
     snapshot: Snapshot
     report: Report
     live: dict[int, LiveIndex] = field(default_factory=dict, repr=False)
+
+    def held_bytes(self) -> int:
+        """An estimate of the memory this analysis holds, for caches bounded in bytes (the
+        dashboard's reports, the MCP server's analyses): the numpy columns exactly (the trace,
+        the lifetimes), the Python objects (frames, stacks, blocks, steps) at measured costs."""
+        snapshot = self.snapshot
+        total = _REPORT_BYTES
+        for trace in snapshot.devices.values():
+            total += trace.nbytes() + sum(len(t) + 64 for t in (*trace.user_metadata, *trace.compile_context))
+        for index in self.live.values():
+            total += sum(column.nbytes for column in (index.alloc_event, index.free_event, index.size,
+                                                      index.stack_id, index.category))
+        stacks = snapshot.stacks
+        total += sum(_FRAME_BYTES + len(f.filename) + len(f.name) for f in stacks.frames)
+        total += _STACK_BYTES * len(stacks.stacks) + 8 * sum(map(len, stacks.stacks))
+        total += sum(_SEGMENT_BYTES + _BLOCK_BYTES * len(s.blocks) for s in snapshot.segments)
+        total += _STEP_BYTES * sum(len(device.steps) for device in self.report.devices.values())
+        return total
 
     def device(self, device: int | None = None) -> DeviceReport:
         """The device report (``None``: the busiest), as ``Report.device``."""

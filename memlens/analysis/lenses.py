@@ -22,7 +22,9 @@ CLI, the dashboard and the agent interface call the same code and get plain data
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +37,7 @@ from memlens.analysis.context import build_context
 from memlens.analysis.datatypes import CATEGORIES, Step, busiest_first
 from memlens.analysis.live import BEFORE_FIRST_ROW, LiveIndex
 from memlens.analysis.settings import AnalysisSettings
-from memlens.analysis.stacks import _CPP_NOISE, _INTERNAL_FILE, StackFacts, is_python_frame, reduce_per_stack
+from memlens.analysis.stacks import _CPP_NOISE, _INTERNAL_FILE, StackFacts, is_python_frame, min_per_stack
 from memlens.errors import MemlensUsageError
 from memlens.snapshot.model import Annotation, DeviceTrace, Frame, Snapshot
 
@@ -178,7 +180,7 @@ def _per_stack(facts: StackFacts, label_of_stack: Callable[[list[Frame]], str]) 
     """One label per stack id (``label_of_stack(frames)``), plus the slot for stack id -1 (no
     stack) at the end."""
     table = facts.table
-    values = [label_of_stack(table.frames_of(sid)) for sid in range(len(table.stacks))]
+    values = [label_of_stack(table.innermost(sid)) for sid in range(len(table.stacks))]
     values.append(NO_STACK)
     return _label_table(values)
 
@@ -330,17 +332,81 @@ def labels_for(inputs: LensInputs, group_by: str, rules: Sequence[Rule] = ()) ->
 
 # --------------------------------------------------------------------------- rules
 
+# Rules are a stranger's input too (``--rules``, the MCP server's ``rules`` argument): they are
+# matched with RE2, whose time is linear in the text (``(a+)+$`` cannot backtrack), all rules
+# at once through an ``re2.Set``, so 5,000 rules cost one pass over each distinct frame. What
+# RE2 cannot do (backreferences, lookaround) is refused, never handed to Python's ``re``.
+MAX_RULES_FILE_BYTES = 1 << 20
+MAX_RULES = 10_000
+MAX_PATTERN_CHARS = 10_000
+# RE2's memory for one compiled pattern and for the set of all of them (its default is 8 MiB).
+_RE2_PATTERN_MEMORY = 8 << 20
+_RE2_SET_MEMORY = 256 << 20
+
+
+class RulePattern(Protocol):
+    def search(self, text: str | bytes) -> Any: ...
+
 
 @dataclass(frozen=True)
 class Rule:
     """A user rule: a stack any of whose frames (``name (file:line)``) matches ``pattern`` is ``name``."""
 
     name: str
-    pattern: re.Pattern[str]
+    pattern: RulePattern  # an RE2 pattern (``re2.compile``)
+    source: str = ""  # the pattern's text, as the rules file wrote it
+
+
+def _re2() -> Any:
+    try:
+        import re2
+    except ImportError:  # pragma: no cover - google-re2 is a dependency; a broken install lands here
+        raise MemlensUsageError("rules need the google-re2 package (pip install google-re2): memlens matches "
+                                "rules with RE2 so that no pattern can take exponential time") from None
+    return re2
+
+
+def _re2_options(memory: int) -> Any:
+    options = _re2().Options()
+    options.log_errors = False  # RE2 would print its own line to stderr for every bad pattern
+    options.max_mem = memory
+    return options
+
+
+# A counted repetition (not after a backslash). RE2 refuses counts over 1,000 but reads one too
+# large for an int (``a{4294967295}``) as literal text, where Python's re would mean a count.
+_REPETITION = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
+_MAX_REPEAT = 1000
+
+
+def _compile_rule(pattern: str, source: str, position: int, name: str) -> RulePattern:
+    re2 = _re2()
+    where = f"{source}: rule {position} ({name[:80]})"
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise MemlensUsageError(f"{where}: the pattern is {len(pattern):,} characters (at most "
+                                f"{MAX_PATTERN_CHARS:,})")
+    for repeat in _REPETITION.finditer(pattern):
+        if any((count and len(count) > 4) or (count and int(count) > _MAX_REPEAT) for count in repeat.groups()):
+            raise MemlensUsageError(f"{where}: bad regular expression {shorten_pattern(pattern)}: the "
+                                    f"repetition {repeat.group()[:40]} counts over {_MAX_REPEAT:,} (RE2's limit)")
+    try:
+        compiled: RulePattern = re2.compile(pattern, _re2_options(_RE2_PATTERN_MEMORY))
+        return compiled
+    except (re2.error, ValueError, OverflowError, TypeError) as exc:
+        reason = exc.args[0] if exc.args else exc
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        raise MemlensUsageError(f"{where}: bad regular expression {shorten_pattern(pattern)}: {reason} "
+                                "(rules are RE2 syntax: no backreferences or lookaround)") from None
+
+
+def shorten_pattern(pattern: str, limit: int = 120) -> str:
+    shown = repr(pattern)
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
 
 
 def parse_rules(data: Any, source: str = "rules") -> list[Rule]:
-    """Rules from parsed JSON or TOML, in file order.
+    """Rules from parsed JSON or TOML, in file order (at most ``MAX_RULES``, each an RE2 pattern).
 
     Accepted shapes: ``{"rules": [{"name": ..., "pattern": ...}, ...]}`` (TOML: ``[[rules]]``
     tables), a bare JSON list of such objects, or ``{"rules": {"name": "pattern", ...}}``.
@@ -351,34 +417,60 @@ def parse_rules(data: Any, source: str = "rules") -> list[Rule]:
     if not isinstance(entries, list) or not entries:
         raise MemlensUsageError(f"{source}: expected a non-empty list of rules under 'rules', "
                                 "each with a 'name' and a 'pattern'")
+    if len(entries) > MAX_RULES:
+        raise MemlensUsageError(f"{source}: {len(entries):,} rules (at most {MAX_RULES:,})")
     rules = []
     for position, entry in enumerate(entries, 1):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) \
                 or not isinstance(entry.get("pattern"), str) or not entry["name"].strip():
             raise MemlensUsageError(f"{source}: rule {position} needs a 'name' and a 'pattern', both text")
-        try:
-            pattern = re.compile(entry["pattern"])
-        except re.error as exc:
-            raise MemlensUsageError(f"{source}: rule {position} ({entry['name']}): bad regular expression "
-                                    f"{entry['pattern']!r}: {exc}") from None
-        rules.append(Rule(entry["name"].strip(), pattern))
+        name = entry["name"].strip()
+        rules.append(Rule(name, _compile_rule(entry["pattern"], source, position, name), entry["pattern"]))
     return rules
+
+
+def _read_rules_file(path: Path) -> str:
+    """The text of a rules file: a regular file of at most MAX_RULES_FILE_BYTES. Opened without
+    blocking (a FIFO would wait for a writer forever) and checked after opening, on the descriptor."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise MemlensUsageError(f"{path}: cannot read the rules file: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise MemlensUsageError(f"{path}: the rules file is not a regular file")
+        if info.st_size > MAX_RULES_FILE_BYTES:
+            raise MemlensUsageError(f"{path}: the rules file is {info.st_size:,} bytes (at most "
+                                    f"{MAX_RULES_FILE_BYTES:,})")
+        chunks, left = [], MAX_RULES_FILE_BYTES + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise MemlensUsageError(f"{path}: cannot read the rules file: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_RULES_FILE_BYTES:  # it grew after the check
+        raise MemlensUsageError(f"{path}: the rules file is over {MAX_RULES_FILE_BYTES:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MemlensUsageError(f"{path}: cannot read the rules file: not UTF-8 ({exc.reason})") from None
 
 
 def load_rules(path: str | Path) -> list[Rule]:
     """Rules from a ``.json`` or ``.toml`` file (by suffix; anything else is tried as JSON, then TOML)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MemlensUsageError(f"{path}: cannot read the rules file: {exc}") from None
+    text = _read_rules_file(path)
     parsers = {".json": ("json",), ".toml": ("toml",)}.get(path.suffix.lower(), ("json", "toml"))
     errors = []
     for kind in parsers:
         try:
             data = json.loads(text) if kind == "json" else _toml_loads(text)
-        except ValueError as exc:  # json.JSONDecodeError and tomllib.TOMLDecodeError both are
-            errors.append(f"not {kind.upper()} ({exc})")
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError and TOMLDecodeError are ValueErrors
+            errors.append(f"not {kind.upper()} ({str(exc)[:200]})")
             continue
         return parse_rules(data, str(path))
     raise MemlensUsageError(f"{path}: {'; '.join(errors)}")
@@ -396,19 +488,47 @@ def _toml_loads(text: str) -> Any:
     raise MemlensUsageError("TOML rules files need Python 3.11 or the tomli package; write the rules as JSON")
 
 
+def first_rule_per_frame(rules: Sequence[Rule], texts: Sequence[str]) -> I32:
+    """For each text, the index of the first rule whose pattern it matches (``len(rules)``: none).
+
+    One ``re2.Set`` holds every pattern: each text is scanned once, whatever the number of rules.
+    The set's last pattern is empty, so it matches every text: a text it does not report was not
+    matched (RE2's DFA ran out of memory and said nothing), and is searched rule by rule instead,
+    each still in linear time."""
+    re2 = _re2()
+    patterns = re2.Set.SearchSet(_re2_options(_RE2_SET_MEMORY))
+    for rule in rules:
+        patterns.Add(rule.source)
+    always = patterns.Add("")
+    try:
+        patterns.Compile()
+    except re2.error:
+        raise MemlensUsageError(f"the {len(rules):,} rules together are too large for RE2 to match at once "
+                                "(fewer or simpler patterns)") from None
+    none = len(rules)
+    out = np.full(len(texts), none, dtype=np.int32)
+    match = patterns.Match
+    for k, text in enumerate(texts):
+        # A pickle's str may hold a lone surrogate, which UTF-8 cannot: it is matched as its bytes.
+        encoded = text.encode("utf-8", "surrogatepass")
+        hits = match(encoded) or ()
+        if always not in hits:  # the set failed on this text: one rule at a time, in order
+            out[k] = next((i for i, rule in enumerate(rules) if rule.pattern.search(encoded)), none)
+            continue
+        out[k] = min(hits)  # ``always`` is len(rules): "none" when it is the only hit
+    return out
+
+
 def _rule_labels(facts: StackFacts, rules: Sequence[Rule], index: LiveIndex) -> Labels:
     table = facts.table
-    texts = [str(f) for f in table.frames]
     # A rule may itself be called "other": its stacks and the unmatched ones are then one group.
     names = list(dict.fromkeys([*(r.name for r in rules), UNMATCHED_RULE]))
-    unmatched = names.index(UNMATCHED_RULE)
-    per_stack = np.full(len(table.stacks) + 1, unmatched, dtype=np.int32)
-    decided = np.zeros(len(table.stacks) + 1, dtype=bool)
-    for rule in rules:  # earlier rules win: later ones only label stacks still undecided
-        frame_hit = np.fromiter((rule.pattern.search(t) is not None for t in texts), dtype=bool, count=len(texts))
-        stack_hit = reduce_per_stack(table, frame_hit) & ~decided
-        per_stack[stack_hit] = names.index(rule.name)
-        decided |= stack_hit
+    position = {name: k for k, name in enumerate(names)}
+    # Rule index -> group; "no rule" (len(rules)) -> other.
+    group_of_rule = np.array([position[r.name] for r in rules] + [position[UNMATCHED_RULE]], dtype=np.int32)
+    first_rule = first_rule_per_frame(rules, [str(f) for f in table.frames])
+    # Earlier rules win: per stack, the smallest rule index any of its frames matches.
+    per_stack = group_of_rule[min_per_stack(table, first_rule, len(rules))]
     return Labels(tuple(names), per_stack[index.stack_id])
 
 

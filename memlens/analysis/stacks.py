@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -76,6 +76,22 @@ def reduce_per_stack(table: StackTable, frame_flag: npt.NDArray[np.bool_]) -> np
     return out
 
 
+def min_per_stack(table: StackTable, frame_value: npt.NDArray[np.int32], empty: int) -> npt.NDArray[np.int32]:
+    """Per stack: the smallest value of its frames (``empty`` for a stack without frames), +1
+    slot (for stack id -1) holding ``empty``. One pass over the frames of the distinct stacks."""
+    out = np.full(len(table.stacks) + 1, empty, dtype=np.int32)
+    if not table.stacks:
+        return out
+    lengths = np.fromiter(map(len, table.stacks), dtype=np.int64, count=len(table.stacks))
+    flat = np.fromiter(itertools.chain.from_iterable(table.stacks), dtype=np.int64, count=int(lengths.sum()))
+    if not flat.size:
+        return out
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    filled = lengths > 0  # (the reader never makes an empty stack; reduceat needs distinct starts)
+    out[:-1][filled] = np.minimum.reduceat(frame_value[flat], starts[filled])
+    return out
+
+
 @dataclass
 class StackFacts:
     """Lookup arrays indexed by ``stack_id`` (index -1 is the "no stack" slot)."""
@@ -85,6 +101,9 @@ class StackFacts:
     backward: npt.NDArray[np.bool_]
     # Any frame called "backward" (custom autograd.Function, Lightning, ...): weaker evidence.
     backward_named: npt.NDArray[np.bool_]
+    # frames_for_display per stack id: top_stacks, diff and the lenses ask for the same stacks
+    # again and again (per step, per finding), and a stack's frames are read once.
+    _display: dict[int, list[str]] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def build(cls, table: StackTable) -> StackFacts:
@@ -100,14 +119,18 @@ class StackFacts:
         )
 
     def frames_for_display(self, stack_id: int) -> list[str]:
-        """Python frames, innermost first; torch-internal ones dropped when user frames exist."""
-        frames = self.table.frames_of(stack_id)
-        python = [f for f in frames if is_python_frame(f)]
-        user = [f for f in python if not _INTERNAL_FILE.search(f.filename)]
-        chosen = user or python or [
-            f for f in frames if f.filename not in ("??", "") and not _CPP_NOISE.search(f.name)
-        ]
-        return [str(f) for f in chosen[:MAX_FRAMES_PER_STACK]]
+        """Python frames, innermost first; torch-internal ones dropped when user frames exist
+        (among the stack's innermost ``MAX_FRAMES_EXAMINED``). A new list each call."""
+        shown = self._display.get(stack_id)
+        if shown is None:
+            frames = self.table.innermost(stack_id)
+            python = [f for f in frames if is_python_frame(f)]
+            user = [f for f in python if not _INTERNAL_FILE.search(f.filename)]
+            chosen = user or python or [
+                f for f in frames if f.filename not in ("??", "") and not _CPP_NOISE.search(f.name)
+            ]
+            shown = self._display[stack_id] = [str(f) for f in chosen[:MAX_FRAMES_PER_STACK]]
+        return list(shown)
 
     def top_stacks(
         self, stack_ids: npt.NDArray[np.int32], sizes: npt.NDArray[np.int64], limit: int

@@ -3,7 +3,9 @@
 HTML (the default) is self-contained: plotly.js is embedded, so the file opens offline. JSON
 lines and CSV hold one table with fixed columns (README: "Export the snapshot as rows"):
 `events`, one row per trace event of every device with its frames resolved, its step and its
-category, or `blocks`, the allocator's segments and blocks when the snapshot was taken. Rows are
+category, `blocks`, the allocator's segments and blocks when the snapshot was taken, or `stacks`,
+each distinct stack once (a cell is cut, and its `frames_omitted` column says so, only when rows
+sharing long stacks would make the output outgrow the snapshot's content). Rows are
 streamed: memory stays flat however long the trace. `-o -` writes to standard output; a file
 appears whole or not at all. The format follows the output's suffix (.jsonl, .ndjson, .csv)
 unless --format says otherwise.
@@ -64,8 +66,9 @@ def _cannot_write(output: str, exc: OSError) -> MemlensUsageError:
                    "JSON lines and CSV default to standard output.")
 @click.option("--format", "fmt", type=click.Choice(["html", "jsonl", "csv"]), default=None,
               help="html, jsonl or csv (default: from the output's suffix, else html).")
-@click.option("--table", type=click.Choice(["events", "blocks"]), default="events", show_default=True,
-              help="JSON lines and CSV: trace events, or the segments and blocks at the dump.")
+@click.option("--table", type=click.Choice(["events", "blocks", "stacks"]), default="events", show_default=True,
+              help="JSON lines and CSV: trace events, the segments and blocks at the dump, or each "
+                   "distinct stack once (by the stack_id of the other two).")
 @click.option("--device", type=int, default=None,
               help="HTML: the device detailed (default: the busiest). JSON lines and CSV: only this "
                    "device's rows (default: every device).")

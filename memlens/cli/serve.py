@@ -37,7 +37,7 @@ from memlens.units import format_bytes, parse_bytes
 @click.option("--max-upload", default="2GiB", show_default=True,
               help="Largest snapshot accepted by upload (e.g. 512MiB, 4GB).")
 @click.option("--cache", "report_cache", default=6, show_default=True, type=click.IntRange(1, 100),
-              help="Analysed snapshots kept in server memory.")
+              help="Analysed snapshots kept in server memory (and at most 1 GiB of them).")
 @click.option("--samples/--no-samples", default=True, show_default=True,
               help="List the bundled sample snapshots in the picker.")
 @click.option("--analysis-timeout", default=120.0, show_default=True, type=click.FloatRange(min=0.1),

@@ -77,7 +77,9 @@ SIDECAR_SUFFIX = ".memlens.json"
 SIDECAR_MAX_BYTES = 16 << 20
 SIDECAR_MAX_INT = 1 << 56
 GZIP_MAX_RATIO = 100
-GZIP_MIN_LIMIT = 64 << 20
+# The least a gzip may inflate to, whatever its size: real snapshots compress 4-36x, so a file
+# of a few KB needs well under this; at 64 MiB a 44 KB gzip carried 4.36 M events (1.5 GB RSS).
+GZIP_MIN_LIMIT = 1 << 20
 READ_SHARE = 0.7  # of the load time, for the progress bar: unpickling is most of it
 
 
@@ -200,7 +202,7 @@ class _ProgressReader:
 class _Inflation:
     """Refuses a gzip stream that inflates beyond ``limit`` bytes (a compression bomb).
 
-    Real snapshots compress 10-15x; the limit is GZIP_MAX_RATIO times the file, at least
+    Real snapshots compress 4-36x; the limit is GZIP_MAX_RATIO times the file, at least
     GZIP_MIN_LIMIT, so memory stays proportional to what was uploaded.
     """
 
@@ -209,18 +211,26 @@ class _Inflation:
         self._left = limit
         self._limit = limit
 
+    @property
+    def inflated(self) -> int:
+        """Bytes inflated so far."""
+        return self._limit - max(self._left, 0)
+
     def read(self, size: int = -1) -> bytes:
         data = self._stream.read(size if size is not None and 0 <= size <= self._left + 1 else self._left + 1)
         self._left -= len(data)
         if self._left < 0:
             raise PickleRefused(
                 f"refused to load: the gzip stream inflates to more than {self._limit:,} bytes "
-                f"({GZIP_MAX_RATIO}x the file; real snapshots compress about 12x)"
+                f"({GZIP_MAX_RATIO}x the file, at least {GZIP_MIN_LIMIT:,}; real snapshots compress 4-36x)"
             )
         return data
 
 
-def _read_raw(path: str | os.PathLike[str], on_read: Callable[[float], None] | None = None) -> Any:
+def _read_raw(path: str | os.PathLike[str], on_read: Callable[[float], None] | None = None,
+              content: list[int] | None = None) -> Any:
+    """The raw snapshot; ``content`` (if given) gets the bytes of pickle read: the file's size, or
+    what a gzip inflated to, which then stands for the file's size in every limit that scales with it."""
     source = str(path)
     try:
         handle = open(path, "rb")  # noqa: SIM115 - closed below
@@ -238,11 +248,15 @@ def _read_raw(path: str | os.PathLike[str], on_read: Callable[[float], None] | N
         if head.startswith(GZIP_MAGIC):
             with gzip.GzipFile(fileobj=handle) as unzipped:
                 limit = max(GZIP_MIN_LIMIT, GZIP_MAX_RATIO * os.fstat(handle.fileno()).st_size)
-                stream: Any = _Inflation(io.BufferedReader(unzipped, buffer_size=1 << 20), limit)
+                inflation = _Inflation(io.BufferedReader(unzipped, buffer_size=1 << 20), limit)
+                stream: Any = inflation
                 if on_read is not None:  # progress follows the compressed bytes read
                     total = os.fstat(handle.fileno()).st_size
                     stream = _ProgressReader(stream, total, lambda _f: on_read(handle.tell() / max(total, 1)))
-                return _unpickle(stream, source, total=limit, total_is_limit=True)
+                raw = _unpickle(stream, source, total=limit, total_is_limit=True)
+                if content is not None:
+                    content.append(inflation.inflated)
+                return raw
         if head == ZIP_MAGIC:
             raise MemlensFormatError(
                 source, "is a zip archive (a torch.save checkpoint?), not a memory snapshot pickle"
@@ -250,6 +264,8 @@ def _read_raw(path: str | os.PathLike[str], on_read: Callable[[float], None] | N
         if not looks_like_pickle(head):
             raise MemlensFormatError(source, "not a pickle (expected a pickle written by _dump_snapshot)")
         size = os.fstat(handle.fileno()).st_size
+        if content is not None:
+            content.append(size)
         if scan.parallel_vetting_pays(size):
             piped = _start_piped_vetting(source, size, on_read)
             if piped is not None:
@@ -312,10 +328,11 @@ def load(
             report("reading", READ_SHARE * fraction)
 
     with _gc_paused():
-        raw = _read_raw(source, on_read)
+        content: list[int] = []
+        raw = _read_raw(source, on_read, content)
         if progress:
             progress("building timeline", READ_SHARE)
-        snapshot = parse(raw, source=source, text_budget=max(MIN_TEXT_BUDGET, 2 * os.path.getsize(source)))
+        snapshot = parse(raw, source=source, text_budget=max(MIN_TEXT_BUDGET, 2 * content[0]))
         del raw
     snapshot.sidecar = read_sidecar(source)
     if cache_entry is not None:

@@ -250,3 +250,28 @@ def test_the_sdks_own_client_lists_and_calls_the_tools() -> None:
     assert set(names) == TOOLS
     assert json.loads(found)["findings"] == json.loads(cli_json("triage", str(LEAK), "--json"))["findings"]
     assert missing == "Error executing tool triage: snapshot /no/such.pickle: no such file"
+
+
+@pytest.mark.timeout(300)
+def test_hostile_rules_neither_freeze_the_server_nor_escape_as_tracebacks(client: StdioClient, tmp_path: Path) -> None:
+    """``(a+)+$`` against a frame of 5,000 a's backtracked for ever in Python's re, holding the
+    GIL: every other call waited too. RE2 answers at once; a FIFO and a count RE2 refuses are
+    one-line errors."""
+    from tests.hostile_files import dumps, entry, snapshot
+
+    frames = [{"filename": "model.py", "line": 1, "name": "a" * 5000}]
+    path = tmp_path / "as.pickle"
+    path.write_bytes(dumps(snapshot(device_traces=[[entry("alloc", 0x1000, 512, frames=frames)]])))
+    evil = tmp_path / "evil.json"
+    evil.write_text(json.dumps({"rules": {"evil": "(a+)+$", "runs": "a{3}"}}))
+    groups = json.loads(text_of(client.call("group_by", snapshot=str(path), group_by="rules", rules=str(evil))))
+    assert {g["name"] for g in groups["groups"]["groups"]} >= {"runs"}
+    fifo = tmp_path / "rules.json"
+    os.mkfifo(fifo)
+    assert "not a regular file" in error_of(client.call("group_by", snapshot=str(path), group_by="rules",
+                                                        rules=str(fifo)))
+    count = tmp_path / "count.json"
+    count.write_text(json.dumps({"rules": {"x": "a{4294967295}"}}))
+    assert "counts over 1,000" in error_of(client.call("group_by", snapshot=str(path), group_by="rules",
+                                                       rules=str(count)))
+    assert json.loads(text_of(client.call("triage", snapshot=str(LEAK))))["source"] == str(LEAK)

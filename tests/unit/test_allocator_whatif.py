@@ -196,3 +196,19 @@ def test_with_fresh_bases_tensors_agree_on_segment_and_offset_not_address() -> N
     assert fresh.simulated["allocs_in_known_segment"] == sum(1 for e in sim.trace if e["action"] == "alloc")
     copied = whatif(snapshot)
     assert copied.simulated["alloc_address_match"] == copied.simulated["alloc_segment_offset_match"] == 1.0
+
+
+@pytest.mark.parametrize("size_gib", [91, 95, 300])
+def test_expandable_segments_reserve_room_for_a_tensor_beyond_80_gib(size_gib: int) -> None:
+    """With no capacity known the address space was that of an assumed 80 GiB device (90 GiB):
+    a larger tensor asserted. It is sized from the request now; a known capacity still OOMs."""
+    size = size_gib << 30
+    sim = CachingAllocatorSimulator(AllocatorSettings(expandable_segments=True))
+    address = sim.malloc(size)
+    assert sim.allocated_bytes == size and sim.reserved_bytes >= size
+    sim.free(address)
+    sim.malloc(size)  # the cached pages serve it again
+    from memlens.allocator import SimulatedOOM
+
+    with pytest.raises(SimulatedOOM):
+        CachingAllocatorSimulator(AllocatorSettings(expandable_segments=True), capacity=80 << 30).malloc(size)

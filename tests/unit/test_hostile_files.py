@@ -15,6 +15,7 @@ import pytest
 from tests.hostile_files import ACCEPTED, CORPUS, dumps, entry, snapshot
 
 MEMORY_LIMIT = 2 << 30
+OUTPUT_LIMIT = 2 << 30
 REPO = Path(__file__).resolve().parents[2]
 
 # What the one line must say for each refused file (a word or two of the problem).
@@ -30,9 +31,10 @@ EXPECTED = {
     ("reference amplification", "trace entries"): "refers to objects met elsewhere",
     ("reference amplification", "DUP"): "DUP",
     ("reference amplification", "annotations"): "refers to objects met elsewhere",
-    ("reference amplification", "gzip"): "refers to objects met elsewhere",
+    ("reference amplification", "gzip"): "inflates to more than",  # 9 KB: refused at 1 MiB inflated
     ("reference amplification", "gzip bomb"): "inflate the stream past",
     ("reference amplification", "gzip bomb strings"): "inflates to more than",
+    ("reference amplification", "gzip of tiny events"): "inflates to more than 4,",
     ("deep nesting", "frames"): "a stack frame should be a dict",
     ("deep nesting", "marks"): "not a readable pickle",
     ("types and numbers", "sizes near 2**62"): "'size' is implausibly large",
@@ -49,6 +51,11 @@ EXPECTED = {
 
 def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def _limit_memory_and_output() -> None:
+    _limit_memory()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_LIMIT, OUTPUT_LIMIT))  # no file may fill the disk
 
 
 def memlens(*args: str) -> subprocess.CompletedProcess[str]:
@@ -108,6 +115,25 @@ def test_huge_strings_are_cut_and_analysed(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_many_steps_and_streams_are_analysed_in_linear_time(tmp_path: Path) -> None:
     check_class("many steps and streams", tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_rows_sharing_a_deep_stack_cost_the_stack_once(tmp_path: Path) -> None:
+    """Release runs and allocations sharing one 100,000-frame stack: triage and whatif (in
+    check_class), then diff and the HTML export, each in the subprocess's 50 s."""
+    check_class("shared deep stacks", tmp_path)
+    releases, allocations = tmp_path / "release_runs.pickle", tmp_path / "allocations.pickle"
+    compared = memlens("diff", str(releases), str(allocations))
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    exported = memlens("export", str(allocations), "-o", str(tmp_path / "report.html"))
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    for suffix in ("jsonl", "csv"):  # each row wrote the whole stack: gigabytes from 6 MB
+        out = tmp_path / f"events.{suffix}"
+        exported = subprocess.run(
+            [sys.executable, "-m", "memlens", "export", str(allocations), "-o", str(out), "--no-analysis"],
+            capture_output=True, text=True, cwd=REPO, preexec_fn=_limit_memory_and_output, timeout=120, check=False)
+        assert exported.returncode == 0, exported.stderr[-2000:]
+        assert out.stat().st_size < 100 * allocations.stat().st_size
 
 
 @pytest.mark.timeout(300)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from memlens.analysis import analyze
 from memlens.analysis.lenses import (
     BEFORE_HISTORY,
     GROUP_BYS,
+    MAX_RULES,
+    MAX_RULES_FILE_BYTES,
     NO_ANNOTATION,
     NO_COMPILE_CONTEXT,
     NO_MODULE,
@@ -30,6 +33,7 @@ from memlens.analysis.lenses import (
     exact_bincount,
     file_lines,
     file_matches,
+    first_rule_per_frame,
     group_live,
     interval_peaks,
     lens_inputs,
@@ -214,6 +218,10 @@ def test_rules_files_json_and_toml(tmp_path: Path) -> None:
         ('{"rules": [{"name": "x"}]}', "rule 1 needs a 'name' and a 'pattern'"),
         ('{"rules": [{"name": "x", "pattern": 3}]}', "rule 1 needs"),
         ("this is neither", "not JSON"),
+        ('{"rules": [{"name": "x", "pattern": "(a)\\\\1"}]}', "no backreferences"),
+        ('{"rules": [{"name": "x", "pattern": "(?<=a)b"}]}', "no backreferences or lookaround"),
+        ('{"rules": [{"name": "x", "pattern": "a{4294967295}"}]}', "counts over 1,000"),
+        ('{"rules": [{"name": "x", "pattern": "a{2,1001}"}]}', "counts over 1,000"),
     ],
 )
 def test_bad_rules_files_are_usage_errors(tmp_path: Path, text: str, message: str) -> None:
@@ -221,6 +229,78 @@ def test_bad_rules_files_are_usage_errors(tmp_path: Path, text: str, message: st
     path.write_text(text)
     with pytest.raises(MemlensUsageError, match=message):
         load_rules(path)
+
+
+def stacks_named(*names: str) -> LensInputs:
+    b = TraceBuilder()
+    for name in names:
+        b.alloc(1 * MiB, [frame(name, "/work/proj/model.py", 3)])
+    return lens_inputs(b.snapshot())
+
+
+@pytest.mark.timeout(60)
+def test_a_catastrophic_pattern_is_matched_in_linear_time() -> None:
+    """``(a+)+$`` against a long run of a's: Python's re backtracks for ever (and holds the GIL,
+    so the MCP server froze with it); RE2 cannot."""
+    inputs = stacks_named("a" * 5000, "forward")
+    rules = parse_rules([{"name": "evil", "pattern": "(a+)+$"}, {"name": "runs", "pattern": "a{3}"}])
+    assert groups_of(inputs, "rules", 1, rules) == {"runs": 1 * MiB, "other": 1 * MiB}
+
+
+@pytest.mark.timeout(120)
+def test_five_thousand_rules_scan_each_frame_once() -> None:
+    names = [f"layer_{i}_forward" for i in range(3000)]
+    inputs = stacks_named(*names)
+    rules = parse_rules([{"name": f"rule {i}", "pattern": rf"layer_{i}_(forward|backward)\b"} for i in range(5000)])
+    groups = groups_of(inputs, "rules", len(names) - 1, rules)
+    assert len(groups) == 3000 and groups["rule 2999"] == 1 * MiB
+
+
+def test_first_rule_per_frame_takes_the_smallest_index_and_reads_lone_surrogates() -> None:
+    rules = parse_rules([{"name": "b", "pattern": "b"}, {"name": "a", "pattern": "a"}, {"name": "s", "pattern": "x"}])
+    assert first_rule_per_frame(rules, ["ab", "a", "q\udc80x", "zzz"]).tolist() == [0, 1, 2, 3]
+
+
+def test_a_text_the_rule_set_fails_on_is_matched_rule_by_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RE2's set reports nothing when its DFA runs out of memory: no match must not be inferred."""
+    import re2
+
+    rules = parse_rules([{"name": "b", "pattern": "b"}, {"name": "a", "pattern": "a"}])
+    real = re2.Set.SearchSet
+
+    class Failing:
+        def __init__(self, options: Any) -> None:
+            self.inner = real(options)
+
+        def Add(self, pattern: str) -> int:
+            return int(self.inner.Add(pattern))
+
+        def Compile(self) -> None:
+            self.inner.Compile()
+
+        def Match(self, text: bytes) -> None:
+            return None
+
+    monkeypatch.setattr(re2.Set, "SearchSet", staticmethod(Failing))
+    assert first_rule_per_frame(rules, ["ab", "a", "zz"]).tolist() == [0, 1, 2]
+
+
+@pytest.mark.timeout(30)
+def test_the_rules_file_must_be_a_regular_file_of_bounded_size(tmp_path: Path) -> None:
+    fifo = tmp_path / "rules.json"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer for ever
+    with pytest.raises(MemlensUsageError, match="not a regular file"):
+        load_rules(fifo)
+    with pytest.raises(MemlensUsageError, match="not a regular file"):
+        load_rules(tmp_path)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"rules": {"x": "y" * MAX_RULES_FILE_BYTES}}))
+    with pytest.raises(MemlensUsageError, match="at most 1,048,576"):
+        load_rules(big)
+    many = tmp_path / "many.json"
+    many.write_text(json.dumps([{"name": "x", "pattern": "y"}] * (MAX_RULES + 1)))
+    with pytest.raises(MemlensUsageError, match="at most 10,000"):
+        load_rules(many)
 
 
 def test_missing_rules_file_and_rules_without_a_file(tmp_path: Path) -> None:

@@ -143,3 +143,14 @@ def test_diff_file_shows_the_lines_that_grew(tmp_path: Path) -> None:
     assert text.exit_code == 0 and "Lines of model.py" in text.output and "+4.00 MiB" in text.output
     missing = run("diff", *paths, "--file", "nosuch.py")
     assert missing.exit_code == 2 and "no frame of any recorded stack" in missing.stderr
+
+
+@pytest.mark.parametrize("pattern", ["a{4294967295}", "(a)\\1"])
+def test_a_pattern_re2_refuses_is_one_line_usage_error(scoped: Path, tmp_path: Path, pattern: str) -> None:
+    """``a{4294967295}`` was an OverflowError from Python's re: "internal error"."""
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps({"rules": {"x": pattern}}))
+    result = run("triage", scoped, "--rules", rules)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad regular expression" in lines[0] and "internal error" not in lines[0], lines

@@ -132,6 +132,29 @@ def test_gzip_snapshot_loads(tmp_path: Path) -> None:
     assert memlens.load(path).device(0).events == 5
 
 
+@pytest.mark.timeout(120)
+def test_a_gzip_is_read_with_the_limits_of_its_inflated_content(tmp_path: Path) -> None:
+    """Limits that scale with the file's size use what the gzip inflates to: the same snapshot,
+    plain or gzipped, keeps the same texts (the text budget was twice the compressed size)."""
+    import random
+
+    rnd = random.Random(7)
+    frames = []
+    for i in range(5_000):  # 20 MB of names, each a 400-character piece ten times: gzip ~10x
+        piece = "".join(rnd.choice("abcdefghij") for _ in range(400))
+        frames.append({"filename": f"f{i}.py", "line": i, "name": piece * 10 + str(i)})
+    raw = {"segments": [], "device_traces": [[
+        {"action": "alloc", "addr": 4096 * (i + 1), "size": 512, "stream": 0, "frames": [frame]}
+        for i, frame in enumerate(frames)]]}
+    plain, zipped = tmp_path / "s.pickle", tmp_path / "s.pickle.gz"
+    plain.write_bytes(pickle.dumps(raw, protocol=4))
+    zipped.write_bytes(gzip.compress(plain.read_bytes()))
+    assert 2 * zipped.stat().st_size < 16 << 20 < 20 << 20 < 2 * plain.stat().st_size
+    names = [len(f.name) for f in memlens.load(plain, cache=False).stacks.frames]
+    assert names == [4000 + len(str(i)) for i in range(5_000)]  # none cut
+    assert [len(f.name) for f in memlens.load(zipped, cache=False).stacks.frames] == names
+
+
 class _WritesAFile:
     def __init__(self, target: str) -> None:
         self.target = target

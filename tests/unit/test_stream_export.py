@@ -22,14 +22,17 @@ import memlens
 from memlens.analysis import analyze_snapshot
 from memlens.analysis.datatypes import CATEGORIES
 from memlens.cli.main import cli
-from memlens.snapshot.model import Action, DeviceTrace, Frame, Snapshot, StackTable
+from memlens.snapshot.model import MAX_FRAMES_EXAMINED, Action, DeviceTrace, Frame, Snapshot, StackTable
 from memlens.stream_export import (
     BLOCK_COLUMNS,
+    CONTENT_FACTOR,
     EVENT_COLUMNS,
     FRAME_SEPARATOR,
     atomic_stream,
     csv_text,
     event_labels,
+    frame_text_lengths,
+    table_content,
     write_table,
 )
 from tests.conftest import REPO_ROOT, SAMPLE_SNAPSHOTS_DIR, needs_real_snapshots, real_snapshot_paths
@@ -98,6 +101,10 @@ def test_real_snapshots_export_every_event_and_block() -> None:
             assert row["allocated_bytes"] == int(trace.allocated[i])
             stack_id = int(trace.stack_id[i])
             assert row["frames"] == (stack_text(snapshot, stack_id) if stack_id >= 0 else None)
+            assert row["frames_omitted"] == (0 if stack_id >= 0 else None)  # a real stack is never cut
+        stacks = read_jsonl(export(snapshot, "jsonl", "stacks"))
+        assert [row["stack_id"] for row in stacks] == list(range(len(snapshot.stacks))), path.name
+        assert all(row["frames"] == stack_text(snapshot, row["stack_id"]) for row in stacks), path.name
 
 
 @needs_real_snapshots
@@ -311,6 +318,50 @@ def test_memory_stays_flat_however_long_the_trace(fmt: str) -> None:
         assert sink.written > events * 400  # the output is far larger than what was held
     assert max(peaks.values()) < 4 * MiB, peaks
     assert peaks[64_000] < 1.5 * peaks[4_000] + MiB, peaks  # 16x the rows, not 16x the memory
+
+
+def _rows_sharing_one_deep_stack(rows: int, depth: int) -> Snapshot:
+    """``rows`` trace rows that all share one ``depth``-frame stack (distinct frames)."""
+    frames = [Frame(f"/work/project/deep_module_{i}.py", i, f"call_{i}") for i in range(depth)]
+    index = np.arange(rows, dtype=np.int64)
+    trace = DeviceTrace(
+        device=0, action=np.full(rows, int(Action.ALLOC), dtype=np.int8), address=0x7F00_0000_0000 + index * 512,
+        size=np.full(rows, 512, dtype=np.int64), stream=np.zeros(rows, dtype=np.int64), time_us=index,
+        stack_id=np.zeros(rows, dtype=np.int32), device_free=np.zeros(rows, dtype=np.int64),
+        metadata_id=np.full(rows, -1, dtype=np.int32), context_id=np.full(rows, -1, dtype=np.int32),
+        allocated=(index + 1) * 512, reserved=np.full(rows, 1 << 30, dtype=np.int64), has_time=True)
+    return Snapshot(source="<deep>", devices={0: trace}, segments=[],
+                    stacks=StackTable(frames, [tuple(range(depth))]))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_rows_sharing_a_long_stack_write_a_bounded_amount(fmt: str) -> None:
+    """4,000 rows sharing one 20,000-frame stack (its innermost 1,024 frames: 46 KB of text)
+    wrote the stack whole on every row: 3.6 GB. The cells are cut to what the table's content
+    allows (its rows, the stack's frame references and the frames' text, each counted once)."""
+    snapshot = _rows_sharing_one_deep_stack(4_000, 20_000)
+    sink = _CountingSink()
+    assert write_table(snapshot, sink, fmt) == 4_000  # type: ignore[arg-type]
+    content = table_content(snapshot.stacks, 4_000, np.ones(1, dtype=bool), frame_text_lengths(snapshot.stacks))
+    assert sink.written < CONTENT_FACTOR * content + 4_000 * 512 < 100 * MiB
+
+
+def test_cut_cells_are_the_same_on_every_row_and_say_what_they_leave_out() -> None:
+    snapshot = _rows_sharing_one_deep_stack(4_000, 20_000)
+    rows = read_jsonl(export(snapshot, "jsonl"))
+    shown = rows[0]["frames"].count(FRAME_SEPARATOR) + 1
+    assert 10 < shown < MAX_FRAMES_EXAMINED and all(r["frames"] == rows[0]["frames"] for r in rows)
+    assert rows[0]["frames"] == FRAME_SEPARATOR.join(stack_text(snapshot, 0).split(FRAME_SEPARATOR)[:shown])
+    assert all(r["frames_omitted"] == 20_000 - shown for r in rows)
+    [stack] = read_jsonl(export(snapshot, "jsonl", "stacks"))  # each stack once, to the examined depth
+    assert stack["depth"] == 20_000 and stack["frames_omitted"] == 20_000 - MAX_FRAMES_EXAMINED
+
+
+def test_a_stack_shared_by_few_rows_is_written_whole() -> None:
+    rows = read_jsonl(export(_rows_sharing_one_deep_stack(3, 2_000), "jsonl"))
+    assert rows[0]["frames"].count(FRAME_SEPARATOR) + 1 == MAX_FRAMES_EXAMINED
+    assert {r["frames_omitted"] for r in rows} == {2_000 - MAX_FRAMES_EXAMINED}
 
 
 # --------------------------------------------------------------------------- files and streams
