@@ -113,6 +113,9 @@ _ALLOWED_DTYPES = frozenset((_INT8, _INT32, _INT64, _UINT8))
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip local file header, 30 bytes
 _LOCAL_HEADER_MAGIC = b"PK\x03\x04"
 _OPEN_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+# Reading: also without blocking, since opening a FIFO planted as the key or an entry would wait
+# for a writer for ever; what is opened is then refused unless it is a regular file.
+_OPEN_TO_READ = os.O_RDONLY | _OPEN_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
 # The checks below need POSIX owners and descriptor-relative opens; elsewhere nothing is cached.
 _SUPPORTED = os.name == "posix" and bool(_OPEN_NOFOLLOW) and os.open in os.supports_dir_fd
 
@@ -408,7 +411,7 @@ class _CacheFolder:
         """This user's MAC key; with ``create``, made (or replaced, if unusable) when needed."""
         for _ in range(3):  # another process may be creating it at the same moment
             try:
-                fd = os.open(KEY_NAME, os.O_RDONLY | _OPEN_NOFOLLOW, dir_fd=self.fd)
+                fd = os.open(KEY_NAME, _OPEN_TO_READ, dir_fd=self.fd)
             except FileNotFoundError:
                 if not create:
                     return None
@@ -420,7 +423,7 @@ class _CacheFolder:
             if fd >= 0:
                 with os.fdopen(fd, "rb") as handle:
                     trusted = trusted_file(os.fstat(handle.fileno()), forbidden_bits=0o077)
-                    key = handle.read(KEY_BYTES + 1)
+                    key = handle.read(KEY_BYTES + 1) if trusted else b""  # never read what is not a file
                 if trusted and len(key) == KEY_BYTES:
                     return key
             if not create:
@@ -603,7 +606,7 @@ def _expect(condition: bool, problem: str) -> None:
 
 
 def _read_entry(folder_fd: int, name: str, key: bytes, digest: Callable[[], str | None], source: str) -> Snapshot:
-    fd = os.open(name, os.O_RDONLY | _OPEN_NOFOLLOW, dir_fd=folder_fd)
+    fd = os.open(name, _OPEN_TO_READ, dir_fd=folder_fd)
     with open(fd, "rb", buffering=0) as handle:
         st = os.fstat(fd)
         _expect(trusted_file(st), "not a regular file owned by this user and private to it")
