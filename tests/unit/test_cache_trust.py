@@ -439,11 +439,11 @@ def test_a_bug_while_writing_costs_the_cache_not_the_load(snapshot_file: Path, c
 
 
 def test_a_failed_hash_means_no_cache(snapshot_file: Path, cache_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def unreadable(source: str) -> Any:
+    def unreadable(fd: int) -> Any:
         raise MemoryError
 
     memlens.load(snapshot_file, cache=True)
-    monkeypatch.setattr(cache, "_hash_file", unreadable)
+    monkeypatch.setattr(cache, "_hash_fd", unreadable)
     assert not memlens.load(snapshot_file, cache=True).from_cache
 
 
