@@ -146,6 +146,11 @@ class OpenedFile:
         self.stat = os.fstat(fd)
 
     @property
+    def folder_fd(self) -> int | None:
+        """The descriptor of the folder it was opened beneath (siblings are opened there), if any."""
+        return self._folder_fd
+
+    @property
     def size(self) -> int:
         return self.stat.st_size
 

@@ -372,6 +372,14 @@ def load_rules(path: str | Path) -> list[Rule]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise MemlensUsageError(f"{path}: cannot read the rules file: {exc}") from None
+    return rules_from_text(text, str(path))
+
+
+def rules_from_text(text: str, name: str) -> list[Rule]:
+    """Rules from the text of a rules file called ``name`` (JSON or TOML by its suffix; anything
+    else is tried as JSON, then TOML): for a file already read, such as one ``memlens mcp``
+    opened beneath its root."""
+    path = Path(name)
     parsers = {".json": ("json",), ".toml": ("toml",)}.get(path.suffix.lower(), ("json", "toml"))
     errors = []
     for kind in parsers:

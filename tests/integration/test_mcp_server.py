@@ -211,14 +211,22 @@ def test_paths_outside_the_roots_are_refused(tmp_path: Path) -> None:
     inside.mkdir()
     (inside / "a.pickle").write_bytes(b"x")
     policy = PathPolicy.for_roots([inside])
-    assert policy.check(str(inside / "a.pickle")) == str(inside / "a.pickle")
+    with policy.open(str(inside / "a.pickle")) as opened:
+        assert opened.name == str(inside / "a.pickle") and opened.size == 1
     with pytest.raises(MemlensUsageError, match="outside the folders"):
-        policy.check(str(LEAK))
+        policy.open(str(LEAK))
     with pytest.raises(MemlensUsageError, match="outside the folders"):
-        policy.check(str(inside / ".." / ".." / LEAK))
-    (inside / "escape.pickle").symlink_to(LEAK)  # a link out of the root is judged by its target
-    with pytest.raises(MemlensUsageError, match="outside the folders"):
-        policy.check(str(inside / "escape.pickle"))
+        policy.open(str(inside / ".." / ".." / LEAK))
+    (inside / "escape.pickle").symlink_to(LEAK)  # no link below a root is followed, wherever it points
+    with pytest.raises(MemlensUsageError, match="symbolic link"):
+        policy.open(str(inside / "escape.pickle"))
+    (inside / "sub").mkdir()
+    (inside / "sub" / "b.pickle").write_bytes(b"y")
+    (inside / "link").symlink_to(inside / "sub")  # nor a link to a folder inside it
+    with pytest.raises(MemlensUsageError, match="symbolic link"):
+        policy.open(str(inside / "link" / "b.pickle"))
+    with policy.open(str(inside / "sub" / ".." / "sub" / "b.pickle")) as opened:
+        assert opened.size == 1
     with pytest.raises(MemlensUsageError, match="no such folder"):
         PathPolicy.for_roots([tmp_path / "nowhere"])
 
