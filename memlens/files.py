@@ -35,7 +35,18 @@ def atomic_stream(path: Path, temp_prefix: str | None = None, buffering: int = -
     A temporary file in the same folder (``temp_prefix``, default ``.NAME.PID.``; the recorder
     puts its host and pid there, so the next run can tell a killed writer's file), ``fsync``,
     ``os.replace``; the file gets the user's usual mode. On any exception (Ctrl-C included) the
-    temporary file is removed and ``path`` is left as it was."""
+    temporary file is removed and ``path`` is left as it was.
+
+    Only a regular file (or nothing) is ever replaced. A symbolic link is followed: its target is
+    what gets written, the link stays. A FIFO or a character device (``/dev/stdout``,
+    ``/dev/null``) is written in place, as a shell's ``>`` would; anything else (a folder, a
+    socket, a block device) is refused with an ``OSError`` that says so."""
+    in_place = _open_in_place(path)  # by the name given: /dev/stdout resolves to no real path
+    if in_place is not None:
+        with os.fdopen(in_place, "wb", buffering=buffering) as handle:
+            yield handle
+        return
+    path = _write_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     prefix = temp_prefix if temp_prefix is not None else f".{path.name}.{os.getpid()}."
     fd, temp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
@@ -51,6 +62,32 @@ def atomic_stream(path: Path, temp_prefix: str | None = None, buffering: int = -
             os.unlink(temp_name)
         raise
     _fsync_directory(path.parent)
+
+
+def _write_target(path: Path) -> Path:
+    """Where writing ``path`` lands: the file a symbolic link (or a chain of them) points to."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _open_in_place(path: Path) -> int | None:
+    """A descriptor to write ``path`` in place when it is a FIFO or a character device; None
+    when it is a regular file or nothing (written atomically); ``OSError`` for anything else."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(st.st_mode):
+        return None
+    if not (stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file, a FIFO or a character device"
+        raise OSError(errno.EEXIST, f"it is {kind}; it was not replaced")
+    # Opening a FIFO to write waits for its reader, which is what writing into one means.
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+    opened = os.fstat(fd)
+    if not (stat.S_ISFIFO(opened.st_mode) or stat.S_ISCHR(opened.st_mode)):  # swapped meanwhile
+        os.close(fd)
+        raise OSError(errno.EEXIST, "it changed while it was opened; it was not replaced")
+    return fd
 
 
 def write_atomic(path: Path, data: bytes, temp_prefix: str | None = None) -> None:
