@@ -474,3 +474,35 @@ def test_a_tool_call_runs_under_the_analysis_limits(tmp_path: Path) -> None:
     assert "tool call stopped: took over" in error_of(answer["result"])
     (answer,) = answers_to([call % (1, json.dumps(str(LEAK)))], "--analysis-memory", "64MiB")[0][1:]
     assert "tool call stopped: needed over 64" in error_of(answer["result"])
+
+
+@pytest.mark.timeout(300)
+def test_the_sdks_client_under_a_root_gets_one_line_refusals_and_no_outside_bytes(tmp_path: Path) -> None:
+    import asyncio
+
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    shutil.copy(LEAK, root / "run.pickle")
+    (outside / "secrets.json").write_text(json.dumps({"model": {"name": "TOP-SECRET-TOKEN"}}))
+    (root / "run.memlens.json").symlink_to(outside / "secrets.json")
+    (root / "link.pickle").symlink_to(root / "run.pickle")
+    os.mkfifo(root / "pipe.pickle")
+
+    async def session() -> list[tuple[bool, str]]:
+        server = StdioServerParameters(command=sys.executable, args=["-m", "memlens", "mcp", "--root", str(root)],
+                                       cwd=str(REPO_ROOT))
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            answers = []
+            for name in ("run.pickle", "link.pickle", "pipe.pickle"):
+                result = await client.call_tool("triage", {"snapshot": str(root / name)})
+                answers.append((result.is_error, result.content[0].text))  # type: ignore[union-attr]
+            return answers
+
+    (report_error, report), (link_error, link_text), (pipe_error, pipe_text) = asyncio.run(session())
+    assert not report_error and "TOP-SECRET-TOKEN" not in report and json.loads(report)["source"] == str(root / "run.pickle")
+    assert link_error and "symbolic link" in link_text
+    assert pipe_error and "not a regular file" in pipe_text
