@@ -714,10 +714,9 @@ class _Wire:
             await self._out.write(text)
             await self._out.flush()
         for line in text.splitlines():
-            with contextlib.suppress(ValueError, AttributeError):
-                message = json.loads(line)
-                if "method" not in message and "id" in message:
-                    self.pending.discard(json.dumps(message["id"]))
+            answered = _answered_id(line)
+            if answered is not None:
+                self.pending.discard(answered)
 
     async def flush(self) -> None:
         async with self._write_lock:
@@ -726,6 +725,25 @@ class _Wire:
     async def _answer_error(self, request_id: Any, code: int, text: str) -> None:
         await self.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": text}})
                          + "\n")
+
+
+# How the SDK writes an answer's head (its models' field order): read without parsing the rest,
+# which may be megabytes of report.
+_ANSWER_HEAD = re.compile(r'\{"jsonrpc":"2\.0","id":(-?\d+|"(?:[^"\\]|\\.)*"),"(?:result|error)"')
+
+
+def _answered_id(line: str) -> str | None:
+    """The id (as ``json.dumps`` writes it) of the request ``line`` answers, if it is an answer."""
+    head = _ANSWER_HEAD.match(line)
+    try:
+        if head is not None:
+            return json.dumps(json.loads(head.group(1)))
+        message = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(message, dict) and "method" not in message and "id" in message:
+        return json.dumps(message["id"])
+    return None
 
 
 async def _serve_stdio(server: Any, wire_in: int, wire_out: int, drain_s: float) -> None:
