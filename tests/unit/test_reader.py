@@ -240,6 +240,15 @@ def test_a_fifo_as_the_sidecar_is_skipped_without_waiting(tmp_path: Path) -> Non
     assert memlens.load(path).sidecar == {}
 
 
+@pytest.mark.timeout(60)
+def test_sniffing_a_folder_of_files_skips_a_fifo_without_waiting(tmp_path: Path) -> None:
+    from memlens.snapshot.formats import sniff
+
+    os.mkfifo(tmp_path / "pipe.pickle")
+    assert not sniff(tmp_path / "pipe.pickle")
+    assert sniff(write(tmp_path / "run.pickle", tiny_snapshot()))
+
+
 def test_an_opened_file_is_read_through_its_descriptor(tmp_path: Path) -> None:
     """What is analysed is the file that was opened and checked, whatever the path names later."""
     from memlens.files import open_regular
