@@ -5,14 +5,18 @@ An assistant that holds a snapshot path can ask what the CLI answers: ``triage``
 ``budget``. Each tool returns, as its text, the very JSON the matching ``memlens ... --json``
 command prints, built by the same functions; the tests compare them.
 
-Paths are checked before anything is read: a regular file that exists and is readable (a folder,
-a FIFO or a device is refused: reading ``/dev/zero`` would never end), inside the ``--root``
-folders when the server was started with any. Files go through the same safe loader as the CLI
+Every file a tool reads is opened once, by the server, and checked through that descriptor (a
+regular file: a folder, a FIFO or a device is refused without waiting on it); under ``--root`` it
+is opened beneath the root's folder descriptor following no symbolic link (``PathPolicy``). The
+tool call itself then runs in a child process under a dashboard analysis's time and memory limits
+(``ToolCalls``, ``memlens.sandbox``) and reads those descriptors, the sidecar beside the snapshot
+included: what is analysed is what was checked. Files go through the same safe loader as the CLI
 (a pickle naming any global is refused before anything runs). Every failure is an MCP tool error
-of one line (``is_error``), the CLI's error text, never a traceback.
+of one line (``is_error``), the CLI's error text, never a traceback, and every request gets an
+answer (``_Wire``: lines the SDK would drop, calls in flight when stdin closes).
 
-The payload functions (``triage_payload`` and the rest) need no MCP SDK; ``build_server`` imports
-it (``pip install 'memlens[mcp]'``).
+The payload functions (``Tools``) need no MCP SDK; ``build_server`` imports it
+(``pip install 'memlens[mcp]'``).
 
 No ``from __future__ import annotations`` here: the SDK reads each tool's parameter types from
 its annotations, which must be objects, not strings naming ``build_server``'s local aliases.
@@ -361,17 +365,6 @@ def _is_simulated_oom(exc: BaseException) -> bool:
     from memlens.errors import MemlensOutOfMemory
 
     return isinstance(exc, MemlensOutOfMemory)
-
-
-def run_tool(payload: Callable[[], dict[str, Any]]) -> str:
-    """The payload as the CLI prints it (``json.dumps(..., indent=2)``); any failure becomes a
-    ``ToolError`` of one line (``ToolError`` is imported here: only a running server needs it)."""
-    from mcp.server.mcpserver.exceptions import ToolError
-
-    try:
-        return json.dumps(payload(), indent=2)
-    except Exception as exc:  # every failure reaches the caller as one line, never a traceback
-        raise ToolError(one_line_error(exc)) from None
 
 
 # --------------------------------------------------------------------------- each call, limited
