@@ -5,25 +5,33 @@ An assistant that holds a snapshot path can ask what the CLI answers: ``triage``
 ``budget``. Each tool returns, as its text, the very JSON the matching ``memlens ... --json``
 command prints, built by the same functions; the tests compare them.
 
-Paths are checked before anything is read: a regular file that exists and is readable (a folder,
-a FIFO or a device is refused: reading ``/dev/zero`` would never end), inside the ``--root``
-folders when the server was started with any. Files go through the same safe loader as the CLI
+Every file a tool reads is opened once, by the server, and checked through that descriptor (a
+regular file: a folder, a FIFO or a device is refused without waiting on it); under ``--root`` it
+is opened beneath the root's folder descriptor following no symbolic link (``PathPolicy``). The
+tool call itself then runs in a child process under a dashboard analysis's time and memory limits
+(``ToolCalls``, ``memlens.sandbox``) and reads those descriptors, the sidecar beside the snapshot
+included: what is analysed is what was checked. Files go through the same safe loader as the CLI
 (a pickle naming any global is refused before anything runs). Every failure is an MCP tool error
-of one line (``is_error``), the CLI's error text, never a traceback.
+of one line (``is_error``), the CLI's error text, never a traceback, and every request gets an
+answer (``_Wire``: lines the SDK would drop, calls in flight when stdin closes).
 
-The payload functions (``triage_payload`` and the rest) need no MCP SDK; ``build_server`` imports
-it (``pip install 'memlens[mcp]'``).
+The payload functions (``Tools``) need no MCP SDK; ``build_server`` imports it
+(``pip install 'memlens[mcp]'``).
 
 No ``from __future__ import annotations`` here: the SDK reads each tool's parameter types from
 its annotations, which must be objects, not strings naming ``build_server``'s local aliases.
 """
 
+import contextlib
 import dataclasses
 import inspect
 import json
+import logging
 import os
-import stat
+import re
+import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -31,10 +39,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from memlens.errors import MemlensError, MemlensUsageError
+from memlens.files import FileRefused, OpenedFile, open_beneath, open_regular
 from memlens.printable import printable
+from memlens.sandbox import DEFAULT_PRELOAD, Crashed, Limits, ProcessGroup, run_limited
 
 if TYPE_CHECKING:
     from memlens.analysis.analysis import Analysis
+
+log = logging.getLogger("memlens.mcp")
 
 SERVER_NAME = "memlens"
 INSTRUCTIONS = (
@@ -57,76 +69,141 @@ ERROR_CHARS = 500
 
 
 @dataclass(frozen=True)
-class PathPolicy:
-    """Which files the tools may read: existing, readable regular files, inside ``roots`` if any."""
+class _Root:
+    """A folder the tools may read: held open for the server's life, so replacing the path
+    changes nothing; matched by both the spelling given and the resolved one."""
 
-    roots: tuple[Path, ...] = ()
+    spellings: tuple[str, ...]
+    fd: int
+
+
+class PathPolicy:
+    """Which files the tools may read, and how each is opened (once: what is read is what was
+    checked). Without roots: any regular file this user can read (links followed, as a shell
+    would). With roots: only files beneath them, opened component by component from the root's
+    descriptor following no symbolic link (a link is refused, even one that points inside: the
+    server cannot tell where it would lead by the time the file is read). Opening never blocks
+    (a FIFO is refused, not waited on), and every file is a regular one of bounded size."""
+
+    def __init__(self, roots: Sequence[_Root] = ()) -> None:
+        self._roots = tuple(roots)
 
     @classmethod
     def for_roots(cls, roots: Sequence[str | os.PathLike[str]]) -> "PathPolicy":
-        resolved = []
+        opened = []
         for root in roots:
-            path = Path(root).expanduser().resolve()
-            if not path.is_dir():
-                raise MemlensUsageError(f"--root {printable(root)}: no such folder")
-            resolved.append(path)
-        return cls(tuple(resolved))
+            given = os.path.abspath(os.path.expanduser(os.fspath(root)))
+            resolved = os.path.realpath(given)
+            try:
+                fd = os.open(resolved, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                raise MemlensUsageError(f"--root {printable(root)}: no such folder") from None
+            opened.append(_Root(tuple(dict.fromkeys((given, resolved))), fd))
+        return cls(opened)
 
-    def check(self, text: str, what: str = "snapshot") -> str:
-        """``text`` as the path to open (``~`` expanded), or a one-line ``MemlensUsageError``."""
+    @property
+    def roots(self) -> tuple[Path, ...]:
+        return tuple(Path(root.spellings[-1]) for root in self._roots)
+
+    def open(self, text: str, what: str = "snapshot", max_bytes: int | None = None) -> OpenedFile:
+        """``text`` opened and checked, as an ``OpenedFile`` (the caller closes it), or a
+        one-line ``MemlensUsageError``."""
         if not isinstance(text, str) or not text.strip() or "\x00" in text:
             raise MemlensUsageError(f"{what}: give the path of a file")
-        path = Path(text).expanduser()
-        resolved = path.resolve()
+        name = str(Path(text).expanduser())
         shown = printable(text, 300)
-        if self.roots and not any(resolved.is_relative_to(root) for root in self.roots):
-            allowed = ", ".join(printable(str(root), 200) for root in self.roots)
-            raise MemlensUsageError(f"{what} {shown}: outside the folders this server may read ({allowed})")
         try:
-            st = os.stat(resolved)
-        except FileNotFoundError:
-            raise MemlensUsageError(f"{what} {shown}: no such file") from None
-        except OSError as exc:
-            raise MemlensUsageError(f"{what} {shown}: cannot be read ({exc.strerror or type(exc).__name__})") from None
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-            raise MemlensUsageError(f"{what} {shown}: {kind}; give the path of a snapshot file")
-        if not os.access(resolved, os.R_OK):
-            raise MemlensUsageError(f"{what} {shown}: not readable by this server")
-        return str(path)
+            if not self._roots:
+                return open_regular(name, max_bytes=max_bytes)
+            # Lexically normalised: ".." cannot climb through a link, since none is followed below a root.
+            path = os.path.abspath(name)
+            for root in self._roots:
+                for spelling in root.spellings:
+                    inside = spelling.rstrip(os.sep) + os.sep
+                    if path == spelling or path.startswith(inside):
+                        return open_beneath(root.fd, path[len(inside):], name, max_bytes=max_bytes)
+        except FileRefused as refused:
+            reason = refused.reason
+            if reason in ("a folder", "not a regular file"):
+                reason += "; give the path of a snapshot file"
+            elif reason == "not a file beneath the folder":
+                reason = "a folder; give the path of a snapshot file"
+            raise MemlensUsageError(f"{what} {shown}: {reason}") from None
+        allowed = ", ".join(printable(str(root), 200) for root in self.roots)
+        raise MemlensUsageError(f"{what} {shown}: outside the folders this server may read ({allowed})")
+
+
+class _PreOpened:
+    """The files a tool call's parent opened and checked, handed to the child that runs it: the
+    child reads those descriptors and opens nothing by name."""
+
+    def __init__(self, files: dict[tuple[str, str], OpenedFile]) -> None:
+        self.files = files
+
+    def open(self, text: str, what: str = "snapshot", max_bytes: int | None = None) -> OpenedFile:
+        opened = self.files.get((what, text))
+        if opened is None:  # a path argument missing from PATH_ARGUMENTS: a bug, said plainly
+            raise MemlensUsageError(f"{what} {printable(text, 300)}: not opened for this call")
+        return opened
+
+
+# Each tool argument that names a file, with the word its messages use for it.
+PATH_ARGUMENTS = {"snapshot": "snapshot", "before": "before", "after": "after", "rules": "rules", "config": "config"}
+RULES_MAX_BYTES = 16 << 20  # rules and configs are text files of a few kilobytes
+CONFIG_MAX_BYTES = 16 << 20
 
 
 # --------------------------------------------------------------------------- analyses, kept
 
+AnalysisKey = tuple[Any, ...]
+
 
 class _Analyses:
-    """Analyses of recently asked files, keyed by the file's identity (so an edited file is read
-    again) and the capacity asked for; safe to use from the SDK's worker threads."""
+    """Analyses of recently asked files, keyed by the name asked, the opened file's identity (so
+    an edited file is read again) and the capacity asked for; safe to use from the SDK's worker
+    threads. A tool call runs in a child process: the parent hands it the analyses it keeps for
+    the files of the call (``matching``), and keeps the ones the child built (``added``)."""
 
-    def __init__(self, kept: int = KEPT_ANALYSES) -> None:
+    def __init__(self, kept: int = KEPT_ANALYSES, known: dict[AnalysisKey, "Analysis"] | None = None) -> None:
         self.kept = kept
-        self.entries: OrderedDict[tuple[Any, ...], Analysis] = OrderedDict()
+        self.entries: OrderedDict[AnalysisKey, Analysis] = OrderedDict(known or {})
+        self.added: dict[AnalysisKey, Analysis] = {}
         self.lock = threading.Lock()
 
-    def get(self, path: str, capacity: int | None) -> "Analysis":
-        from memlens.analysis import analyze_snapshot
-        from memlens.cli.common import load_with_progress
+    @staticmethod
+    def key(opened: OpenedFile, capacity: int | None) -> AnalysisKey:
+        return (opened.name, *opened.identity(), capacity)
 
-        st = os.stat(path)
-        key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, capacity)
+    def get(self, opened: OpenedFile, capacity: int | None) -> "Analysis":
+        from memlens.analysis import analyze_snapshot
+        from memlens.snapshot.reader import load
+
+        key = self.key(opened, capacity)
         with self.lock:
             if key in self.entries:
                 self.entries.move_to_end(key)
                 return self.entries[key]
         # As ``memlens triage`` does: every device analysed, the file's cache used as the CLI uses it.
-        analysis = analyze_snapshot(load_with_progress(path, progress=False), capacity=capacity)
+        analysis = analyze_snapshot(load(opened), capacity=capacity)
         with self.lock:
-            self.entries[key] = analysis
-            # By count and by bytes, oldest first; the one just made stays (it answers this call).
-            while len(self.entries) > 1 and (len(self.entries) > self.kept or sum(
-                    kept.held_bytes() for kept in self.entries.values()) > KEPT_ANALYSES_BYTES):
-                self.entries.popitem(last=False)
+            self.store({key: analysis})
+            self.added[key] = analysis
         return analysis
+
+    def store(self, analyses: dict[AnalysisKey, "Analysis"]) -> None:
+        self.entries.update(analyses)
+        for key in analyses:
+            self.entries.move_to_end(key)
+        # By count and by bytes, oldest first; the newest stays (it answers the call that made it).
+        while len(self.entries) > 1 and (len(self.entries) > self.kept or sum(
+                kept.held_bytes() for kept in self.entries.values()) > KEPT_ANALYSES_BYTES):
+            self.entries.popitem(last=False)
+
+    def matching(self, files: Sequence[OpenedFile]) -> dict[AnalysisKey, "Analysis"]:
+        """The kept analyses of these files as they are now (any capacity)."""
+        wanted = {(f.name, *f.identity()) for f in files}
+        with self.lock:
+            return {key: analysis for key, analysis in self.entries.items() if key[:-1] in wanted}
 
 
 def _capacity(text: str | int | None) -> int | None:
@@ -148,11 +225,12 @@ def _capacity(text: str | int | None) -> int | None:
 class Tools:
     """The payload behind each tool: the dict ``memlens <command> --json`` prints."""
 
-    paths: PathPolicy = dataclasses.field(default_factory=PathPolicy)
+    paths: PathPolicy | _PreOpened = dataclasses.field(default_factory=PathPolicy)
     analyses: _Analyses = dataclasses.field(default_factory=_Analyses)
 
     def triage(self, snapshot: str, device: int | None = None, capacity: str | int | None = None) -> dict[str, Any]:
-        analysis = self.analyses.get(self.paths.check(snapshot), _capacity(capacity))
+        with self.paths.open(snapshot) as opened:
+            analysis = self.analyses.get(opened, _capacity(capacity))
         analysis.report.device(device)  # an unknown device: one line naming the ones there are
         return analysis.report.to_json()
 
@@ -174,16 +252,20 @@ class Tools:
     def group_by(self, snapshot: str, group_by: str = "category", device: int | None = None,
                  at: str | None = None, window: str | None = None, step: int | None = None,
                  rules: str | None = None, file: str | None = None) -> dict[str, Any]:
-        from memlens.analysis.lenses import GROUP_BYS, lens_inputs_of, load_rules
+        from memlens.analysis.lenses import GROUP_BYS, lens_inputs_of, rules_from_text
         from memlens.cli.lenses import lens_payload
 
         if group_by not in GROUP_BYS:
             raise MemlensUsageError(f"group_by {printable(group_by, 100)}: use one of {', '.join(GROUP_BYS)}")
-        loaded_rules = load_rules(self.paths.check(rules, "rules")) if rules is not None else []
+        loaded_rules = []
+        if rules is not None:
+            with self.paths.open(rules, "rules", RULES_MAX_BYTES) as opened_rules:
+                loaded_rules = rules_from_text(_text_of(opened_rules, "rules", RULES_MAX_BYTES), opened_rules.name)
         if group_by == "rules" and not loaded_rules:
             raise MemlensUsageError("group_by 'rules' needs rules: the path of a JSON or TOML rules file")
-        path = self.paths.check(snapshot)
-        analysis = self.analyses.get(path, None)
+        with self.paths.open(snapshot) as opened:
+            path = opened.name
+            analysis = self.analyses.get(opened, None)
         # The device ``memlens triage --group-by`` picks by default (the report's: the highest
         # peak), read from the kept analysis: the same lifetimes, categories and steps.
         lens = {"at": at, "window": window, "step": step, "file_path": file}
@@ -195,8 +277,10 @@ class Tools:
 
         if not 1 <= top <= 100:
             raise MemlensUsageError("top: a number from 1 to 100")
-        analysis_before = self.analyses.get(self.paths.check(before, "before"), None)
-        analysis_after = self.analyses.get(self.paths.check(after, "after"), None)
+        with self.paths.open(before, "before") as opened:
+            analysis_before = self.analyses.get(opened, None)
+        with self.paths.open(after, "after") as opened:
+            analysis_after = self.analyses.get(opened, None)
         payload = diff_reports(analysis_before, analysis_after, device, device, top=top).to_json()
         if file:
             from memlens.analysis.lenses import diff_file_lines, lens_inputs_of
@@ -213,7 +297,8 @@ class Tools:
         from memlens.snapshot.reader import load
 
         capacity_bytes = _capacity(capacity)
-        loaded = load(self.paths.check(snapshot))
+        with self.paths.open(snapshot) as opened:
+            loaded = load(opened)
         settings = AllocatorSettings.from_snapshot_dict(loaded.allocator_settings).with_changes(
             expandable_segments=expandable_segments, max_split_size_mb=max_split_size_mb,
             garbage_collection_threshold=garbage_collection_threshold)
@@ -229,12 +314,27 @@ class Tools:
                activations: str = "megatron", chunked_loss: float | None = None, zero: int = 0,
                world_size: int = 1, offload_optimizer: bool = False, offload_params: bool = False,
                capacity: list[str | float] | None = None) -> dict[str, Any]:
+        with contextlib.ExitStack() as files:
+            opened_config = (files.enter_context(self.paths.open(config, "config", CONFIG_MAX_BYTES))
+                             if config is not None else None)
+            return self._budget(opened_config, params, hidden, layers, heads, kv_heads, vocab, ffn, tie_embeddings,
+                                precision, optimizer, optim_dtype, grad_dtype, galore_rank, lora_rank, lora_targets,
+                                qlora, frozen_layers, batch, seq, grad_accum, checkpointing, flash_attn, activations,
+                                chunked_loss, zero, world_size, offload_optimizer, offload_params, capacity)
+
+    def _budget(self, config: OpenedFile | None, params: str | float | None, hidden: int | None, layers: int | None,
+                heads: int | None, kv_heads: int | None, vocab: int | None, ffn: int | None, tie_embeddings: bool,
+                precision: str, optimizer: str, optim_dtype: str, grad_dtype: str | None, galore_rank: int | None,
+                lora_rank: int | None, lora_targets: str, qlora: bool, frozen_layers: int, batch: int,
+                seq: int | None, grad_accum: int, checkpointing: str, flash_attn: bool, activations: str,
+                chunked_loss: float | None, zero: int, world_size: int, offload_optimizer: bool,
+                offload_params: bool, capacity: list[str | float] | None) -> dict[str, Any]:
         from memlens.cli.budget import budget_from_flags, parse_capacity
 
         result = budget_from_flags(
             params=str(params) if params is not None else None, hidden=hidden, layers=layers, heads=heads,
             kv_heads=kv_heads, vocab=vocab, ffn=ffn, tie_embeddings=tie_embeddings,
-            config_path=str(self.paths.check(config, "config")) if config is not None else None,
+            config_path=config,
             precision=precision, optimizer=optimizer, optim_dtype=optim_dtype, grad_dtype=grad_dtype,
             galore_rank=galore_rank, lora_rank=lora_rank, lora_targets=lora_targets, qlora=qlora,
             frozen_layers=frozen_layers, batch=batch, seq=seq, grad_accum=grad_accum, checkpointing=checkpointing,
@@ -245,6 +345,15 @@ class Tools:
         labels = [size if isinstance(size, str) else f"{size:g}" for size in capacity or []]
         payload["capacities"] = [result.check(parse_capacity(label), label=label).to_json() for label in labels]
         return payload
+
+
+def _text_of(opened: OpenedFile, what: str, max_bytes: int) -> str:
+    try:
+        return opened.read_bytes(max_bytes).decode("utf-8")
+    except FileRefused as refused:
+        raise MemlensUsageError(f"{what} {printable(opened.name, 300)}: {refused.reason}") from None
+    except UnicodeDecodeError as exc:
+        raise MemlensUsageError(f"{what} {printable(opened.name, 300)}: not UTF-8 text ({exc.reason})") from None
 
 
 def one_line_error(exc: BaseException) -> str:
@@ -263,30 +372,123 @@ def _is_simulated_oom(exc: BaseException) -> bool:
     return isinstance(exc, MemlensOutOfMemory)
 
 
-def run_tool(payload: Callable[[], dict[str, Any]]) -> str:
-    """The payload as the CLI prints it (``json.dumps(..., indent=2)``); any failure becomes a
-    ``ToolError`` of one line (``ToolError`` is imported here: only a running server needs it)."""
-    from mcp.server.mcpserver.exceptions import ToolError
+# --------------------------------------------------------------------------- each call, limited
 
+# The forkserver's children start with these imported (the tool code among them).
+_PRELOAD = (*DEFAULT_PRELOAD, "memlens.mcp_server")
+# Tool calls run at once (each a child process that may use the whole memory limit); more wait
+# for a turn, the wait counting against the call's time limit.
+CONCURRENT_CALLS = 2
+
+
+class _Descriptor:
+    """A file descriptor in a child's arguments: duplicated into the child when it is started."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from multiprocessing.reduction import DupFd
+
+        return (_detached, (DupFd(self.fd),))
+
+
+def _detached(duplicate: Any) -> int:
+    return int(duplicate.detach())
+
+
+class ToolCalls:
+    """How the server runs each tool call, under the limits a dashboard analysis has: its files
+    are opened and checked here (the path policy), and the call itself runs in a child process
+    (``memlens.sandbox``: a wall-clock deadline and an address-space cap) that reads those very
+    descriptors. The analyses of recent files are kept here and handed to the child that needs
+    them, so an assistant's triage-then-findings does not analyse twice."""
+
+    def __init__(self, tools: Tools, limits: Limits, concurrent: int = CONCURRENT_CALLS) -> None:
+        self.tools = tools
+        self.limits = limits
+        self.group = ProcessGroup()
+        self.turns = threading.BoundedSemaphore(concurrent)
+        self.concurrent = concurrent
+
+    def run(self, name: str, arguments: dict[str, Any]) -> str:
+        """The tool's text, or a one-line ``ToolError``."""
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        wanted = inspect.signature(getattr(Tools, name)).parameters
+        arguments = {key: value for key, value in arguments.items() if key in wanted and key != "self"}
+        try:
+            ok, text = self._run(name, arguments)
+        except Crashed as exc:
+            last = str(exc).strip().splitlines()[-1:] or ["?"]
+            log.warning("memlens mcp: the %s call failed: %s", name, printable(last[0], 300))
+            raise ToolError(f"internal error: the {name} call's process failed: {printable(last[0], 300)} "
+                            "(please report it)") from None
+        except Exception as exc:  # every failure reaches the caller as one line, never a traceback
+            raise ToolError(one_line_error(exc)) from None
+        if not ok:
+            raise ToolError(text)
+        return text
+
+    def _run(self, name: str, arguments: dict[str, Any]) -> tuple[bool, str]:
+        deadline = time.monotonic() + self.limits.timeout_s
+        with contextlib.ExitStack() as files:
+            opened = []
+            for argument, what in PATH_ARGUMENTS.items():
+                value = arguments.get(argument)
+                if value is not None:
+                    limit = {"rules": RULES_MAX_BYTES, "config": CONFIG_MAX_BYTES}.get(what)
+                    opened.append((what, value, files.enter_context(self.tools.paths.open(value, what, limit))))
+            known = self.tools.analyses.matching([file for _, _, file in opened])
+            sent = [(what, value, file.name, _Descriptor(file.fd),
+                     _Descriptor(file.folder_fd) if file.folder_fd is not None else None)
+                    for what, value, file in opened]
+            if not self.turns.acquire(timeout=self.limits.timeout_s):
+                raise MemlensUsageError(f"busy: {self.concurrent} tool calls are running; try again shortly")
+            try:
+                left = max(0.1, deadline - time.monotonic())
+                limits = dataclasses.replace(self.limits, timeout_s=left)
+                ok, text, added = run_limited(_call_in_child, (name, arguments, sent, known), limits=limits,
+                                              group=self.group, what="tool call", preload=_PRELOAD)
+            finally:
+                self.turns.release()
+        with self.tools.analyses.lock:
+            self.tools.analyses.store(added)
+        return ok, text
+
+
+def _call_in_child(name: str, arguments: dict[str, Any], sent: list[tuple[Any, ...]],
+                   known: dict[AnalysisKey, "Analysis"]) -> tuple[bool, str, dict[AnalysisKey, "Analysis"]]:
+    """Runs in the sandbox's child: the tool over the descriptors its parent opened; (ok, the
+    text or the one-line error, the analyses built here for the parent to keep)."""
+    from memlens.sandbox import caused_by_memory_error
+
+    files = {(what, value): OpenedFile(fd, file_name, folder_fd) for what, value, file_name, fd, folder_fd in sent}
+    tools = Tools(paths=_PreOpened(files), analyses=_Analyses(known=known))
     try:
-        return json.dumps(payload(), indent=2)
-    except Exception as exc:  # every failure reaches the caller as one line, never a traceback
-        raise ToolError(one_line_error(exc)) from None
+        return True, json.dumps(getattr(tools, name)(**arguments), indent=2), tools.analyses.added
+    except MemoryError:
+        raise  # the sandbox says which limit stopped it
+    except Exception as exc:
+        if caused_by_memory_error(exc):
+            raise
+        return False, one_line_error(exc), tools.analyses.added
 
 
 # --------------------------------------------------------------------------- the server
 
 
-def build_server(roots: Sequence[str | os.PathLike[str]] = ()) -> Any:
+def build_server(roots: Sequence[str | os.PathLike[str]] = (), limits: Limits | None = None) -> Any:
     """An ``mcp`` ``MCPServer`` with the memlens tools (``roots``: the folders it may read; none:
-    any path the server's user can read)."""
+    any path the server's user can read; ``limits``: each call's, by default a dashboard
+    analysis's)."""
     from mcp.server.mcpserver import MCPServer
     from mcp.types import ToolAnnotations
     from pydantic import Field
 
     from memlens._version import __version__
 
-    tools = Tools(paths=PathPolicy.for_roots(roots))
+    calls = ToolCalls(Tools(paths=PathPolicy.for_roots(roots)), limits if limits is not None else Limits())
     server = MCPServer(SERVER_NAME, instructions=INSTRUCTIONS, version=__version__, log_level="WARNING",
                        middleware=[_one_line_tool_errors])
     read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True,
@@ -303,7 +505,7 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = ()) -> Any:
         reserved (event, time, step), steps, bytes by category at the peak with top stacks, and the
         findings (leak, activation_plateau, optimizer_spike, fragmentation, oom), each with
         severity, bytes, evidence, stacks, a recommendation and the estimated saving."""
-        return run_tool(lambda: tools.triage(snapshot, device, capacity))
+        return calls.run("triage", locals())
 
     def findings(snapshot: Snapshot, device: Device = None, capacity: Capacity = None,
                  kinds: Annotated[list[str] | None, Field(
@@ -311,7 +513,7 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = ()) -> Any:
                                  "optimizer_spike (or optimizer), fragmentation, oom")] = None) -> str:
         """The findings of `memlens triage --json` (most severe first), as {source, findings}:
         every device's, or one device's with `device`."""
-        return run_tool(lambda: tools.findings(snapshot, device, capacity, kinds))
+        return calls.run("findings", locals())
 
     def group_by(snapshot: Snapshot,
                  group_by: Annotated[str, Field(description="category, annotation, compile_context, module, "
@@ -330,7 +532,7 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = ()) -> Any:
                                                                "(matched on the end of the path)")] = None) -> str:
         """What was live at the peak (or a moment, window or step) grouped, as `memlens triage
         SNAPSHOT --group-by G --json` prints it; the groups add up to the allocated bytes then."""
-        return run_tool(lambda: tools.group_by(snapshot, group_by, device, at, window, step, rules, file))
+        return calls.run("group_by", locals())
 
     def diff(before: Annotated[str, Field(description="Path of the earlier snapshot")],
              after: Annotated[str, Field(description="Path of the later snapshot")],
@@ -340,7 +542,7 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = ()) -> Any:
              ) -> str:
         """What grew between two snapshots, as `memlens diff BEFORE AFTER --json` prints it: the
         peaks, each category at the peak, the stacks that changed most, the findings of each."""
-        return run_tool(lambda: tools.diff(before, after, device, top, file))
+        return calls.run("diff", locals())
 
     def whatif(snapshot: Snapshot,
                expandable_segments: Annotated[bool | None, Field(
@@ -352,8 +554,7 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = ()) -> Any:
         """Replay the snapshot through memlens' caching-allocator simulator with other settings,
         as `memlens whatif --json` prints it: recorded and simulated peak reserved, fragmentation,
         cudaMalloc calls and whether (and where) it runs out of memory within capacity."""
-        return run_tool(lambda: tools.whatif(snapshot, expandable_segments, max_split_size_mb,
-                                             garbage_collection_threshold, capacity, device))
+        return calls.run("whatif", locals())
 
     def budget(params: Annotated[str | float | None, Field(description="Parameter count: 7e9, 7B, 350M")] = None,
                hidden: int | None = None, layers: int | None = None, heads: int | None = None,
@@ -379,11 +580,7 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = ()) -> Any:
         arguments are its flags): weights, gradients, master weights, optimizer state,
         activations and logits in bytes, the totals, and for each capacity whether it fits and the
         largest micro-batch that does."""
-        return run_tool(lambda: tools.budget(
-            params, hidden, layers, heads, kv_heads, vocab, ffn, tie_embeddings, config, precision, optimizer,
-            optim_dtype, grad_dtype, galore_rank, lora_rank, lora_targets, qlora, frozen_layers, batch, seq,
-            grad_accum, checkpointing, flash_attn, activations, chunked_loss, zero, world_size,
-            offload_optimizer, offload_params, capacity))
+        return calls.run("budget", locals())
 
     for tool in (triage, findings, group_by, diff, whatif, budget):
         # The docstring, dedented, is what the assistant reads; the text is the CLI's JSON, so no
@@ -413,6 +610,177 @@ def _one_line(text: str) -> str:
     return printable("; ".join(kept), ERROR_CHARS)
 
 
-def serve(roots: Sequence[str | os.PathLike[str]] = ()) -> None:
-    """Answer MCP requests on stdin/stdout until the client closes them."""
-    build_server(roots).run("stdio")
+# --------------------------------------------------------------------------- the wire
+
+# A JSON escape of a UTF-16 surrogate: lone ones are legal JSON text but not Unicode, and the
+# SDK's parser refuses the whole message, which then goes unanswered.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# After stdin closes, how long calls still running may take to be answered, beyond their limit.
+DRAIN_MARGIN_S = 30.0
+
+
+def _without_lone_surrogates(value: Any) -> Any:
+    """``value`` (parsed JSON) with every lone surrogate in its strings replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_lone_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {_without_lone_surrogates(key): _without_lone_surrogates(item) for key, item in value.items()}
+    return value
+
+
+class _Wire:
+    """What sits between stdin/stdout and the SDK, so that every request is answered.
+
+    * A line the SDK could not take gets its answer here: text that is not JSON a parse error
+      (id null), a message that is not JSON-RPC an invalid-request error with its id. Without
+      this the SDK logs it and the client waits for ever.
+    * Strings holding a lone surrogate (``"\\ud800"``: valid JSON, invalid Unicode, refused by the
+      SDK's parser) have it replaced by U+FFFD, so the request is answered as usual (a path
+      with one names no file). A path whose bytes are not UTF-8 cannot be asked for by name.
+    * When the client closes stdin, the requests still running are answered before the server
+      exits (each within its time limit, the wait bounded by ``drain_s``).
+    """
+
+    def __init__(self, lines_in: Any, text_out: Any, drain_s: float) -> None:
+        import anyio
+
+        self._in = lines_in
+        self._out = text_out
+        self._write_lock = anyio.Lock()
+        self._drain_s = drain_s
+        self.pending: set[str] = set()
+
+    # -- what the SDK reads (stdin)
+
+    def __aiter__(self) -> "_Wire":
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            line = await self._in.readline()
+            if not line:
+                await self._drain()
+                raise StopAsyncIteration
+            admitted = await self._admit(line)
+            if admitted is not None:
+                return admitted
+
+    async def _admit(self, line: str) -> str | None:
+        import mcp_types
+
+        if not line.strip():
+            return None
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            await self._answer_error(None, -32700, "Parse error: not JSON")
+            return None
+        if _SURROGATE_ESCAPE.search(line):
+            message = _without_lone_surrogates(message)
+            line = json.dumps(message, ensure_ascii=False) + "\n"
+        request_id = message.get("id") if isinstance(message, dict) else None
+        try:
+            mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        except Exception:
+            is_request = isinstance(message, dict) and "method" in message
+            if request_id is not None or not is_request:  # a notification is never answered
+                plain_id = isinstance(request_id, str | int) and not isinstance(request_id, bool)
+                valid_id = request_id if plain_id else None
+                await self._answer_error(valid_id, -32600, "Invalid Request: not a JSON-RPC 2.0 message")
+            return None
+        if isinstance(message, dict) and "method" in message and request_id is not None:
+            self.pending.add(json.dumps(request_id))
+        elif isinstance(message, dict) and message.get("method") == "notifications/cancelled":
+            cancelled = (message.get("params") or {}).get("requestId")
+            self.pending.discard(json.dumps(cancelled))  # the SDK sends no answer to a cancelled call
+        return line
+
+    async def _drain(self) -> None:
+        import anyio
+
+        with anyio.move_on_after(self._drain_s):
+            while self.pending:
+                await anyio.sleep(0.05)
+
+    # -- what the SDK writes (stdout)
+
+    async def write(self, text: str) -> None:
+        async with self._write_lock:
+            await self._out.write(text)
+            await self._out.flush()
+        for line in text.splitlines():
+            answered = _answered_id(line)
+            if answered is not None:
+                self.pending.discard(answered)
+
+    async def flush(self) -> None:
+        async with self._write_lock:
+            await self._out.flush()
+
+    async def _answer_error(self, request_id: Any, code: int, text: str) -> None:
+        await self.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": text}})
+                         + "\n")
+
+
+# How the SDK writes an answer's head (its models' field order): read without parsing the rest,
+# which may be megabytes of report.
+_ANSWER_HEAD = re.compile(r'\{"jsonrpc":"2\.0","id":(-?\d+|"(?:[^"\\]|\\.)*"),"(?:result|error)"')
+
+
+def _answered_id(line: str) -> str | None:
+    """The id (as ``json.dumps`` writes it) of the request ``line`` answers, if it is an answer."""
+    head = _ANSWER_HEAD.match(line)
+    try:
+        if head is not None:
+            return json.dumps(json.loads(head.group(1)))
+        message = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(message, dict) and "method" not in message and "id" in message:
+        return json.dumps(message["id"])
+    return None
+
+
+async def _serve_stdio(server: Any, wire_in: int, wire_out: int, drain_s: float) -> None:
+    import io
+
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    lines_in = anyio.wrap_file(io.TextIOWrapper(os.fdopen(wire_in, "rb", closefd=False), encoding="utf-8",
+                                                errors="replace"))
+    text_out = anyio.wrap_file(io.TextIOWrapper(os.fdopen(wire_out, "wb", closefd=False), encoding="utf-8"))
+    wire = _Wire(lines_in, text_out, drain_s)
+    async with stdio_server(stdin=wire, stdout=wire) as (read_stream, write_stream):  # type: ignore[arg-type]
+        # MCPServer.run_stdio_async is this with the SDK's own streams, which drop what they cannot parse.
+        lowlevel = server._lowlevel_server
+        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+
+
+def serve(roots: Sequence[str | os.PathLike[str]] = (), limits: Limits | None = None) -> None:
+    """Answer MCP requests on stdin/stdout until the client closes them (and every request it
+    sent is answered)."""
+    import anyio
+
+    limits = limits if limits is not None else Limits()
+    server = build_server(roots, limits)
+    # The wire is served from private duplicates; meanwhile fd 0 reads the null device and fd 1
+    # writes to stderr, so nothing a call prints (or a child inherits) can tear a message.
+    wire_in, wire_out = os.dup(0), os.dup(1)
+    saved_in, saved_out = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.dup2(null, 0)
+        os.dup2(2, 1)
+        anyio.run(_serve_stdio, server, wire_in, wire_out, limits.timeout_s + DRAIN_MARGIN_S)
+    finally:
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
+        os.dup2(saved_in, 0)
+        os.dup2(saved_out, 1)
+        for fd in (null, saved_in, saved_out, wire_in, wire_out):
+            with contextlib.suppress(OSError):
+                os.close(fd)

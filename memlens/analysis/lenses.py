@@ -463,7 +463,14 @@ def _read_rules_file(path: Path) -> str:
 def load_rules(path: str | Path) -> list[Rule]:
     """Rules from a ``.json`` or ``.toml`` file (by suffix; anything else is tried as JSON, then TOML)."""
     path = Path(path)
-    text = _read_rules_file(path)
+    return rules_from_text(_read_rules_file(path), str(path))
+
+
+def rules_from_text(text: str, name: str) -> list[Rule]:
+    """Rules from the text of a rules file called ``name`` (JSON or TOML by its suffix; anything
+    else is tried as JSON, then TOML): for a file already read, such as one ``memlens mcp``
+    opened beneath its root."""
+    path = Path(name)
     parsers = {".json": ("json",), ".toml": ("toml",)}.get(path.suffix.lower(), ("json", "toml"))
     errors = []
     for kind in parsers:

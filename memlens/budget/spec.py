@@ -15,9 +15,15 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memlens.errors import MemlensUsageError
+
+if TYPE_CHECKING:
+    from memlens.files import OpenedFile
+
+# A transformers config.json is a few kilobytes.
+CONFIG_MAX_BYTES = 16 << 20
 
 # Short names people type for the LLaMA-style projection names the spec uses.
 TARGET_ALIASES: dict[str, str] = {
@@ -249,18 +255,31 @@ class ModelSpec:
         )
 
     @classmethod
-    def from_config_json(cls, path: str | os.PathLike[str], n_params: float | None = None) -> ModelSpec:
-        """A spec from a transformers-style ``config.json`` (read from disk, nothing downloaded)."""
+    def from_config_json(cls, path: str | os.PathLike[str] | OpenedFile, n_params: float | None = None) -> ModelSpec:
+        """A spec from a transformers-style ``config.json`` (read from disk, nothing downloaded):
+        a path, or a file already opened and checked (``memlens mcp``). Only a regular file of at
+        most ``CONFIG_MAX_BYTES`` is read: a FIFO is refused, not waited on."""
+        from memlens.files import FileRefused, OpenedFile, open_regular
+
+        name = path.name if isinstance(path, OpenedFile) else os.fspath(path)
         try:
-            with open(path, encoding="utf-8") as handle:
-                raw = json.load(handle)
+            if isinstance(path, OpenedFile):
+                data = path.read_bytes(CONFIG_MAX_BYTES)
+            else:
+                with open_regular(path, max_bytes=CONFIG_MAX_BYTES) as opened:
+                    data = opened.read_bytes(CONFIG_MAX_BYTES)
+            raw = json.loads(data.decode("utf-8"))
+        except FileRefused as exc:
+            raise MemlensUsageError(f"cannot read config {name}: {exc.reason}") from None
         except OSError as exc:
-            raise MemlensUsageError(f"cannot read config {path}: {exc.strerror or exc}") from exc
+            raise MemlensUsageError(f"cannot read config {name}: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise MemlensUsageError(f"{name} is not UTF-8 text ({exc.reason})") from None
         except json.JSONDecodeError as exc:
-            raise MemlensUsageError(f"{path} is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+            raise MemlensUsageError(f"{name} is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
         if not isinstance(raw, dict):
-            raise MemlensUsageError(f"{path}: a config.json holds a JSON object")
-        return cls.from_config_dict(raw, n_params=n_params, source=f"config:{path}")
+            raise MemlensUsageError(f"{name}: a config.json holds a JSON object")
+        return cls.from_config_dict(raw, n_params=n_params, source=f"config:{name}")
 
     @classmethod
     def from_config_dict(

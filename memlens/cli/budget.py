@@ -28,6 +28,7 @@ from memlens.units import parse_bytes, parse_count
 
 if TYPE_CHECKING:
     from memlens.budget import Budget
+    from memlens.files import OpenedFile
 
 
 def parse_capacity(text: str) -> int:
@@ -184,7 +185,7 @@ def budget_from_flags(
     vocab: int | None = None,
     ffn: int | None = None,
     tie_embeddings: bool = False,
-    config_path: str | None = None,
+    config_path: str | OpenedFile | None = None,
     precision: str = "bf16-mixed",
     optimizer: str = "adamw",
     optim_dtype: str = "fp32",

@@ -42,7 +42,8 @@ def _format_of(output: str | None, given: str | None) -> str:
 
 
 def _check_output(output: str, snapshot: str) -> None:
-    if os.path.abspath(output) == os.path.abspath(snapshot):
+    # Resolved: an output that is a link to the snapshot would be written through to it.
+    if os.path.realpath(output) == os.path.realpath(snapshot):
         raise MemlensUsageError("the output would overwrite the snapshot; choose another -o path")
     folder = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(folder):

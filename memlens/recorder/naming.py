@@ -11,6 +11,7 @@ beside an ``out`` file).
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 from memlens.errors import MemlensUsageError
@@ -23,7 +24,7 @@ class SnapshotNames:
 
     def __init__(self, out: Path, name: str | None) -> None:
         self.out = out
-        self.name = name
+        self.name = _file_name(name)
         # "-2", "-3", ... when an earlier run's files are where this one would write: set at
         # start, so the dumps of one session replace each other but never an earlier run's.
         self.run_suffix = ""
@@ -71,6 +72,21 @@ class SnapshotNames:
         if self._reservation is not None:
             self._reservation.release()
             self._reservation = None
+
+
+def _file_name(name: str | None) -> str | None:
+    """``name`` if it is one file name (a stem): a separator, ``..`` or an absolute name would
+    put the snapshot outside ``out``, which is the one place the user said to write."""
+    if name is None:
+        return None
+    separators = {"/", os.sep, os.altsep or "/"}
+    if (not name or name in (".", "..") or "\x00" in name or any(sep in name for sep in separators)
+            or os.path.isabs(name)):
+        from memlens.printable import printable
+
+        raise MemlensUsageError(f"--name {printable(repr(name), 200)}: give a file name (no folders, "
+                                f"no '..'); snapshots go into the --out folder")
+    return name
 
 
 __all__ = ["SnapshotNames"]

@@ -50,7 +50,6 @@ import math
 import os
 import re
 import secrets
-import stat
 import struct
 import threading
 import time
@@ -62,7 +61,7 @@ from typing import IO, Any, cast
 import numpy as np
 
 from memlens.errors import MemlensUsageError
-from memlens.files import process_alive, trusted_file, trusted_folder
+from memlens.files import FileRefused, OpenedFile, open_regular, process_alive, trusted_file, trusted_folder
 from memlens.snapshot.model import (
     BLOCK_STATES,
     Action,
@@ -113,6 +112,9 @@ _ALLOWED_DTYPES = frozenset((_INT8, _INT32, _INT64, _UINT8))
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip local file header, 30 bytes
 _LOCAL_HEADER_MAGIC = b"PK\x03\x04"
 _OPEN_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+# Reading: also without blocking, since opening a FIFO planted as the key or an entry would wait
+# for a writer for ever; what is opened is then refused unless it is a regular file.
+_OPEN_TO_READ = os.O_RDONLY | _OPEN_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
 # The checks below need POSIX owners and descriptor-relative opens; elsewhere nothing is cached.
 _SUPPORTED = os.name == "posix" and bool(_OPEN_NOFOLLOW) and os.open in os.supports_dir_fd
 
@@ -151,7 +153,7 @@ def content_hash(source: str | os.PathLike[str]) -> str:
 def fingerprint(source: str | os.PathLike[str]) -> str:
     """What an entry is named by: the SHA-256 of the file's size, first and last 64 KiB."""
     with open(source, "rb", buffering=0) as handle:
-        return _fingerprint(handle, os.fstat(handle.fileno()).st_size)
+        return _fingerprint(handle.fileno(), os.fstat(handle.fileno()).st_size)
 
 
 class CacheEntry:
@@ -162,13 +164,16 @@ class CacheEntry:
     computed on another (hashlib releases the GIL); the entry is used only if the SHA-256 stored
     in it matches. Two files that share a fingerprint share a slot: the second simply rebuilds it.
 
-    ``read`` returns the cached snapshot if a valid entry exists; ``write`` stores a snapshot
-    parsed from the file, unless the file changed since it was hashed (then the parse may not be
-    of the hashed bytes).
+    The file is read through its own descriptor (a duplicate of the one the reader parses, read
+    with ``pread`` so neither moves the other's position): the bytes hashed are the bytes parsed,
+    whatever the path names meanwhile. ``read`` returns the cached snapshot if a valid entry
+    exists; ``write`` stores a snapshot parsed from the file, unless the file changed since it
+    was hashed (then the parse may not be of the hashed bytes); ``close`` lets the file go.
     """
 
-    def __init__(self, source: str, fingerprint: str, identity: tuple[int, ...]) -> None:
+    def __init__(self, source: str, fd: int, fingerprint: str, identity: tuple[int, ...]) -> None:
         self.source = source
+        self.fd = fd
         self.name = entry_name(fingerprint)
         self.identity = identity
         self._digest: list[str | None] = []
@@ -177,24 +182,46 @@ class CacheEntry:
 
     @classmethod
     def for_file(cls, source: str | os.PathLike[str]) -> CacheEntry | None:
+        """The slot of the file at ``source``: only a regular file (hashing a pipe or a device
+        would consume what the parser needs, and opening a FIFO can block)."""
         try:
-            # Only regular files: reading a pipe or a device to hash it would consume what the
-            # parser needs (and opening a FIFO can block).
-            if not stat.S_ISREG(os.stat(source).st_mode):
-                return None
-            with open(source, "rb", buffering=0) as handle:
-                st = os.fstat(handle.fileno())
-                quick = _fingerprint(handle, st.st_size)
-        except OSError as error:
-            log.debug("memlens cache: cannot read %s: %s", source, error)
+            opened = open_regular(source)
+        except FileRefused as refused:
+            log.debug("memlens cache: cannot read %s: %s", source, refused.reason)
             return None
-        return cls(str(source), quick, _identity(st))
+        with opened:
+            return cls.for_opened(opened)
+
+    @classmethod
+    def for_opened(cls, opened: OpenedFile) -> CacheEntry | None:
+        """The slot of a file already opened and checked (``memlens.files.OpenedFile``)."""
+        try:
+            fd = os.dup(opened.fd)
+        except OSError as error:
+            log.debug("memlens cache: cannot read %s: %s", opened.name, error)
+            return None
+        try:
+            st = os.fstat(fd)
+            quick = _fingerprint(fd, st.st_size)
+        except OSError as error:
+            os.close(fd)
+            log.debug("memlens cache: cannot read %s: %s", opened.name, error)
+            return None
+        return cls(opened.name, fd, quick, _identity(st))
+
+    def close(self) -> None:
+        """Let go of the file (waits for the hashing thread, which reads it)."""
+        self._hasher.join()
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
 
     def _hash(self) -> None:
         digest: str | None = None
         try:
-            digest, identity = _hash_file(self.source)
-            if identity != self.identity:  # replaced since the fingerprint: no trustworthy digest
+            digest, identity = _hash_fd(self.fd)
+            if identity != self.identity:  # changed since the fingerprint: no trustworthy digest
                 digest = None
         except Exception as error:  # the thread must always leave an answer (None: don't use the cache)
             log.debug("memlens cache: cannot hash %s: %s", self.source, error)
@@ -239,7 +266,7 @@ class CacheEntry:
     def _write(self, snapshot: Snapshot) -> Path | None:
         digest = self.content_hash
         try:
-            unchanged = _identity(os.stat(self.source)) == self.identity
+            unchanged = self.fd >= 0 and _identity(os.fstat(self.fd)) == self.identity
         except OSError:
             unchanged = False
         if digest is None or not unchanged:
@@ -270,13 +297,23 @@ class CacheEntry:
 def read(source: str | os.PathLike[str]) -> Snapshot | None:
     """The cached snapshot for ``source``, or ``None`` when there is no valid entry."""
     entry = CacheEntry.for_file(source)
-    return entry.read() if entry is not None else None
+    if entry is None:
+        return None
+    try:
+        return entry.read()
+    finally:
+        entry.close()
 
 
 def write(source: str | os.PathLike[str], snapshot: Snapshot) -> Path | None:
     """Cache ``snapshot`` as the parse of ``source``'s current bytes (see ``CacheEntry.write``)."""
     entry = CacheEntry.for_file(source)
-    return entry.write(snapshot) if entry is not None else None
+    if entry is None:
+        return None
+    try:
+        return entry.write(snapshot)
+    finally:
+        entry.close()
 
 
 def prune(max_bytes: int | None = None) -> None:
@@ -296,24 +333,29 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _fingerprint(handle: IO[bytes], size: int) -> str:
+def _fingerprint(fd: int, size: int) -> str:
     digest = hashlib.sha256(f"{size}|".encode())
-    handle.seek(0)
-    digest.update(handle.read(FINGERPRINT_BYTES))
+    digest.update(os.pread(fd, FINGERPRINT_BYTES, 0))
     if size > FINGERPRINT_BYTES:
-        handle.seek(max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES))
-        digest.update(handle.read(FINGERPRINT_BYTES))
+        digest.update(os.pread(fd, FINGERPRINT_BYTES, max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES)))
     return digest.hexdigest()
 
 
 def _hash_file(source: str) -> tuple[str, tuple[int, ...]]:
     with open(source, "rb", buffering=0) as handle:
-        identity = _identity(os.fstat(handle.fileno()))
-        digest = hashlib.sha256()
-        chunk = bytearray(HASH_CHUNK)
-        view = memoryview(chunk)
-        while count := handle.readinto(chunk):
-            digest.update(view[:count])
+        return _hash_fd(handle.fileno())
+
+
+def _hash_fd(fd: int) -> tuple[str, tuple[int, ...]]:
+    """The SHA-256 of the file open as ``fd`` (read with ``pread``: its position is untouched)."""
+    identity = _identity(os.fstat(fd))
+    digest = hashlib.sha256()
+    chunk = bytearray(HASH_CHUNK)
+    view = memoryview(chunk)
+    offset = 0
+    while count := os.preadv(fd, [chunk], offset):
+        digest.update(view[:count])
+        offset += count
     return digest.hexdigest(), identity
 
 
@@ -408,7 +450,7 @@ class _CacheFolder:
         """This user's MAC key; with ``create``, made (or replaced, if unusable) when needed."""
         for _ in range(3):  # another process may be creating it at the same moment
             try:
-                fd = os.open(KEY_NAME, os.O_RDONLY | _OPEN_NOFOLLOW, dir_fd=self.fd)
+                fd = os.open(KEY_NAME, _OPEN_TO_READ, dir_fd=self.fd)
             except FileNotFoundError:
                 if not create:
                     return None
@@ -420,7 +462,7 @@ class _CacheFolder:
             if fd >= 0:
                 with os.fdopen(fd, "rb") as handle:
                     trusted = trusted_file(os.fstat(handle.fileno()), forbidden_bits=0o077)
-                    key = handle.read(KEY_BYTES + 1)
+                    key = handle.read(KEY_BYTES + 1) if trusted else b""  # never read what is not a file
                 if trusted and len(key) == KEY_BYTES:
                     return key
             if not create:
@@ -603,7 +645,7 @@ def _expect(condition: bool, problem: str) -> None:
 
 
 def _read_entry(folder_fd: int, name: str, key: bytes, digest: Callable[[], str | None], source: str) -> Snapshot:
-    fd = os.open(name, os.O_RDONLY | _OPEN_NOFOLLOW, dir_fd=folder_fd)
+    fd = os.open(name, _OPEN_TO_READ, dir_fd=folder_fd)
     with open(fd, "rb", buffering=0) as handle:
         st = os.fstat(fd)
         _expect(trusted_file(st), "not a regular file owned by this user and private to it")

@@ -37,11 +37,14 @@ def guess_format(raw: dict[str, Any], segments: list[Any], traces: list[Any]) ->
 
 
 def sniff(path: str | os.PathLike[str]) -> bool:
-    """Cheap check that a path looks like a pickle or gzip file (for directory scans)."""
+    """Cheap check that a path looks like a pickle or gzip file (for directory scans): only a
+    regular file is read (a FIFO in the folder would block the scan for ever)."""
+    from memlens.files import FileRefused, open_regular
+
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(4)
-    except OSError:
+        with open_regular(path) as opened:
+            head = os.pread(opened.fd, 4, 0)
+    except (FileRefused, OSError):
         return False
     return head.startswith(GZIP_MAGIC) or head[:1] == b"\x80"
 

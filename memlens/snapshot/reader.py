@@ -38,6 +38,7 @@ from typing import IO, Any
 import numpy as np
 
 from memlens.errors import MemlensFormatError
+from memlens.files import FileRefused, OpenedFile, open_regular
 from memlens.snapshot import scan
 from memlens.snapshot.curves import CurveOverflow, build_curves
 from memlens.snapshot.formats import BARE_LIST_FORMAT, GZIP_MAGIC, ZIP_MAGIC, guess_format, looks_like_pickle, sniff
@@ -158,10 +159,27 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def read_raw(path: str | os.PathLike[str]) -> Any:
+def read_raw(path: str | os.PathLike[str] | OpenedFile) -> Any:
     """The snapshot object in ``path`` (plain Python values), loaded without running code."""
-    with _gc_paused():
-        return _read_raw(path)
+    with _gc_paused(), _opened(path) as opened:
+        return _read_raw(opened)
+
+
+@contextlib.contextmanager
+def _opened(path: str | os.PathLike[str] | OpenedFile) -> Iterator[OpenedFile]:
+    """``path`` opened once and checked (a regular file), or the caller's ``OpenedFile`` as it is
+    (left open: it is the caller's). Everything after reads this descriptor, never the path again."""
+    if isinstance(path, OpenedFile):
+        yield path
+        return
+    source = str(path)
+    try:
+        opened = open_regular(source)
+    except FileRefused as refused:
+        problem = {"a folder": "is a directory, not a snapshot file"}.get(refused.reason, refused.reason)
+        raise MemlensFormatError(source, problem) from None
+    with opened:
+        yield opened
 
 
 class _ProgressReader:
@@ -227,32 +245,24 @@ class _Inflation:
         return data
 
 
-def _read_raw(path: str | os.PathLike[str], on_read: Callable[[float], None] | None = None,
+def _read_raw(opened: OpenedFile, on_read: Callable[[float], None] | None = None,
               content: list[int] | None = None) -> Any:
     """The raw snapshot; ``content`` (if given) gets the bytes of pickle read: the file's size, or
     what a gzip inflated to, which then stands for the file's size in every limit that scales with it."""
-    source = str(path)
-    try:
-        handle = open(path, "rb")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        raise MemlensFormatError(source, "no such file") from None
-    except IsADirectoryError:
-        raise MemlensFormatError(source, "is a directory, not a snapshot file") from None
-    except OSError as exc:
-        raise MemlensFormatError(source, f"cannot open ({exc.strerror or exc})") from None
-    with handle:
+    source = opened.name
+    size = opened.size
+    with opened.reader() as handle:
         head = handle.read(4)
         if not head:
             raise MemlensFormatError(source, "the file is empty")
         handle.seek(0)
         if head.startswith(GZIP_MAGIC):
             with gzip.GzipFile(fileobj=handle) as unzipped:
-                limit = max(GZIP_MIN_LIMIT, GZIP_MAX_RATIO * os.fstat(handle.fileno()).st_size)
+                limit = max(GZIP_MIN_LIMIT, GZIP_MAX_RATIO * size)
                 inflation = _Inflation(io.BufferedReader(unzipped, buffer_size=1 << 20), limit)
                 stream: Any = inflation
                 if on_read is not None:  # progress follows the compressed bytes read
-                    total = os.fstat(handle.fileno()).st_size
-                    stream = _ProgressReader(stream, total, lambda _f: on_read(handle.tell() / max(total, 1)))
+                    stream = _ProgressReader(stream, size, lambda _f: on_read(handle.tell() / max(size, 1)))
                 raw = _unpickle(stream, source, total=limit, total_is_limit=True)
                 if content is not None:
                     content.append(inflation.inflated)
@@ -263,11 +273,10 @@ def _read_raw(path: str | os.PathLike[str], on_read: Callable[[float], None] | N
             )
         if not looks_like_pickle(head):
             raise MemlensFormatError(source, "not a pickle (expected a pickle written by _dump_snapshot)")
-        size = os.fstat(handle.fileno()).st_size
         if content is not None:
             content.append(size)
         if scan.parallel_vetting_pays(size):
-            piped = _start_piped_vetting(source, size, on_read)
+            piped = _start_piped_vetting(opened, size, on_read)
             if piped is not None:
                 try:
                     return _unpickle(handle, source, vetted=piped)
@@ -280,13 +289,13 @@ def _read_raw(path: str | os.PathLike[str], on_read: Callable[[float], None] | N
 
 
 def _start_piped_vetting(
-    path: str, size: int, on_read: Callable[[float], None] | None,
+    opened: OpenedFile, size: int, on_read: Callable[[float], None] | None,
 ) -> PipedVetting | None:
-    """A child process that vets ``path`` while this one unpickles what it sends, or None if
-    none starts (then vetting runs in-process, as for small files)."""
+    """A child process that vets the opened file (it inherits the descriptor) while this one
+    unpickles what it sends, or None if none starts (then vetting runs in-process)."""
     report = None if on_read is None else (lambda received: on_read(received / max(size, 1)))
     try:
-        piped = PipedVetting(path, report)
+        piped = PipedVetting(opened.fd, report)
     except OSError:  # no process can be started here (limits, sandbox)
         return None
     if piped.started():
@@ -296,67 +305,87 @@ def _start_piped_vetting(
 
 
 def load(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | OpenedFile,
     *,
     cache: bool | None = None,
     progress: Callable[[str, float], None] | None = None,
 ) -> Snapshot:
     """Load a snapshot file (``.pickle`` or ``.pickle.gz``) into the columnar model.
 
-    ``cache``: reuse/write a compact ``.npz`` copy so the next open is fast. ``None`` (default)
-    caches files of ``CACHE_MIN_BYTES`` or more. ``progress(stage, fraction)`` is called as
-    loading proceeds (the CLI draws a bar with it).
+    ``path`` may be a file the caller has already opened and checked (``memlens.files.OpenedFile``,
+    as ``memlens mcp --root`` does): then that descriptor is what is read, and the sidecar is
+    opened beside it the same way. ``cache``: reuse/write a compact ``.npz`` copy so the next
+    open is fast. ``None`` (default) caches files of ``CACHE_MIN_BYTES`` or more.
+    ``progress(stage, fraction)`` is called as loading proceeds (the CLI draws a bar with it).
     """
+    with _opened(path) as opened:
+        return _load(opened, cache, progress)
+
+
+def _load(opened: OpenedFile, cache: bool | None, progress: Callable[[str, float], None] | None) -> Snapshot:
     from memlens.snapshot import cache as snapshot_cache
 
-    source = str(path)
-    if not os.path.exists(source):
-        raise MemlensFormatError(source, "no such file")
-    use_cache = cache if cache is not None else os.path.getsize(source) >= snapshot_cache.CACHE_MIN_BYTES
+    source = opened.name
+    use_cache = cache if cache is not None else opened.size >= snapshot_cache.CACHE_MIN_BYTES
     # Hashed once, before parsing: the entry is written only if the file is still these bytes.
-    cache_entry = snapshot_cache.CacheEntry.for_file(source) if use_cache else None
-    if cache_entry is not None:
-        cached = cache_entry.read()
-        if cached is not None:
-            cached.sidecar = read_sidecar(source)
-            return cached
-    on_read = None
-    if progress is not None:
-        report = progress
+    cache_entry = snapshot_cache.CacheEntry.for_opened(opened) if use_cache else None
+    try:
+        if cache_entry is not None:
+            cached = cache_entry.read()
+            if cached is not None:
+                cached.sidecar = read_sidecar(opened)
+                return cached
+        on_read = None
+        if progress is not None:
+            report = progress
 
-        def on_read(fraction: float) -> None:
-            report("reading", READ_SHARE * fraction)
+            def on_read(fraction: float) -> None:
+                report("reading", READ_SHARE * fraction)
 
-    with _gc_paused():
-        content: list[int] = []
-        raw = _read_raw(source, on_read, content)
-        if progress:
-            progress("building timeline", READ_SHARE)
-        snapshot = parse(raw, source=source, text_budget=max(MIN_TEXT_BUDGET, 2 * content[0]))
-        del raw
-    snapshot.sidecar = read_sidecar(source)
-    if cache_entry is not None:
-        cache_entry.write(snapshot)
+        with _gc_paused():
+            content: list[int] = []
+            raw = _read_raw(opened, on_read, content)
+            if progress:
+                progress("building timeline", READ_SHARE)
+            snapshot = parse(raw, source=source, text_budget=max(MIN_TEXT_BUDGET, 2 * content[0]))
+            del raw
+        snapshot.sidecar = read_sidecar(opened)
+        if cache_entry is not None:
+            cache_entry.write(snapshot)
+    finally:
+        if cache_entry is not None:
+            cache_entry.close()
     if progress:
         progress("done", 1.0)
     return snapshot
 
 
-def read_sidecar(path: str) -> dict[str, Any]:
-    """The recorder's JSON sidecar (``run.pickle`` -> ``run.memlens.json``), if there is one."""
+def sidecar_name(path: str) -> str:
+    """The recorder's sidecar of a snapshot: ``run.pickle`` (or ``run.pickle.gz``) -> ``run.memlens.json``."""
     base = path
     for suffix in (".gz", ".pickle", ".pkl"):
         if base.endswith(suffix):
             base = base[: -len(suffix)]
-    candidate = base + SIDECAR_SUFFIX
-    if not os.path.isfile(candidate):
-        return {}
+    return base + SIDECAR_SUFFIX
+
+
+def read_sidecar(path: str | OpenedFile) -> dict[str, Any]:
+    """The recorder's JSON sidecar (``run.pickle`` -> ``run.memlens.json``), if there is one.
+
+    Beside an ``OpenedFile`` it is opened as that file was (``sibling``: beneath the same folder
+    descriptor, following no link, when the snapshot was opened beneath a root), and only a
+    regular file of bounded size is read."""
     try:
-        if os.path.getsize(candidate) > SIDECAR_MAX_BYTES:
-            return {}  # the recorder writes a few kilobytes
-        with open(candidate, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError, RecursionError):
+        if isinstance(path, OpenedFile):
+            sidecar = path.sibling(os.path.basename(sidecar_name(path.name)), max_bytes=SIDECAR_MAX_BYTES)
+        else:
+            sidecar = open_regular(sidecar_name(path), max_bytes=SIDECAR_MAX_BYTES)
+    except (FileRefused, OSError):
+        return {}  # none, or not a file we may read: the recorder writes a few kilobytes
+    try:
+        with sidecar:
+            data = json.loads(sidecar.read_bytes(SIDECAR_MAX_BYTES).decode("utf-8"))
+    except (FileRefused, OSError, ValueError, RecursionError):
         return {}  # a broken sidecar only loses extras; the snapshot itself is still good
     # Bounded like the snapshot's own extras: no deep nesting, no huge strings, and numbers the
     # analysis may use (capacity, parameter counts) finite and within 2**56.

@@ -440,18 +440,20 @@ _MESSAGE = struct.Struct("<cQ")  # kind, length; then that many bytes
 _DATA, _GLOBAL, _REFUSAL, _END = b"D", b"G", b"R", b"E"
 # The child runs this file alone (isolated, no site): it needs the standard library only, so
 # it starts in tens of milliseconds and cannot import anything from the snapshot's folder.
-_CHILD = "import runpy, sys; runpy.run_path(sys.argv[1])['vet_to_pipe'](sys.argv[2])"
+_CHILD = "import runpy, sys; runpy.run_path(sys.argv[1])['vet_to_pipe'](int(sys.argv[2]))"
 
 
-def vet_to_pipe(path: str) -> None:
-    """Child side: vet the file at ``path`` and send it to stdout as framed messages (vetted
-    data, then the first global's name and the refusal if there are any, then end).
+def vet_to_pipe(fd: int) -> None:
+    """Child side: vet the file open as ``fd`` (inherited from the parent, which opened and
+    checked it) and send it to stdout as framed messages (vetted data, then the first global's
+    name and the refusal if there are any, then end).
 
-    The parent unpickles exactly the bytes sent here, so whatever the path names by the time
-    the child opens it, nothing unvetted reaches the unpickler.
+    The parent unpickles exactly the bytes sent here, so nothing unvetted reaches the unpickler;
+    and the child reads the very file the parent checked, not whatever its path names now.
     """
     out = sys.stdout.buffer
-    with open(path, "rb") as handle:
+    with open(fd, "rb") as handle:
+        handle.seek(0)
         stream = VettedStream(handle, total=os.fstat(handle.fileno()).st_size)
         _send(stream, out)
 
@@ -482,10 +484,12 @@ class PipedVetting:
     (so they are exactly the bytes it vetted), with its refusal and first global, like
     ``VettedStream``. ``close`` ends the child if the unpickler stopped early."""
 
-    def __init__(self, path: str, on_bytes: Any = None) -> None:
+    def __init__(self, fd: int, on_bytes: Any = None) -> None:
+        # The descriptor is the child's as the same number (pass_fds); from here on only the
+        # child moves its position: the parent reads the pipe.
         self._child = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _CHILD, os.path.abspath(__file__), os.path.abspath(path)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [sys.executable, "-I", "-S", "-c", _CHILD, os.path.abspath(__file__), str(fd)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(fd,),
         )
         assert self._child.stdout is not None
         self._pipe = self._child.stdout

@@ -237,13 +237,13 @@ def test_the_whatif_replay_runs_in_a_worker_with_the_analysis_limits(monkeypatch
     client = app.server.test_client()
     source_id = library.sources()[0].id
     jobs: list[str] = []
-    run_job = worker_module.run_job_in_worker
+    run_job = worker_module.run_limited
 
     def recording(job: Any, *args: Any, **kwargs: Any) -> Any:
         jobs.append(job.__name__)
         return run_job(job, *args, **kwargs)
 
-    monkeypatch.setattr(worker_module, "run_job_in_worker", recording)
+    monkeypatch.setattr(worker_module, "run_limited", recording)
     # Were the replay to run in the server, this would stop it: the worker is another process.
     monkeypatch.setattr("memlens.allocator.whatif", lambda *a, **k: (_ for _ in ()).throw(AssertionError("in server")))
     try:
@@ -269,10 +269,10 @@ def test_the_whatif_replay_runs_in_a_worker_with_the_analysis_limits(monkeypatch
 @pytest.mark.timeout(120)
 def test_a_job_whose_page_has_gone_is_stopped() -> None:
     workers = worker_module.WorkerGroup()
-    gone = r"^simulation stopped: the page that asked for it has gone$"
-    with pytest.raises(worker_module.AnalysisStopped, match=gone):
-        worker_module.run_job_in_worker(time.sleep, (60,), limits=worker_module.AnalysisLimits(90), workers=workers,
-                                        abandoned=lambda: True, what="simulation")
+    gone = r"^simulation stopped: whoever asked for it has gone$"
+    with pytest.raises(worker_module.JobAbandoned, match=gone):
+        worker_module.run_limited(time.sleep, (60,), limits=worker_module.AnalysisLimits(90), group=workers,
+                                  abandoned=lambda: True, what="simulation")
 
 
 @pytest.mark.timeout(600)
@@ -296,7 +296,7 @@ def test_a_simulation_is_stopped_when_its_page_goes_away(tmp_path: Path, slow_sn
         # The replay of a million events runs in a worker (the server has no other job now)...
         wait_for(lambda: bool(_workers(server)), "the simulation's worker process")
         sock.close()  # ...and the page goes away before it is done
-        wait_for(lambda: "simulation stopped: the page that asked for it has gone" in server.text(),
+        wait_for(lambda: "simulation stopped: whoever asked for it has gone" in server.text(),
                  "the server to stop the simulation")
         wait_for(lambda: not _workers(server), "the simulation's worker to be gone")
         assert requests.get(server.url + "/", timeout=30).status_code == 200

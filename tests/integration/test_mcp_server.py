@@ -4,14 +4,17 @@ line, flagged ``isError``, and the server still answering after it."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import pickle
 import queue
+import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,7 @@ from click.testing import CliRunner
 
 from memlens.cli.main import cli
 from memlens.errors import MemlensFormatError, MemlensUsageError
-from memlens.mcp_server import PathPolicy, one_line_error
+from memlens.mcp_server import PathPolicy, Tools, one_line_error
 from tests.conftest import REAL_SNAPSHOTS_DIR, REPO_ROOT, SAMPLE_SNAPSHOTS_DIR, needs_real_snapshots
 
 pytest.importorskip("mcp")
@@ -211,14 +214,22 @@ def test_paths_outside_the_roots_are_refused(tmp_path: Path) -> None:
     inside.mkdir()
     (inside / "a.pickle").write_bytes(b"x")
     policy = PathPolicy.for_roots([inside])
-    assert policy.check(str(inside / "a.pickle")) == str(inside / "a.pickle")
+    with policy.open(str(inside / "a.pickle")) as opened:
+        assert opened.name == str(inside / "a.pickle") and opened.size == 1
     with pytest.raises(MemlensUsageError, match="outside the folders"):
-        policy.check(str(LEAK))
+        policy.open(str(LEAK))
     with pytest.raises(MemlensUsageError, match="outside the folders"):
-        policy.check(str(inside / ".." / ".." / LEAK))
-    (inside / "escape.pickle").symlink_to(LEAK)  # a link out of the root is judged by its target
-    with pytest.raises(MemlensUsageError, match="outside the folders"):
-        policy.check(str(inside / "escape.pickle"))
+        policy.open(str(inside / ".." / ".." / LEAK))
+    (inside / "escape.pickle").symlink_to(LEAK)  # no link below a root is followed, wherever it points
+    with pytest.raises(MemlensUsageError, match="symbolic link"):
+        policy.open(str(inside / "escape.pickle"))
+    (inside / "sub").mkdir()
+    (inside / "sub" / "b.pickle").write_bytes(b"y")
+    (inside / "link").symlink_to(inside / "sub")  # nor a link to a folder inside it
+    with pytest.raises(MemlensUsageError, match="symbolic link"):
+        policy.open(str(inside / "link" / "b.pickle"))
+    with policy.open(str(inside / "sub" / ".." / "sub" / "b.pickle")) as opened:
+        assert opened.size == 1
     with pytest.raises(MemlensUsageError, match="no such folder"):
         PathPolicy.for_roots([tmp_path / "nowhere"])
 
@@ -275,3 +286,249 @@ def test_hostile_rules_neither_freeze_the_server_nor_escape_as_tracebacks(client
     assert "counts over 1,000" in error_of(client.call("group_by", snapshot=str(path), group_by="rules",
                                                        rules=str(count)))
     assert json.loads(text_of(client.call("triage", snapshot=str(LEAK))))["source"] == str(LEAK)
+
+
+# --------------------------------------------------------------------------- paths: open what was checked
+
+
+def flip(stop: threading.Event, target: Path, states: list[Callable[[Path], None]]) -> None:
+    """Swap what ``target`` names, round and round, until ``stop``: each state puts something
+    at a temporary name and renames it over ``target`` (atomic, as an attacker would)."""
+    spare = target.with_name(".spare")
+    for state in itertools.cycle(states):
+        if stop.is_set():
+            return
+        with contextlib.suppress(FileNotFoundError):
+            spare.unlink()
+        state(spare)
+        os.replace(spare, target)
+
+
+def hard_link_to(source: Path) -> Callable[[Path], None]:
+    return lambda spare: os.link(source, spare)
+
+
+def symlink_to(source: Path) -> Callable[[Path], None]:
+    return lambda spare: spare.symlink_to(source)
+
+
+def a_fifo(spare: Path) -> None:
+    os.mkfifo(spare)
+
+
+def in_process_tools(root: Path) -> Tools:
+    return Tools(paths=PathPolicy.for_roots([root]))
+
+
+@pytest.mark.timeout(600)
+def test_a_symlink_flipped_during_calls_never_reaches_a_file_outside_the_root(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    inside_file = root / "real.pickle"
+    shutil.copy(LEAK, inside_file)
+    secret = outside / "secret.pickle"
+    shutil.copy(SAMPLE_SNAPSHOTS_DIR / "ddp_rank1.pickle", secret)
+    target = root / "run.pickle"
+    os.link(inside_file, target)
+    tools = in_process_tools(root)
+    inside_answer = tools.triage(str(target))
+    outside_answer = Tools().triage(str(secret))
+    outside_answer["source"] = inside_answer["source"]  # the same name: only the content may differ
+    assert inside_answer != outside_answer
+
+    stop = threading.Event()
+    flipper = threading.Thread(target=flip, args=(stop, target, [hard_link_to(inside_file), symlink_to(secret)]))
+    flipper.start()
+    answered = refused = 0
+    try:
+        for _ in range(2000):
+            try:
+                answer = tools.triage(str(target))
+            except MemlensUsageError as exc:
+                assert "symbolic link" in str(exc) or "no such file" in str(exc), exc
+                refused += 1
+                continue
+            assert answer == inside_answer  # never the secret's numbers
+            answered += 1
+    finally:
+        stop.set()
+        flipper.join()
+    assert answered and refused  # both states were seen: the race was run, not avoided
+
+
+@pytest.mark.timeout(300)
+def test_a_fifo_swapped_in_during_calls_never_blocks(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    inside_file = root / "real.pickle"
+    shutil.copy(LEAK, inside_file)
+    target = root / "run.pickle"
+    os.link(inside_file, target)
+    tools = in_process_tools(root)
+    expected = tools.triage(str(target))
+    stop = threading.Event()
+    flipper = threading.Thread(target=flip, args=(stop, target, [hard_link_to(inside_file), a_fifo]))
+    flipper.start()
+    outcomes: set[str] = set()
+    try:
+        for _ in range(2000):  # a call that opened the FIFO to read would wait for a writer for ever
+            try:
+                assert tools.triage(str(target)) == expected
+                outcomes.add("answered")
+            except MemlensUsageError as exc:
+                assert "not a regular file" in str(exc) or "no such file" in str(exc), exc
+                outcomes.add("refused")
+    finally:
+        stop.set()
+        flipper.join()
+    assert outcomes == {"answered", "refused"}
+
+
+@pytest.mark.timeout(300)
+def test_the_sidecar_beside_a_snapshot_obeys_the_root(tmp_path: Path) -> None:
+    """A ``NAME.memlens.json`` link to a file outside the root is not read into the answer (the
+    real server, whose tool calls run in a child over the descriptors it opened)."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    shutil.copy(LEAK, root / "linked.pickle")
+    shutil.copy(LEAK, root / "plain.pickle")
+    secret = outside / "secrets.json"
+    secret.write_text(json.dumps({"model": {"name": "TOP-SECRET-TOKEN"}}))
+    (root / "linked.memlens.json").symlink_to(secret)
+    (root / "plain.memlens.json").write_text(json.dumps({"model": {"name": "an-honest-model"}}))
+    client = StdioClient("--root", str(root))
+    try:
+        client.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                      "clientInfo": {"name": "memlens-tests", "version": "0"}})
+        client.notify("notifications/initialized")
+        linked = text_of(client.call("triage", snapshot=str(root / "linked.pickle")))
+        plain = text_of(client.call("triage", snapshot=str(root / "plain.pickle")))
+    finally:
+        client.stderr()
+    assert "TOP-SECRET-TOKEN" not in linked
+    assert "an-honest-model" in plain  # a sidecar that is a file in the root is still read
+    in_process = json.dumps(in_process_tools(root).triage(str(root / "linked.pickle")))
+    assert "TOP-SECRET-TOKEN" not in in_process
+
+
+def test_rules_and_configs_obey_the_root(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    shutil.copy(LEAK, root / "run.pickle")
+    (outside / "rules.json").write_text(json.dumps({"everything": "."}))
+    (root / "rules.json").symlink_to(outside / "rules.json")
+    (outside / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2}))
+    (root / "config.json").symlink_to(outside / "config.json")
+    tools = in_process_tools(root)
+    with pytest.raises(MemlensUsageError, match=r"rules .*symbolic link"):
+        tools.group_by(str(root / "run.pickle"), "rules", rules=str(root / "rules.json"))
+    with pytest.raises(MemlensUsageError, match="outside the folders"):
+        tools.group_by(str(root / "run.pickle"), "rules", rules=str(outside / "rules.json"))
+    with pytest.raises(MemlensUsageError, match=r"config .*symbolic link"):
+        tools.budget(config=str(root / "config.json"))
+    os.mkfifo(root / "fifo.json")
+    with pytest.raises(MemlensUsageError, match="not a regular file"):
+        tools.group_by(str(root / "run.pickle"), "rules", rules=str(root / "fifo.json"))
+
+
+# --------------------------------------------------------------------------- every request answered
+
+
+def raw_server(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "memlens", "mcp", *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT)
+
+
+INITIALIZE = json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
+INITIALIZED = json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+
+def answers_to(lines: list[str], *args: str) -> tuple[list[dict[str, Any]], str]:
+    """Write ``lines`` (raw JSON-RPC text) after the handshake, close stdin at once, and read
+    every answer until the server exits (bounded: a request left unanswered fails here)."""
+    server = raw_server(*args)
+    try:
+        out, errors = server.communicate("\n".join([INITIALIZE, INITIALIZED, *lines, ""]).encode(),
+                                         timeout=REPLY_SECONDS * 2)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert server.returncode == 0, errors
+    return [json.loads(line) for line in out.decode().splitlines()], errors.decode()
+
+
+@pytest.mark.timeout(600)
+def test_every_request_gets_an_answer_even_with_lone_surrogates_or_garbage() -> None:
+    call = '{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"triage","arguments":{"snapshot":%s}}}'
+    lines = [
+        call % ("1", '"\\ud800"'),  # a lone surrogate in an argument: the SDK's parser refuses the line
+        call % ("2", '"/no/such/\\udcff.pickle"'),
+        '{"jsonrpc":"2.0","id":"\\udfff","method":"tools/list"}',  # ... or in the id itself
+        '{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"\\ud83d","arguments":{}}}',
+        "this is not JSON",
+        '{"jsonrpc":"2.0","id":6,"method":7}',  # JSON, but not JSON-RPC
+        call % ("7", json.dumps(str(LEAK))),  # still running when stdin closes: answered before exit
+    ]
+    answers, errors = answers_to(lines)
+    by_id = {json.dumps(a.get("id")): a for a in answers}
+    assert by_id["0"]["result"]["serverInfo"]["name"] == "memlens"
+    for request_id in ("1", "2"):
+        assert "no such file" in error_of(by_id[request_id]["result"])
+    assert any("tools" in a.get("result", {}) for a in answers)  # the id came back as U+FFFD
+    assert "error" in by_id["4"] or by_id["4"]["result"]["isError"]
+    assert by_id["null"]["error"]["code"] == -32700
+    assert by_id["6"]["error"]["code"] == -32600
+    assert json.loads(text_of(by_id["7"]["result"]))["source"] == str(LEAK)
+    assert len(answers) == 1 + len(lines)
+    assert "Traceback" not in errors
+
+
+@pytest.mark.timeout(600)
+def test_a_tool_call_runs_under_the_analysis_limits(tmp_path: Path) -> None:
+    from memlens.synthetic import synthetic_snapshot
+
+    big = tmp_path / "big.pickle"
+    big.write_bytes(pickle.dumps(synthetic_snapshot(300_000, seed=3), protocol=4))
+    call = '{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"triage","arguments":{"snapshot":%s}}}'
+    (answer,) = answers_to([call % (1, json.dumps(str(big)))], "--analysis-timeout", "0.5")[0][1:]
+    assert "tool call stopped: took over" in error_of(answer["result"])
+    (answer,) = answers_to([call % (1, json.dumps(str(LEAK)))], "--analysis-memory", "64MiB")[0][1:]
+    assert "tool call stopped: needed over 64" in error_of(answer["result"])
+
+
+@pytest.mark.timeout(300)
+def test_the_sdks_client_under_a_root_gets_one_line_refusals_and_no_outside_bytes(tmp_path: Path) -> None:
+    import asyncio
+
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    shutil.copy(LEAK, root / "run.pickle")
+    (outside / "secrets.json").write_text(json.dumps({"model": {"name": "TOP-SECRET-TOKEN"}}))
+    (root / "run.memlens.json").symlink_to(outside / "secrets.json")
+    (root / "link.pickle").symlink_to(root / "run.pickle")
+    os.mkfifo(root / "pipe.pickle")
+
+    async def session() -> list[tuple[bool, str]]:
+        server = StdioServerParameters(command=sys.executable, args=["-m", "memlens", "mcp", "--root", str(root)],
+                                       cwd=str(REPO_ROOT))
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            answers = []
+            for name in ("run.pickle", "link.pickle", "pipe.pickle"):
+                result = await client.call_tool("triage", {"snapshot": str(root / name)})
+                answers.append((result.is_error, result.content[0].text))  # type: ignore[union-attr]
+            return answers
+
+    (report_error, report), (link_error, link_text), (pipe_error, pipe_text) = asyncio.run(session())
+    assert not report_error and "TOP-SECRET-TOKEN" not in report
+    assert json.loads(report)["source"] == str(root / "run.pickle")
+    assert link_error and "symbolic link" in link_text
+    assert pipe_error and "not a regular file" in pipe_text

@@ -327,6 +327,18 @@ def test_an_unusable_key_is_replaced(snapshot_file: Path, cached: Path, cache_ho
     assert key.stat().st_mode & 0o077 == 0
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("planted", ["key", "entry"])
+def test_a_fifo_planted_in_the_cache_folder_does_not_block(snapshot_file: Path, cached: Path, cache_home: Path,
+                                                           planted: str) -> None:
+    """Opening a FIFO for reading waits for a writer that never comes: cache files are opened
+    without blocking and refused unless regular, so every load still answers."""
+    target = cache_home / cache.KEY_NAME if planted == "key" else cached
+    target.unlink()
+    os.mkfifo(target, 0o600)
+    assert_rebuilt(snapshot_file)
+
+
 # --------------------------------------------------------------------------- what the writer will store
 
 
@@ -427,11 +439,11 @@ def test_a_bug_while_writing_costs_the_cache_not_the_load(snapshot_file: Path, c
 
 
 def test_a_failed_hash_means_no_cache(snapshot_file: Path, cache_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def unreadable(source: str) -> Any:
+    def unreadable(fd: int) -> Any:
         raise MemoryError
 
     memlens.load(snapshot_file, cache=True)
-    monkeypatch.setattr(cache, "_hash_file", unreadable)
+    monkeypatch.setattr(cache, "_hash_fd", unreadable)
     assert not memlens.load(snapshot_file, cache=True).from_cache
 
 

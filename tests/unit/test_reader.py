@@ -247,6 +247,45 @@ def test_missing_path_directory_and_zip(tmp_path: Path) -> None:
         memlens.load(archive)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path, cache: bool) -> None:
+    fifo = tmp_path / "run.pickle"
+    os.mkfifo(fifo)
+    with pytest.raises(MemlensFormatError, match="not a regular file"):
+        memlens.load(fifo, cache=cache)
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_as_the_sidecar_is_skipped_without_waiting(tmp_path: Path) -> None:
+    path = write(tmp_path / "run.pickle", tiny_snapshot())
+    os.mkfifo(tmp_path / "run.memlens.json")
+    assert memlens.load(path).sidecar == {}
+
+
+@pytest.mark.timeout(60)
+def test_sniffing_a_folder_of_files_skips_a_fifo_without_waiting(tmp_path: Path) -> None:
+    from memlens.snapshot.formats import sniff
+
+    os.mkfifo(tmp_path / "pipe.pickle")
+    assert not sniff(tmp_path / "pipe.pickle")
+    assert sniff(write(tmp_path / "run.pickle", tiny_snapshot()))
+
+
+def test_an_opened_file_is_read_through_its_descriptor(tmp_path: Path) -> None:
+    """What is analysed is the file that was opened and checked, whatever the path names later."""
+    from memlens.files import open_regular
+
+    path = write(tmp_path / "run.pickle", tiny_snapshot())
+    (tmp_path / "run.memlens.json").write_text('{"rank": 3}')
+    with open_regular(path) as opened:
+        os.rename(path, tmp_path / "moved.pickle")
+        (tmp_path / "run.pickle").write_bytes(b"not a pickle")
+        loaded = memlens.load(opened, cache=True)
+    assert loaded.source == str(path) and loaded.sidecar == {"rank": 3}
+    assert len(loaded.devices[0].action) == len(memlens.load(tmp_path / "moved.pickle").devices[0].action)
+
+
 def test_sidecar_is_read_when_present(tmp_path: Path) -> None:
     path = write(tmp_path / "run.pickle", tiny_snapshot())
     (tmp_path / "run.memlens.json").write_text('{"rank": 3}')

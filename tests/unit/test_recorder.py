@@ -366,6 +366,20 @@ def test_bad_options() -> None:
             record("x", device="cuda")
 
 
+@pytest.mark.parametrize("name", ["../../escaped", "../x", "a/b", "/tmp/absolute", "..", ".", "", "a\x00b"])
+def test_a_name_is_a_file_name_never_a_path(tmp_path: Path, name: str) -> None:
+    out = tmp_path / "deep" / "runs"
+    with pytest.raises(MemlensUsageError, match="--name"):
+        record(out, name=name, clock=fake_clock())
+    assert not (tmp_path / "escaped.pickle").exists() and not list(tmp_path.rglob("*.pickle"))
+
+
+def test_a_plain_name_is_the_stem(tmp_path: Path) -> None:
+    with record(tmp_path, name="run-1.b", clock=fake_clock()):
+        torch.ones(10)
+    assert (tmp_path / "run-1.b.pickle").exists()
+
+
 # ------------------------------------------------------------------------- files
 def test_atomic_write_never_leaves_a_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "snap.pickle"

@@ -418,3 +418,72 @@ def test_a_folder_that_cannot_be_written_is_one_line() -> None:
     result = CliRunner().invoke(cli, ["export", str(SAMPLE), "-o", "/proc/memlens-export.csv", "--no-cache"])
     assert result.exit_code == 2
     assert "cannot write /proc/memlens-export.csv" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", ["jsonl", "html"])
+def test_export_to_a_fifo_writes_into_it_and_leaves_it_a_fifo(tmp_path: Path, fmt: str) -> None:
+    import stat
+    import threading
+
+    fifo = tmp_path / f"out.{fmt}"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    result = CliRunner().invoke(cli, ["export", str(SAMPLE), "-o", str(fifo), "--no-cache"])
+    reader.join(60)
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # never replaced by a regular file
+    assert received and received[0].startswith(b"{" if fmt == "jsonl" else b"<!DOCTYPE")
+    assert os.listdir(tmp_path) == [fifo.name]
+
+
+def test_export_through_a_symlink_writes_its_target_and_keeps_the_link(tmp_path: Path) -> None:
+    target = tmp_path / "real" / "events.jsonl"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    link = tmp_path / "events.jsonl"
+    link.symlink_to(target)
+    result = CliRunner().invoke(cli, ["export", str(SAMPLE), "-o", str(link), "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and target.read_text().startswith("{")
+    assert sorted(os.listdir(tmp_path)) == ["events.jsonl", "real"] and os.listdir(target.parent) == ["events.jsonl"]
+
+
+def test_export_into_a_symlink_to_the_snapshot_is_refused(tmp_path: Path) -> None:
+    snapshot = tmp_path / "run.pickle"
+    snapshot.write_bytes(SAMPLE.read_bytes())
+    (tmp_path / "out.jsonl").symlink_to(snapshot)
+    result = CliRunner().invoke(cli, ["export", str(snapshot), "-o", str(tmp_path / "out.jsonl"), "--no-cache"])
+    assert result.exit_code == 2 and "overwrite the snapshot" in result.output
+    assert snapshot.read_bytes() == SAMPLE.read_bytes()
+
+
+def test_export_to_a_character_device_writes_into_it(tmp_path: Path) -> None:
+    import stat
+
+    # As root, a private null device: an export that replaced it must not take the machine's
+    # /dev/null with it (which is what replacing did, run as root).
+    device = tmp_path / "null"
+    if os.geteuid() == 0:
+        os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    else:
+        device = Path("/dev/null")  # not ours to replace: the old rename failed with EACCES
+    before = os.stat(device)
+    result = CliRunner().invoke(cli, ["export", str(SAMPLE), "--format", "csv", "-o", str(device), "--no-cache"])
+    assert result.exit_code == 0, result.output
+    after = os.stat(device)
+    assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
+
+
+def test_export_to_a_socket_is_refused_in_one_line(tmp_path: Path) -> None:
+    import socket
+    import stat
+
+    path = tmp_path / "out.jsonl"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(path))
+        result = CliRunner().invoke(cli, ["export", str(SAMPLE), "-o", str(path), "--no-cache"])
+    assert result.exit_code == 2 and "not a regular file" in result.output and "Traceback" not in result.output
+    assert stat.S_ISSOCK(os.lstat(path).st_mode)

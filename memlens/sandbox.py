@@ -1,0 +1,254 @@
+"""Run one function in a separate process that can be stopped, under time and memory limits.
+
+A hostile or simply enormous file can keep the unpickler (or an analysis) busy in C code for ever
+(a hash bomb holds the GIL, so in-process it froze every request and even ignored SIGTERM) or
+swallow the machine's memory. The faces that serve others (the dashboard's analyses, the MCP
+server's tool calls) therefore run that work here: in a child process forked from a
+``forkserver`` (the modules named in ``preload`` are imported there once, so a child starts in
+milliseconds and inherits none of the server's threads or sockets). The child caps its own
+address space (``RLIMIT_AS``); the caller waits for the answer on a pipe with a wall-clock
+deadline and kills the child when the deadline passes. The caller's thread only waits on a pipe
+meanwhile, so every other request is answered.
+
+``run_limited(function, args, limits=...)`` returns what ``function(*args)`` returned (pickled
+back through the pipe); ``function`` must be importable by name (a module-level function).
+Descriptors travel as ``multiprocessing.reduction.DupFd`` in ``args`` (the child calls
+``detach()``). A ``MemlensError`` raised in the child is raised again here with its message;
+a limit reached is ``Stopped``; anything else is ``Crashed`` (with the child's traceback).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import resource
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from memlens.errors import MemlensError
+from memlens.units import GiB, format_bytes
+
+DEFAULT_TIMEOUT_S = 120.0
+# Modules every forked child should start with. memlens.cli.main too: a child re-runs the
+# ``memlens`` console script (as __mp_main__), which imports it.
+DEFAULT_PRELOAD = ("memlens", "memlens.analysis", "memlens.snapshot.reader", "memlens.cli.main")
+_PR_SET_PDEATHSIG = 1
+# How long a killed child may take to be reaped before we stop waiting for it.
+_REAP_S = 10.0
+
+
+def default_memory_limit() -> int:
+    """Half the machine's physical memory, at least 1 GiB: an analysis needs ~6x its file's size."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 * GiB
+    return max(GiB, total // 2)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one run may use before it is stopped: wall-clock seconds and address space."""
+
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    memory_bytes: int | None = None  # None: default_memory_limit()
+
+    def memory_limit(self) -> int:
+        return self.memory_bytes if self.memory_bytes is not None else default_memory_limit()
+
+
+class Stopped(MemlensError):
+    """The run went past a limit and its process was stopped (the input, not a bug)."""
+
+
+class Abandoned(Stopped):
+    """The run was stopped because whoever asked for it has gone (``abandoned()`` turned true)."""
+
+
+class Crashed(Exception):
+    """The child process failed for a reason that is memlens' fault (its traceback is the message)."""
+
+
+class ProcessGroup:
+    """The live child processes of one server, so that shutdown kills them instead of waiting."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: set[Any] = set()
+        self._closed = False
+
+    def add(self, process: Any) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._live.add(process)
+            return True
+
+    def discard(self, process: Any) -> None:
+        with self._lock:
+            self._live.discard(process)
+
+    @property
+    def closed(self) -> bool:
+        with self._lock:
+            return self._closed
+
+    def kill_all(self) -> None:
+        with self._lock:
+            self._closed = True
+            live = list(self._live)
+        for process in live:
+            _kill(process)
+
+
+_context_lock = threading.Lock()
+_context: Any = None
+
+
+def _forkserver(preload: Sequence[str]) -> Any:
+    """The forkserver context; the first caller's ``preload`` is what the forkserver imports."""
+    global _context
+    with _context_lock:
+        if _context is None:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(list(preload))
+            _context = context
+        return _context
+
+
+def run_limited(function: Callable[..., Any], args: tuple[Any, ...] = (), *, limits: Limits,
+                group: ProcessGroup | None = None, what: str = "analysis",
+                preload: Sequence[str] = DEFAULT_PRELOAD, abandoned: Callable[[], bool] | None = None) -> Any:
+    """``function(*args)`` run in a child process under ``limits``; what it returned.
+
+    Raises ``MemlensError`` with the child's message for one the function raised, ``Stopped``
+    ("{what} stopped: ...") when a limit was hit or ``group`` is shutting down, ``Abandoned``
+    (a ``Stopped``) as soon as ``abandoned()`` turns true, ``Crashed`` for a bug.
+    """
+    context = _forkserver(preload)
+    group = group if group is not None else ProcessGroup()
+    receiver, sender = context.Pipe(duplex=False)
+    memory = limits.memory_limit()
+    process = context.Process(target=_child_main, args=(sender, function, args, memory, limits.timeout_s),
+                              name=f"memlens-{what.replace(' ', '-')}", daemon=True)
+    try:
+        if not group.add(process):
+            raise Stopped(f"{what} stopped: the server is shutting down")
+        process.start()
+        sender.close()  # the child holds the only writer: EOF on the pipe means it is gone
+        if not _wait_for_answer(receiver, limits.timeout_s, abandoned):
+            if abandoned is not None and abandoned():
+                raise Abandoned(f"{what} stopped: whoever asked for it has gone")
+            raise Stopped(f"{what} stopped: took over {_seconds(limits.timeout_s)}")
+        try:
+            outcome, detail = receiver.recv()
+        except (EOFError, OSError):
+            outcome, detail = "died", None
+    finally:
+        _kill(process)
+        group.discard(process)
+        receiver.close()
+        sender.close()
+    if outcome == "ok":
+        return detail
+    if outcome == "error":
+        raise MemlensError(detail)
+    if outcome == "memory":
+        raise Stopped(f"{what} stopped: needed over {format_bytes(memory)}")
+    if outcome == "died":
+        code = process.exitcode
+        if group.closed:
+            raise Stopped(f"{what} stopped: the server is shutting down")
+        if code == -signal.SIGXCPU:  # the CPU-time backstop, reached before our deadline
+            raise Stopped(f"{what} stopped: took over {_seconds(limits.timeout_s)}")
+        if code == -signal.SIGKILL:  # not ours (those are handled above): the OOM killer
+            raise Stopped(f"{what} stopped: the {what} process was killed (out of memory?)")
+        raise Crashed(f"the {what} process exited with code {code}")
+    raise Crashed(str(detail))
+
+
+# How often a waiting run checks whether whoever asked for it is still there.
+_ABANDON_POLL_S = 0.5
+
+
+def _wait_for_answer(receiver: Connection, timeout_s: float, abandoned: Callable[[], bool] | None) -> bool:
+    """Whether the child answered (or died) within ``timeout_s``; False early once abandoned."""
+    if abandoned is None:
+        return bool(receiver.poll(timeout_s))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if receiver.poll(min(left, _ABANDON_POLL_S)):
+            return True
+        if abandoned():
+            return False
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g} s"
+
+
+def _kill(process: Any) -> None:
+    """Stop a child for certain (SIGKILL: a hash bomb never returns to run a SIGTERM handler)."""
+    if process.pid is None:  # never started
+        return
+    if process.exitcode is None:
+        process.kill()
+    process.join(_REAP_S)
+
+
+def caused_by_memory_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised while handling, a ``MemoryError``."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, MemoryError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _die_with_parent() -> None:
+    """prctl(PR_SET_PDEATHSIG, SIGKILL) where Linux offers it; elsewhere the CPU limit remains."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _child_main(sender: Connection, function: Callable[..., Any], args: tuple[Any, ...], memory_bytes: int,
+                timeout_s: float) -> None:
+    """Runs in the child: cap the address space, run, send back one (outcome, detail) pair."""
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    # Backstops for a parent that dies without killing us (SIGKILL, OOM killer): the kernel
+    # kills this child when the forkserver exits (it does when the parent goes), and when its
+    # CPU time passes twice the wall-clock limit (a single thread cannot reach that in time).
+    cpu_s = int(2 * timeout_s) + 10
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
+    _die_with_parent()
+    # Ctrl-C in the terminal reaches the whole process group; the parent decides what stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        message: tuple[str, Any] = ("ok", function(*args))
+    except MemoryError:
+        message = ("memory", None)
+    except MemlensError as exc:
+        # The reader turns a MemoryError into its own "too large" message; under our cap the
+        # cap is the reason, and the user should hear which limit stopped the file.
+        message = ("memory", None) if caused_by_memory_error(exc) else ("error", str(exc))
+    except Exception:
+        message = ("crash", traceback.format_exc())
+    try:
+        sender.send(message)
+    except MemoryError:  # pickling the answer is one more copy of it
+        sender.send(("memory", None))
+    sender.close()
