@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+from memlens.analysis.lenses import MAX_RULES_FILE_BYTES
 from memlens.errors import MemlensError, MemlensUsageError
 from memlens.files import FileRefused, OpenedFile, open_beneath, open_regular
 from memlens.printable import printable
@@ -149,8 +150,7 @@ class _PreOpened:
 
 # Each tool argument that names a file, with the word its messages use for it.
 PATH_ARGUMENTS = {"snapshot": "snapshot", "before": "before", "after": "after", "rules": "rules", "config": "config"}
-RULES_MAX_BYTES = 16 << 20  # rules and configs are text files of a few kilobytes
-CONFIG_MAX_BYTES = 16 << 20
+CONFIG_MAX_BYTES = 16 << 20  # a config.json is a few kilobytes
 
 
 # --------------------------------------------------------------------------- analyses, kept
@@ -252,15 +252,15 @@ class Tools:
     def group_by(self, snapshot: str, group_by: str = "category", device: int | None = None,
                  at: str | None = None, window: str | None = None, step: int | None = None,
                  rules: str | None = None, file: str | None = None) -> dict[str, Any]:
-        from memlens.analysis.lenses import GROUP_BYS, lens_inputs_of, rules_from_text
+        from memlens.analysis.lenses import GROUP_BYS, lens_inputs_of, rules_from_text, rules_text
         from memlens.cli.lenses import lens_payload
 
         if group_by not in GROUP_BYS:
             raise MemlensUsageError(f"group_by {printable(group_by, 100)}: use one of {', '.join(GROUP_BYS)}")
         loaded_rules = []
         if rules is not None:
-            with self.paths.open(rules, "rules", RULES_MAX_BYTES) as opened_rules:
-                loaded_rules = rules_from_text(_text_of(opened_rules, "rules", RULES_MAX_BYTES), opened_rules.name)
+            with self.paths.open(rules, "rules", MAX_RULES_FILE_BYTES) as opened_rules:
+                loaded_rules = rules_from_text(rules_text(opened_rules), opened_rules.name)
         if group_by == "rules" and not loaded_rules:
             raise MemlensUsageError("group_by 'rules' needs rules: the path of a JSON or TOML rules file")
         with self.paths.open(snapshot) as opened:
@@ -347,15 +347,6 @@ class Tools:
         return payload
 
 
-def _text_of(opened: OpenedFile, what: str, max_bytes: int) -> str:
-    try:
-        return opened.read_bytes(max_bytes).decode("utf-8")
-    except FileRefused as refused:
-        raise MemlensUsageError(f"{what} {printable(opened.name, 300)}: {refused.reason}") from None
-    except UnicodeDecodeError as exc:
-        raise MemlensUsageError(f"{what} {printable(opened.name, 300)}: not UTF-8 text ({exc.reason})") from None
-
-
 def one_line_error(exc: BaseException) -> str:
     """What a tool error says: the CLI's one line for a mistake, a named internal error otherwise."""
     if isinstance(exc, MemlensError) and not _is_simulated_oom(exc):
@@ -437,7 +428,7 @@ class ToolCalls:
             for argument, what in PATH_ARGUMENTS.items():
                 value = arguments.get(argument)
                 if value is not None:
-                    limit = {"rules": RULES_MAX_BYTES, "config": CONFIG_MAX_BYTES}.get(what)
+                    limit = {"rules": MAX_RULES_FILE_BYTES, "config": CONFIG_MAX_BYTES}.get(what)
                     opened.append((what, value, files.enter_context(self.tools.paths.open(value, what, limit))))
             known = self.tools.analyses.matching([file for _, _, file in opened])
             sent = [(what, value, file.name, _Descriptor(file.fd),

@@ -22,9 +22,7 @@ CLI, the dashboard and the agent interface call the same code and get plain data
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +37,7 @@ from memlens.analysis.live import BEFORE_FIRST_ROW, LiveIndex
 from memlens.analysis.settings import AnalysisSettings
 from memlens.analysis.stacks import _CPP_NOISE, _INTERNAL_FILE, StackFacts, is_python_frame, min_per_stack
 from memlens.errors import MemlensUsageError
+from memlens.files import FileRefused, OpenedFile, open_regular
 from memlens.snapshot.model import Annotation, DeviceTrace, Frame, Snapshot
 
 I64 = npt.NDArray[np.int64]
@@ -430,34 +429,24 @@ def parse_rules(data: Any, source: str = "rules") -> list[Rule]:
 
 
 def _read_rules_file(path: Path) -> str:
-    """The text of a rules file: a regular file of at most MAX_RULES_FILE_BYTES. Opened without
-    blocking (a FIFO would wait for a writer forever) and checked after opening, on the descriptor."""
+    """The text of a rules file: a regular file of at most MAX_RULES_FILE_BYTES, opened once
+    without blocking (a FIFO would wait for a writer forever) and checked on the descriptor."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise MemlensUsageError(f"{path}: cannot read the rules file: {exc.strerror or exc}") from None
+        with open_regular(path, max_bytes=MAX_RULES_FILE_BYTES) as opened:
+            return rules_text(opened)
+    except FileRefused as refused:
+        raise MemlensUsageError(f"{path}: cannot read the rules file: {refused.reason}") from None
+
+
+def rules_text(opened: OpenedFile) -> str:
+    """The text of a rules file already opened and checked (the CLI's path, or ``memlens mcp``'s
+    file beneath its root)."""
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise MemlensUsageError(f"{path}: the rules file is not a regular file")
-        if info.st_size > MAX_RULES_FILE_BYTES:
-            raise MemlensUsageError(f"{path}: the rules file is {info.st_size:,} bytes (at most "
-                                    f"{MAX_RULES_FILE_BYTES:,})")
-        chunks, left = [], MAX_RULES_FILE_BYTES + 1
-        while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
-    except OSError as exc:
-        raise MemlensUsageError(f"{path}: cannot read the rules file: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_RULES_FILE_BYTES:  # it grew after the check
-        raise MemlensUsageError(f"{path}: the rules file is over {MAX_RULES_FILE_BYTES:,} bytes")
-    try:
-        return data.decode("utf-8")
+        return opened.read_bytes(MAX_RULES_FILE_BYTES).decode("utf-8")
+    except FileRefused as refused:  # it grew past the limit after it was opened
+        raise MemlensUsageError(f"{opened.name}: cannot read the rules file: {refused.reason}") from None
     except UnicodeDecodeError as exc:
-        raise MemlensUsageError(f"{path}: cannot read the rules file: not UTF-8 ({exc.reason})") from None
+        raise MemlensUsageError(f"{opened.name}: cannot read the rules file: not UTF-8 ({exc.reason})") from None
 
 
 def load_rules(path: str | Path) -> list[Rule]:
