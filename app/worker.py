@@ -79,13 +79,19 @@ def whatif_in_worker(snapshot: Any, device: int, capacity: int | None, extra: in
 def whatif_job(snapshot: Any, device: int, capacity: int | None, extra: int) -> WhatIfAnswer:
     """What the what-if child runs."""
     from memlens.allocator import AllocatorSettings, whatif
+    from memlens.units import format_bytes
 
     recorded_settings = AllocatorSettings.from_snapshot_dict(snapshot.allocator_settings)
     expandable = whatif(snapshot, AllocatorSettings(expandable_segments=True), capacity=capacity, device=device)
-    more = None
+    more, notes = None, list(expandable.notes)
     if capacity:
-        more = whatif(snapshot, recorded_settings, capacity=capacity + extra, device=device).simulated
-    return WhatIfAnswer(dict(expandable.recorded), dict(expandable.simulated), more, tuple(expandable.notes))
+        bigger = whatif(snapshot, recorded_settings, capacity=capacity + extra, device=device)
+        more = bigger.simulated
+        stopped = bigger.stopped_note()
+        if stopped is not None:
+            notes.append(f"On the {format_bytes(capacity + extra)} device, {stopped}")
+    # Where the expandable replay stopped at its OOM, the recorded column covers the same events.
+    return WhatIfAnswer(dict(expandable.recorded_compared()), dict(expandable.simulated), more, tuple(notes))
 
 
 def analyze_file(path: str, uploaded: bool = False) -> Any:

@@ -115,6 +115,13 @@ class WhatIfResult:
                 f"there: its figures cover only the {covered:,} event{'s' if covered != 1 else ''} before that "
                 "request; a run that does not finish saves nothing, so no change is shown")
 
+    def recorded_compared(self) -> dict[str, Any]:
+        """The recorded run's figures over the events the simulated figures cover: all of them,
+        or those before the simulated run's OOM (its own OOM flag kept)."""
+        if self.recorded_until_simulated_oom is None:
+            return self.recorded
+        return {**self.recorded, **self.recorded_until_simulated_oom, "oom": self.recorded["oom"]}
+
     @property
     def compared_events(self) -> int | None:
         """The events both sides' figures cover when the simulated run stopped early, else None."""

@@ -30,7 +30,7 @@ def render_whatif(result: WhatIfResult) -> list[str]:
     if stopped is not None:
         lines.append(f"note: {stopped}")
         if result.recorded_until_simulated_oom is not None:
-            recorded = {**recorded, **result.recorded_until_simulated_oom, "oom": result.recorded["oom"]}
+            recorded = result.recorded_compared()
             lines.append(f"the recorded column covers the same {result.compared_events:,} events")
     header = f"{'':{_LABEL_WIDTH}}{'recorded':>{_COLUMN_WIDTH}}{'simulated':>{_COLUMN_WIDTH}}"
     lines += ["", header + ("  change" if comparable else "")]

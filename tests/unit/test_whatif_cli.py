@@ -168,3 +168,22 @@ def test_a_replay_that_fits_still_shows_the_change(snapshot_path: Path) -> None:
     assert "stopped there" not in out
     peak = next(line for line in out.splitlines() if line.startswith("peak reserved"))
     assert peak.endswith("%") or peak.endswith("same")
+
+
+def test_the_dashboards_whatif_columns_cover_the_same_events(snapshot_path: Path) -> None:
+    """The dashboard's what-if job (what its table shows) sets the recorded run beside a replay cut
+    off by its OOM over the same events, as the terminal does, and says where it stopped."""
+    import memlens
+    from memlens_app.worker import whatif_job
+
+    snapshot = memlens.load(snapshot_path, cache=False)
+    answer = whatif_job(snapshot, 0, 100 * MiB, 0)
+    terminal = json.loads(CliRunner().invoke(
+        cli, ["whatif", str(snapshot_path), "--expandable-segments", "--capacity", "100MiB", "--json"]).output)
+    stopped = terminal["recorded_until_simulated_oom"]
+    assert stopped is not None and stopped["peak_reserved_bytes"] < terminal["recorded"]["peak_reserved_bytes"]
+    assert answer.recorded["peak_reserved_bytes"] == stopped["peak_reserved_bytes"]  # not the whole run's 362 MiB
+    assert answer.recorded["events"] == stopped["events"]
+    assert answer.notes[0] == terminal["notes"][0]
+    assert answer.notes[0].startswith("the simulated run ran out of memory at event ")
+    assert any(note.startswith("On the 100.00 MiB device, the simulated run ran out of memory") for note in answer.notes)
