@@ -46,7 +46,7 @@ def test_an_ambiguous_prefix_names_the_candidates(typed: str) -> None:
 
 @pytest.mark.parametrize("typed", ["b200", "", "  ", "mi300x"])
 def test_an_unknown_name_lists_the_known_ones(typed: str) -> None:
-    with pytest.raises(MemlensUsageError, match="unknown GPU .*h100-80gb"):
+    with pytest.raises(MemlensUsageError, match=r"unknown GPU .*h100-80gb"):
         gpu_spec(typed)
 
 
