@@ -124,6 +124,7 @@ def predict(
     with StopSignals() as signals:
         result = run_in_session(session, lambda: run_command(kind, target, argv), capture_errors=True)
         signals.hold()  # a signal from now on waits until the prediction is written
+        reopen_closed_streams()
         if result.interrupted:
             click.echo(f"memlens: {_SIGNAL_WORDS[result.interrupted]}; writing the prediction", err=True)
         if result.error_traceback:  # the script's own error: shown as Python shows it, then the figures
@@ -161,6 +162,20 @@ def exit_status(result: Any, pending_signal: int | None = None) -> int:
     if pending_signal is not None:
         return 128 + pending_signal
     return 0 if result.fits else 1
+
+
+def reopen_closed_streams() -> None:
+    """The script may have closed ``sys.stdout``/``sys.stderr`` (python then still exits 0):
+    the prediction is written to file descriptors 1 and 2, which closing the objects leaves open."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if stream is not None and not getattr(stream, "closed", False):
+            continue
+        try:
+            replacement = open(os.dup(fd), "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+        except OSError:  # the descriptor itself is gone: nothing can be shown there
+            replacement = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
+        setattr(sys, name, replacement)
 
 
 def _check_out_folder(out: Path) -> None:

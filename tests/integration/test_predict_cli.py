@@ -327,3 +327,10 @@ def test_a_signal_writes_the_prediction_then_exits_like_the_signal(
     predicted = tmp_path / "memlens_predict" / "predicted.pickle"
     assert load(predicted, cache=False).devices[0].events > 0
     assert json.loads((tmp_path / "memlens_predict" / "predicted.memlens.json").read_text())["reason"] == reason
+
+
+def test_a_script_that_closes_its_streams_still_gets_its_prediction(tmp_path: Path) -> None:
+    source = "import sys, torch\nx = torch.empty(10, device='cuda')\nsys.stdout.close()\nsys.stderr.close()\n"
+    completed = predict_script(tmp_path, source)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert "fits: the run completed within capacity" in completed.stdout
