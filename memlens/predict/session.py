@@ -293,14 +293,17 @@ class PredictSession:
     def _on_model_outputs(self, module: Any, args: Any, output: Any) -> None:
         self.roles.note("forward.end", self.now(), {"outputs": forward_outputs(output)})
 
-    def note_roles(self, at: str, time_us: int | None, graphs: bool = False) -> None:
+    def note_roles(
+        self, at: str, time_us: int | None, graphs: bool = False, parameters: list[torch.Tensor] | None = None
+    ) -> None:
         """Note the watched model's and optimizer's tensors by role; at the end of the run
-        (``graphs``, ``time_us`` None) also every CUDA parameter still alive, whoever holds it
-        (a model no optimizer trains), and what live autograd graphs hold."""
+        (``graphs``, ``time_us`` None) also what live autograd graphs hold, and ``parameters``:
+        every CUDA parameter still alive, whoever holds it (a model no optimizer trains)."""
         self.tracker.drain()
         state = model_state(self._watched(self._models), self._watched(self._optimizers))
+        if parameters:
+            state["parameters"] = [*state["parameters"], *parameters]
         if graphs:
-            state["parameters"] = [*state["parameters"], *live_cuda_parameters()]
             state["graph"] = retained_graph_tensors()
         self.roles.note(at, time_us, state)
 
@@ -597,8 +600,9 @@ def run_in_session(session: PredictSession, body: Callable[[], Any], capture_err
                 location = user_location(failure.__traceback__)
                 error = f"{type(failure).__name__}: {failure}" + (f" (at {location})" if location else "")
                 error_traceback = "".join(traceback.format_exception(failure))
-            model, optimizer = simulated_model_and_optimizer()
-            session.note_roles("dump", None, graphs=True)
+            parameters = live_cuda_parameters()  # one scan of the heap for both
+            model, optimizer = simulated_model_and_optimizer(parameters)
+            session.note_roles("dump", None, graphs=True, parameters=parameters)
         snapshot = session.full_snapshot()
     finally:
         ended_by.clear()
@@ -647,14 +651,18 @@ def live_cuda_parameters() -> list[torch.Tensor]:
     return list(found.values())
 
 
-def simulated_model_and_optimizer() -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def simulated_model_and_optimizer(
+    parameters_alive: list[torch.Tensor] | None = None,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The parameters on the simulated GPU that are still alive (the recorder's ``model`` stats:
     counts and bytes by dtype), and the optimizer holding most of them: what the budget needs.
     Found by the garbage collector at the end of the run, so a model that lived only in a
     function's locals is gone by then (None)."""
     from memlens.recorder.sidecar import optimizer_stats
 
-    parameters = {id(param): param for param in live_cuda_parameters()}
+    if parameters_alive is None:
+        parameters_alive = live_cuda_parameters()
+    parameters = {id(param): param for param in parameters_alive}
     optimizer_type = torch.optim.Optimizer
     if not parameters:
         return None, None
