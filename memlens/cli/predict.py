@@ -52,14 +52,6 @@ def split_command(command: tuple[str, ...]) -> tuple[str, str, list[str]]:
     return "path", words[0], words
 
 
-class ScriptExit(Exception):
-    """The script called ``sys.exit`` with a failure status: its prediction ends there."""
-
-    def __init__(self, code: object) -> None:
-        super().__init__(f"the script exited with status {code}" if isinstance(code, int) else str(code))
-        self.code = code
-
-
 def run_command(kind: str, target: str, argv: list[str]) -> Any:
     """Run a script or module in this process as ``python`` would (``__main__``, argv, path);
     returns its globals, which keeps a module-level model alive for the budget."""
@@ -71,13 +63,14 @@ def run_command(kind: str, target: str, argv: list[str]) -> Any:
             return runpy.run_path(target, run_name="__main__")
         return runpy.run_module(target, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
+        from memlens.predict.session import ProgramExit
         from memlens.recorder import Terminated
 
         if isinstance(stop, Terminated) or stop.code in (None, 0):
             if isinstance(stop, Terminated):
                 raise
             return None
-        raise ScriptExit(stop.code) from None
+        raise ProgramExit(stop.code) from None
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
 

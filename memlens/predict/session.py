@@ -546,6 +546,15 @@ def predict(
     return run_in_session(session, lambda: fn(*args, **kwargs))
 
 
+class ProgramExit(Exception):
+    """The program called ``sys.exit`` with a failure status (``memlens predict`` raises it for
+    the script's ``SystemExit``): the prediction ends there, as a result."""
+
+    def __init__(self, code: object) -> None:
+        super().__init__(f"the script exited with status {code}" if isinstance(code, int) else str(code))
+        self.code = code
+
+
 def run_in_session(session: PredictSession, body: Callable[[], Any], capture_errors: bool = False) -> PredictResult:
     """Run ``body`` inside ``session`` and turn what happened into a ``PredictResult``.
 
@@ -593,6 +602,10 @@ def run_in_session(session: PredictSession, body: Callable[[], Any], capture_err
                 ended_by.append(stop)
                 interrupted = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated"
                 stopped_at = user_location(stop.__traceback__)
+            except ProgramExit as stop:  # sys.exit(status): no traceback, as python shows none
+                ended_by.append(stop)
+                location = user_location((stop.__context__ or stop).__traceback__)  # the SystemExit's
+                error = f"{stop}" + (f" (at {location})" if location else "")
             except Exception as failure:
                 if not capture_errors:
                     raise

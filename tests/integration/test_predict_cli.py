@@ -334,3 +334,11 @@ def test_a_script_that_closes_its_streams_still_gets_its_prediction(tmp_path: Pa
     completed = predict_script(tmp_path, source)
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert "fits: the run completed within capacity" in completed.stdout
+
+
+def test_sys_exit_with_a_failure_is_a_result_too(tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    completed = predict_script(tmp_path, "import sys, torch\nx = torch.empty(10, device='cuda')\nsys.exit(3)\n")
+    assert completed.returncode == 1 and "Traceback" not in completed.stderr
+    assert f"the script failed: the script exited with status 3 (at {script}:3)" in completed.stdout
+    assert (tmp_path / "memlens_predict" / "predicted.pickle").is_file()
