@@ -6,6 +6,10 @@ API answers from it, and an out-of-memory error is raised where the real GPU wou
 Snapshots the script dumps land where it asks; the whole run is also written to
 OUT/predicted.pickle for triage, serve and whatif.
 
+Exit status: 0 the run completed within the capacity; 1 it did not fit (out of memory) or did
+not reach its end (the script failed, or stopped needing a real value), so no fit is claimed;
+2 a usage or input error; 143 / 130 after SIGTERM / Ctrl-C, the prediction up to there written.
+
   memlens predict --gpu h100-80gb -- python train.py --batch-size 8
   memlens predict --capacity 24GiB --json -- python -m mypkg.train
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,7 @@ import click
 
 from memlens.cli.common import help_text
 from memlens.errors import MemlensUsageError
+from memlens.predict.gpus import GPU_NAMES_HELP
 from memlens.recorder.sidecar import build_sidecar, sidecar_path, write_json, write_snapshot
 from memlens.units import format_bytes, parse_bytes
 
@@ -57,15 +63,20 @@ def run_command(kind: str, target: str, argv: list[str]) -> Any:
             return runpy.run_path(target, run_name="__main__")
         return runpy.run_module(target, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
-        if stop.code not in (None, 0):
-            raise
-        return None
+        from memlens.predict.session import ProgramExit
+        from memlens.recorder import Terminated
+
+        if isinstance(stop, Terminated) or stop.code in (None, 0):
+            if isinstance(stop, Terminated):
+                raise
+            return None
+        raise ProgramExit(stop.code) from None
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
 
 
 @click.command(help=help_text(__doc__), context_settings={"ignore_unknown_options": True})
-@click.option("--gpu", default=None, help="GPU to simulate (default a100-80gb): h100-80gb, a100-40gb, l4, ...")
+@click.option("--gpu", default=None, help=GPU_NAMES_HELP)
 @click.option("--capacity", default=None, help="Device memory, e.g. 80GiB (overrides the GPU's).")
 @click.option(
     "--reserve-outside",
@@ -94,6 +105,8 @@ def predict(
     from memlens.predict.session import PredictSession, run_in_session
 
     kind, target, argv = split_command(command)
+    out = Path(out_dir)
+    _check_out_folder(out)  # before the run: a folder that cannot be written is a usage error now
     session = PredictSession(
         gpu=gpu,
         capacity=parse_bytes(capacity) if capacity else None,
@@ -101,36 +114,126 @@ def predict(
         stacks=not no_stacks,
         placeholder_values=placeholder_values,
     )
-    result = run_in_session(session, lambda: run_command(kind, target, argv), capture_errors=True)
-    if result.error_traceback:  # the script's own error: shown as Python shows it, then the figures
-        sys.stderr.write(result.error_traceback)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    predicted = out / "predicted.pickle"
-    write_snapshot(predicted, result.snapshot or {})
-    write_json(sidecar_path(predicted), predicted_sidecar(session, result))
-    result.snapshots.append(str(predicted.resolve()))
-    result.value = None  # the script's globals: let them go
-    if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
-    else:
-        click.echo(render(result))
-        budget = budget_beside(predicted)
-        if budget:
-            click.echo(budget)
-    if result.error is not None:
-        raise click.exceptions.Exit(1)
+    with StopSignals() as signals:
+        result = run_in_session(session, lambda: run_command(kind, target, argv), capture_errors=True)
+        signals.hold()  # a signal from now on waits until the prediction is written
+        reopen_closed_streams()
+        if result.interrupted:
+            click.echo(f"memlens: {_SIGNAL_WORDS[result.interrupted]}; writing the prediction", err=True)
+        if result.error_traceback:  # the script's own error: shown as Python shows it, then the figures
+            sys.stderr.write(result.error_traceback)
+        predicted = out / "predicted.pickle"
+        write_snapshot(predicted, result.snapshot or {})
+        write_json(sidecar_path(predicted), predicted_sidecar(session, result))
+        result.snapshots.append(str(predicted.resolve()))
+        result.value = None  # the script's globals: let them go
+        report = predicted_report(predicted, result)
+        if as_json:
+            click.echo(json.dumps(result.to_json(), indent=2))
+        else:
+            click.echo(render(result))
+            if report is not None:
+                render_budget_beside(report)
+    status = exit_status(result, signals.pending)
+    if status:
+        raise click.exceptions.Exit(status)
+
+
+# What a shell reports for a process ended by SIGINT / SIGTERM (128 + the signal's number), as
+# ``memlens record`` exits.
+_SIGNAL_STATUS = {"interrupted": 128 + signal.SIGINT, "terminated": 128 + signal.SIGTERM}
+_SIGNAL_WORDS = {"interrupted": "interrupted (Ctrl-C)", "terminated": "terminated (SIGTERM)"}
+
+
+def exit_status(result: Any, pending_signal: int | None = None) -> int:
+    """0: the run completed within the capacity. 1: it did not fit (out of memory), or it did not
+    get to the end (the script failed, or stopped needing a real value or a missing kernel), so
+    no fit can be claimed. 143 / 130: SIGTERM / Ctrl-C stopped it (the prediction up to there is
+    written). Usage and input errors exit 2 before anything runs."""
+    if result.interrupted:
+        return _SIGNAL_STATUS[result.interrupted]
+    if pending_signal is not None:
+        return 128 + pending_signal
+    return 0 if result.fits else 1
+
+
+def reopen_closed_streams() -> None:
+    """The script may have closed ``sys.stdout``/``sys.stderr`` (python then still exits 0):
+    the prediction is written to file descriptors 1 and 2, which closing the objects leaves open."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if stream is not None and not getattr(stream, "closed", False):
+            continue
+        try:
+            replacement = open(os.dup(fd), "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+        except OSError:  # the descriptor itself is gone: nothing can be shown there
+            replacement = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
+        setattr(sys, name, replacement)
+
+
+def _check_out_folder(out: Path) -> None:
+    try:
+        if out.exists() and not out.is_dir():
+            raise MemlensUsageError(f"--out {out}: it is a file, not a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise MemlensUsageError(f"--out {out}: the folder cannot be written to")
+    except OSError as exc:
+        raise MemlensUsageError(f"--out {out}: {exc.strerror or exc}") from None
+
+
+class StopSignals:
+    """While predicting, SIGTERM raises ``Terminated`` and Ctrl-C ``KeyboardInterrupt`` in the
+    script (its ``finally`` blocks run; the prediction up to there is a result); once ``hold``
+    is called, a signal waits until the files are written and sets the exit status (``pending``).
+    Only over the default handlers, in the main thread, as ``memlens record`` does."""
+
+    def __init__(self) -> None:
+        self.pending: int | None = None
+        self._held = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            defaults = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+            for signum, default in defaults.items():
+                if signal.getsignal(signum) is default:
+                    self._previous[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def hold(self) -> None:
+        self._held = True
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        from memlens.recorder import Terminated
+
+        if self._held:
+            self.pending = self.pending or signum
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(signum)
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
 
 
 def predicted_sidecar(session: Any, result: Any) -> dict[str, Any]:
-    """The recorder's sidecar for ``predicted.pickle``: device, peaks, OOM, and the model and
-    optimizer found at the end, so ``triage`` sets the budget beside the prediction."""
+    """The recorder's sidecar for ``predicted.pickle``: device, peaks, OOM, the model and
+    optimizer found at the end, and the tensors' roles (``tensor_roles``, as the recorder
+    writes them), so ``triage`` knows parameters, gradients and optimizer state exactly and
+    sets the budget beside the prediction."""
     oom = None
     if result.oom:
-        oom = {"requested_bytes": None, "device_free_bytes": session.simulator.device_free_bytes}
+        oom = {"requested_bytes": result.oom_requested_bytes, "device_free_bytes": session.simulator.device_free_bytes}
+    reason = result.interrupted or ("oom" if result.oom else "exception" if result.error else "exit")
     return build_sidecar(
         backend="cpu",
-        reason="oom" if result.oom else "exit",
+        reason=reason,
         device={
             "type": "cuda",
             "index": 0,
@@ -152,22 +255,34 @@ def predicted_sidecar(session: Any, result: Any) -> dict[str, Any]:
         optimizer=result.optimizer,
         recorder={"stacks": session.tracker.stacks is not None, "max_entries": None,
                   "max_stack_depth": None, "dump_every": None, "predict": True},
+        tensor_roles=session.roles.to_sidecar(),
     )  # fmt: skip
 
 
-def budget_beside(predicted: Path) -> str | None:
-    """The theoretical budget (from the parameters found) next to the predicted categories,
-    as ``memlens triage`` shows it; None when no model was found."""
+def predicted_report(predicted: Path, result: Any) -> Any:
+    """``memlens triage``'s report of the written ``predicted.pickle``; the result's peaks become
+    the report's, so what predict prints is what triage will say of the file (one number per
+    quantity). None when the program put nothing on the GPU (there is nothing to analyse)."""
+    if not result.used_cuda:
+        return None
     from memlens.analysis import analyze
-    from memlens.budget import render_reconciliation
-    from memlens.cli.triage import BudgetFlags, budget_reconciliation
 
     report = analyze(str(predicted))
-    reconciliation = budget_reconciliation(report, None, BudgetFlags())
-    if reconciliation is None:
-        return None
-    table = render_reconciliation(reconciliation, binary=True)
-    return "  budget (formulas) beside the prediction at its peak:\n" + table
+    device = report.device(0)
+    result.peak_allocated_bytes = device.peak_allocated_bytes
+    result.peak_reserved_bytes = device.peak_reserved_bytes
+    return report
+
+
+def render_budget_beside(report: Any) -> None:
+    """The theoretical budget (from the parameters found) next to the predicted categories at
+    the peak, in the table ``memlens triage`` prints; nothing when no model was found."""
+    from memlens.cli.triage import BudgetFlags, budget_reconciliation
+    from memlens.reporters.terminal import make_console, render_reconciliation
+
+    reconciliation = budget_reconciliation(report, 0, BudgetFlags())
+    if reconciliation is not None:
+        render_reconciliation(make_console(), reconciliation)
 
 
 def render(result: Any) -> str:
@@ -175,11 +290,23 @@ def render(result: Any) -> str:
         f"memlens predict on a simulated {result.gpu} ({format_bytes(result.capacity_bytes)} for PyTorch"
         + (f", {format_bytes(result.reserve_outside_bytes)} reserved outside" if result.reserve_outside_bytes else "")
         + ")",
-        f"  peak allocated  {format_bytes(result.peak_allocated_bytes)}",
-        f"  peak reserved   {format_bytes(result.peak_reserved_bytes)}",
     ]
+    if result.used_cuda:
+        lines += [
+            f"  peak allocated  {format_bytes(result.peak_allocated_bytes)}",
+            f"  peak reserved   {format_bytes(result.peak_reserved_bytes)}",
+        ]
+    else:
+        lines.append(
+            "  nothing was put on the GPU: the script made no CUDA tensor (a model left on the CPU, "
+            "or a device chosen without torch.cuda.is_available()?)"
+        )
     if result.oom:
-        lines.append(f"  OUT OF MEMORY at {result.oom_at or 'an allocation outside your code'}")
+        lines.append("  " + oom_line(result))
+    elif result.interrupted:
+        lines.append(
+            f"  {_SIGNAL_WORDS[result.interrupted]} at {result.stopped_at or '?'}: the figures are up to that point"
+        )
     elif result.error is not None:
         lines.append(f"  the script failed: {result.error}; the figures are up to that point")
     elif result.stopped_at is not None or result.stop_reason is not None:
@@ -194,3 +321,19 @@ def render(result: Any) -> str:
     lines.append("  not counted: the CUDA context, NCCL and cuBLAS handles outside the allocator (--reserve-outside)")
     lines += [f"  snapshot: {path}" for path in result.snapshots]
     return "\n".join(lines)
+
+
+def oom_line(result: Any) -> str:
+    """``OUT OF MEMORY at train.py:12: aten.mm.default asked for 64.00 MiB``; in the backward
+    pass, the line that called backward and the forward line whose gradient was computed."""
+    request = ""
+    if result.oom_op or result.oom_requested_bytes is not None:
+        asked = f" asked for {format_bytes(result.oom_requested_bytes)}" if result.oom_requested_bytes else ""
+        request = f": {result.oom_op or 'an allocation'}{asked}"
+    if result.oom_in_backward:
+        gradient = f" of {result.oom_forward_at}" if result.oom_forward_at else " (forward line not known)"
+        return (
+            f"OUT OF MEMORY in the backward pass called at {result.oom_at or '?'}{request}, "
+            f"computing the gradient{gradient}"
+        )
+    return f"OUT OF MEMORY at {result.oom_at or 'an allocation outside your code'}{request}"

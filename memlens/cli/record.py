@@ -17,18 +17,28 @@ size. The snapshot (DIR/snapshot.pickle, or DIR/rank{N}.pickle under torchrun) a
 .memlens.json sidecar are written at the end, on an error, at an out-of-memory error, at SIGTERM
 and at Ctrl-C. DIR is checked before the script starts. A snapshot another run wrote, or is
 writing, is never replaced: this run takes snapshot-2.pickle. Exit status: the script's own;
-143 after SIGTERM, 130 after Ctrl-C, 2 when DIR cannot be written.
+143 after SIGTERM, 130 after Ctrl-C, 2 when DIR cannot be written. The closing line's peaks are
+what `memlens triage` says of the file written.
+
+A script that closes its own stdout/stderr keeps its exit status (memlens' lines go to file
+descriptor 2). os._exit(N) in the script writes the snapshot first, then exits N. A script that
+ignores SIGTERM or handles it itself keeps that: memlens never replaces a handler the script
+sets, and the SIGKILL a scheduler sends next cannot be caught, so only the last --dump-every
+snapshot is left. What a kill -9 leaves (a temporary file, a reservation nobody holds) is
+removed by the next recording into DIR.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import signal
 import sys
+import threading
 import traceback
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, NoReturn
 
 import click
 
@@ -202,32 +212,59 @@ def run_recorded(recorder: Any, kind: str, target: str, argv: list[str]) -> tupl
     prints the message and gives 1, as Python does.
     """
     from memlens.recorder import Terminated
+    from memlens.recorder.session import tell
 
     try:
-        script_globals = run_program(kind, target, argv)
+        with recorded_before_os_exit(recorder):
+            script_globals = run_program(kind, target, argv)
     except Terminated as exc:
-        click.echo("memlens: terminated (SIGTERM); writing the snapshot", err=True)
+        tell("memlens: terminated (SIGTERM); writing the snapshot")
         recorder.close(failed=True, reason="terminated")
         return (TERMINATED if exc.signum == signal.SIGTERM else 128 + exc.signum), exc
     except SystemExit as exc:
         return exit_status(exc.code), exc
     except KeyboardInterrupt as exc:
-        traceback.print_exc()
+        tell(traceback.format_exc().rstrip())
         recorder.close(failed=True, reason="interrupted")
         return INTERRUPTED, exc
     except Exception as exc:
-        traceback.print_exc()
+        tell(traceback.format_exc().rstrip())
         recorder.close(failed=True)
         return 1, exc
     return 0, script_globals
 
 
+@contextlib.contextmanager
+def recorded_before_os_exit(recorder: Any) -> Iterator[None]:
+    """While the script runs, ``os._exit(status)`` on the main thread of this process first
+    closes the recording (the snapshot is written, its name's reservation given up), then exits
+    with ``status``: ``os._exit`` skips every ``finally`` and ``atexit``, and scripts call it to
+    end quickly (distributed jobs, to skip a hanging teardown). A forked child's ``os._exit``
+    (a DataLoader worker's, multiprocessing's) and another thread's exit as before; what they
+    leave, a reservation file nobody holds, is removed by the next recording into that folder."""
+    real_exit = os._exit
+    recording_pid = os.getpid()
+
+    def close_then_exit(status: int) -> NoReturn:
+        if os.getpid() == recording_pid and threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(Exception):
+                recorder.close(failed=status != 0, reason="exit")
+        real_exit(status)
+
+    os._exit = close_then_exit
+    try:
+        yield
+    finally:
+        os._exit = real_exit
+
+
 def exit_status(code: object) -> int:
     """``sys.exit(code)``'s status, printing a non-integer ``code`` to stderr the way Python does."""
+    from memlens.recorder.session import tell
+
     if code is None:
         return 0
     if isinstance(code, int):
         return code
-    sys.stderr.write(f"{code}\n")
-    sys.stderr.flush()
+    tell(f"{code}")
     return 1

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -37,7 +38,16 @@ from memlens.predict.gpus import DEFAULT_GPU, GpuSpec, cublas_workspace_bytes, g
 from memlens.predict.guard import check_autograd_sees_cuda, ensure_cuda_guard
 from memlens.predict.sdpa import fused_sdpa
 from memlens.predict.tracking import CudaStorageTracker, MissingFakeKernel, PredictMode, PredictStackCapture
+from memlens.predict.tracking import user_location as frame_location
 from memlens.recorder.cpu_tracker import monotonic_epoch_clock
+from memlens.recorder.roles import (
+    RoleRecorder,
+    find_model,
+    forward_inputs,
+    forward_outputs,
+    model_state,
+    retained_graph_tensors,
+)
 
 _MEMLENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -58,6 +68,13 @@ class PredictResult:
     peak_reserved_bytes: int
     oom: bool
     oom_at: str | None = None
+    # The OOM's circumstances: the op whose output did not fit, its request (rounded, bytes),
+    # and, when the backward pass ran out, the forward line whose gradient it was computing
+    # (``oom_at`` is then the line that called backward).
+    oom_op: str | None = None
+    oom_requested_bytes: int | None = None
+    oom_in_backward: bool = False
+    oom_forward_at: str | None = None
     stopped_at: str | None = None
     stop_reason: str | None = None
     snapshots: list[str] = field(default_factory=list)
@@ -67,13 +84,22 @@ class PredictResult:
     first_placeholder_at: str | None = None
     error: str | None = None
     error_traceback: str | None = field(default=None, repr=False)
+    # "terminated" (SIGTERM) or "interrupted" (Ctrl-C): the run was stopped from outside.
+    interrupted: str | None = None
+    # Whether the program put anything on the (simulated) GPU at all.
+    used_cuda: bool = True
     seconds: float = 0.0
     value: Any = None
     snapshot: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def completed(self) -> bool:
-        return not self.oom and self.stopped_at is None and self.error is None
+        return not self.oom and self.stopped_at is None and self.error is None and self.interrupted is None
+
+    @property
+    def fits(self) -> bool:
+        """The whole program ran within the capacity: the one outcome that answers "it fits"."""
+        return self.completed
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -82,6 +108,13 @@ class PredictResult:
             "oom": self.oom,
             "snapshots": list(self.snapshots),
             "oom_at": self.oom_at,
+            "oom_op": self.oom_op,
+            "oom_requested_bytes": self.oom_requested_bytes,
+            "oom_in_backward": self.oom_in_backward,
+            "oom_forward_at": self.oom_forward_at,
+            "fits": self.fits,
+            "interrupted": self.interrupted,
+            "used_cuda": self.used_cuda,
             "stopped_at": self.stopped_at,
             "stop_reason": self.stop_reason,
             "error": self.error,
@@ -108,17 +141,6 @@ def user_location(tb: TracebackType | None) -> str | None:
     return found
 
 
-def _caller_location(frame: Any) -> str | None:
-    while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith((_TORCH_DIR, _MEMLENS_DIR, _STDLIB_DIR)) and not frame.f_code.co_filename.startswith(
-            "<"
-        ):
-            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
-
-
 class PredictSession:
     """Enter to make ``cuda`` a simulated device in this process; exit to restore everything."""
 
@@ -142,10 +164,17 @@ class PredictSession:
         if settings is None:
             settings = AllocatorSettings.from_alloc_conf(os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
         self.settings = settings
+        self._clock = monotonic_epoch_clock()
         self.simulator = CachingAllocatorSimulator(
-            settings=settings, capacity=self.capacity, device=0, record_history=True, clock=monotonic_epoch_clock()
+            settings=settings, capacity=self.capacity, device=0, record_history=True, clock=self._clock
         )
         self.tracker = CudaStorageTracker(self.simulator, PredictStackCapture() if stacks else None)
+        # What each tensor is, as the recorder notes it (``memlens.recorder.roles``): the model
+        # and optimizer are found at the first optimizer.step() as ``memlens record`` finds them.
+        self.roles = RoleRecorder(self.tracker.storage_address)
+        self._models: list[weakref.ref[Any]] = []
+        self._optimizers: list[weakref.ref[Any]] = []
+        self._hooks: list[Any] = []
         self.tracker.active = True
         self.tracker.on_oom = self._on_oom
         self.workspace_bytes = cublas_workspace_bytes(spec, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
@@ -153,8 +182,13 @@ class PredictSession:
         self.placeholder_values = placeholder_values
         self.placeholders_used = 0
         self.first_placeholder_at: str | None = None
+        self.oom_seen = False
         self.oom_at: str | None = None
         self.oom_message: str | None = None
+        self.oom_op: str | None = None
+        self.oom_requested_bytes: int | None = None
+        self.oom_in_backward = False
+        self.oom_forward_at: str | None = None
         self._script_history_start: int | None = None
         self._script_max_entries: int | None = None
         self._fake_mode: FakeTensorMode | None = None
@@ -172,8 +206,15 @@ class PredictSession:
         self._patch_all()
         self._mode = PredictMode(self.tracker, self.workspace_bytes)
         self._mode.op_hook = self._op_hook
+        self._mode.forward_thread = self._thread
         self._fake_mode.__enter__()
         self._mode.__enter__()
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._hooks += [
+            register_optimizer_step_pre_hook(self._before_optimizer_step),
+            register_optimizer_step_post_hook(self._after_optimizer_step),
+        ]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -183,6 +224,9 @@ class PredictSession:
             if self._fake_mode is not None:
                 self._fake_mode.__exit__(None, None, None)
         finally:
+            for hook in self._hooks:
+                hook.remove()
+            self._hooks.clear()
             self.tracker.drain()
             self._unpatch_all()
 
@@ -221,6 +265,48 @@ class PredictSession:
                 setattr(owner, name, value)
         self._saved.clear()
 
+    # ------------------------------------------------------------------ roles
+    def now(self) -> int:
+        """The trace's clock, after the queued frees (so they come before it)."""
+        self.tracker.drain()
+        return self._clock()
+
+    def _watched(self, refs: list[weakref.ref[Any]]) -> list[Any]:
+        return [obj for obj in (ref() for ref in refs) if obj is not None]
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not any(ref() is optimizer for ref in self._optimizers):
+            self._optimizers.append(weakref.ref(optimizer))
+            model = find_model(optimizer)
+            if model is not None and not any(ref() is model for ref in self._models):
+                self._models.append(weakref.ref(model))
+                self._hooks.append(model.register_forward_pre_hook(self._on_model_inputs, with_kwargs=True))
+                self._hooks.append(model.register_forward_hook(self._on_model_outputs))
+        self.note_roles("optimizer.pre", self.now())
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.note_roles("optimizer.post", self.now())
+
+    def _on_model_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.roles.note("forward", self.now(), {"inputs": forward_inputs(args, kwargs)})
+
+    def _on_model_outputs(self, module: Any, args: Any, output: Any) -> None:
+        self.roles.note("forward.end", self.now(), {"outputs": forward_outputs(output)})
+
+    def note_roles(
+        self, at: str, time_us: int | None, graphs: bool = False, parameters: list[torch.Tensor] | None = None
+    ) -> None:
+        """Note the watched model's and optimizer's tensors by role; at the end of the run
+        (``graphs``, ``time_us`` None) also what live autograd graphs hold, and ``parameters``:
+        every CUDA parameter still alive, whoever holds it (a model no optimizer trains)."""
+        self.tracker.drain()
+        state = model_state(self._watched(self._models), self._watched(self._optimizers))
+        if parameters:
+            state["parameters"] = [*state["parameters"], *parameters]
+        if graphs:
+            state["graph"] = retained_graph_tensors()
+        self.roles.note(at, time_us, state)
+
     # ------------------------------------------------------------------ op hook
     def _op_hook(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if func is torch.ops.aten._local_scalar_dense.default and self.placeholder_values:
@@ -237,7 +323,7 @@ class PredictSession:
         ending a loop early; 0 for integers; False for booleans."""
         self.placeholders_used += 1
         if self.first_placeholder_at is None:
-            self.first_placeholder_at = _caller_location(sys._getframe(1))
+            self.first_placeholder_at = frame_location(sys._getframe(1))
         if tensor.dtype == torch.bool:
             return False
         if tensor.dtype.is_complex:
@@ -315,8 +401,27 @@ class PredictSession:
         return stacks.capture(sys._getframe(1)) if stacks is not None else None
 
     def _on_oom(self, oom: SimulatedOOM) -> None:
-        self.oom_at = _caller_location(sys._getframe(1))
+        """Where the simulated device ran out. In the forward pass, the user's innermost line on
+        this thread's stack. The backward pass runs on autograd's device thread, whose stack
+        holds no user code: there the line is the one that called backward (the program's
+        thread, waiting in it), and the forward line is that of the node being run."""
+        self.oom_seen = True
         self.oom_message = str(oom)
+        self.oom_requested_bytes = oom.rounded
+        mode = self._mode
+        op = mode.current_op if mode is not None else None
+        self.oom_op = str(op) if op is not None else None
+        if self.oom_op is not None and self.tracker.allocating_workspace:
+            self.oom_op += "'s cuBLAS workspace"
+        if threading.get_ident() == self._thread:
+            self.oom_at = frame_location(sys._getframe(1))
+            return
+        self.oom_in_backward = True
+        self.oom_at = frame_location(sys._current_frames().get(self._thread))
+        node = torch._C._current_autograd_node()
+        if node is not None and mode is not None:
+            self.oom_forward_at = mode.forward_line(node)
+            self.oom_op = self.oom_op or type(node).__name__
 
     # ------------------------------------------------------------------ snapshots
     def start_script_history(self, max_entries: int | None) -> None:
@@ -441,24 +546,42 @@ def predict(
     return run_in_session(session, lambda: fn(*args, **kwargs))
 
 
+class ProgramExit(Exception):
+    """The program called ``sys.exit`` with a failure status (``memlens predict`` raises it for
+    the script's ``SystemExit``): the prediction ends there, as a result."""
+
+    def __init__(self, code: object) -> None:
+        super().__init__(f"the script exited with status {code}" if isinstance(code, int) else str(code))
+        self.code = code
+
+
 def run_in_session(session: PredictSession, body: Callable[[], Any], capture_errors: bool = False) -> PredictResult:
     """Run ``body`` inside ``session`` and turn what happened into a ``PredictResult``.
 
-    ``capture_errors``: an exception of the program's own (not an OOM, not a missing value) is
-    kept in ``error``/``error_traceback`` with the figures up to it, instead of propagating."""
+    Every way the program ends is a result with the figures up to that point: it completed, the
+    simulated device ran out of memory (in the forward or the backward pass), it needed a real
+    value, or an operator had no fake kernel. ``capture_errors`` (``memlens predict``): also an
+    exception of the program's own, kept in ``error``/``error_traceback``, and SIGTERM / Ctrl-C
+    (``Terminated``, ``KeyboardInterrupt``: ``interrupted``), instead of propagating."""
+    from memlens.recorder.session import Terminated
+
     started = time.perf_counter()
     value = None
-    stopped_at = stop_reason = error = error_traceback = None
+    stopped_at = stop_reason = error = error_traceback = interrupted = None
     model = optimizer = None
+    # The exception that ended the program: its traceback holds the program's frames, so what
+    # they hold (the model, the optimizer) is still alive at the end, as in ``memlens record``.
+    ended_by: list[BaseException] = []
     try:
         with session:
             try:
                 value = body()
-                model, optimizer = simulated_model_and_optimizer()
-            except torch.OutOfMemoryError:
-                if session.oom_at is None:
+            except torch.OutOfMemoryError as oom:
+                if not session.oom_seen:
                     raise  # the script's own OutOfMemoryError, not the simulator's
+                ended_by.append(oom)
             except DATA_DEPENDENT_ERRORS as data_dependent:
+                ended_by.append(data_dependent)
                 stopped_at = user_location(data_dependent.__traceback__)
                 stop_reason = (
                     f"needs a real value ({_op_name(data_dependent)}): tensors on the simulated GPU hold no data; "
@@ -466,20 +589,36 @@ def run_in_session(session: PredictSession, body: Callable[[], Any], capture_err
                     "in (--placeholder-values)"
                 )
             except (MissingFakeKernel, UnsupportedOperatorException) as missing:
+                ended_by.append(missing)
                 stopped_at = user_location(missing.__traceback__)
                 stop_reason = (
                     f"operator {missing.func} has no meta (fake) implementation, so its outputs cannot be "
                     "sized without running it: register one (torch.library.register_fake) for a custom "
                     "CUDA/Triton kernel"
                 )
+            except (Terminated, KeyboardInterrupt) as stop:
+                if not capture_errors:
+                    raise
+                ended_by.append(stop)
+                interrupted = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated"
+                stopped_at = user_location(stop.__traceback__)
+            except ProgramExit as stop:  # sys.exit(status): no traceback, as python shows none
+                ended_by.append(stop)
+                location = user_location((stop.__context__ or stop).__traceback__)  # the SystemExit's
+                error = f"{stop}" + (f" (at {location})" if location else "")
             except Exception as failure:
                 if not capture_errors:
                     raise
+                ended_by.append(failure)
                 location = user_location(failure.__traceback__)
                 error = f"{type(failure).__name__}: {failure}" + (f" (at {location})" if location else "")
                 error_traceback = "".join(traceback.format_exception(failure))
+            parameters = live_cuda_parameters()  # one scan of the heap for both
+            model, optimizer = simulated_model_and_optimizer(parameters)
+            session.note_roles("dump", None, graphs=True, parameters=parameters)
         snapshot = session.full_snapshot()
     finally:
+        ended_by.clear()
         session.close()
     return PredictResult(
         gpu=session.gpu.name,
@@ -487,8 +626,12 @@ def run_in_session(session: PredictSession, body: Callable[[], Any], capture_err
         reserve_outside_bytes=session.reserve_outside,
         peak_allocated_bytes=session.tracker.peak_allocated_bytes,
         peak_reserved_bytes=session.tracker.run_peak_reserved_bytes,
-        oom=session.oom_at is not None or session.simulator.oom_count > 0,
+        oom=session.oom_seen or session.simulator.oom_count > 0,
         oom_at=session.oom_at,
+        oom_op=session.oom_op,
+        oom_requested_bytes=session.oom_requested_bytes,
+        oom_in_backward=session.oom_in_backward,
+        oom_forward_at=session.oom_forward_at,
         stopped_at=stopped_at,
         stop_reason=stop_reason,
         snapshots=list(session.snapshot_paths),
@@ -498,29 +641,42 @@ def run_in_session(session: PredictSession, body: Callable[[], Any], capture_err
         first_placeholder_at=session.first_placeholder_at,
         error=error,
         error_traceback=error_traceback,
+        interrupted=interrupted,
+        used_cuda=bool(session.simulator.trace) or session.oom_seen,
         seconds=time.perf_counter() - started,
         value=value,
         snapshot=snapshot,
     )
 
 
-def simulated_model_and_optimizer() -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def live_cuda_parameters() -> list[torch.Tensor]:
+    """Every ``nn.Parameter`` on the simulated GPU still alive (found by the garbage collector).
+
+    type() first: isinstance reads __class__, which deprecated module attributes
+    (torch.distributed.reduce_op) answer with a warning. A parameter made from a FakeTensor is a
+    FakeTensor marked ``_is_param`` (what isinstance(x, nn.Parameter) looks at)."""
+    tensor_type = torch.Tensor
+    found = {
+        id(obj): obj
+        for obj in gc.get_objects()
+        if issubclass(type(obj), tensor_type) and isinstance(obj, torch.nn.Parameter) and obj.device.type == "cuda"
+    }
+    return list(found.values())
+
+
+def simulated_model_and_optimizer(
+    parameters_alive: list[torch.Tensor] | None = None,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The parameters on the simulated GPU that are still alive (the recorder's ``model`` stats:
     counts and bytes by dtype), and the optimizer holding most of them: what the budget needs.
     Found by the garbage collector at the end of the run, so a model that lived only in a
     function's locals is gone by then (None)."""
     from memlens.recorder.sidecar import optimizer_stats
 
-    # type() first: isinstance reads __class__, which deprecated module attributes
-    # (torch.distributed.reduce_op) answer with a warning. A parameter made from a FakeTensor is
-    # a FakeTensor marked ``_is_param`` (what isinstance(x, nn.Parameter) looks at).
-    objects = gc.get_objects()
-    tensor_type, optimizer_type = torch.Tensor, torch.optim.Optimizer
-    parameters = {
-        id(obj): obj
-        for obj in objects
-        if issubclass(type(obj), tensor_type) and isinstance(obj, torch.nn.Parameter) and obj.device.type == "cuda"
-    }
+    if parameters_alive is None:
+        parameters_alive = live_cuda_parameters()
+    parameters = {id(param): param for param in parameters_alive}
+    optimizer_type = torch.optim.Optimizer
     if not parameters:
         return None, None
     total = trainable = total_bytes = 0
@@ -538,7 +694,7 @@ def simulated_model_and_optimizer() -> tuple[dict[str, Any] | None, dict[str, An
         "parameter_bytes_by_dtype": dict(sorted(by_dtype.items())),
         "buffer_bytes_total": 0,
     }
-    optimizers = [obj for obj in objects if issubclass(type(obj), optimizer_type)]
+    optimizers = [obj for obj in gc.get_objects() if issubclass(type(obj), optimizer_type)]
     best = max(
         optimizers,
         key=lambda o: sum(1 for group in o.param_groups for p in group["params"] if id(p) in parameters),

@@ -33,6 +33,18 @@ from memlens.recorder.stacks import StackCapture
 _PREDICT_DIR = os.path.dirname(os.path.abspath(__file__))
 # The tracker's own frames (recorder) and ours sit between the op and the user's code.
 _OWN_DIRS = (_PREDICT_DIR, os.path.dirname(os.path.abspath(sys.modules[StorageTracker.__module__].__file__ or "")))
+# Frames that are not the user's code: torch, memlens, the standard library.
+_NOT_USER_DIRS = tuple(
+    folder + os.sep
+    for folder in (
+        os.path.dirname(os.path.abspath(torch.__file__)),
+        os.path.dirname(_PREDICT_DIR),
+        os.path.dirname(os.path.abspath(os.__file__)),
+    )
+)
+# Forward nodes whose line is kept for a backward OOM: a bound on what a long run accumulates
+# (a step of a large model makes a few thousand nodes; older ones' graphs are long gone).
+MAX_FORWARD_LINES = 1 << 18
 
 _aten = torch.ops.aten
 # Ops whose CUDA kernels call cuBLAS (and so take the calling thread's handle and workspace).
@@ -50,6 +62,26 @@ CUBLAS_OPS = frozenset(
         _aten._addmm_activation.default,
     }
 )
+
+
+_is_user_code: dict[Any, bool] = {}
+
+
+def user_location(frame: FrameType | None) -> str | None:
+    """``file:line`` of the innermost frame at or outward of ``frame`` that is the user's code
+    (not torch, memlens or the standard library, not ``<frozen ...>``); None if none is. Cheap
+    enough to run per operator: the verdict is cached per code object."""
+    while frame is not None:
+        code = frame.f_code
+        verdict = _is_user_code.get(code)
+        if verdict is None:
+            filename = code.co_filename
+            verdict = not filename.startswith("<") and not os.path.abspath(filename).startswith(_NOT_USER_DIRS)
+            _is_user_code[code] = verdict
+        if verdict:
+            return f"{code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
 
 
 class PredictStackCapture(StackCapture):
@@ -70,6 +102,7 @@ class CudaStorageTracker(StorageTracker):
         super().__init__(simulator, stacks)
         self.run_peak_reserved_bytes = 0
         self.workspace_threads: dict[int, int] = {}  # thread id -> workspace address
+        self.allocating_workspace = False
         self.on_malloc: Callable[[], None] | None = None
 
     def _on_tensor(self, func: Any, tensor: torch.Tensor) -> None:
@@ -113,8 +146,12 @@ class CudaStorageTracker(StorageTracker):
         if thread in self.workspace_threads or size <= 0:
             return
         frames = self.stacks.capture(sys._getframe(1)) if self.stacks is not None else None
-        with self._lock:
-            self.workspace_threads[thread] = self._malloc_raw(size, frames)
+        self.allocating_workspace = True  # what an OOM now was asking for
+        try:
+            with self._lock:
+                self.workspace_threads[thread] = self._malloc_raw(size, frames)
+        finally:
+            self.allocating_workspace = False
         self._after_malloc()
 
     def _malloc_raw(self, size: int, frames: list[dict[str, object]] | None) -> int:
@@ -130,6 +167,11 @@ class CudaStorageTracker(StorageTracker):
         if allocated > self.peak_allocated_bytes:
             self.peak_allocated_bytes = allocated
         return address
+
+
+def _next_sequence_nr() -> int:
+    """The number autograd gives the next node made on this thread."""
+    return int(torch._C._autograd._get_sequence_nr())
 
 
 class MissingFakeKernel(Exception):
@@ -162,11 +204,41 @@ class PredictMode(TorchDispatchMode):
         self.tracker = tracker
         self.workspace_bytes = workspace_bytes
         self.op_hook: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] | None = None
+        # The op whose outputs are being sized now (what an OOM names).
+        self.current_op: Any = None
+        # The thread the program runs its forward on, and the user's line of each autograd node
+        # it made, by the node's sequence number (``forward_line``).
+        self.forward_thread = threading.get_ident()
+        self._forward_lines: dict[int, str | None] = {}
+        self._next_sequence_nr = _next_sequence_nr()
+
+    def forward_line(self, node: Any) -> str | None:
+        """The user's line whose forward made the autograd ``node`` (None if not seen)."""
+        try:
+            return self._forward_lines.get(int(node._sequence_nr()))
+        except (AttributeError, RuntimeError, TypeError):
+            return None
+
+    def _note_forward_line(self) -> None:
+        """Autograd makes an op's backward node, numbering it from a per-thread counter, just
+        before the op reaches this mode: when the counter moved since the last op, node number
+        ``counter - 1`` belongs to this op, and the user's line is where it was called."""
+        sequence_nr = _next_sequence_nr()
+        if sequence_nr == self._next_sequence_nr:
+            return
+        self._next_sequence_nr = sequence_nr
+        lines = self._forward_lines
+        lines[sequence_nr - 1] = user_location(sys._getframe(2))
+        if len(lines) > MAX_FORWARD_LINES:
+            del lines[next(iter(lines))]  # the oldest node (numbers only grow)
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
+        if threading.get_ident() == self.forward_thread:
+            self._note_forward_line()
+        self.current_op = func
         hook = self.op_hook
         if hook is not None:
             replaced = hook(func, args, kwargs)
@@ -185,4 +257,11 @@ class PredictMode(TorchDispatchMode):
         return outputs
 
 
-__all__ = ["CUBLAS_OPS", "CudaStorageTracker", "MissingFakeKernel", "PredictMode", "PredictStackCapture"]
+__all__ = [
+    "CUBLAS_OPS",
+    "CudaStorageTracker",
+    "MissingFakeKernel",
+    "PredictMode",
+    "PredictStackCapture",
+    "user_location",
+]

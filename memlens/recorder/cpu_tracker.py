@@ -102,6 +102,12 @@ class StorageTracker:
             self._live.clear()
 
     # ----------------------------------------------------------------- events
+    def storage_address(self, storage: Any) -> tuple[int, int] | None:
+        """(device 0, simulated address) of a live tracked storage, None for one not tracked: what
+        ``memlens.recorder.roles.RoleRecorder`` notes tensors by."""
+        address = self._live.get(id(storage))
+        return None if address is None else (0, address)
+
     def drain(self) -> None:
         """Apply the frees the finalizers queued."""
         pending = self._pending
@@ -357,8 +363,7 @@ class CpuSimulatedBackend:
 
     def storage_address(self, storage: Any) -> tuple[int, int] | None:
         """(device, simulated address) of a tracked storage, None for one never tracked."""
-        address = self.tracker._live.get(id(storage))
-        return None if address is None else (0, address)
+        return self.tracker.storage_address(storage)
 
     def peak_bytes(self) -> tuple[int, int]:
         return self.tracker.peak_allocated_bytes, self.simulator.peak_reserved_bytes

@@ -58,7 +58,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Literal, Protocol, TypeVar, get_args
 
-from memlens.errors import MemlensUsageError
+from memlens.errors import MemlensError, MemlensUsageError
 from memlens.recorder.distributed import RankInfo, rank_info, write_rank_summary
 from memlens.recorder.holders import leak_holders
 from memlens.recorder.module_scopes import ModuleScopes
@@ -238,9 +238,9 @@ class Recorder:
             raise MemlensUsageError("this recorder was already started; call memlens.record() again")
         ranks = rank_info()
         if self._names.reserve(ranks):
-            sys.stderr.write(
+            tell(
                 f"memlens: {self._names.snapshot_path(ranks, '')} is taken (an earlier or a running recording); "
-                f"keeping it and writing {self._names.snapshot_path(ranks).name} instead\n"
+                f"keeping it and writing {self._names.snapshot_path(ranks).name} instead"
             )
         try:
             self._install_signal_handlers()
@@ -270,7 +270,7 @@ class Recorder:
             return
         with self._signals_wait():
             self._close(failed, reason or ("exception" if failed else "exit"))
-            sys.stderr.write(self.summary_line() + "\n")
+            tell(self.summary_line())
 
     def _close(self, failed: bool, reason: str) -> None:
         try:
@@ -303,12 +303,20 @@ class Recorder:
                 self._restore_signal_handlers()
 
     def summary_line(self) -> str:
-        """``memlens: wrote PATH (N steps; peak ...)``: what the session says when it closes."""
+        """``memlens: wrote PATH (N steps; peak ...)``: what the session says when it closes.
+
+        The peaks are what ``memlens triage`` says of the file just written, computed by the
+        same analysis of that file (one number per quantity), not the backend's own counters."""
         if not self.paths:
             return "memlens: no step was recorded (no snapshot written)"
-        peak_allocated, peak_reserved = self.backend.peak_bytes()
+        path = self.paths[-1]
+        steps = f"{len(self.steps)} {'step' if len(self.steps) == 1 else 'steps'}"
+        try:
+            peak_allocated, peak_reserved = file_peaks(path, int(self.backend.device_info().get("index") or 0))
+        except MemlensError as exc:  # a file triage could not read either: say so, not other figures
+            return f"memlens: wrote {path} ({steps}; its analysis failed: {exc})"
         line = (
-            f"memlens: wrote {self.paths[-1]} ({len(self.steps)} {'step' if len(self.steps) == 1 else 'steps'}; "
+            f"memlens: wrote {path} ({steps}; "
             f"peak allocated {format_bytes(peak_allocated)}, peak reserved {format_bytes(peak_reserved)})"
         )
         if self.oom is not None:
@@ -658,6 +666,33 @@ class Recorder:
     def peak_bytes(self) -> tuple[int, int]:
         """(peak allocated, peak reserved) bytes so far."""
         return self.backend.peak_bytes()
+
+
+def tell(line: str) -> None:
+    """Write one line of memlens' own to stderr, even where the script closed ``sys.stderr``
+    (then straight to file descriptor 2, which closing the Python object leaves open) and never
+    failing the run for it: the script's own exit status is what a recording keeps."""
+    import os
+
+    text = line + "\n"
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        return
+    except (ValueError, OSError, AttributeError):  # closed, broken, or set to None
+        pass
+    with contextlib.suppress(OSError):
+        os.write(2, text.encode("utf-8", "replace"))
+
+
+def file_peaks(path: Path, device: int = 0) -> tuple[int, int]:
+    """(peak allocated, peak reserved) of a written snapshot as ``memlens triage`` reports them:
+    ``device``'s, or the busiest device's when the file has no such device."""
+    from memlens.analysis import analyze
+
+    report = analyze(path)
+    shown = report.device(device if device in report.devices else None)
+    return shown.peak_allocated_bytes, shown.peak_reserved_bytes
 
 
 def _raise_for_signal(signum: int) -> None:
