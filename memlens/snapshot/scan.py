@@ -72,7 +72,10 @@ def _length_prefixed(opcode: bytes, lengths: int) -> bytes:
 _LONG1_SMALL = (  # LONG1 of up to 7 bytes, or 8 whose top byte keeps it within +-2**61
     _length_prefixed(b"\x8a", 8)[:-1] + rb"|\x08.......[\x00-\x1f\xe0-\xff])"
 )
-_INTS = [_LONG1_SMALL, rb"J....", rb"K.", rb"M.."]  # LONG1, BININT, BININT1, BININT2
+# 2**64 - 1 as LONG1: the line PyTorch writes for a Python frame it has none for (-1 as uint64),
+# in every such frame of a real file. One value cannot share a hash with many: not counted.
+_LONG1_UINT64_MAX = re.escape(b"\x8a\x09" + b"\xff" * 8 + b"\x00")
+_INTS = [_LONG1_SMALL, rb"J....", rb"K.", rb"M..", _LONG1_UINT64_MAX]  # LONG1, BININT, BININT1, BININT2
 # Protocol 0 numbers (longer ones are vetted in Python, a line at a time: see MAX_TOKEN).
 _TEXT_NUMBERS = [rb"I-?[0-9]{1,18}\n", rb"L-?[0-9]{1,18}L?\n", rb"F[-+.0-9a-zA-Z]{1,40}\n"]
 # What a tuple may hold: integers within 32 bits, None, True, False. Not floats and not larger
@@ -288,7 +291,7 @@ class VettedStream:
             self._large_ints += 1
             if self._large_ints > MAX_LARGE_INTS:
                 raise self._refuse(
-                    f"more than {MAX_LARGE_INTS:,} integers beyond +-2**61 (PyTorch writes none; as dict "
+                    f"more than {MAX_LARGE_INTS:,} integers beyond +-2**61 (PyTorch writes none but 2**64 - 1; as dict "
                     "keys they can share one hash and take quadratic time)", at)
         if opcode == ord("."):  # STOP: the unpickler reads nothing after it
             self._boundary(at + 1)
