@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import memlens
-PLAUSIBLE_BYTES = 1 << 44  # memlens.snapshot.validate.PLAUSIBLE_BYTES: more than any GPU holds
 from tests.hostile_files import entry, snapshot
 
+PLAUSIBLE_BYTES = 1 << 44  # memlens.snapshot.validate.PLAUSIBLE_BYTES: more than any GPU holds
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -19,9 +19,9 @@ import pytest
 import memlens
 from memlens.errors import MemlensFormatError
 from memlens.snapshot import Snapshot
-PLAUSIBLE_BYTES = 1 << 44  # memlens.snapshot.validate.PLAUSIBLE_BYTES: more than any GPU holds
 from tests.unit.test_reader import tiny_snapshot
 
+PLAUSIBLE_BYTES = 1 << 44  # memlens.snapshot.validate.PLAUSIBLE_BYTES: more than any GPU holds
 INT64_MIN, INT64_MAX, UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
 INT8_MIN, INT8_MAX = -128, 127
 BIT64 = 1 << 64
