@@ -20,7 +20,6 @@ its annotations, which must be objects, not strings naming ``build_server``'s lo
 
 import dataclasses
 import inspect
-import json
 import os
 import stat
 import threading
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from memlens.errors import MemlensError, MemlensUsageError
 from memlens.printable import printable
+from memlens.units import MAX_WHOLE, parse_real, parse_whole
 
 if TYPE_CHECKING:
     from memlens.analysis.analysis import Analysis
@@ -138,6 +138,21 @@ def _capacity(text: str | int | None) -> int | None:
         raise MemlensUsageError(f"capacity {printable(text, 100)}: {getattr(exc, 'message', exc)}") from None
 
 
+def _whole(value: int | None, name: str, minimum: int | None = 1, maximum: int | None = MAX_WHOLE) -> int | None:
+    """A whole-number argument, checked as the CLI's options are (memlens.units.parse_whole): the
+    JSON may carry 1e400 (inf), 5,000-digit numbers or 0 where a count divides."""
+    return None if value is None else parse_whole(value, name, minimum, maximum)
+
+
+def _real(value: float | None, name: str, minimum: float | None = None,
+          maximum: float | None = None) -> float | None:
+    return None if value is None else parse_real(value, name, minimum, maximum)
+
+
+def _device(value: int | None) -> int | None:
+    return _whole(value, "device", 0, 1023)
+
+
 # --------------------------------------------------------------------------- what each tool returns
 
 
@@ -149,6 +164,7 @@ class Tools:
     analyses: _Analyses = dataclasses.field(default_factory=_Analyses)
 
     def triage(self, snapshot: str, device: int | None = None, capacity: str | int | None = None) -> dict[str, Any]:
+        device = _device(device)
         analysis = self.analyses.get(self.paths.check(snapshot), _capacity(capacity))
         analysis.report.device(device)  # an unknown device: one line naming the ones there are
         return analysis.report.to_json()
@@ -174,6 +190,7 @@ class Tools:
         from memlens.analysis.lenses import GROUP_BYS, lens_inputs_of, load_rules
         from memlens.cli.lenses import lens_payload
 
+        device, step = _device(device), _whole(step, "step", 0)
         if group_by not in GROUP_BYS:
             raise MemlensUsageError(f"group_by {printable(group_by, 100)}: use one of {', '.join(GROUP_BYS)}")
         loaded_rules = load_rules(self.paths.check(rules, "rules")) if rules is not None else []
@@ -190,8 +207,7 @@ class Tools:
              file: str | None = None) -> dict[str, Any]:
         from memlens.compare import diff_reports
 
-        if not 1 <= top <= 100:
-            raise MemlensUsageError("top: a number from 1 to 100")
+        device, top = _device(device), _whole(top, "top", 1, 100) or 10
         analysis_before = self.analyses.get(self.paths.check(before, "before"), None)
         analysis_after = self.analyses.get(self.paths.check(after, "after"), None)
         payload = diff_reports(analysis_before, analysis_after, device, device, top=top).to_json()
@@ -210,6 +226,8 @@ class Tools:
         from memlens.snapshot.reader import load
 
         capacity_bytes = _capacity(capacity)
+        device, max_split_size_mb = _device(device), _whole(max_split_size_mb, "max_split_size_mb", 0)
+        garbage_collection_threshold = _real(garbage_collection_threshold, "garbage_collection_threshold", 0.0, 1.0)
         loaded = load(self.paths.check(snapshot))
         settings = AllocatorSettings.from_snapshot_dict(loaded.allocator_settings).with_changes(
             expandable_segments=expandable_segments, max_split_size_mb=max_split_size_mb,
@@ -228,6 +246,14 @@ class Tools:
                capacity: list[str | float] | None = None) -> dict[str, Any]:
         from memlens.cli.budget import budget_from_flags, parse_capacity
 
+        hidden, layers, heads, kv_heads, vocab, ffn, galore_rank, lora_rank, seq = (
+            _whole(value, name) for value, name in (
+                (hidden, "hidden"), (layers, "layers"), (heads, "heads"), (kv_heads, "kv_heads"), (vocab, "vocab"),
+                (ffn, "ffn"), (galore_rank, "galore_rank"), (lora_rank, "lora_rank"), (seq, "seq")))
+        batch, grad_accum, world_size = (_whole(value, name) or 1 for value, name in (
+            (batch, "batch"), (grad_accum, "grad_accum"), (world_size, "world_size")))
+        frozen_layers, zero = _whole(frozen_layers, "frozen_layers", 0) or 0, _whole(zero, "zero", 0, 3) or 0
+        chunked_loss = _real(chunked_loss, "chunked_loss", 1.0)
         result = budget_from_flags(
             params=str(params) if params is not None else None, hidden=hidden, layers=layers, heads=heads,
             kv_heads=kv_heads, vocab=vocab, ffn=ffn, tie_embeddings=tie_embeddings,
@@ -263,8 +289,10 @@ def run_tool(payload: Callable[[], dict[str, Any]]) -> str:
     ``ToolError`` of one line (``ToolError`` is imported here: only a running server needs it)."""
     from mcp.server.mcpserver.exceptions import ToolError
 
+    from memlens.cli.common import json_text
+
     try:
-        return json.dumps(payload(), indent=2)
+        return json_text(payload())
     except Exception as exc:  # every failure reaches the caller as one line, never a traceback
         raise ToolError(one_line_error(exc)) from None
 

@@ -8,13 +8,11 @@ them skip with a reason that names where they looked and the variable to set, ne
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
-T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REAL_SNAPSHOTS_ENV = "MEMLENS_REAL_SNAPSHOTS"
 REAL_SNAPSHOTS_DIR = Path(os.environ.get(REAL_SNAPSHOTS_ENV) or REPO_ROOT.parent / "shared" / "real_snapshots")
@@ -56,15 +54,6 @@ def known_real_snapshots(names: Iterable[str]) -> list[str]:
     ones are left out of the parameters rather than failing)."""
     present = {p.name for p in real_snapshot_paths()}
     return sorted(n for n in names if n in present or any(p.startswith(n) for p in present))
-
-
-def expected_for(table: Mapping[str, T], path: Path) -> T:
-    """The entry of ``table`` for ``path`` (keyed by its name or a prefix of it); a file the table
-    does not know skips the checks that need it."""
-    keys = [k for k in table if path.name == k] or [k for k in table if path.name.startswith(k)]
-    if len(keys) != 1:
-        pytest.skip(f"no expected figures for {path.name} (a file these tests do not know)")
-    return table[keys[0]]
 
 
 @pytest.fixture(scope="session")

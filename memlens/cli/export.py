@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, cast
 
 import click
 
-from memlens.cli.common import CAPACITY, analyze_paths, help_text, load_with_progress
+from memlens.cli.common import CAPACITY, DEVICE, analyze_paths, help_text, load_with_progress
 from memlens.errors import MemlensUsageError
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def _cannot_write(output: str, exc: OSError) -> MemlensUsageError:
               help="html, jsonl or csv (default: from the output's suffix, else html).")
 @click.option("--table", type=click.Choice(["events", "blocks"]), default="events", show_default=True,
               help="JSON lines and CSV: trace events, or the segments and blocks at the dump.")
-@click.option("--device", type=int, default=None,
+@click.option("--device", type=DEVICE, default=None,
               help="HTML: the device detailed (default: the busiest). JSON lines and CSV: only this "
                    "device's rows (default: every device).")
 @click.option("--capacity", type=CAPACITY, default=None, help="Device memory, e.g. 80GiB.")

@@ -12,7 +12,6 @@ OUT/predicted.pickle for triage, serve and whatif.
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import sys
@@ -21,7 +20,7 @@ from typing import Any
 
 import click
 
-from memlens.cli.common import help_text
+from memlens.cli.common import help_text, json_text
 from memlens.errors import MemlensUsageError
 from memlens.recorder.sidecar import build_sidecar, sidecar_path, write_json, write_snapshot
 from memlens.units import format_bytes, parse_bytes
@@ -112,7 +111,7 @@ def predict(
     result.snapshots.append(str(predicted.resolve()))
     result.value = None  # the script's globals: let them go
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        click.echo(json_text(result.to_json()))
     else:
         click.echo(render(result))
         budget = budget_beside(predicted)
