@@ -135,6 +135,20 @@ def sidecar_capacity(snapshot: Snapshot, trace: DeviceTrace) -> tuple[int | None
     return total, None
 
 
+def device_capacity(snapshot: Snapshot, trace: DeviceTrace, given: int | None) -> tuple[int | None, str | None]:
+    """The memory of the device the recorded run had, for the analysis: ``given`` (the user's
+    capacity) or the sidecar's, with a note instead when it is below what the run had reserved
+    there (no device holds less than was reserved on it; a replay on a smaller device is
+    ``whatif``'s question, which takes its capacity as asked)."""
+    if given is None:
+        return sidecar_capacity(snapshot, trace)
+    reserved = recorded_reserved_peak(trace)
+    if given < reserved:
+        return None, (f"the capacity given ({format_bytes(given)}) is below what the run had reserved "
+                      f"({format_bytes(reserved)}) on device {trace.device}: ignored for this device")
+    return given, None
+
+
 def recorded_capacity(snapshot: Snapshot, trace: DeviceTrace) -> tuple[int | None, str | None]:
     """The device memory the recorded run had, when the files tell: the recorder's sidecar, or
     else a recorded OOM (what was reserved then plus what CUDA still reported free). Without it a

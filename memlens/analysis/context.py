@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from memlens.allocator.replay import sidecar_capacity
+from memlens.allocator.replay import device_capacity
 from memlens.analysis.categories import Phases, build_phases, classify, recorded_roles
 from memlens.analysis.datatypes import Finding, OptimizerWindowSource, StackBytes, Step, StepSource
 from memlens.analysis.lifetimes import Lifetimes, build_lifetimes
@@ -78,7 +78,7 @@ def build_context(
     has_history = bool((trace.action == Action.ALLOC).any())
     roles = recorded_roles(snapshot.sidecar, trace.device, trace.time_us)
     category = classify(lifetimes, phases, facts, has_history, roles)
-    capacity, capacity_note = (settings.capacity, None) if settings.capacity else sidecar_capacity(snapshot, trace)
+    capacity, capacity_note = device_capacity(snapshot, trace, settings.capacity)
     # The instant before the first row is a moment too: when the history opens on frees (a ring
     # buffer that dropped the allocations), the most memory was live when it began.
     peak_event: int | None = None

@@ -95,3 +95,15 @@ def test_whatif_without_a_capacity_never_infers_zero(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "must be positive" not in result.stderr + result.stdout
     assert "no capacity inferred" in result.stdout
+
+
+def test_a_capacity_given_below_the_recorded_reserved_is_ignored_with_a_note(tmp_path: Path) -> None:
+    """The analysis' capacity is the device the run had: "OOM high ... -2.00 MiB free" was read
+    off a --capacity smaller than what the run had reserved."""
+    path = write(tmp_path, "given", snapshot())
+    device = memlens.analyze(path, capacity="1KiB").device(0)
+    assert device.capacity_bytes is None and not any(f.kind == "oom" for f in device.findings)
+    assert any("capacity given (1.00 KiB) is below what the run had reserved" in note for note in device.notes)
+    result = memlens_cli("triage", str(path), "--capacity", "1KiB", "--no-cache")
+    assert result.returncode == 0 and "-2.00 MiB" not in result.stdout, result.stdout
+    assert memlens.analyze(path, capacity="2MiB").device(0).capacity_bytes == 2 << 20
