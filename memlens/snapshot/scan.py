@@ -99,6 +99,14 @@ _TOKEN_PARTS = [
 ]
 _RUN = re.compile(b"(?s:(?:" + b"|".join(_TOKEN_PARTS) + b")*+)")
 _TUPLE_ITEM = re.compile(b"(?s:(?:" + b"|".join(_TUPLE_ITEM_PARTS) + b"))")
+# segment_pool_id is a pair of CaptureId_t (unsigned 64-bit): PyTorch's ids are small counters,
+# but any within +-2**61 (and 2**64 - 1, "none") is legal. Such wide tuples are counted: with
+# items of 61 bits, tuples with one hash are easy to compute, and MAX_WIDE_TUPLES of them as dict
+# keys cost seconds, not hours.
+_WIDE_TUPLE_ITEM = re.compile(b"(?s:(?:" + b"|".join([
+    *_TUPLE_ITEM_PARTS, _LONG1_SMALL, _LONG1_UINT64_MAX, rb"I-?[0-9]{1,18}\n", rb"L-?[0-9]{1,18}L?\n",
+]) + b"))")
+MAX_WIDE_TUPLES = 10_000
 
 
 def _run_end(buffer: bytearray, start: int, end: int | None = None) -> int:
@@ -163,6 +171,7 @@ class VettedStream:
         self._boundaries: list[int] = [0]  # recent token starts (absolute), ascending
         self._payload_left = 0  # bytes of a length-prefixed payload not yet vetted
         self._large_ints = 0
+        self._wide_tuples = 0
         self._eof = False
         self._stopped = False  # after STOP (or a refusal) nothing more is handed out
         # Set when vetting refused the stream: the unpickler gets the bytes before the refused
@@ -395,7 +404,13 @@ class VettedStream:
             tokens = self._tokens_before(at, MAX_TUPLE_ITEMS + 1, stop_at_mark=True)
             ok = bool(tokens) and self._buf[tokens[0][0]] == ord("(")
             items = tokens[1:]
-        if not ok or not all(_TUPLE_ITEM.fullmatch(self._buf, start, end) for start, end in items):
+        if ok and not all(_TUPLE_ITEM.fullmatch(self._buf, start, end) for start, end in items):
+            ok = all(_WIDE_TUPLE_ITEM.fullmatch(self._buf, start, end) for start, end in items)
+            self._wide_tuples += ok
+            if self._wide_tuples > MAX_WIDE_TUPLES:
+                raise self._refuse(f"more than {MAX_WIDE_TUPLES:,} tuples of integers beyond 32 bits (a snapshot "
+                                   "has one pool id per segment, small counters)", at)
+        if not ok:
             raise self._refuse(
                 "a tuple of anything but a few small integers (a snapshot's tuples hold two; "
                 "hashing other tuples can take forever)", at)

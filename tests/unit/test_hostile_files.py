@@ -25,7 +25,8 @@ EXPECTED = {
     ("hash bomb", "user_metadata"): "a tuple of anything but a few small integers",
     ("hash bomb", "frozenset"): "a frozenset",
     ("hash bomb", "colliding ints"): "integers beyond +-2**61",
-    ("hash bomb", "colliding tuples"): "a tuple of anything but a few small integers",
+    # Pairs of 61-bit ints are legal pool ids (CaptureId_t): counted, refused past 10,000 (seconds).
+    ("hash bomb", "colliding tuples"): "more than 10,000 tuples of integers beyond 32 bits",
     ("reference amplification", "segments x blocks"): "refers to objects met elsewhere",
     ("reference amplification", "trace entries"): "refers to objects met elsewhere",
     ("reference amplification", "DUP"): "DUP",

@@ -129,9 +129,14 @@ LOADS: list[tuple[str, tuple[Any, ...], int, Callable[[Snapshot], bool]]] = [
     # max_split_size is a size_t (SIZE_MAX when unset) or -1.
     ("max_split_size max", ("allocator_settings", "max_split_size"), UINT64_MAX, lambda s: True),
     ("max_split_size -1", ("allocator_settings", "max_split_size"), -1, lambda s: True),
-    # segment_pool_id is a pair of CaptureId_t; the opcode vetting keeps tuples to 32-bit ints.
+    # segment_pool_id is a pair of CaptureId_t (uint64): the opcode vetting takes them within
+    # +-2**61 and at 2**64 - 1 (counted: MAX_WIDE_TUPLES), beyond are tuples a hash bomb is made of.
     ("pool id 2**31-1", (*SEGMENT, "segment_pool_id"), (0, (1 << 31) - 1),  # type: ignore[list-item]
      lambda s: s.segments[0].pool_id == (0, (1 << 31) - 1)),
+    ("pool id 2**61-1", (*SEGMENT, "segment_pool_id"), ((1 << 61) - 1, 1),  # type: ignore[list-item]
+     lambda s: s.segments[0].pool_id == ((1 << 61) - 1, 1)),
+    ("pool id max", (*SEGMENT, "segment_pool_id"), (UINT64_MAX, UINT64_MAX),  # type: ignore[list-item]
+     lambda s: s.segments[0].pool_id == (UINT64_MAX, UINT64_MAX)),
 ]
 
 # Values no PyTorch type for the field can hold.
