@@ -527,6 +527,7 @@ def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT
         devices.setdefault(device, DeviceTrace(device=device))
     if not devices:  # an empty snapshot still has the device it was taken on
         devices[0] = DeviceTrace(device=0)
+    file_notes.extend(check.notes)
     if check.implausible_sizes:
         file_notes.append(f"{check.implausible_sizes:,} size(s) in the file claim more than "
                           f"{PLAUSIBLE_BYTES >> 40} TiB (no GPU holds that): read as unknown, counted as 0 B")
@@ -587,10 +588,16 @@ def _parse_settings(raw: Any, check: Checker) -> dict[str, Any]:
     if divisions is not None:
         values = list(divisions.values()) if isinstance(divisions, dict) else divisions
         keys = list(divisions) if isinstance(divisions, dict) else []
+        # Sizes (MB) to division counts, both size_t: any such value loads; a count past 2**16
+        # (a 1 MiB interval cut into pieces of 16 B) is no setting anyone made: unknown.
         if not isinstance(values, list | tuple) or len(values) > 64 or not all(
-            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1 << 16 for v in values
-        ) or not all(isinstance(k, int | str) and str(k).isdigit() and len(str(k)) <= 12 for k in keys):
-            raise check.fail(f"{where}: 'roundup_power2_divisions' should map sizes to small counts")
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= UINT64_MAX for v in values
+        ) or not all(isinstance(k, int | str) and str(k).isdigit() and len(str(k)) <= 20 for k in keys):
+            raise check.fail(f"{where}: 'roundup_power2_divisions' should map sizes to counts")
+        if any(v > 1 << 16 for v in values):
+            settings = {k: v for k, v in settings.items() if k != "roundup_power2_divisions"}
+            check.notes.append("allocator_settings: roundup_power2_divisions holds counts past 2**16: read as "
+                               "unknown (the replay uses the default rounding)")
     plain = plain_copy(settings)
     return plain if isinstance(plain, dict) else {}
 

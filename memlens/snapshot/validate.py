@@ -93,6 +93,7 @@ class Checker:
         self._cut_by_id: dict[tuple[int, int], str] = {}
         self._text_left = text_budget
         self.implausible_sizes = 0  # sizes read as unknown (see size_)
+        self.notes: list[str] = []  # other values read as unknown, said on every device
 
     def fail(self, problem: str) -> MemlensFormatError:
         return MemlensFormatError(self.source, problem)

@@ -44,6 +44,7 @@ def _set(path: tuple[Any, ...]) -> Callable[[dict[str, Any], int], None]:
 SEGMENT = ("segments", 0)
 BLOCK = (*SEGMENT, "blocks", 1)
 ENTRY = ("device_traces", 0, 2)  # the live allocation
+OOM_ROW = ("device_traces", 0, 5)  # an oom row _with appends for it
 FRAME = (*ENTRY, "frames", 0)
 ANNOTATION = ("external_annotations", 0)
 
@@ -57,6 +58,9 @@ def _load(tmp_path: Path, raw: dict[str, Any], name: str) -> Snapshot:
 def _with(field: tuple[Any, ...], value: int) -> dict[str, Any]:
     raw = copy.deepcopy(tiny_snapshot())
     raw["device_traces"][0][2]["frames"] = [dict(f) for f in raw["device_traces"][0][2]["frames"]]
+    if field[:3] == OOM_ROW:
+        raw["device_traces"][0].append({"action": "oom", "addr": 0, "size": 1 << 30, "stream": 0, "time_us": 6,
+                                        "device_free": 0, "frames": []})
     _set(field)(raw, value)
     return raw
 
@@ -129,6 +133,19 @@ LOADS: list[tuple[str, tuple[Any, ...], int, Callable[[Snapshot], bool]]] = [
     # max_split_size is a size_t (SIZE_MAX when unset) or -1.
     ("max_split_size max", ("allocator_settings", "max_split_size"), UINT64_MAX, lambda s: True),
     ("max_split_size -1", ("allocator_settings", "max_split_size"), -1, lambda s: True),
+    # roundup_power2_divisions maps size_t to size_t: past 2**16 divisions it is unknown.
+    ("divisions max", ("allocator_settings", "roundup_power2_divisions"), {"1": UINT64_MAX},  # type: ignore[list-item]
+     lambda s: "roundup_power2_divisions" not in s.allocator_settings and "past 2**16" in _notes(s)),
+    ("divisions key 2**63", ("allocator_settings", "roundup_power2_divisions"), {str(1 << 63): 4},  # type: ignore[list-item]
+     lambda s: s.allocator_settings["roundup_power2_divisions"] == {str(1 << 63): 4}),  # PyTorch's keys: powers of 2
+    ("divisions 2**16", ("allocator_settings", "roundup_power2_divisions"), {"1": 1 << 16},  # type: ignore[list-item]
+     lambda s: s.allocator_settings["roundup_power2_divisions"] == {"1": 1 << 16}),
+    # device_free (an OOM row's free bytes) is a size_t.
+    ("device_free max", (*OOM_ROW, "device_free"), UINT64_MAX,
+     lambda s: int(s.device(0).device_free[5]) == 0 and "counted as 0 B" in _notes(s)),
+    ("device_free 16 TiB", (*OOM_ROW, "device_free"), PLAUSIBLE_BYTES,
+     lambda s: int(s.device(0).device_free[5]) == PLAUSIBLE_BYTES),
+    ("oom size max", (*OOM_ROW, "size"), UINT64_MAX, lambda s: int(s.device(0).size[5]) == 0),
     # segment_pool_id is a pair of CaptureId_t (uint64): the opcode vetting takes them within
     # +-2**61 and at 2**64 - 1 (counted: MAX_WIDE_TUPLES), beyond are tuples a hash bomb is made of.
     ("pool id 2**31-1", (*SEGMENT, "segment_pool_id"), (0, (1 << 31) - 1),  # type: ignore[list-item]
@@ -158,6 +175,9 @@ REFUSED: list[tuple[str, tuple[Any, ...], int, str]] = [
     ("segment device past int64", (*SEGMENT, "device"), 1 << 63, "'device' is out of range"),
     ("segment device past the cap", (*SEGMENT, "device"), 1024, "'device' is out of range"),
     ("max_split_size 2**64", ("allocator_settings", "max_split_size"), BIT64, "'max_split_size' is out of range"),
+    ("device_free 2**64", (*OOM_ROW, "device_free"), BIT64, "'device_free' is out of range"),
+    ("divisions 2**64", ("allocator_settings", "roundup_power2_divisions"), {"1": BIT64},  # type: ignore[list-item]
+     "'roundup_power2_divisions' should map sizes to counts"),
 ]
 
 
