@@ -44,6 +44,7 @@ from memlens.allocator.simulator import CachingAllocatorSimulator, SimulatedOOM
 from memlens.errors import MemlensUsageError
 from memlens.snapshot.model import Action
 from memlens.snapshot.reader import sidecar_number
+from memlens.snapshot.validate import PLAUSIBLE_BYTES
 from memlens.units import format_bytes
 
 if TYPE_CHECKING:
@@ -132,6 +133,8 @@ def sidecar_capacity(snapshot: Snapshot, trace: DeviceTrace) -> tuple[int | None
     if total < reserved:
         return None, (f"the sidecar's capacity ({format_bytes(total)}) is below the recorded reserved "
                       f"({format_bytes(reserved)}): ignored")
+    if total > PLAUSIBLE_BYTES:
+        return None, f"the sidecar's capacity ({format_bytes(total)}) is more than any GPU holds: ignored"
     return total, None
 
 

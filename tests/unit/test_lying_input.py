@@ -107,3 +107,10 @@ def test_a_capacity_given_below_the_recorded_reserved_is_ignored_with_a_note(tmp
     result = memlens_cli("triage", str(path), "--capacity", "1KiB", "--no-cache")
     assert result.returncode == 0 and "-2.00 MiB" not in result.stdout, result.stdout
     assert memlens.analyze(path, capacity="2MiB").device(0).capacity_bytes == 2 << 20
+
+
+def test_a_sidecar_capacity_past_any_gpu_is_ignored_with_a_note(tmp_path: Path) -> None:
+    path = write(tmp_path, "huge", snapshot(), {"device": {"total_memory_bytes": 1 << 56}})
+    device = memlens.analyze(path).device(0)
+    assert device.capacity_bytes is None
+    assert any("is more than any GPU holds: ignored" in note for note in device.notes)
