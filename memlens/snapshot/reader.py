@@ -808,7 +808,7 @@ def _parse_trace(device: int, entries: list[Any], check: Checker, interner: _Int
         else _bounded(columns[i], check, device, name, *bounds[name])
         for i, name in enumerate(_INT_FIELDS)
     )
-    notes, times_known = _unknown_sizes_and_times(size, time_us)
+    notes, times_known = _unknown_sizes_and_times(size, time_us, action == int(Action.OOM))
     has_time = has_time and times_known
     oom_rows = np.flatnonzero(action == int(Action.OOM))
     device_free = np.zeros(len(entries), dtype=np.int64)
@@ -843,14 +843,18 @@ def _parse_trace(device: int, entries: list[Any], check: Checker, interner: _Int
     )
 
 
-def _unknown_sizes_and_times(size: np.ndarray, time_us: np.ndarray) -> tuple[list[str], bool]:
+def _unknown_sizes_and_times(
+    size: np.ndarray, time_us: np.ndarray, oom_rows: np.ndarray,
+) -> tuple[list[str], bool]:
     """Read the meaningless values of a trace as unknown, in place, and say so.
 
     A size past PLAUSIBLE_BYTES (or one that, as size_t, wrapped into a negative int64) is no
-    allocation a GPU served: it counts 0 B. A time before the epoch or past PLAUSIBLE_TIME_US
-    makes the trace's clock unknown: every time is 0 and the trace has no time."""
+    allocation a GPU served: it counts 0 B. An OOM row's size is a request, which can be absurd
+    (``torch.empty(2**50)`` asks for 1 PiB): it is kept up to 2**63 - 1. A time before the epoch
+    or past PLAUSIBLE_TIME_US makes the trace's clock unknown: every time is 0 and the trace has
+    no time."""
     notes = []
-    implausible = (size < 0) | (size > PLAUSIBLE_BYTES)
+    implausible = (size < 0) | ((size > PLAUSIBLE_BYTES) & ~oom_rows)
     if implausible.any():
         count = int(implausible.sum())
         size[implausible] = 0

@@ -146,6 +146,9 @@ LOADS: list[tuple[str, tuple[Any, ...], int, Callable[[Snapshot], bool]]] = [
     ("device_free 16 TiB", (*OOM_ROW, "device_free"), PLAUSIBLE_BYTES,
      lambda s: int(s.device(0).device_free[5]) == PLAUSIBLE_BYTES),
     ("oom size max", (*OOM_ROW, "size"), UINT64_MAX, lambda s: int(s.device(0).size[5]) == 0),
+    # An OOM row's size is what was asked for: torch.empty(2**50) asks for 1 PiB, and says so.
+    ("oom size 1 PiB", (*OOM_ROW, "size"), 1 << 50,
+     lambda s: int(s.device(0).size[5]) == 1 << 50 and "counted as 0 B" not in _notes(s)),
     # segment_pool_id is a pair of CaptureId_t (uint64): the opcode vetting takes them within
     # +-2**61 and at 2**64 - 1 (counted: MAX_WIDE_TUPLES), beyond are tuples a hash bomb is made of.
     ("pool id 2**31-1", (*SEGMENT, "segment_pool_id"), (0, (1 << 31) - 1),  # type: ignore[list-item]
