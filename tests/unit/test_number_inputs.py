@@ -146,3 +146,14 @@ def test_json_output_never_says_nan_or_infinity(monkeypatch: pytest.MonkeyPatch,
     result = CliRunner().invoke(cli, ["triage", SAMPLE, "--json", "--no-cache"])
     assert result.exit_code == 0, result.output
     assert _strict(result.output)["share"] is None
+
+
+def test_the_dashboard_whatif_sizes_show_impossible_numbers_as_an_alert() -> None:
+    from memlens.analysis import analyze_snapshot
+    from memlens_app.panels.whatif import whatif_panel
+
+    analysis = analyze_snapshot(SAMPLE)
+    device = analysis.report.device().device
+    for extra, capacity in [("1e400", "80GiB"), ("inf", "80GiB"), ("8GiB", HUGE), ("8GiB", "nan")]:
+        shown = str(whatif_panel(analysis, device, extra, capacity))
+        assert "alert" in shown, (extra[:10], capacity[:10])
