@@ -43,6 +43,7 @@ from memlens.errors import MemlensError, MemlensUsageError
 from memlens.files import FileRefused, OpenedFile, open_beneath, open_regular
 from memlens.printable import printable
 from memlens.sandbox import DEFAULT_PRELOAD, Crashed, Limits, ProcessGroup, run_limited
+from memlens.units import MAX_WHOLE, parse_real, parse_whole
 
 if TYPE_CHECKING:
     from memlens.analysis.analysis import Analysis
@@ -218,6 +219,21 @@ def _capacity(text: str | int | None) -> int | None:
         raise MemlensUsageError(f"capacity {printable(text, 100)}: {getattr(exc, 'message', exc)}") from None
 
 
+def _whole(value: int | None, name: str, minimum: int | None = 1, maximum: int | None = MAX_WHOLE) -> int | None:
+    """A whole-number argument, checked as the CLI's options are (memlens.units.parse_whole): the
+    JSON may carry 1e400 (inf), 5,000-digit numbers or 0 where a count divides."""
+    return None if value is None else parse_whole(value, name, minimum, maximum)
+
+
+def _real(value: float | None, name: str, minimum: float | None = None,
+          maximum: float | None = None) -> float | None:
+    return None if value is None else parse_real(value, name, minimum, maximum)
+
+
+def _device(value: int | None) -> int | None:
+    return _whole(value, "device", 0, 1023)
+
+
 # --------------------------------------------------------------------------- what each tool returns
 
 
@@ -229,6 +245,7 @@ class Tools:
     analyses: _Analyses = dataclasses.field(default_factory=_Analyses)
 
     def triage(self, snapshot: str, device: int | None = None, capacity: str | int | None = None) -> dict[str, Any]:
+        device = _device(device)
         with self.paths.open(snapshot) as opened:
             analysis = self.analyses.get(opened, _capacity(capacity))
         analysis.report.device(device)  # an unknown device: one line naming the ones there are
@@ -255,6 +272,7 @@ class Tools:
         from memlens.analysis.lenses import GROUP_BYS, lens_inputs_of, rules_from_text, rules_text
         from memlens.cli.lenses import lens_payload
 
+        device, step = _device(device), _whole(step, "step", 0)
         if group_by not in GROUP_BYS:
             raise MemlensUsageError(f"group_by {printable(group_by, 100)}: use one of {', '.join(GROUP_BYS)}")
         loaded_rules = []
@@ -275,8 +293,7 @@ class Tools:
              file: str | None = None) -> dict[str, Any]:
         from memlens.compare import diff_reports
 
-        if not 1 <= top <= 100:
-            raise MemlensUsageError("top: a number from 1 to 100")
+        device, top = _device(device), _whole(top, "top", 1, 100) or 10
         with self.paths.open(before, "before") as opened:
             analysis_before = self.analyses.get(opened, None)
         with self.paths.open(after, "after") as opened:
@@ -297,6 +314,8 @@ class Tools:
         from memlens.snapshot.reader import load
 
         capacity_bytes = _capacity(capacity)
+        device, max_split_size_mb = _device(device), _whole(max_split_size_mb, "max_split_size_mb", 0)
+        garbage_collection_threshold = _real(garbage_collection_threshold, "garbage_collection_threshold", 0.0, 1.0)
         with self.paths.open(snapshot) as opened:
             loaded = load(opened)
         settings = AllocatorSettings.from_snapshot_dict(loaded.allocator_settings).with_changes(
@@ -331,6 +350,14 @@ class Tools:
                 offload_params: bool, capacity: list[str | float] | None) -> dict[str, Any]:
         from memlens.cli.budget import budget_from_flags, parse_capacity
 
+        hidden, layers, heads, kv_heads, vocab, ffn, galore_rank, lora_rank, seq = (
+            _whole(value, name) for value, name in (
+                (hidden, "hidden"), (layers, "layers"), (heads, "heads"), (kv_heads, "kv_heads"), (vocab, "vocab"),
+                (ffn, "ffn"), (galore_rank, "galore_rank"), (lora_rank, "lora_rank"), (seq, "seq")))
+        batch, grad_accum, world_size = (_whole(value, name) or 1 for value, name in (
+            (batch, "batch"), (grad_accum, "grad_accum"), (world_size, "world_size")))
+        frozen_layers, zero = _whole(frozen_layers, "frozen_layers", 0) or 0, _whole(zero, "zero", 0, 3) or 0
+        chunked_loss = _real(chunked_loss, "chunked_loss", 1.0)
         result = budget_from_flags(
             params=str(params) if params is not None else None, hidden=hidden, layers=layers, heads=heads,
             kv_heads=kv_heads, vocab=vocab, ffn=ffn, tie_embeddings=tie_embeddings,
@@ -452,12 +479,13 @@ def _call_in_child(name: str, arguments: dict[str, Any], sent: list[tuple[Any, .
                    known: dict[AnalysisKey, "Analysis"]) -> tuple[bool, str, dict[AnalysisKey, "Analysis"]]:
     """Runs in the sandbox's child: the tool over the descriptors its parent opened; (ok, the
     text or the one-line error, the analyses built here for the parent to keep)."""
+    from memlens.cli.common import json_text
     from memlens.sandbox import caused_by_memory_error
 
     files = {(what, value): OpenedFile(fd, file_name, folder_fd) for what, value, file_name, fd, folder_fd in sent}
     tools = Tools(paths=_PreOpened(files), analyses=_Analyses(known=known))
     try:
-        return True, json.dumps(getattr(tools, name)(**arguments), indent=2), tools.analyses.added
+        return True, json_text(getattr(tools, name)(**arguments)), tools.analyses.added
     except MemoryError:
         raise  # the sandbox says which limit stopped it
     except Exception as exc:

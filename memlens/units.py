@@ -6,9 +6,12 @@ GB = 1e9 bytes and GiB = 2**30 bytes; memlens prints GiB for measured memory (th
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
 from memlens.errors import MemlensUsageError
+from memlens.printable import printable
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -33,38 +36,125 @@ _UNITS = {
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
+# What anyone types for a number: longer text is refused before it is parsed (a 5,000-digit
+# "moment" costs Python's int() a quadratic conversion, then cannot be used anyway).
+MAX_NUMBER_CHARS = 64
+# The largest size a user may give (a capacity, a budget's device, an upload limit): 1 EiB,
+# far past any device, and small enough for every int64 column and sum it meets.
+MAX_INPUT_BYTES = 1 << 60
+MAX_COUNT = 10**15  # parameters: a thousand times today's largest models
+MAX_WHOLE = (1 << 53) - 1  # a count, a dimension or an index typed by a user (exact as a float too)
+
+
+def shown(text: object) -> str:
+    """``text`` as a usage error quotes it: one visible line, cut to a few dozen characters."""
+    if isinstance(text, int) and text.bit_length() > 200:  # str() of 5,000 digits raises, and says nothing
+        return f"an integer of {len(str(text)) if text.bit_length() < 10_000 else 'thousands of'} digits"
+    return repr(printable(text, 40))
+
+
+def _number_text(text: object, what: str) -> str:
+    raw = str(text).strip()
+    if len(raw) > MAX_NUMBER_CHARS:
+        raise MemlensUsageError(f"{what} {shown(raw)} is {len(raw):,} characters long: not a number")
+    return raw
+
+
+def _decimal(digits: str, text: object, what: str) -> Decimal:
+    """The value of ``digits`` (already matched by a regular expression: finite, no sign);
+    exact, so 1e400 is a number too large, not an overflow."""
+    try:
+        value = Decimal(digits)
+    except InvalidOperation:
+        raise MemlensUsageError(f"not {what}: {shown(text)}") from None
+    # 1e999999999 is exact here but would overflow the arithmetic's context: any value past
+    # 10**40 is as "too large" as 10**41.
+    return value if value.adjusted() <= 40 else Decimal("1e41")
+
 
 def parse_bytes(text: str | int | float) -> int:
-    """Parse a byte size such as ``"80GiB"``, ``"24 GB"``, ``"1.5e9"`` or ``4096``."""
+    """Parse a byte size such as ``"80GiB"``, ``"24 GB"``, ``"1.5e9"`` or ``4096`` (at most
+    MAX_INPUT_BYTES; ``inf``, ``nan`` and 5,000-digit numbers are usage errors)."""
     if isinstance(text, bool):
         raise MemlensUsageError(f"not a byte size: {text!r}")
+    if isinstance(text, float) and not math.isfinite(text):
+        raise MemlensUsageError(f"not a byte size: {text!r} (a size is a finite number of bytes)")
     if isinstance(text, int | float):
-        value, unit = float(text), ""
+        if text < 0:
+            raise MemlensUsageError(f"a byte size cannot be negative: {shown(text)}")
+        value, unit = Decimal(text) if isinstance(text, int) else Decimal(repr(text)), ""
     else:
-        match = _SIZE_RE.match(str(text))
+        raw = _number_text(text, "the byte size")
+        match = _SIZE_RE.match(raw)
         if not match:
-            raise MemlensUsageError(f"not a byte size: {text!r} (try 80GiB, 24GB or 512MiB)")
-        value, unit = float(match.group(1)), match.group(2).lower()
+            hint = "a byte size cannot be negative" if raw.startswith("-") else "not a byte size"
+            raise MemlensUsageError(f"{hint}: {shown(text)} (try 80GiB, 24GB or 512MiB)")
+        value, unit = _decimal(match.group(1), text, "a byte size"), match.group(2).lower()
     if unit not in _UNITS:
-        raise MemlensUsageError(f"unknown unit {unit!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
-    if value < 0:
-        raise MemlensUsageError(f"a byte size cannot be negative: {text!r}")
-    return round(value * _UNITS[unit])
+        raise MemlensUsageError(f"unknown unit {shown(unit)} in {shown(text)} (use B, KB, MB, GB, KiB, MiB, GiB)")
+    size = value * _UNITS[unit]
+    if size > MAX_INPUT_BYTES:
+        raise MemlensUsageError(f"the byte size {shown(text)} is larger than any device (at most 1 EiB)")
+    return int(size.to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
-_COUNT_SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+_COUNT_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _COUNT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*$")
 
 
 def parse_count(text: str) -> int:
     """A parameter count as people write it: ``"7e9"``, ``"7B"``, ``"350M"``, ``"6738415616"``."""
-    match = _COUNT_RE.match(str(text))
+    raw = _number_text(text, "the parameter count")
+    match = _COUNT_RE.match(raw)
     if not match:
-        raise MemlensUsageError(f"not a parameter count: {text!r} (try 7e9, 7B or 350M)")
-    value = float(match.group(1)) * _COUNT_SUFFIXES[match.group(2).lower()]
+        raise MemlensUsageError(f"not a parameter count: {shown(text)} (try 7e9, 7B or 350M)")
+    value = _decimal(match.group(1), text, "a parameter count") * _COUNT_SUFFIXES[match.group(2).lower()]
     if value < 1:
-        raise MemlensUsageError(f"the parameter count must be positive, not {text!r}")
-    return round(value)
+        raise MemlensUsageError(f"the parameter count must be positive, not {shown(text)}")
+    if value > MAX_COUNT:
+        raise MemlensUsageError(f"the parameter count {shown(text)} is more than 10**15")
+    return int(value.to_integral_value(rounding=ROUND_HALF_EVEN))
+
+
+_WHOLE_RE = re.compile(r"^[+-]?[0-9]+$")
+
+
+def parse_whole(text: object, what: str, minimum: int | None = None, maximum: int | None = MAX_WHOLE) -> int:
+    """A whole number a user typed (a count, a dimension, an index), within ``minimum``..``maximum``:
+    ``1e400``, ``inf``, ``nan``, ``1.5`` and 5,000-digit numbers are one-line usage errors."""
+    if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):
+        raise MemlensUsageError(f"{what} must be a whole number, not {shown(text)}")
+    if isinstance(text, int | float):
+        if isinstance(text, float) and not math.isfinite(text):
+            raise MemlensUsageError(f"{what} must be a whole number, not {shown(text)}")
+        value = int(text)
+    else:
+        raw = _number_text(text, what)
+        if not _WHOLE_RE.match(raw):
+            raise MemlensUsageError(f"{what} must be a whole number, not {shown(text)}")
+        value = int(raw)
+    if minimum is not None and value < minimum:
+        raise MemlensUsageError(f"{what} must be at least {minimum:,}, not {shown(text)}")
+    if maximum is not None and value > maximum:
+        raise MemlensUsageError(f"{what} must be at most {maximum:,}, not {shown(text)}")
+    return value
+
+
+def parse_real(text: object, what: str, minimum: float | None = None, maximum: float | None = None) -> float:
+    """A finite number a user typed (a threshold, a factor): never ``inf`` or ``nan``."""
+    if isinstance(text, bool):
+        raise MemlensUsageError(f"{what} must be a number, not {shown(text)}")
+    try:
+        value = float(text if isinstance(text, int | float) else _number_text(text, what))
+    except (TypeError, ValueError, OverflowError):
+        raise MemlensUsageError(f"{what} must be a number, not {shown(text)}") from None
+    if not math.isfinite(value):
+        raise MemlensUsageError(f"{what} must be a finite number, not {shown(text)}")
+    if minimum is not None and value < minimum:
+        raise MemlensUsageError(f"{what} must be at least {minimum:g}, not {shown(text)}")
+    if maximum is not None and value > maximum:
+        raise MemlensUsageError(f"{what} must be at most {maximum:g}, not {shown(text)}")
+    return value
 
 
 def format_bytes(n: float, binary: bool = True, precision: int = 2) -> str:

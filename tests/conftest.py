@@ -8,6 +8,7 @@ them skip with a reason that names where they looked and the variable to set, ne
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,29 @@ collect_ignore = [] if os.environ.get(PREDICT_IN_PROCESS_ENV) else ["unit/test_p
 
 
 def real_snapshot_paths() -> list[Path]:
-    return sorted(REAL_SNAPSHOTS_DIR.glob("*.pickle"))
+    """Every snapshot in the folder the tests run against: the invariants run on each of them,
+    whatever the folder holds (a held-out set these tests have never seen included)."""
+    return sorted(REAL_SNAPSHOTS_DIR.glob("*.pickle")) if REAL_SNAPSHOTS_DIR.is_dir() else []
+
+
+def real_snapshot(name: str) -> Path:
+    """The real snapshot named ``name`` (or the one whose name starts with it). A test about one
+    known file skips when the folder does not hold it (``MEMLENS_REAL_SNAPSHOTS`` may name a
+    folder of other files), instead of failing on a missing name."""
+    if not REAL_SNAPSHOTS_DIR.is_dir():
+        pytest.skip(REAL_SNAPSHOTS_MISSING)
+    paths = real_snapshot_paths()
+    matches = [p for p in paths if p.name == name] or [p for p in paths if p.name.startswith(name)]
+    if len(matches) != 1:
+        pytest.skip(f"{name} is not among the real snapshots in {REAL_SNAPSHOTS_DIR}")
+    return matches[0]
+
+
+def known_real_snapshots(names: Iterable[str]) -> list[str]:
+    """The ``names`` present in the folder, for parametrising tests about known files (absent
+    ones are left out of the parameters rather than failing)."""
+    present = {p.name for p in real_snapshot_paths()}
+    return sorted(n for n in names if n in present or any(p.startswith(n) for p in present))
 
 
 @pytest.fixture(scope="session")

@@ -203,7 +203,8 @@ def deep_mark_stack(depth: int = 200_000) -> bytes:
 
 
 def huge_size_near_2_62() -> bytes:
-    """Sizes near 2**62: these used to overflow the curves into "4194304.00 TiB"."""
+    """Sizes near 2**62: these used to overflow the curves into "4194304.00 TiB"; legal for a
+    size_t, they are read as unknown (0 B, with a note), not refused."""
     big = 1 << 62
     return dumps(snapshot(device_traces=[[entry("alloc", 0x1000, big), entry("alloc", 0x2000, big)]]))
 
@@ -224,7 +225,13 @@ def oom_device_free_2_80() -> bytes:
 
 
 def address_2_64() -> bytes:
+    """The largest uintptr_t: legal, kept bit for bit in the int64 column."""
     return dumps(snapshot(device_traces=[[entry("alloc", (1 << 64) - 1, 512)]]))
+
+
+def address_past_2_64() -> bytes:
+    """One past what a pointer can hold: no file PyTorch wrote."""
+    return dumps(snapshot(device_traces=[[entry("alloc", 1 << 64, 512)]]))
 
 
 def huge_long4_integer() -> bytes:
@@ -467,6 +474,7 @@ CORPUS: dict[str, dict[str, Callable[[], bytes]]] = {
         "list state": list_block_state,
         "device_free 2**80": oom_device_free_2_80,
         "address 2**64": address_2_64,
+        "address past 2**64": address_past_2_64,
         "LONG4": huge_long4_integer,
         "memo index": huge_memo_index,
         "95 GiB expandable": one_allocation_beyond_80_gib,
@@ -497,6 +505,7 @@ ACCEPTED = {
     ("many devices", "at the cap"),
     ("types and numbers", "95 GiB expandable"),
     ("shared deep stacks", "release runs"), ("shared deep stacks", "allocations"),
+    ("types and numbers", "sizes near 2**62"), ("types and numbers", "address 2**64"),
     ("many steps and streams", "unclosed scopes"), ("many steps and streams", "identical steps"),
     ("many steps and streams", "one stream per allocation"),
 }

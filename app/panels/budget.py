@@ -93,12 +93,13 @@ def budget_panel(device: DeviceReport, form: BudgetForm) -> tuple[go.Figure, Any
                                  "to compare theory with what was measured."), None)
         capacity = parse_bytes(form.capacity) if form.capacity else device.capacity_bytes
         spec = budget_api.ModelSpec.from_numbers(
-            n_params, hidden_size=as_int(form.hidden), n_layers=as_int(form.layers), n_heads=as_int(form.heads),
-            vocab_size=as_int(form.vocab))
+            n_params, hidden_size=as_int(form.hidden, "the hidden size"), n_layers=as_int(form.layers, "layers"),
+            n_heads=as_int(form.heads, "heads"), vocab_size=as_int(form.vocab, "the vocabulary size"))
         setup = budget_api.TrainingSetup(
-            precision=form.precision, optimizer=form.optimizer, micro_batch=as_int(form.batch) or 1,
-            seq_len=as_int(form.seq), grad_accum=as_int(form.accum) or 1, checkpointing=form.checkpointing,
-            lora_rank=as_int(form.lora), flash_attention="flash" in form.flags)
+            precision=form.precision, optimizer=form.optimizer, micro_batch=as_int(form.batch, "the batch") or 1,
+            seq_len=as_int(form.seq, "the sequence length"), grad_accum=as_int(form.accum, "accumulation") or 1,
+            checkpointing=form.checkpointing, lora_rank=as_int(form.lora, "the LoRA rank"),
+            flash_attention="flash" in form.flags)
         estimate = budget_api.estimate(spec, setup)
         reconciliation = budget_api.reconcile(estimate, device)
     except MemlensError as exc:

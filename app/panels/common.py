@@ -48,8 +48,10 @@ def parse_count(text: str | None) -> int | None:
     return count
 
 
-def as_int(value: Any) -> int | None:
-    """A number input's value (None or "" when left blank) as an int."""
+def as_int(value: Any, what: str = "the number", minimum: int | None = 1) -> int | None:
+    """A number input's value (None or "" when left blank) as a whole number of at least
+    ``minimum``, parsed as the CLI and the MCP tools parse theirs (``units.parse_whole``): 0
+    heads, 1e400, nan or 5,000 digits are a one-line usage error the panel shows."""
     if value is None or value == "":
         return None
-    return int(value)
+    return units.parse_whole(value, what, minimum)

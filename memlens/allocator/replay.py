@@ -43,6 +43,8 @@ from memlens.allocator.settings import AllocatorSettings
 from memlens.allocator.simulator import CachingAllocatorSimulator, SimulatedOOM
 from memlens.errors import MemlensUsageError
 from memlens.snapshot.model import Action
+from memlens.snapshot.reader import sidecar_number
+from memlens.snapshot.validate import PLAUSIBLE_BYTES
 from memlens.units import format_bytes
 
 if TYPE_CHECKING:
@@ -153,22 +155,67 @@ class WhatIfResult:
         }
 
 
+# Where the recorder's sidecar (and older sidecars) state the device's memory.
+SIDECAR_CAPACITY_KEYS = ("total_memory", "capacity_bytes", "capacity", "total_memory_bytes")
+
+
+def recorded_reserved_peak(trace: DeviceTrace) -> int:
+    """The most the recorded run had reserved at once (the history's curve, its baseline, the dump)."""
+    return max(int(trace.reserved.max()) if len(trace) else 0, trace.baseline_reserved, trace.final_reserved)
+
+
+def sidecar_capacity(snapshot: Snapshot, trace: DeviceTrace) -> tuple[int | None, str | None]:
+    """The device memory the recorder's sidecar states, or None with a note when it cannot be
+    true: a device never has less memory than the run had reserved on it."""
+    sidecar = snapshot.sidecar if isinstance(snapshot.sidecar, dict) else {}
+    total = sidecar_number(sidecar, trace.device, *SIDECAR_CAPACITY_KEYS)
+    if total is None:
+        return None, None
+    reserved = recorded_reserved_peak(trace)
+    if total < reserved:
+        return None, (f"the sidecar's capacity ({format_bytes(total)}) is below the recorded reserved "
+                      f"({format_bytes(reserved)}): ignored")
+    if total > PLAUSIBLE_BYTES:
+        return None, f"the sidecar's capacity ({format_bytes(total)}) is more than any GPU holds: ignored"
+    return total, None
+
+
+def device_capacity(snapshot: Snapshot, trace: DeviceTrace, given: int | None) -> tuple[int | None, str | None]:
+    """The memory of the device the recorded run had, for the analysis: ``given`` (the user's
+    capacity) or the sidecar's, with a note instead when it is below what the run had reserved
+    there (no device holds less than was reserved on it; a replay on a smaller device is
+    ``whatif``'s question, which takes its capacity as asked)."""
+    if given is None:
+        return sidecar_capacity(snapshot, trace)
+    reserved = recorded_reserved_peak(trace)
+    if given < reserved:
+        return None, (f"the capacity given ({format_bytes(given)}) is below what the run had reserved "
+                      f"({format_bytes(reserved)}) on device {trace.device}: ignored for this device")
+    return given, None
+
+
 def recorded_capacity(snapshot: Snapshot, trace: DeviceTrace) -> tuple[int | None, str | None]:
     """The device memory the recorded run had, when the files tell: the recorder's sidecar, or
     else a recorded OOM (what was reserved then plus what CUDA still reported free). Without it a
-    replay cannot run out of memory, and "would it fit?" has no answer."""
-    device = snapshot.sidecar.get("device") if isinstance(snapshot.sidecar, dict) else None
-    total = device.get("total_memory_bytes") if isinstance(device, dict) else None
-    if isinstance(total, int) and total > 0:
+    replay cannot run out of memory, and "would it fit?" has no answer. A figure that cannot be
+    true (below what the run had reserved) is not used; the note says so."""
+    total, note = sidecar_capacity(snapshot, trace)
+    if total is not None:
         return total, f"capacity {format_bytes(total)} from the recorder's sidecar"
     oom_rows = np.flatnonzero(trace.action == _OOM) if len(trace) else np.zeros(0, dtype=np.int64)
     if oom_rows.size:
         row = int(oom_rows[0])
         # At the OOM the allocator had already released its cached blocks and retried.
-        total = int(trace.reserved[row]) + int(trace.device_free[row])
-        return total, (f"capacity {format_bytes(total)} inferred from the recorded OOM "
-                       "(reserved then + what the device still had free)")
-    return None, None
+        inferred = int(trace.reserved[row]) + int(trace.device_free[row])
+        reserved = recorded_reserved_peak(trace)
+        if inferred >= reserved and inferred > 0:
+            return inferred, (f"capacity {format_bytes(inferred)} inferred from the recorded OOM "
+                              "(reserved then + what the device still had free)")
+        why = ("the recorded OOM reports nothing reserved and nothing free: no capacity inferred" if inferred <= 0
+               else f"the recorded OOM implies a capacity of {format_bytes(inferred)}, below the recorded "
+                    f"reserved ({format_bytes(reserved)}): ignored")
+        note = f"{note}; {why}" if note else why
+    return None, note
 
 
 def whatif(

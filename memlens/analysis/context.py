@@ -8,11 +8,11 @@ nothing else named them (so the categories at the peak, and every later finder, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from memlens.allocator.replay import device_capacity
 from memlens.analysis.categories import Phases, build_phases, classify, recorded_roles
 from memlens.analysis.datatypes import Finding, OptimizerWindowSource, StackBytes, Step, StepSource
 from memlens.analysis.lifetimes import Lifetimes, build_lifetimes
@@ -67,29 +67,6 @@ class DeviceContext:
         return self.facts.top_stacks(lt.stack_id[mask], lt.size[mask], self.settings.top_stacks)
 
 
-def sidecar_number(sidecar: dict[str, Any], device: int, *keys: str) -> int | None:
-    """The first positive integer found under ``keys`` in the recorder's sidecar.
-
-    Looks at the top level, at ``sidecar["device"]``, at ``sidecar["devices"][str(device)]``
-    (or the list entry ``device``) and at ``sidecar["model"]``: the recorder is still settling
-    its layout, so the analysis accepts each of them.
-    """
-    places: list[Any] = [sidecar, sidecar.get("device"), sidecar.get("model")]
-    devices = sidecar.get("devices")
-    if isinstance(devices, dict):
-        places.append(devices.get(str(device), devices.get(device)))
-    elif isinstance(devices, list) and 0 <= device < len(devices):
-        places.append(devices[device])
-    for place in places:
-        if not isinstance(place, dict):
-            continue
-        for key in keys:
-            value = place.get(key)
-            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-                return int(value)
-    return None
-
-
 def build_context(
     snapshot: Snapshot, trace: DeviceTrace, settings: AnalysisSettings, facts: StackFacts | None = None
 ) -> DeviceContext:
@@ -103,9 +80,7 @@ def build_context(
     has_history = bool((trace.action == Action.ALLOC).any())
     roles = recorded_roles(snapshot.sidecar, trace.device, trace.time_us)
     category = classify(lifetimes, phases, facts, has_history, roles)
-    capacity = settings.capacity or sidecar_number(
-        snapshot.sidecar, trace.device, "total_memory", "capacity_bytes", "capacity", "total_memory_bytes"
-    )
+    capacity, capacity_note = device_capacity(snapshot, trace, settings.capacity)
     # The instant before the first row is a moment too: when the history opens on frees (a ring
     # buffer that dropped the allocations), the most memory was live when it began.
     peak_event: int | None = None
@@ -113,7 +88,7 @@ def build_context(
     if len(trace) and int(trace.allocated.max()) >= trace.baseline_allocated:
         peak_event = int(np.argmax(trace.allocated))
         peak_allocated = int(trace.allocated[peak_event])
-    notes = list(detection.notes) + list(trace.curve_warnings)
+    notes = list(detection.notes) + list(trace.curve_warnings) + ([capacity_note] if capacity_note else [])
     if len(trace) and peak_event is None:
         notes.append("the allocated peak is what was live when the history began, before its first row")
     if trace.pending_free_final:

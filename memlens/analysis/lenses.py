@@ -25,6 +25,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,6 +40,7 @@ from memlens.analysis.stacks import _CPP_NOISE, _INTERNAL_FILE, StackFacts, is_p
 from memlens.errors import MemlensUsageError
 from memlens.files import FileRefused, OpenedFile, open_regular
 from memlens.snapshot.model import Annotation, DeviceTrace, Frame, Snapshot
+from memlens.units import MAX_NUMBER_CHARS, parse_whole, shown
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
@@ -64,6 +66,7 @@ UNACCOUNTED = "(unaccounted: rows missing from the history)"
 MODULE_SCOPE = re.compile(r"^(?:memlens\.(?:forward|backward)#|nn\.Module: )(?P<module>.+)$")
 
 TIME_UNITS_US = {"us": 1, "ms": 1_000, "s": 1_000_000}
+MAX_MOMENT = (1 << 62) - 1  # an event index, a step or µs: beyond it, no trace (int64 columns) reaches
 
 
 # --------------------------------------------------------------------------- inputs
@@ -649,15 +652,21 @@ def parse_point(text: str) -> Point:
     """``1234`` (an event), ``1234567us`` (the trace's own clock; ``ms``/``s`` too), ``+1.5s``
     (since the first row), ``step3``."""
     raw = text.strip().lower().replace(" ", "")
+    what = f"the moment {shown(text)}"
+    if len(raw) > MAX_NUMBER_CHARS:  # no moment is a 5,000-digit number
+        raise MemlensUsageError(f"{what} is {len(raw):,} characters long: not an event, a time or a step")
     if re.fullmatch(r"\d+", raw):
-        return Point("event", int(raw))
+        return Point("event", parse_whole(raw, what, 0, MAX_MOMENT))
     step = re.fullmatch(r"step#?(\d+)", raw)
     if step:
-        return Point("step", int(step.group(1)))
+        return Point("step", parse_whole(step.group(1), what, 0, MAX_MOMENT))
     time = _TIME.match(raw)
     if time:
         unit = time.group("unit").replace("µs", "us")
-        value = round(float(time.group("number")) * TIME_UNITS_US[unit])
+        micros = Decimal(time.group("number")) * TIME_UNITS_US[unit]  # exact: no float overflow
+        if micros > MAX_MOMENT:
+            raise MemlensUsageError(f"{what} is later than any trace's clock (at most {MAX_MOMENT:,} µs)")
+        value = int(micros.to_integral_value(rounding=ROUND_HALF_EVEN))
         return Point("time", value, relative=bool(time.group("plus")))
     raise MemlensUsageError(f"cannot read the moment {text!r}: use an event index (1234), a time "
                             "(1234567us, +1.5s since the first row) or a step (step3)")

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memlens.analysis.categories import OPTIMIZER_STATE, PARAMETERS
-from memlens.analysis.context import DeviceContext, sidecar_number
+from memlens.analysis.context import DeviceContext
 from memlens.analysis.datatypes import Finding
 from memlens.analysis.lifetimes import byte_counts
 from memlens.analysis.settings import (
@@ -40,6 +40,7 @@ from memlens.analysis.settings import (
     OPTIMIZER_MIN_BYTES,
     OPTIMIZER_MIN_FRACTION_OF_PEAK,
 )
+from memlens.snapshot.reader import sidecar_number
 from memlens.units import format_bytes
 
 # 8-bit Adam keeps 2 of Adam's 8 bytes per parameter (memory-budget.md): it saves 3/4.

@@ -172,6 +172,9 @@ class ModelSpec:
         (gate, up, down) or a plain one (up, down), two norms; then embeddings, a final norm and
         a head unless ``tie_embeddings``.
         """
+        for name, value in (("heads", n_heads), ("kv-heads", n_kv_heads), ("hidden size", hidden_size)):
+            if value is not None and value <= 0:  # before dividing by it
+                raise MemlensUsageError(f"{name} must be positive, not {value}")
         if n_heads is not None and n_kv_heads is not None and n_kv_heads > n_heads:
             raise MemlensUsageError(f"kv-heads ({n_kv_heads}) cannot exceed heads ({n_heads})")
         if hidden_size is not None and n_heads is not None and hidden_size % n_heads:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from memlens.errors import MemlensUsageError
+from memlens.units import parse_whole, shown
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16")
 OPTIMIZERS: tuple[str, ...] = (
@@ -190,9 +191,9 @@ def parse_checkpointing(text: str) -> tuple[str, int]:
     for prefix in ("every:", "every-", "every="):
         if value.startswith(prefix):
             rest = value[len(prefix) :]
-            if not rest.isdigit() or int(rest) < 1:
-                raise MemlensUsageError(f"checkpointing {text!r}: every:K needs a whole K >= 1")
-            return "every", int(rest)
+            if not rest.isdigit():
+                raise MemlensUsageError(f"checkpointing {shown(text)}: every:K needs a whole K >= 1")
+            return "every", parse_whole(rest, f"checkpointing {shown(text)}: K", minimum=1)
     if value == "every":
         raise MemlensUsageError("checkpointing every:K needs K (e.g. every:4)")
     return cast(str, _choice(value, ("none", "full", "selective"), {"off": "none", "no": "none"}, "checkpointing")), 1

@@ -17,12 +17,12 @@ Examples:
 
 from __future__ import annotations
 
-import json
+import re
 from typing import TYPE_CHECKING
 
 import click
 
-from memlens.cli.common import help_text
+from memlens.cli.common import COUNT, INDEX, Real, Whole, help_text, json_text
 from memlens.errors import MemlensUsageError
 from memlens.units import parse_bytes, parse_count
 
@@ -31,13 +31,14 @@ if TYPE_CHECKING:
     from memlens.files import OpenedFile
 
 
+_BARE_NUMBER = re.compile(r"^[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?$")
+
+
 def parse_capacity(text: str) -> int:
     """A device size; a bare number is GiB (``80`` -> 80 * 2**30 bytes), the unit memlens prints."""
     stripped = text.strip()
-    try:
-        size = round(float(stripped) * 2**30)
-    except ValueError:
-        size = parse_bytes(stripped)
+    # A bare number is GiB; both go through parse_bytes (1e400, inf and nan are usage errors).
+    size = parse_bytes(stripped + "GiB" if _BARE_NUMBER.match(stripped) else stripped)
     if size <= 0:
         raise MemlensUsageError(f"--capacity {text!r}: a device needs more than 0 bytes")
     return size
@@ -45,12 +46,12 @@ def parse_capacity(text: str) -> int:
 
 @click.command(help=help_text(__doc__))
 @click.option("--params", "params", default=None, help="Parameter count P: 7e9, 7B, 350M.")
-@click.option("--hidden", type=int, default=None, help="Hidden size d.")
-@click.option("--layers", type=int, default=None, help="Transformer layers L.")
-@click.option("--heads", type=int, default=None, help="Attention heads a.")
-@click.option("--kv-heads", type=int, default=None, help="Key/value heads (GQA); default: --heads.")
-@click.option("--vocab", type=int, default=None, help="Vocabulary size V.")
-@click.option("--ffn", type=int, default=None, help="MLP intermediate size.")
+@click.option("--hidden", type=COUNT, default=None, help="Hidden size d.")
+@click.option("--layers", type=COUNT, default=None, help="Transformer layers L.")
+@click.option("--heads", type=COUNT, default=None, help="Attention heads a.")
+@click.option("--kv-heads", type=COUNT, default=None, help="Key/value heads (GQA); default: --heads.")
+@click.option("--vocab", type=COUNT, default=None, help="Vocabulary size V.")
+@click.option("--ffn", type=COUNT, default=None, help="MLP intermediate size.")
 @click.option("--tie-embeddings", is_flag=True, help="The output head shares the embedding matrix.")
 @click.option(
     "--config",
@@ -73,8 +74,8 @@ def parse_capacity(text: str) -> int:
 )
 @click.option("--optim-dtype", default="fp32", show_default=True, help="Optimizer-state dtype: fp32, bf16, fp16.")
 @click.option("--grad-dtype", default=None, help="Gradient dtype if not the weights' (e.g. fp32 accumulation).")
-@click.option("--galore-rank", type=int, default=None, help="Projection rank for --optimizer galore.")
-@click.option("--lora-rank", type=int, default=None, help="Train LoRA adapters of this rank (base frozen).")
+@click.option("--galore-rank", type=COUNT, default=None, help="Projection rank for --optimizer galore.")
+@click.option("--lora-rank", type=COUNT, default=None, help="Train LoRA adapters of this rank (base frozen).")
 @click.option(
     "--lora-targets",
     default="q_proj,v_proj",
@@ -82,10 +83,10 @@ def parse_capacity(text: str) -> int:
     help="Comma-separated modules to adapt (q,k,v,o,gate,up,down or all-linear).",
 )
 @click.option("--qlora", is_flag=True, help="Keep the frozen base in 4-bit NF4 (needs --lora-rank).")
-@click.option("--frozen-layers", type=int, default=0, help="Freeze the first K transformer layers.")
-@click.option("--batch", type=int, default=1, show_default=True, help="Micro-batch size B.")
-@click.option("--seq", type=int, default=None, help="Sequence length T (needed for activations and logits).")
-@click.option("--grad-accum", type=int, default=1, show_default=True, help="Gradient-accumulation steps A.")
+@click.option("--frozen-layers", type=INDEX, default=0, help="Freeze the first K transformer layers.")
+@click.option("--batch", type=COUNT, default=1, show_default=True, help="Micro-batch size B.")
+@click.option("--seq", type=COUNT, default=None, help="Sequence length T (needed for activations and logits).")
+@click.option("--grad-accum", type=COUNT, default=1, show_default=True, help="Gradient-accumulation steps A.")
 @click.option(
     "--checkpointing",
     default="none",
@@ -107,13 +108,13 @@ def parse_capacity(text: str) -> int:
 )
 @click.option(
     "--chunked-loss",
-    type=float,
+    type=Real(minimum=1.0),
     default=None,
     metavar="FACTOR",
     help="Chunked cross-entropy: divide the fp32 logits by FACTOR.",
 )
-@click.option("--zero", "zero_stage", type=int, default=0, show_default=True, help="ZeRO stage 0-3.")
-@click.option("--world-size", type=int, default=1, show_default=True, help="Data-parallel ranks N.")
+@click.option("--zero", "zero_stage", type=Whole(0, 3), default=0, show_default=True, help="ZeRO stage 0-3.")
+@click.option("--world-size", type=COUNT, default=1, show_default=True, help="Data-parallel ranks N.")
 @click.option("--offload-optimizer", is_flag=True, help="Keep master weights and optimizer state on the host.")
 @click.option("--offload-params", is_flag=True, help="Keep parameters on the host (ZeRO-3).")
 @click.option("--capacity", multiple=True, help="Device memory to fit, e.g. 80GiB, 24GB, 141 (GiB). Repeatable.")
@@ -170,7 +171,7 @@ def budget(
     if as_json:
         payload = result.to_json()
         payload["capacities"] = [check.to_json() for check in checks]
-        click.echo(json.dumps(payload, indent=2))
+        click.echo(json_text(payload))
     else:
         click.echo(render_budget(result, binary=units_name == "gib", checks=checks), nl=False)
 

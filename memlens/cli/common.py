@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,12 +12,17 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from memlens.errors import MemlensUsageError
-from memlens.units import parse_bytes
+from memlens.units import MAX_WHOLE, parse_bytes, parse_real, parse_whole, shown
 
 if TYPE_CHECKING:
     from memlens.analysis.analysis import Analysis
     from memlens.analysis.report import Report
     from memlens.snapshot import Snapshot
+
+
+def option_name(param: click.Parameter | None, fallback: str = "the value") -> str:
+    """How a usage error names the option (``--heads``)."""
+    return (param.opts[0] if param is not None and param.opts else None) or fallback
 
 
 class ByteSize(click.ParamType):
@@ -27,20 +34,66 @@ class ByteSize(click.ParamType):
         self.minimum = minimum
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            size = value
-        else:
-            try:
-                size = parse_bytes(value)
-            except MemlensUsageError as exc:
-                self.fail(str(exc), param, ctx)
+        # Usage errors of numbers are memlens' one line (``memlens: error: --capacity ...``, exit
+        # 2), parsed where the MCP tools and the dashboard parse them (memlens.units).
+        try:
+            size = value if isinstance(value, int) and not isinstance(value, bool) else parse_bytes(value)
+        except MemlensUsageError as exc:
+            raise MemlensUsageError(f"{option_name(param)}: {exc}") from None
         if size < self.minimum:
-            self.fail(f"{value!r} is too small: it must be at least {self.minimum:,} B", param, ctx)
+            raise MemlensUsageError(f"{option_name(param)}: {shown(value)} is too small: it must be at least "
+                                    f"{self.minimum:,} B")
         return size
+
+
+class Whole(click.ParamType):
+    """A click type for a whole number in ``minimum``..``maximum`` (``memlens.units.parse_whole``):
+    ``--heads 0``, ``1e400``, ``nan`` and 5,000-digit numbers are one-line usage errors."""
+
+    name = "INTEGER"
+
+    def __init__(self, minimum: int | None = None, maximum: int | None = MAX_WHOLE) -> None:
+        self.minimum = minimum
+        self.maximum = maximum
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        return parse_whole(value, option_name(param), self.minimum, self.maximum)
+
+
+class Real(click.ParamType):
+    """A click type for a finite number in ``minimum``..``maximum`` (never inf or nan)."""
+
+    name = "FLOAT"
+
+    def __init__(self, minimum: float | None = None, maximum: float | None = None) -> None:
+        self.minimum = minimum
+        self.maximum = maximum
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        return parse_real(value, option_name(param), self.minimum, self.maximum)
 
 
 BYTE_SIZE = ByteSize()
 CAPACITY = ByteSize(minimum=1)  # a device of 0 B answers every question with "no": refuse it
+COUNT = Whole(minimum=1)  # sizes of a model or a batch: 0 divides or means nothing
+DEVICE = Whole(minimum=0, maximum=1023)  # a device ordinal (memlens reads devices 0 to 1023)
+INDEX = Whole(minimum=0)
+
+
+def json_text(payload: Any) -> str:
+    """``--json`` output: indented JSON that never says NaN or Infinity (a non-finite float,
+    which no figure should be, is null, as the report's own encoder writes it)."""
+    return json.dumps(_finite(payload), indent=2, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def help_text(doc: str | None) -> str:

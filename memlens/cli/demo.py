@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from memlens.cli.common import help_text
+from memlens.cli.common import Whole, help_text
 from memlens.errors import MemlensUsageError
 
 SAMPLES_DIR = Path(__file__).resolve().parents[2] / "sample_snapshots"
@@ -39,8 +39,8 @@ def sample_groups(folder: Path) -> list[list[str]]:
 @click.option("--samples", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Folder of snapshots (default: the repository's sample_snapshots/).")
 @click.option("--serve", is_flag=True, help="Then open the samples in the dashboard.")
-@click.option("--port", type=int, default=8050, show_default=True, help="Port for --serve.")
-@click.option("--width", type=int, default=None, help="Terminal width (default: detected).")
+@click.option("--port", type=Whole(0, 65535), default=8050, show_default=True, help="Port for --serve.")
+@click.option("--width", type=Whole(20, 10_000), default=None, help="Terminal width (default: detected).")
 @click.option("--color/--no-color", default=None, help="Force colour on or off.")
 @click.pass_context
 def demo(ctx: click.Context, samples: Path | None, serve: bool, port: int, width: int | None,

@@ -9,13 +9,11 @@ Stacks are matched by their Python frames, so the same line of code lines up acr
 
 from __future__ import annotations
 
-import json
-
 import click
 from rich.table import Table
 from rich.text import Text
 
-from memlens.cli.common import analyses_of_paths, help_text
+from memlens.cli.common import DEVICE, Whole, analyses_of_paths, help_text, json_text
 from memlens.printable import printable
 from memlens.units import format_bytes
 
@@ -31,13 +29,13 @@ def _delta(before: int, after: int) -> Text:
 @click.command(help=help_text(__doc__))
 @click.argument("before", type=click.Path(dir_okay=False))
 @click.argument("after", type=click.Path(dir_okay=False))
-@click.option("--device", type=int, default=None, help="Device index in both files.")
-@click.option("--top", type=click.IntRange(1, 100), default=10, show_default=True, help="Stacks to show.")
+@click.option("--device", type=DEVICE, default=None, help="Device index in both files.")
+@click.option("--top", type=Whole(1, 100), default=10, show_default=True, help="Stacks to show.")
 @click.option("--json", "as_json", is_flag=True, help="Print the diff as JSON.")
 @click.option("--file", "file_path", default=None, metavar="PATH",
               help="Also: bytes by line of this source file at each peak, and the change (matched on the end "
                    "of the frames' paths).")
-@click.option("--width", type=int, default=None, help="Terminal width (default: detected).")
+@click.option("--width", type=Whole(20, 10_000), default=None, help="Terminal width (default: detected).")
 @click.option("--color/--no-color", default=None, help="Force colour on or off.")
 def diff(before: str, after: str, device: int | None, top: int, as_json: bool, width: int | None,
          color: bool | None, file_path: str | None = None) -> None:
@@ -56,7 +54,7 @@ def diff(before: str, after: str, device: int | None, top: int, as_json: bool, w
         payload = result.to_json()
         if file_diff is not None:
             payload["file"] = file_diff.to_json()
-        click.echo(json.dumps(payload, indent=2))
+        click.echo(json_text(payload))
         return
     console = make_console(width=width, color=color)
     console.print(Text("memlens diff", style="bold") + Text(f"  {printable(before)} -> {printable(after)}"))

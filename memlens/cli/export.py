@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, cast
 
 import click
 
-from memlens.cli.common import CAPACITY, analyze_paths, help_text, load_with_progress
+from memlens.cli.common import CAPACITY, DEVICE, analyze_paths, help_text, load_with_progress
 from memlens.errors import MemlensUsageError
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def _cannot_write(output: str, exc: OSError) -> MemlensUsageError:
 @click.option("--table", type=click.Choice(["events", "blocks", "stacks"]), default="events", show_default=True,
               help="JSON lines and CSV: trace events, the segments and blocks at the dump, or each "
                    "distinct stack once (by the stack_id of the other two).")
-@click.option("--device", type=int, default=None,
+@click.option("--device", type=DEVICE, default=None,
               help="HTML: the device detailed (default: the busiest). JSON lines and CSV: only this "
                    "device's rows (default: every device).")
 @click.option("--capacity", type=CAPACITY, default=None, help="Device memory, e.g. 80GiB.")

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -41,7 +40,9 @@ def triage_fleet_command(snapshots: Sequence[str], *, jobs: int | None, dask: st
         fleet = triage_fleet(snapshots, jobs=jobs, dask=dask, capacity=capacity, device=device, cache=cache,
                              keep_reports=as_json, progress=progress)
     if as_json:
-        click.echo(json.dumps(fleet.to_json(), indent=2))
+        from memlens.cli.common import json_text
+
+        click.echo(json_text(fleet.to_json()))
     else:
         from memlens.reporters.fleet import render_fleet
         from memlens.reporters.terminal import make_console

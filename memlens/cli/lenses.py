@@ -10,7 +10,6 @@ per annotation stage (the engine is ``memlens.analysis.lenses``; this prints it)
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from memlens.analysis.lenses import (
     NO_TIMES,
     UNACCOUNTED,
 )
+from memlens.cli.common import INDEX, json_text
 from memlens.printable import printable
 from memlens.units import format_bytes
 
@@ -70,7 +70,7 @@ def lens_options(command: Callable[..., Any]) -> Callable[..., Any]:
                           "first row) or stepN (the peak of step N)."),
         click.option("--window", "window", default=None, metavar="A:B",
                      help="The peak within rows A..B (events, times or steps; either side may be left out)."),
-        click.option("--step", "step", type=int, default=None, metavar="N", help="The peak within step N."),
+        click.option("--step", "step", type=INDEX, default=None, metavar="N", help="The peak within step N."),
         click.option("--file", "file_path", default=None, metavar="PATH",
                      help="Bytes by line of one source file (matched on the end of its path), at the moment."),
         click.option("--stages", "stages", is_flag=True,
@@ -108,7 +108,7 @@ def run_lenses(paths: list[str], device: int | None, cache: bool | None, as_json
             console.rule()
         render_lenses(console, payload)
     if as_json:
-        click.echo(json.dumps(payloads[0] if len(payloads) == 1 else {"lenses": payloads}, indent=2))
+        click.echo(json_text(payloads[0] if len(payloads) == 1 else {"lenses": payloads}))
 
 
 @dataclass(frozen=True)

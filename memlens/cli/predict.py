@@ -16,7 +16,6 @@ not reach its end (the script failed, or stopped needing a real value), so no fi
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import signal
@@ -26,7 +25,7 @@ from typing import Any
 
 import click
 
-from memlens.cli.common import help_text
+from memlens.cli.common import help_text, json_text
 from memlens.errors import MemlensUsageError
 from memlens.predict.gpus import GPU_NAMES_HELP
 from memlens.recorder.sidecar import build_sidecar, sidecar_path, write_json, write_snapshot
@@ -129,7 +128,7 @@ def predict(
         result.value = None  # the script's globals: let them go
         report = predicted_report(predicted, result)
         if as_json:
-            click.echo(json.dumps(result.to_json(), indent=2))
+            click.echo(json_text(result.to_json()))
         else:
             click.echo(render(result))
             if report is not None:

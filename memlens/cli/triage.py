@@ -19,7 +19,6 @@ row per rank, and the outlier rank named with what accounts for the difference, 
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from memlens.analysis.report import FINDING_KINDS
-from memlens.cli.common import CAPACITY, analyze_paths, help_text
+from memlens.cli.common import CAPACITY, COUNT, DEVICE, Whole, analyze_paths, help_text, json_text
 from memlens.cli.lenses import lens_options, lenses_requested, run_lenses
 from memlens.errors import MemlensUsageError
 from memlens.units import parse_count
@@ -107,7 +106,7 @@ def budget_reconciliation(report: Report, device: int | None, flags: BudgetFlags
 
 @click.command(help=help_text(__doc__))
 @click.argument("snapshots", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--device", type=int, default=None, help="Device index (default: the one with the highest peak).")
+@click.option("--device", type=DEVICE, default=None, help="Device index (default: the one with the highest peak).")
 @click.option("--capacity", type=CAPACITY, default=None,
               help="Device memory, e.g. 80GiB (default: the recorder's sidecar, if any).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema: memlens.analysis.schema).")
@@ -118,23 +117,24 @@ def budget_reconciliation(report: Report, device: int | None, flags: BudgetFlags
               help="Budget: parameter count, e.g. 7e9, 7B or 350M.")
 @click.option("--optimizer", default=None, help="Budget: optimizer (adamw, sgd, adam-8bit, ...).")
 @click.option("--precision", default=None, help="Budget: precision (fp32, bf16-mixed, bf16, ...).")
-@click.option("--hidden", type=int, default=None, help="Budget: hidden size (for activations).")
-@click.option("--layers", type=int, default=None, help="Budget: transformer layers (for activations).")
-@click.option("--heads", type=int, default=None, help="Budget: attention heads.")
-@click.option("--vocab", type=int, default=None, help="Budget: vocabulary size (for the logits).")
-@click.option("--batch", type=int, default=None, help="Budget: micro-batch size.")
-@click.option("--seq", type=int, default=None, help="Budget: sequence length.")
+@click.option("--hidden", type=COUNT, default=None, help="Budget: hidden size (for activations).")
+@click.option("--layers", type=COUNT, default=None, help="Budget: transformer layers (for activations).")
+@click.option("--heads", type=COUNT, default=None, help="Budget: attention heads.")
+@click.option("--vocab", type=COUNT, default=None, help="Budget: vocabulary size (for the logits).")
+@click.option("--batch", type=COUNT, default=None, help="Budget: micro-batch size.")
+@click.option("--seq", type=COUNT, default=None, help="Budget: sequence length.")
 @click.option("--checkpointing", default=None, help="Budget: none, full, selective or every:K.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Budget: a transformers-style config.json for the model's shape.")
 @click.option("--cache/--no-cache", default=None,
               help="Keep a fast .npz copy for the next open (default: for files of 8 MiB or more).")
-@click.option("--top", type=click.IntRange(1, 1000), default=6, show_default=True,
+@click.option("--top", type=Whole(1, 1000), default=6, show_default=True,
               help="How many findings to show (the JSON has them all).")
 @click.option("--full-stacks", is_flag=True, help="Print each finding's stacks whole, one frame a line.")
-@click.option("--width", type=int, default=None, help="Terminal width (default: detected; piped output: 80).")
+@click.option("--width", type=Whole(20, 10_000), default=None,
+              help="Terminal width (default: detected; piped output: 80).")
 @click.option("--color/--no-color", default=None, help="Force colour on or off (default: only on a terminal).")
-@click.option("--jobs", type=click.IntRange(1), default=None,
+@click.option("--jobs", type=Whole(1, 1024), default=None,
               help="Several files: worker processes (default: the CPUs, at most one per file; "
                    "none under 16 MiB of snapshots in all).")
 @click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
@@ -171,7 +171,7 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
     (report,) = analyze_paths(list(snapshots), capacity, None, cache=cache)
     report.device(device)
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
+        click.echo(json_text(report.to_json()))
     else:
         try:
             reconciliation = budget_reconciliation(report, device, flags)

@@ -9,11 +9,9 @@ run out of memory within --capacity. Flags not given keep the recorded run's set
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from memlens.cli.common import help_text
+from memlens.cli.common import DEVICE, INDEX, Real, help_text, json_text
 from memlens.errors import MemlensUsageError
 from memlens.units import parse_bytes
 
@@ -25,15 +23,15 @@ from memlens.units import parse_bytes
     default=None,
     help="Simulate expandable_segments:True (or force it off).",
 )
-@click.option("--max-split-size-mb", type=int, default=None, help="max_split_size_mb (must be > 20).")
+@click.option("--max-split-size-mb", type=INDEX, default=None, help="max_split_size_mb (must be > 20).")
 @click.option(
     "--garbage-collection-threshold",
-    type=float,
+    type=Real(),
     default=None,
     help="garbage_collection_threshold in (0, 1); needs --capacity.",
 )
 @click.option("--capacity", default=None, help="Device memory the allocator may use, e.g. 80GiB or 24GB.")
-@click.option("--device", type=int, default=None, help="Device to replay (default: the busiest).")
+@click.option("--device", type=DEVICE, default=None, help="Device to replay (default: the busiest).")
 @click.option("--json", "as_json", is_flag=True, help="Print {recorded, simulated} as JSON.")
 def whatif(
     snapshot: str,
@@ -58,6 +56,6 @@ def whatif(
         garbage_collection_threshold=garbage_collection_threshold)
     result = run_whatif(loaded, settings=settings, capacity=capacity_bytes, device=device)
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        click.echo(json_text(result.to_json()))
     else:
         click.echo("\n".join(render_whatif(result)))

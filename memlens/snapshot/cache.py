@@ -783,14 +783,14 @@ def _decode_segment(item: Any, devices: dict[int, DeviceTrace], stack_count: int
     _expect(type(item) is list and len(item) == 9, "a segment")
     device, address, total_size, stream, segment_type, pool_id, is_expandable, stack_id, raw_blocks = item
     _expect(_is_int(device) and device in devices, "segment device")
-    _expect(_is_int(address) and address >= 0 and _is_int(total_size) and total_size >= 0, "segment extent")
+    _expect(_is_int(address) and _is_int(total_size) and total_size >= 0, "segment extent")  # addresses: 64 bits
     _expect(_is_int(stream) and type(segment_type) is str and type(pool_id) is list
             and type(is_expandable) is bool, "segment fields")
     _expect(_is_int(stack_id) and -1 <= stack_id < stack_count, "segment stack id")
     _expect(type(raw_blocks) is list, "segment blocks")
     blocks = []
     for b in raw_blocks:
-        _expect(type(b) is list and len(b) == 5 and all(_is_int(v) and v >= 0 for v in b[:3])
+        _expect(type(b) is list and len(b) == 5 and _is_int(b[0]) and all(_is_int(v) and v >= 0 for v in b[1:3])
                 and b[3] in BLOCK_STATES and _is_int(b[4]) and -1 <= b[4] < stack_count, "a block")
         blocks.append(Block(b[0], b[1], b[2], b[3], b[4]))
     return Segment(device=device, address=address, total_size=total_size, stream=stream,

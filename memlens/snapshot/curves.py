@@ -76,18 +76,22 @@ def build_curves(trace: DeviceTrace, segments: list[Segment]) -> None:
         raise CurveOverflow(f"device_traces[{trace.device}]: the sizes add up to more than 2**56 bytes live")
     trace.allocated = alloc_change + trace.baseline_allocated
     trace.reserved = reserve_change + trace.baseline_reserved
+    lifted = False
     for name in ("allocated", "reserved"):
         curve = getattr(trace, name)
-        lowest = int(curve.min())
+        # The instant before row 0 counts too: a history that allocates more than the final
+        # state holds implies a negative baseline, no more true than a negative curve.
+        lowest = min(int(curve.min()), getattr(trace, f"baseline_{name}"))
         if lowest < 0:
             # The window and the final state disagree (a wrapped ring buffer cut an event
             # pair): lift the curve so it stays a plausible total, and say so.
             curve -= lowest
+            lifted = True
             setattr(trace, f"baseline_{name}", getattr(trace, f"baseline_{name}") - lowest)
             trace.curve_warnings.append(
                 f"{name} history disagrees with the final state by {-lowest} bytes; curve lifted"
             )
-    trace.window_complete = _window_complete(trace, freed, live_blocks)
+    trace.window_complete = not lifted and _window_complete(trace, freed, live_blocks)
 
 
 def _window_complete(trace: DeviceTrace, free_rows: np.ndarray, live_blocks: list[Block]) -> bool:

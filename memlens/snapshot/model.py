@@ -64,6 +64,8 @@ class Frame:
     def __str__(self) -> str:
         if self.filename in ("??", ""):
             return self.name
+        if self.line <= 0:  # unknown (the reader reads a meaningless line as 0)
+            return f"{self.name} ({self.filename})"
         return f"{self.name} ({self.filename}:{self.line})"
 
 

@@ -67,8 +67,14 @@ from memlens.snapshot.validate import (
     MAX_TEXT,
     MAX_TIME_US,
     MIN_TEXT_BUDGET,
+    PLAUSIBLE_BYTES,
+    PLAUSIBLE_LINE,
+    PLAUSIBLE_TIME_US,
     SHORT_TEXT,
+    UINT64_MAX,
+    UNKNOWN_LINE,
     Checker,
+    as_int64,
     describe,
     plain_copy,
     shorten,
@@ -425,6 +431,29 @@ def _sidecar_fields(sidecar: dict[str, Any]) -> dict[str, Any]:
     return sidecar
 
 
+def sidecar_number(sidecar: dict[str, Any], device: int, *keys: str) -> int | None:
+    """The first positive integer found under ``keys`` in the recorder's sidecar.
+
+    Looks at the top level, at ``sidecar["device"]``, at ``sidecar["devices"][str(device)]``
+    (or the list entry ``device``) and at ``sidecar["model"]``: the recorder is still settling
+    its layout, so the analysis accepts each of them.
+    """
+    places: list[Any] = [sidecar, sidecar.get("device"), sidecar.get("model")]
+    devices = sidecar.get("devices")
+    if isinstance(devices, dict):
+        places.append(devices.get(str(device), devices.get(device)))
+    elif isinstance(devices, list) and 0 <= device < len(devices):
+        places.append(devices[device])
+    for place in places:
+        if not isinstance(place, dict):
+            continue
+        for key in keys:
+            value = place.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                return int(value)
+    return None
+
+
 # --------------------------------------------------------------------------- parsing
 
 
@@ -444,7 +473,9 @@ class _Interner:
             raise check.fail(f"a stack frame should be a dict, found {describe(raw)}")
         filename = check.text_(raw, "filename", "a stack frame", "??")
         name = check.text_(raw, "name", "a stack frame", "??")
-        line = check.int_(raw, "line", "a stack frame", 0, low=-MAX_LINE, high=MAX_LINE)
+        line = check.int_(raw, "line", "a stack frame", 0, low=INT64_MIN, high=MAX_LINE)
+        if not 0 <= line <= PLAUSIBLE_LINE:  # -1 (or 2**64 - 1): PyTorch had no line for the frame
+            line = UNKNOWN_LINE
         key = (filename, line, name)
         fid = self._frame_by_key.get(key)
         if fid is None:
@@ -512,7 +543,12 @@ def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT
     interner = _Interner()
     raw_segments = check.list_(raw["segments"], "'segments'")
     check.walk(raw_segments, "'segments'")
-    segments = [_parse_segment(s, i, check, interner) for i, s in enumerate(raw_segments)]
+    parsed = [_parse_segment(s, i, check, interner) for i, s in enumerate(raw_segments)]
+    segments = [seg for seg in parsed if seg.device >= 0]
+    file_notes = []
+    if len(segments) < len(parsed):
+        file_notes.append(f"{len(parsed) - len(segments):,} segment(s) name no device (a negative ordinal): "
+                          "left out")
     raw_traces = check.list_(raw.get("device_traces") or [], "'device_traces'")
     if len(raw_traces) > MAX_DEVICES:
         raise check.fail(f"'device_traces' lists {len(raw_traces):,} devices (at most {MAX_DEVICES:,} are read)")
@@ -537,11 +573,13 @@ def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT
         devices.setdefault(device, DeviceTrace(device=device))
     if not devices:  # an empty snapshot still has the device it was taken on
         devices[0] = DeviceTrace(device=0)
+    file_notes.extend(check.notes)
+    if check.implausible_sizes:
+        file_notes.append(f"{check.implausible_sizes:,} size(s) in the file claim more than "
+                          f"{PLAUSIBLE_BYTES >> 40} TiB (no GPU holds that): read as unknown, counted as 0 B")
     for device, trace in devices.items():
-        try:
-            build_curves(trace, segments_by_device.get(device, []))
-        except CurveOverflow as exc:
-            raise check.fail(str(exc)) from None
+        trace.curve_warnings.extend(file_notes)
+        _build_true_curves(trace, segments_by_device.get(device, []), check)
     return Snapshot(
         source=source,
         devices=devices,
@@ -552,6 +590,29 @@ def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT
         extra=extra,
         format_guess=BARE_LIST_FORMAT if bare_list else guess_format(raw, raw_segments, raw_traces),
     )
+
+
+def _build_true_curves(trace: DeviceTrace, segments: list[Segment], check: Checker) -> None:
+    """The trace's curves, unless its sizes add up past what any GPU holds (each may be
+    plausible, thousands of frees of 10 TiB that were never allocated are not): then the
+    trace's sizes are read as unknown (0 B) and the curves are the final state's, with a note.
+    Only a final state beyond MAX_TOTAL_BYTES (int64 sums) is refused."""
+    notes = list(trace.curve_warnings)
+    try:
+        build_curves(trace, segments)
+        highest = max(int(trace.allocated.max()) if len(trace) else 0, int(trace.reserved.max()) if len(trace) else 0,
+                      trace.baseline_allocated, trace.baseline_reserved)
+        if highest <= max(PLAUSIBLE_BYTES, sum(s.total_size for s in segments)):
+            return
+    except CurveOverflow:
+        pass
+    trace.size[trace.action != int(Action.OOM)] = 0
+    trace.curve_warnings = [*notes, f"the trace's sizes add up to more than {PLAUSIBLE_BYTES >> 40} TiB live at once "
+                            "(no GPU holds that): read as unknown, counted as 0 B"]
+    try:
+        build_curves(trace, segments)
+    except CurveOverflow as exc:
+        raise check.fail(str(exc)) from None
 
 
 def _parse_settings(raw: Any, check: Checker) -> dict[str, Any]:
@@ -573,10 +634,16 @@ def _parse_settings(raw: Any, check: Checker) -> dict[str, Any]:
     if divisions is not None:
         values = list(divisions.values()) if isinstance(divisions, dict) else divisions
         keys = list(divisions) if isinstance(divisions, dict) else []
+        # Sizes (MB) to division counts, both size_t: any such value loads; a count past 2**16
+        # (a 1 MiB interval cut into pieces of 16 B) is no setting anyone made: unknown.
         if not isinstance(values, list | tuple) or len(values) > 64 or not all(
-            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1 << 16 for v in values
-        ) or not all(isinstance(k, int | str) and str(k).isdigit() and len(str(k)) <= 12 for k in keys):
-            raise check.fail(f"{where}: 'roundup_power2_divisions' should map sizes to small counts")
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= UINT64_MAX for v in values
+        ) or not all(isinstance(k, int | str) and str(k).isdigit() and len(str(k)) <= 20 for k in keys):
+            raise check.fail(f"{where}: 'roundup_power2_divisions' should map sizes to counts")
+        if any(v > 1 << 16 for v in values):
+            settings = {k: v for k, v in settings.items() if k != "roundup_power2_divisions"}
+            check.notes.append("allocator_settings: roundup_power2_divisions holds counts past 2**16: read as "
+                               "unknown (the replay uses the default rounding)")
     plain = plain_copy(settings)
     return plain if isinstance(plain, dict) else {}
 
@@ -606,22 +673,26 @@ def _parse_segment(raw: Any, index: int, check: Checker, interner: _Interner) ->
         if frames is None and isinstance(history, list) and history:
             last = history[-1]
             frames = last.get("frames") if isinstance(last, dict) else None
-        block_address = check.address_(b, "address", bwhere, default=min(offset, MAX_ADDRESS))
+        block_address = check.address_(b, "address", bwhere, default=offset & UINT64_MAX)
         blocks.append(Block(block_address, size, requested, state, interner.stack(frames, check)))
         offset = block_address + size
     pool = seg.get("segment_pool_id", (0, 0))
     if not isinstance(pool, list | tuple) or len(pool) > 8 or not all(
-        isinstance(p, int) and not isinstance(p, bool) and INT64_MIN <= p <= INT64_MAX for p in pool
+        isinstance(p, int) and not isinstance(p, bool) and INT64_MIN <= p <= UINT64_MAX for p in pool  # CaptureId_t
     ):
         raise check.fail(f"{where}: 'segment_pool_id' should be a pair of integers, found {describe(pool)}")
     expandable = seg.get("is_expandable", False)
     if not isinstance(expandable, bool | int):
         raise check.fail(f"{where}: 'is_expandable' should be true or false, found {describe(expandable)}")
+    device = check.int_(seg, "device", where, default=0)  # c10::DeviceIndex (int8; int in older builds)
+    if device >= MAX_DEVICES:
+        raise check.fail(f"{where}: 'device' is out of range ({describe(device)}; memlens reads devices 0 to "
+                         f"{MAX_DEVICES - 1})")
     return Segment(
-        device=check.int_(seg, "device", where, default=0, low=0, high=MAX_DEVICES - 1),
+        device=device,
         address=address,
         total_size=total_size,
-        stream=check.int_(seg, "stream", where, default=0),
+        stream=as_int64(check.int_(seg, "stream", where, default=0, high=UINT64_MAX)),  # cudaStream_t
         segment_type=check.text_(seg, "segment_type", where, "large" if total_size > (1 << 21) else "small"),
         pool_id=tuple(pool),
         is_expandable=bool(expandable),
@@ -641,8 +712,9 @@ def _parse_annotations(raw: Any, check: Checker) -> list[Annotation]:
             Annotation(
                 name=check.text_(ann, "name", where, ""),
                 stage=check.text_(ann, "stage", where, ""),
-                device=check.int_(ann, "device", where, 0, low=0, high=MAX_DEVICES - 1),
-                time_us=check.int_(ann, "time_us", where, 0, low=0, high=MAX_TIME_US),
+                # Negative devices mean "every device" (device_annotations); times only order them.
+                device=check.int_(ann, "device", where, 0),
+                time_us=check.int_(ann, "time_us", where, 0, high=MAX_TIME_US),
             )
         )
     return out
@@ -674,6 +746,8 @@ def _plain_int_columns(entries: list[dict[str, Any]], names: tuple[str, ...]) ->
 def _int_column(
     values: list[Any], check: Checker, device: int, field_name: str, low: int = INT64_MIN, high: int = INT64_MAX,
 ) -> np.ndarray:
+    """``values`` as an int64 column; ``high`` up to 2**64 - 1 (a size_t, a pointer): values past
+    2**63 - 1 keep their 64 bits (``as_int64``)."""
     where = f"device_traces[{device}]: {field_name!r}"
     if not values:
         return np.zeros(0, dtype=np.int64)
@@ -682,26 +756,36 @@ def _int_column(
     except (ValueError, TypeError, OverflowError, RecursionError):  # ragged lists, nesting
         column = np.zeros(0, dtype=object)
     if column.dtype.kind not in "iu" or column.shape != (len(values),) or column.dtype == np.uint64:
-        # Not all plain integers within int64: name the first value that is not.
-        for value in values:
+        # Not all plain integers within int64: name the first value that is not, or carry the
+        # unsigned ones over bit for bit (rare files only: a Python loop is fine).
+        for at, value in enumerate(values):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise check.fail(f"{where} should be integers, found {describe(value)}")
-            if not INT64_MIN <= value <= INT64_MAX:
-                raise check.fail(f"{where} has a value too large for 64 bits ({describe(value)})")
-        column = np.array(values, dtype=np.int64)
+            if not low <= value <= high:
+                raise _out_of_range(check, device, field_name, at, value, low, high)
+        column = np.fromiter(map(as_int64, values), dtype=np.int64, count=len(values))
+        return column
     return _bounded(column.astype(np.int64, copy=False), check, device, field_name, low, high)
 
 
+def _out_of_range(
+    check: Checker, device: int, field_name: str, at: int, value: int, low: int, high: int,
+) -> MemlensFormatError:
+    if value < 0 and low == 0:
+        return check.fail(f"device_traces[{device}] entry {at}: negative {field_name} {value}")
+    type_name = "2**64 - 1" if high == UINT64_MAX else "2**63 - 1"
+    return check.fail(f"device_traces[{device}]: {field_name!r} is out of range at entry {at} "
+                      f"({describe(value)}; expected {low} to {type_name})")
+
+
 def _bounded(column: np.ndarray, check: Checker, device: int, field_name: str, low: int, high: int) -> np.ndarray:
-    where = f"device_traces[{device}]: {field_name!r}"
+    """An int64 column checked against ``low`` (``high`` beyond int64 cannot be exceeded)."""
     if column.size and int(column.min()) < low:
         at = int(np.argmin(column))
-        if low == 0:
-            raise check.fail(f"device_traces[{device}] entry {at}: negative {field_name} {int(column[at])}")
-        raise check.fail(f"{where} is out of range at entry {at} ({int(column[at])}; at least {low})")
-    if column.size and int(column.max()) > high:
+        raise _out_of_range(check, device, field_name, at, int(column[at]), low, high)
+    if column.size and high < INT64_MAX and int(column.max()) > high:
         at = int(np.argmax(column))
-        raise check.fail(f"{where} is implausibly large at entry {at} ({int(column[at])}; at most {high})")
+        raise _out_of_range(check, device, field_name, at, int(column[at]), low, high)
     return column
 
 
@@ -761,13 +845,17 @@ def _parse_trace(device: int, entries: list[Any], check: Checker, interner: _Int
     action = codes[np.fromiter(map(position.__getitem__, names), dtype=np.intp, count=len(names))]
     has_time = bool(entries) and "time_us" in entries[0]
     columns = _plain_int_columns(entries, _INT_FIELDS)
-    bounds = {"addr": (0, INT64_MAX), "size": (0, MAX_BYTES), "stream": (INT64_MIN, INT64_MAX),
-              "time_us": (0, MAX_TIME_US)}
+    # What PyTorch's types hold: addr and size are size_t, stream a cudaStream_t pointer (both
+    # carried bit for bit past 2**63 - 1), time_us an int64.
+    bounds = {"addr": (INT64_MIN, MAX_ADDRESS), "size": (0, MAX_BYTES), "stream": (INT64_MIN, UINT64_MAX),
+              "time_us": (INT64_MIN, MAX_TIME_US)}
     address, size, stream, time_us = (
         _int_column(_column(entries, name, 0), check, device, name, *bounds[name]) if columns is None
         else _bounded(columns[i], check, device, name, *bounds[name])
         for i, name in enumerate(_INT_FIELDS)
     )
+    notes, times_known = _unknown_sizes_and_times(size, time_us, action == int(Action.OOM))
+    has_time = has_time and times_known
     oom_rows = np.flatnonzero(action == int(Action.OOM))
     device_free = np.zeros(len(entries), dtype=np.int64)
     for row in oom_rows:
@@ -797,7 +885,32 @@ def _parse_trace(device: int, entries: list[Any], check: Checker, interner: _Int
         user_metadata=user_metadata,
         compile_context=compile_context,
         has_time=has_time,
+        curve_warnings=notes,
     )
+
+
+def _unknown_sizes_and_times(
+    size: np.ndarray, time_us: np.ndarray, oom_rows: np.ndarray,
+) -> tuple[list[str], bool]:
+    """Read the meaningless values of a trace as unknown, in place, and say so.
+
+    A size past PLAUSIBLE_BYTES (or one that, as size_t, wrapped into a negative int64) is no
+    allocation a GPU served: it counts 0 B. An OOM row's size is a request, which can be absurd
+    (``torch.empty(2**50)`` asks for 1 PiB): it is kept up to 2**63 - 1. A time before the epoch
+    or past PLAUSIBLE_TIME_US makes the trace's clock unknown: every time is 0 and the trace has
+    no time."""
+    notes = []
+    implausible = (size < 0) | ((size > PLAUSIBLE_BYTES) & ~oom_rows)
+    if implausible.any():
+        count = int(implausible.sum())
+        size[implausible] = 0
+        notes.append(f"{count:,} trace entr{'y claims' if count == 1 else 'ies claim'} more than "
+                     f"{PLAUSIBLE_BYTES >> 40} TiB (no GPU holds that): read as unknown, counted as 0 B")
+    if time_us.size and (int(time_us.min()) < 0 or int(time_us.max()) > PLAUSIBLE_TIME_US):
+        time_us[:] = 0
+        notes.append("the trace's times are not microseconds since the epoch: read as unknown")
+        return notes, False
+    return notes, True
 
 
 # MAX_TEXT and SHORT_TEXT are re-exported: callers read the text limits from the reader.

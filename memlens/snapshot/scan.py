@@ -72,7 +72,10 @@ def _length_prefixed(opcode: bytes, lengths: int) -> bytes:
 _LONG1_SMALL = (  # LONG1 of up to 7 bytes, or 8 whose top byte keeps it within +-2**61
     _length_prefixed(b"\x8a", 8)[:-1] + rb"|\x08.......[\x00-\x1f\xe0-\xff])"
 )
-_INTS = [_LONG1_SMALL, rb"J....", rb"K.", rb"M.."]  # LONG1, BININT, BININT1, BININT2
+# 2**64 - 1 as LONG1: the line PyTorch writes for a Python frame it has none for (-1 as uint64),
+# in every such frame of a real file. One value cannot share a hash with many: not counted.
+_LONG1_UINT64_MAX = re.escape(b"\x8a\x09" + b"\xff" * 8 + b"\x00")
+_INTS = [_LONG1_SMALL, rb"J....", rb"K.", rb"M..", _LONG1_UINT64_MAX]  # LONG1, BININT, BININT1, BININT2
 # Protocol 0 numbers (longer ones are vetted in Python, a line at a time: see MAX_TOKEN).
 _TEXT_NUMBERS = [rb"I-?[0-9]{1,18}\n", rb"L-?[0-9]{1,18}L?\n", rb"F[-+.0-9a-zA-Z]{1,40}\n"]
 # What a tuple may hold: integers within 32 bits, None, True, False. Not floats and not larger
@@ -96,6 +99,14 @@ _TOKEN_PARTS = [
 ]
 _RUN = re.compile(b"(?s:(?:" + b"|".join(_TOKEN_PARTS) + b")*+)")
 _TUPLE_ITEM = re.compile(b"(?s:(?:" + b"|".join(_TUPLE_ITEM_PARTS) + b"))")
+# segment_pool_id is a pair of CaptureId_t (unsigned 64-bit): PyTorch's ids are small counters,
+# but any within +-2**61 (and 2**64 - 1, "none") is legal. Such wide tuples are counted: with
+# items of 61 bits, tuples with one hash are easy to compute, and MAX_WIDE_TUPLES of them as dict
+# keys cost seconds, not hours.
+_WIDE_TUPLE_ITEM = re.compile(b"(?s:(?:" + b"|".join([
+    *_TUPLE_ITEM_PARTS, _LONG1_SMALL, _LONG1_UINT64_MAX, rb"I-?[0-9]{1,18}\n", rb"L-?[0-9]{1,18}L?\n",
+]) + b"))")
+MAX_WIDE_TUPLES = 10_000
 
 
 def _run_end(buffer: bytearray, start: int, end: int | None = None) -> int:
@@ -160,6 +171,7 @@ class VettedStream:
         self._boundaries: list[int] = [0]  # recent token starts (absolute), ascending
         self._payload_left = 0  # bytes of a length-prefixed payload not yet vetted
         self._large_ints = 0
+        self._wide_tuples = 0
         self._eof = False
         self._stopped = False  # after STOP (or a refusal) nothing more is handed out
         # Set when vetting refused the stream: the unpickler gets the bytes before the refused
@@ -288,7 +300,7 @@ class VettedStream:
             self._large_ints += 1
             if self._large_ints > MAX_LARGE_INTS:
                 raise self._refuse(
-                    f"more than {MAX_LARGE_INTS:,} integers beyond +-2**61 (PyTorch writes none; as dict "
+                    f"more than {MAX_LARGE_INTS:,} integers beyond +-2**61 (PyTorch writes none but 2**64 - 1; as dict "
                     "keys they can share one hash and take quadratic time)", at)
         if opcode == ord("."):  # STOP: the unpickler reads nothing after it
             self._boundary(at + 1)
@@ -392,7 +404,13 @@ class VettedStream:
             tokens = self._tokens_before(at, MAX_TUPLE_ITEMS + 1, stop_at_mark=True)
             ok = bool(tokens) and self._buf[tokens[0][0]] == ord("(")
             items = tokens[1:]
-        if not ok or not all(_TUPLE_ITEM.fullmatch(self._buf, start, end) for start, end in items):
+        if ok and not all(_TUPLE_ITEM.fullmatch(self._buf, start, end) for start, end in items):
+            ok = all(_WIDE_TUPLE_ITEM.fullmatch(self._buf, start, end) for start, end in items)
+            self._wide_tuples += ok
+            if self._wide_tuples > MAX_WIDE_TUPLES:
+                raise self._refuse(f"more than {MAX_WIDE_TUPLES:,} tuples of integers beyond 32 bits (a snapshot "
+                                   "has one pool id per segment, small counters)", at)
+        if not ok:
             raise self._refuse(
                 "a tuple of anything but a few small integers (a snapshot's tuples hold two; "
                 "hashing other tuples can take forever)", at)

@@ -17,13 +17,26 @@ from typing import Any
 from memlens.errors import MemlensFormatError
 from memlens.snapshot.curves import MAX_TOTAL_BYTES
 
-# Limits on what a well-formed snapshot can hold. Each is far above anything PyTorch writes,
-# and each keeps hostile values from overflowing the int64 columns or the report's units.
-MAX_BYTES = 1 << 50  # one size, 1 PiB (the largest GPU has under 2**38 bytes)
-MAX_ADDRESS = (1 << 63) - 1
-MAX_TIME_US = 1 << 60  # microseconds since the epoch: year 36,000
+# Two kinds of bound. What PyTorch's C++ types can hold bounds what a file may say: sizes are
+# size_t, addresses uintptr_t, streams a cudaStream_t pointer, frame lines uint64 (a Python
+# frame without a line is -1 cast to 2**64 - 1), times int64. A value outside those is no file
+# PyTorch wrote and is refused. Inside them, a value can still be meaningless (a line of
+# 2**64 - 1, a block of 2**60 bytes): it is read as unknown and the file gets a note, never
+# refused. Addresses and streams are identities: they are stored in int64 columns with the same
+# 64 bits (two's complement), as PyTorch's own pickler casts them.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+UINT64_MAX = (1 << 64) - 1
+MAX_BYTES = UINT64_MAX  # size_t
+MAX_ADDRESS = UINT64_MAX  # uintptr_t
+MAX_TIME_US = INT64_MAX  # approx_time_t (int64 microseconds)
+MAX_LINE = UINT64_MAX  # unwind::Frame::lineno is uint64
+# What can be true, within those: larger values are read as unknown (see above).
+PLAUSIBLE_BYTES = 1 << 44  # one size, or bytes live at once on a device: 16 TiB (GPUs hold < 2**38)
+PLAUSIBLE_TIME_US = 1 << 60  # microseconds since the epoch: year 36,000
+PLAUSIBLE_LINE = (1 << 31) - 1  # CPython's line numbers are C ints
+UNKNOWN_LINE = 0  # lines start at 1; PyTorch's C++ frames say 0 when they know none
+# Resource limits (they bound the work, not the values).
 MAX_DEVICES = 1024  # device ordinals (one process sees at most a few dozen GPUs)
-MAX_LINE = (1 << 31) - 1
 MAX_TEXT = 4096  # characters kept of a frame's name or filename, a metadata or annotation string
 SHORT_TEXT = 256  # ... once the texts longer than this have used up the text budget
 DEFAULT_TEXT_BUDGET = 64 << 20  # characters of such long texts, for a file of unknown size
@@ -32,8 +45,13 @@ TRUNCATION_MARK = "…"
 MAX_EXTRA_DEPTH = 32  # nesting kept in unknown keys and allocator_settings (JSON in the cache)
 MAX_EXTRA_NODES = 10_000
 MAX_EXTRA_CHARS = 1 << 20  # characters of long strings in one such copy
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_SHARED_VISITS = 100_000
+
+
+def as_int64(value: int) -> int:
+    """An integer of -2**63 to 2**64 - 1 as the int64 with the same 64 bits (a pointer or a
+    stream above 2**63 - 1 keeps its identity in an int64 column)."""
+    return value - (1 << 64) if value > INT64_MAX else value
 
 
 def _references_of_a_list_item() -> int:
@@ -74,6 +92,8 @@ class Checker:
         self._shared_visits = 0
         self._cut_by_id: dict[tuple[int, int], str] = {}
         self._text_left = text_budget
+        self.implausible_sizes = 0  # sizes read as unknown (see size_)
+        self.notes: list[str] = []  # other values read as unknown, said on every device
 
     def fail(self, problem: str) -> MemlensFormatError:
         return MemlensFormatError(self.source, problem)
@@ -127,15 +147,21 @@ class Checker:
         return value
 
     def size_(self, container: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+        """A size_t: 0 to 2**64 - 1, refused outside; beyond PLAUSIBLE_BYTES it is unknown (0),
+        counted in ``implausible_sizes``."""
         value = self.int_(container, key, where, default, low=None, high=None)
         if value < 0:
             raise self.fail(f"{where}: {key!r} is negative ({value})")
         if value > MAX_BYTES:
-            raise self.fail(f"{where}: {key!r} is implausibly large ({describe(value)}; at most 2**50 bytes)")
+            raise self.fail(f"{where}: {key!r} is out of range ({describe(value)}; a size is at most 2**64 - 1)")
+        if value > PLAUSIBLE_BYTES:
+            self.implausible_sizes += 1
+            return 0
         return value
 
     def address_(self, container: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
-        return self.int_(container, key, where, default, low=0, high=MAX_ADDRESS)
+        """A pointer (uintptr_t, or the int64 PyTorch's pickler casts it to), as its 64 bits in an int64."""
+        return as_int64(self.int_(container, key, where, default, low=INT64_MIN, high=MAX_ADDRESS))
 
     def text_(self, container: dict[str, Any], key: str, where: str, default: str) -> str:
         value = container.get(key, default)
@@ -215,8 +241,31 @@ def plain_copy(value: Any, int_limit: int = INT64_MAX, max_nodes: int = MAX_EXTR
 
 
 __all__ = [
-    "DEFAULT_TEXT_BUDGET", "INT64_MAX", "INT64_MIN", "MAX_ADDRESS", "MAX_BYTES", "MAX_DEVICES", "MAX_EXTRA_CHARS",
-    "MAX_EXTRA_DEPTH", "MAX_EXTRA_NODES", "MAX_LINE", "MAX_SHARED_VISITS", "MAX_TEXT", "MAX_TIME_US",
-    "MAX_TOTAL_BYTES", "MIN_TEXT_BUDGET", "SHORT_TEXT", "TRUNCATION_MARK", "Checker", "describe", "plain_copy",
+    "DEFAULT_TEXT_BUDGET",
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_ADDRESS",
+    "MAX_BYTES",
+    "MAX_DEVICES",
+    "MAX_EXTRA_CHARS",
+    "MAX_EXTRA_DEPTH",
+    "MAX_EXTRA_NODES",
+    "MAX_LINE",
+    "MAX_SHARED_VISITS",
+    "MAX_TEXT",
+    "MAX_TIME_US",
+    "MAX_TOTAL_BYTES",
+    "MIN_TEXT_BUDGET",
+    "PLAUSIBLE_BYTES",
+    "PLAUSIBLE_LINE",
+    "PLAUSIBLE_TIME_US",
+    "SHORT_TEXT",
+    "TRUNCATION_MARK",
+    "UINT64_MAX",
+    "UNKNOWN_LINE",
+    "Checker",
+    "as_int64",
+    "describe",
+    "plain_copy",
     "shorten",
 ]

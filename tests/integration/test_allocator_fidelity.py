@@ -15,7 +15,7 @@ from memlens.allocator.fidelity import (
     fidelity,
 )
 from memlens.units import GiB
-from tests.conftest import REAL_SNAPSHOTS_DIR, needs_real_snapshots, real_snapshot_paths
+from tests.conftest import needs_real_snapshots, real_snapshot, real_snapshot_paths
 
 pytestmark = needs_real_snapshots
 
@@ -33,7 +33,7 @@ WITH_HISTORY = sorted(COMPLETE_FILES | SEEDED_FILES)
 @pytest.mark.parametrize("name", WITH_HISTORY)
 @pytest.mark.parametrize("use_recorded_addresses", [True, False], ids=["recorded-addresses", "fresh-addresses"])
 def test_replay_reproduces_peak_reserved_and_cudamalloc_count(name: str, use_recorded_addresses: bool) -> None:
-    row = fidelity(REAL_SNAPSHOTS_DIR / name, use_recorded_addresses=use_recorded_addresses)
+    row = fidelity(real_snapshot(name), use_recorded_addresses=use_recorded_addresses)
     assert row.history == (COMPLETE if name in COMPLETE_FILES else SEEDED)
     assert row.peak_error <= PEAK_RESERVED_TOLERANCE, row
     assert row.segment_alloc_error <= SEGMENT_ALLOC_TOLERANCE, row
@@ -41,7 +41,7 @@ def test_replay_reproduces_peak_reserved_and_cudamalloc_count(name: str, use_rec
 
 @pytest.mark.parametrize("name", WITH_HISTORY)
 def test_with_the_recorded_bases_every_tensor_lands_at_the_recorded_address(name: str) -> None:
-    row = fidelity(REAL_SNAPSHOTS_DIR / name)
+    row = fidelity(real_snapshot(name))
     assert row.address_match == 1.0 and row.segment_offset_match == 1.0, row
 
 
@@ -57,7 +57,7 @@ FRESH_BASES_AGREEMENT = {
 
 @pytest.mark.parametrize("name", sorted(COMPLETE_FILES))
 def test_with_fresh_bases_complete_histories_agree_on_segment_and_offset(name: str) -> None:
-    row = fidelity(REAL_SNAPSHOTS_DIR / name, use_recorded_addresses=False)
+    row = fidelity(real_snapshot(name), use_recorded_addresses=False)
     assert row.seeded_segments == 0 and row.segments_opened_in_window > 0
     assert row.address_match == 0.0, row
     assert row.segment_offset_match is not None
@@ -68,7 +68,7 @@ def test_with_fresh_bases_complete_histories_agree_on_segment_and_offset(name: s
 @pytest.mark.parametrize("name", sorted(SEEDED_FILES))
 def test_the_seeded_windows_open_no_segment(name: str) -> None:
     # What their agreement can show: no cudaMalloc decision is tested, only the seeded cache.
-    row = fidelity(REAL_SNAPSHOTS_DIR / name, use_recorded_addresses=False)
+    row = fidelity(real_snapshot(name), use_recorded_addresses=False)
     assert row.seeded_segments > 0 and row.segments_opened_in_window == 0, row
     assert row.segment_offset_match == 1.0, row
 
@@ -82,7 +82,7 @@ def test_every_real_snapshot_replays(path: Path) -> None:
 
 
 def test_expandable_segments_help_the_complete_history_run() -> None:
-    path = REAL_SNAPSHOTS_DIR / "ZidongLiu__DeComFL__memory.pickle"
+    path = real_snapshot("ZidongLiu__DeComFL__memory.pickle")
     recorded = whatif(path)
     expandable = whatif(path, settings=AllocatorSettings(expandable_segments=True))
     assert expandable.simulated["segment_allocs"] == 0 and expandable.simulated["segment_maps"] > 0

@@ -11,7 +11,7 @@ import memlens
 from memlens.analysis import CATEGORIES, analyze
 from memlens.analysis.schema import validate
 from memlens.snapshot.model import Snapshot
-from tests.conftest import REAL_SNAPSHOTS_MISSING, real_snapshot_paths
+from tests.conftest import REAL_SNAPSHOTS_MISSING, real_snapshot, real_snapshot_paths
 
 PATHS = real_snapshot_paths()
 pytestmark = pytest.mark.skipif(not PATHS, reason=REAL_SNAPSHOTS_MISSING)
@@ -21,8 +21,7 @@ _loaded: dict[str, Snapshot] = {}
 
 def _load(name: str) -> Snapshot:
     if name not in _loaded:
-        path = next(p for p in PATHS if p.name.startswith(name))
-        _loaded[name] = memlens.load(path, cache=False)
+        _loaded[name] = memlens.load(real_snapshot(name), cache=False)  # skips when absent
     return _loaded[name]
 
 

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from memlens.cli.main import cli
 from memlens.errors import MemlensFormatError, MemlensUsageError
 from memlens.mcp_server import PathPolicy, Tools, one_line_error
-from tests.conftest import REAL_SNAPSHOTS_DIR, REPO_ROOT, SAMPLE_SNAPSHOTS_DIR, needs_real_snapshots
+from tests.conftest import REPO_ROOT, SAMPLE_SNAPSHOTS_DIR, needs_real_snapshots, real_snapshot
 
 pytest.importorskip("mcp")
 
@@ -146,7 +146,7 @@ def test_triage_is_the_cli_json_on_a_sample(client: StdioClient) -> None:
 @pytest.mark.parametrize("name", ["MAGMA27__assignment2-systems__memory_snapshot.pickle",
                                   "Yiyi-philosophy__LLM-inference__oom_snapshot.pickle"])
 def test_triage_and_findings_match_the_cli_on_real_snapshots(client: StdioClient, name: str) -> None:
-    path = str(REAL_SNAPSHOTS_DIR / name)
+    path = str(real_snapshot(name))
     expected = json.loads(cli_json("triage", path, "--json"))
     assert json.loads(text_of(client.call("triage", snapshot=path))) == expected
     findings = json.loads(text_of(client.call("findings", snapshot=path)))
@@ -157,7 +157,7 @@ def test_triage_and_findings_match_the_cli_on_real_snapshots(client: StdioClient
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("group_by", ["category", "stack", "file"])
 def test_group_by_matches_the_cli_on_a_real_snapshot(client: StdioClient, group_by: str) -> None:
-    path = str(REAL_SNAPSHOTS_DIR / "MAGMA27__assignment2-systems__memory_snapshot.pickle")
+    path = str(real_snapshot("MAGMA27__assignment2-systems__memory_snapshot.pickle"))
     assert text_of(client.call("group_by", snapshot=path, group_by=group_by)) == cli_json(
         "triage", path, "--group-by", group_by, "--json")
 

@@ -16,16 +16,15 @@ import pytest
 
 import memlens
 from memlens.analysis import Finding, Report
+from tests.conftest import needs_real_snapshots, real_snapshot
 
-REAL = Path(__file__).parents[2].parent / "shared" / "real_snapshots"
-pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason=f"real snapshots not found at {REAL}")
+pytestmark = needs_real_snapshots
 KINDS = ("leak", "activation_plateau", "optimizer_spike")
 Entry = dict[str, Any]
 
 
 def _path(prefix: str) -> Path:
-    (path,) = REAL.glob(f"{prefix}*.pickle")
-    return path
+    return real_snapshot(prefix)  # each test is about one known file: it skips where it is absent
 
 
 @cache

@@ -90,14 +90,31 @@ def test_any_chunking_gives_the_same_objects(value: Any, blob: bytes, protocol: 
 
 @pytest.mark.parametrize("value", [
     (1, 2), (1,), (1, 2, 3), (None, True, 0), ((1 << 31) - 1, -(1 << 31)),
+    (1 << 40, 0),
 ], ids=repr)
 def test_tuples_of_a_few_numbers_pass(value: tuple[Any, ...]) -> None:
     for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
         assert vetted_load(pickle.dumps({"segment_pool_id": value}, protocol=protocol)) == {"segment_pool_id": value}
 
 
+@pytest.mark.parametrize("value", [((1 << 61) - 1, -(1 << 61) + 1), ((1 << 64) - 1, (1 << 64) - 1), (0, (1 << 64) - 1)],
+                         ids=repr)
+def test_pool_ids_of_64_bit_capture_ids_pass(value: tuple[Any, ...]) -> None:
+    """segment_pool_id holds CaptureId_t (uint64): legal up to 2**61 and at 2**64 - 1 ("none"), in
+    the binary protocols PyTorch's snapshots are written with."""
+    for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+        assert vetted_load(pickle.dumps({"segment_pool_id": value}, protocol=protocol)) == {"segment_pool_id": value}
+
+
+def test_wide_tuples_are_counted() -> None:
+    many = [((1 << 40) + i, i) for i in range(scan.MAX_WIDE_TUPLES + 1)]
+    with pytest.raises(PickleRefused, match="tuples of integers beyond 32 bits"):
+        vetted_load(pickle.dumps(many, protocol=4))
+    assert len(vetted_load(pickle.dumps(many[:1000], protocol=4))) == 1000
+
+
 @pytest.mark.parametrize("value", [
-    ((1, 2), (3, 4)), ("a", 1), ([1], 2), tuple(range(9)), tuple_dag(2), (2.5, 1), (1 << 40, 0),
+    ((1, 2), (3, 4)), ("a", 1), ([1], 2), tuple(range(9)), tuple_dag(2), (2.5, 1), (1 << 62, 0),
 ], ids=["nested", "string", "list", "nine items", "dag", "float", "large int"])
 def test_other_tuples_are_refused(value: tuple[Any, ...]) -> None:
     for protocol in range(pickle.HIGHEST_PROTOCOL + 1):

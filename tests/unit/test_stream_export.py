@@ -35,7 +35,7 @@ from memlens.stream_export import (
     table_content,
     write_table,
 )
-from tests.conftest import REPO_ROOT, SAMPLE_SNAPSHOTS_DIR, needs_real_snapshots, real_snapshot_paths
+from tests.conftest import REPO_ROOT, SAMPLE_SNAPSHOTS_DIR, needs_real_snapshots, real_snapshot, real_snapshot_paths
 from tests.unit.tracebuilder import MiB, TraceBuilder, frame, training_run
 
 SAMPLES = sorted(SAMPLE_SNAPSHOTS_DIR.glob("*.pickle"))
@@ -109,8 +109,8 @@ def test_real_snapshots_export_every_event_and_block() -> None:
 
 @needs_real_snapshots
 @pytest.mark.timeout(120)
-def test_cli_exports_a_real_snapshot_with_categories(real_snapshots_dir: Path, tmp_path: Path) -> None:
-    path = real_snapshots_dir / "MAGMA27__assignment2-systems__memory_snapshot.pickle"
+def test_cli_exports_a_real_snapshot_with_categories(tmp_path: Path) -> None:
+    path = real_snapshot("MAGMA27__assignment2-systems__memory_snapshot.pickle")
     out = tmp_path / "events.jsonl"
     result = CliRunner().invoke(cli, ["export", str(path), "-o", str(out), "--no-cache"])
     assert result.exit_code == 0, result.output

@@ -186,4 +186,5 @@ def test_the_dashboards_whatif_columns_cover_the_same_events(snapshot_path: Path
     assert answer.recorded["events"] == stopped["events"]
     assert answer.notes[0] == terminal["notes"][0]
     assert answer.notes[0].startswith("the simulated run ran out of memory at event ")
-    assert any(note.startswith("On the 100.00 MiB device, the simulated run ran out of memory") for note in answer.notes)
+    assert any(note.startswith("On the 100.00 MiB device, the simulated run ran out of memory")
+               for note in answer.notes)
