@@ -83,9 +83,9 @@ def render_budget(budget: Budget, *, binary: bool = True, checks: Sequence[Capac
 
 
 def render_reconciliation(reconciliation: Reconciliation, *, binary: bool = True) -> str:
-    """Measured next to theory per category, with the ratio and a note beyond the tolerance."""
-    unit = "GiB" if binary else "GB"
-    lines = [f"category            theory ({unit})  measured ({unit})   ratio  note"]
+    """Measured next to theory per category, with the ratio and a note beyond the tolerance. Each
+    size carries its own unit (binary: KiB/MiB/GiB; else kB/MB/GB), so the header names none."""
+    lines = [f"category          {'theory':>14}{'measured':>18}{'ratio':>8}  note"]
     for row in reconciliation.rows:
         measured = _size(row.measured_bytes, binary) if row.measured_bytes is not None else "not measured"
         ratio = f"{row.ratio:.2f}" if row.ratio is not None else "-"

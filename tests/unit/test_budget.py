@@ -585,7 +585,13 @@ def test_reconcile_matching_measurement_is_ok() -> None:
     result = reconcile(budget, FakeDeviceReport(_theory_as_measured(budget)))
     assert result.ok and not result.notes
     assert result.row("total").ratio == pytest.approx(1.0)
-    assert "ratio" in render_reconciliation(result)
+    text = render_reconciliation(result)
+    assert "ratio" in text
+    # Each size names its own unit (a 7B model's rows are GiB, a small one's MiB): the header none.
+    assert "(GiB)" not in text.splitlines()[0] and "GiB" in text
+    shrunk = {key: value >> 12 for key, value in _theory_as_measured(budget).items()}
+    small = reconcile(budget, FakeDeviceReport(shrunk))
+    assert "MiB" in render_reconciliation(small) and "(GiB)" not in render_reconciliation(small)
 
 
 def test_reconcile_shows_what_a_leak_keeps_only_where_there_is_some() -> None:
