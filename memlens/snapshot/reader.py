@@ -37,7 +37,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from memlens.errors import MemlensFormatError
+from memlens.allocator.settings import AllocatorSettings
+from memlens.errors import MemlensFormatError, MemlensUsageError
 from memlens.snapshot import scan
 from memlens.snapshot.curves import CurveOverflow, build_curves
 from memlens.snapshot.formats import BARE_LIST_FORMAT, GZIP_MAGIC, ZIP_MAGIC, guess_format, looks_like_pickle, sniff
@@ -491,11 +492,15 @@ def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT
         devices.setdefault(device, DeviceTrace(device=device))
     if not devices:  # an empty snapshot still has the device it was taken on
         devices[0] = DeviceTrace(device=0)
+    rounding, rounding_note = _rounding_settings(settings)
     for device, trace in devices.items():
         try:
-            build_curves(trace, segments_by_device.get(device, []))
+            build_curves(trace, segments_by_device.get(device, []), rounding)
         except CurveOverflow as exc:
             raise check.fail(str(exc)) from None
+    if rounding_note:
+        for trace in devices.values():
+            trace.curve_warnings.append(rounding_note)
     return Snapshot(
         source=source,
         devices=devices,
@@ -506,6 +511,15 @@ def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT
         extra=extra,
         format_guess=BARE_LIST_FORMAT if bare_list else guess_format(raw, raw_segments, raw_traces),
     )
+
+
+def _rounding_settings(settings: dict[str, Any]) -> tuple[AllocatorSettings, str | None]:
+    """The allocator settings that rounded the recorded blocks (``memlens.snapshot.blocks``);
+    values PyTorch would never have accepted fall back to its defaults, with a note."""
+    try:
+        return AllocatorSettings.from_snapshot_dict(settings), None
+    except (MemlensUsageError, ValueError, TypeError, OverflowError) as exc:
+        return AllocatorSettings(), f"allocator_settings not usable ({exc}): block sizes follow the default rounding"
 
 
 def _parse_settings(raw: Any, check: Checker) -> dict[str, Any]:

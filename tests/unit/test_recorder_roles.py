@@ -33,7 +33,7 @@ def lifetimes(rows: list[tuple[int, int, int]], events: int) -> Lifetimes:
     """(address, alloc_event, free_event) rows, 512 bytes each."""
     address, alloc, free = (np.array(column, dtype=np.int64) for column in zip(*rows, strict=True))
     return Lifetimes(alloc, free, np.full(len(rows), 512, dtype=np.int64),
-                     np.zeros(len(rows), dtype=np.int32), address, events)
+                     np.zeros(len(rows), dtype=np.int32), address, events, np.full(len(rows), 512, dtype=np.int64))
 
 
 def test_a_note_names_the_block_live_at_its_row_not_an_earlier_one_at_the_same_address() -> None:

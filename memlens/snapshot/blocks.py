@@ -1,0 +1,253 @@
+"""The block bytes behind every alloc and free row: what ``torch.cuda.memory_allocated`` counts.
+
+PyTorch's trace does not carry them. ``record_trace`` writes ``orig_size`` on ``alloc`` and
+``block->requested_size`` on ``free_requested`` / ``free_completed`` (2.0 wrote the history's
+``real_size``, the same unrounded request): the bytes the program asked for. The allocator's
+``allocated_bytes`` statistic (``memory_allocated``, the OOM message's "allocated by PyTorch")
+adds ``block->size``: the request rounded by ``round_size`` (512 B multiples, or the
+``roundup_power2_divisions`` steps), plus, in the large pool, the tail of the free block it was
+carved from when ``should_split`` kept it whole (a remainder of 1 MiB or less, or any block
+at or over ``max_split_size``). This module recovers ``block->size`` for each row, once, when
+the snapshot is read (the cache stores the column):
+
+* **Rounding** follows ``round_size`` under the recorded ``allocator_settings`` (the
+  simulator's own rule, ``CachingAllocatorSimulator.round_size``).
+* **Small pool** (rounded size up to 1 MiB): every size is a multiple of 512 B, so the
+  remainder of a free block is 0 or at least ``kMinBlockSize`` and is always split off: the
+  block is the rounded size. The same holds everywhere with expandable segments, where
+  ``should_split`` splits any remainder of 512 B or more.
+* **Large pool**: the block is carved from the front of a free block (``alloc_found_block``),
+  and free blocks are merged with every free neighbour (``free_block`` /
+  ``try_merge_blocks``), so the free block found at an alloc's address runs from it to the
+  next block still occupied (allocated, or freed but not yet ``free_completed``) or to the
+  segment's end. One pass over the large-pool rows and the segment rows, in order, keeps the
+  occupied starts and the segments sorted and applies ``should_split`` to that free block: the
+  recorded addresses and segments give the layout, no allocator choice is re-simulated.
+* **Blocks live at the dump** take their size from the segments' blocks: the state is what
+  PyTorch counted.
+* **Blocks allocated before the window** (a free with no alloc before it) have no alloc row to
+  measure at; they get the rounded size, extended over the gap to the next occupied block at the
+  window's start when that gap is 1 MiB or less, which in the large pool only a kept tail can
+  be (as ``memlens.allocator.initial_state`` seeds them).
+* **Free rows** carry the block of the alloc they end. Every other row keeps its ``size``
+  (a segment's size is already its bytes).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Sequence
+
+import numpy as np
+
+from memlens.allocator.settings import AllocatorSettings
+from memlens.allocator.simulator import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, CachingAllocatorSimulator
+from memlens.snapshot.model import Action, Int64Array, Segment
+
+_ALLOC = int(Action.ALLOC)
+_FREE_REQUESTED = int(Action.FREE_REQUESTED)
+_FREE_COMPLETED = int(Action.FREE_COMPLETED)
+_SEGMENT_ALLOC = int(Action.SEGMENT_ALLOC)
+_SEGMENT_FREE = int(Action.SEGMENT_FREE)
+_SEGMENT_MAPS = (int(Action.SEGMENT_MAP), int(Action.SEGMENT_UNMAP))
+
+
+def round_sizes(requested: Int64Array, settings: AllocatorSettings) -> Int64Array:
+    """``round_size`` of every request (vectorised; the divisions rule per distinct size)."""
+    rounded = np.maximum(-(-requested // K_MIN_BLOCK_SIZE), 1) * K_MIN_BLOCK_SIZE
+    if any(d > 1 for d in settings.divisions) and requested.size:
+        rounder = CachingAllocatorSimulator(settings, record_history=False)
+        distinct, inverse = np.unique(requested, return_inverse=True)
+        rounded = np.array([rounder.round_size(int(s)) for s in distinct], dtype=np.int64)[inverse]
+    return rounded.astype(np.int64, copy=False)
+
+
+def uses_expandable_segments(settings: AllocatorSettings, actions: np.ndarray, segments: Sequence[Segment]) -> bool:
+    """The recorded allocator split with expandable segments' rule: the settings say so, or
+    the file shows it (mapped pages, an expandable segment) where older builds wrote no settings."""
+    return (
+        settings.expandable_segments
+        or any(s.is_expandable for s in segments)
+        or bool(np.isin(actions, _SEGMENT_MAPS).any())
+    )
+
+
+def block_sizes(
+    action: np.ndarray,
+    address: Int64Array,
+    size: Int64Array,
+    segments: Sequence[Segment],
+    settings: AllocatorSettings,
+    *,
+    use_final_state: bool = True,
+) -> Int64Array:
+    """The ``block_size`` column: block bytes on alloc/free rows, ``size`` on every other row.
+
+    ``use_final_state=False`` leaves the blocks live at the dump as the layout gives them (the
+    tests compare that with the state to show the layout rule is PyTorch's).
+    """
+    out = size.astype(np.int64, copy=True)
+    memory_rows = np.flatnonzero((action == _ALLOC) | (action == _FREE_REQUESTED) | (action == _FREE_COMPLETED))
+    if memory_rows.size == 0:
+        return out
+    rounded = round_sizes(size[memory_rows], settings)
+    out[memory_rows] = rounded
+
+    # Group the rows by address (then row): each free belongs to the last alloc before it there.
+    order = np.lexsort((memory_rows, address[memory_rows]))
+    rows = memory_rows[order]
+    addresses = address[rows]
+    is_alloc = action[rows] == _ALLOC
+    position = np.arange(rows.size)
+    group_start = np.ones(rows.size, dtype=bool)
+    group_start[1:] = addresses[1:] != addresses[:-1]
+    first_of_group = np.maximum.accumulate(np.where(group_start, position, 0))
+    owner = np.maximum.accumulate(np.where(is_alloc, position, -1))
+    owned = owner >= first_of_group  # rows with an alloc before them at the same address
+    ghost_first = group_start & ~is_alloc  # an address first seen freed: live before the window
+
+    release = _FREE_COMPLETED if bool((action == _FREE_COMPLETED).any()) else _FREE_REQUESTED
+    if not uses_expandable_segments(settings, action, segments):
+        large = out > K_SMALL_SIZE
+        _measure_large_blocks(
+            out, action, address, large, release, segments, settings,
+            ghost_rows=rows[ghost_first & large[rows]],
+            untouched=_untouched_live_blocks(addresses, segments),
+        )
+
+    if use_final_state:
+        # The state knows the size of every block live at the dump: the last alloc at its
+        # address, when no release follows it there.
+        last_of_group = np.ones(rows.size, dtype=bool)
+        last_of_group[:-1] = group_start[1:]
+        released = np.maximum.accumulate(np.where(action[rows] == release, position, -1))
+        last_alloc = owner[last_of_group]
+        standing = rows[last_alloc[(last_alloc >= first_of_group[last_of_group]) & (last_alloc > released[last_of_group])]]
+        if standing.size:
+            live_size = {b.address: b.size for s in segments for b in s.blocks if b.is_active}
+            for alloc_row in standing.tolist():
+                known = live_size.get(int(address[alloc_row]))
+                if known is not None:
+                    out[alloc_row] = known
+
+    # Free rows carry their alloc's block; the rows of a block from before the window, the
+    # block measured at its first row.
+    free_positions = np.flatnonzero(owned & ~is_alloc)
+    out[rows[free_positions]] = out[rows[owner[free_positions]]]
+    ghost_positions = np.flatnonzero(~owned & ~is_alloc)
+    out[rows[ghost_positions]] = out[rows[first_of_group[ghost_positions]]]
+    return out
+
+
+def _untouched_live_blocks(touched: Int64Array, segments: Sequence[Segment]) -> list[int]:
+    """Addresses of large blocks live at the dump that no alloc or free row touches: occupied
+    since before the window."""
+    live = [b.address for s in segments for b in s.blocks if b.is_active and b.size > K_SMALL_SIZE]
+    if not live:
+        return []
+    candidates = np.array(live, dtype=np.int64)
+    return [int(a) for a in candidates[~np.isin(candidates, touched)]]
+
+
+def _measure_large_blocks(
+    out: Int64Array,
+    action: np.ndarray,
+    address: Int64Array,
+    large: np.ndarray,
+    release: int,
+    segments: Sequence[Segment],
+    settings: AllocatorSettings,
+    ghost_rows: Int64Array,
+    untouched: list[int],
+) -> None:
+    """Give every large-pool alloc (and block freed before its alloc was seen) the tail
+    ``should_split`` left on it, in place in ``out``."""
+    is_segment = (action == _SEGMENT_ALLOC) | (action == _SEGMENT_FREE)
+    large_alloc = large & (action == _ALLOC)
+    relevant = np.flatnonzero(large_alloc | (large & (action == release)) | is_segment)
+    if not large_alloc.any() and ghost_rows.size == 0:
+        return
+    acts = action[relevant].tolist()
+    addrs = address[relevant].tolist()
+    sizes = out[relevant].tolist()
+    max_split = settings.max_split_size_or_max
+
+    # The segments when the window opened: those it closed without opening them first, and
+    # those still there at the end that it did not open.
+    opened: dict[int, int] = {}
+    existing: dict[int, int] = {}
+    for act, addr, row_size in zip(acts, addrs, sizes, strict=True):
+        if act == _SEGMENT_ALLOC:
+            opened[addr] = row_size
+        elif act == _SEGMENT_FREE:
+            if opened.pop(addr, None) is None:
+                existing.setdefault(addr, row_size)
+    for segment in segments:
+        if segment.address not in opened:
+            existing.setdefault(segment.address, segment.total_size)
+    seg_starts = sorted(existing)
+    seg_size = dict(existing)
+
+    ghost_addresses = address[ghost_rows].tolist()
+    occupied = sorted(set(untouched) | set(ghost_addresses))
+    occupied_set = set(occupied)
+
+    # Occupied start -> (the row whose block starts there, its rounded size).
+    block_at: dict[int, tuple[int, int]] = {}
+
+    def boundary(addr: int) -> int | None:
+        """Where the free block starting at ``addr`` ends: the next occupied start or the
+        segment's end; None when no known large-pool segment holds ``addr`` (a small-pool
+        segment is 2 MiB, every large-pool one is larger)."""
+        index = bisect_right(seg_starts, addr) - 1
+        if index < 0:
+            return None
+        start = seg_starts[index]
+        end = start + seg_size[start]
+        if addr >= end or seg_size[start] <= K_SMALL_BUFFER:
+            return None
+        after = bisect_right(occupied, addr)
+        return min(end, occupied[after]) if after < len(occupied) else end
+
+    # Blocks allocated before the window: a gap of 1 MiB or less after one is its kept tail.
+    for row, addr in zip(ghost_rows.tolist(), ghost_addresses, strict=True):
+        rounded = int(out[row])
+        block_at[addr] = (row, rounded)
+        end = boundary(addr)
+        if end is not None:
+            gap = end - (addr + rounded)
+            if 0 < gap <= K_SMALL_SIZE:
+                out[row] += gap
+
+    for row, act, addr, row_size in zip(relevant.tolist(), acts, addrs, sizes, strict=True):
+        if act == _ALLOC:
+            end = boundary(addr)
+            if end is not None and end - addr >= row_size:
+                remaining = end - addr - row_size
+                if not (row_size < max_split and remaining > K_SMALL_SIZE):
+                    out[row] = end - addr  # should_split said no: the whole free block
+            before = bisect_left(occupied, addr) - 1
+            if before >= 0 and occupied[before] in block_at:
+                # A history no allocator of PyTorch's rules wrote (a block inside another's
+                # tail): the earlier block ends where this one starts, never below its request.
+                earlier, earlier_rounded = block_at[occupied[before]]
+                out[earlier] = min(int(out[earlier]), max(addr - occupied[before], earlier_rounded))
+            if addr not in occupied_set:
+                occupied_set.add(addr)
+                insort(occupied, addr)
+            block_at[addr] = (row, row_size)
+        elif act == release:
+            if addr in occupied_set:
+                occupied_set.discard(addr)
+                del occupied[bisect_left(occupied, addr)]
+                block_at.pop(addr, None)
+        elif act == _SEGMENT_ALLOC:
+            if addr not in seg_size:
+                insort(seg_starts, addr)
+            seg_size[addr] = row_size
+        elif act == _SEGMENT_FREE and addr in seg_size:
+            del seg_size[addr]
+            del seg_starts[bisect_left(seg_starts, addr)]
+
+
+__all__ = ["block_sizes", "round_sizes", "uses_expandable_segments"]
