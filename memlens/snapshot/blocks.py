@@ -122,7 +122,8 @@ def block_sizes(
         last_of_group[:-1] = group_start[1:]
         released = np.maximum.accumulate(np.where(action[rows] == release, position, -1))
         last_alloc = owner[last_of_group]
-        standing = rows[last_alloc[(last_alloc >= first_of_group[last_of_group]) & (last_alloc > released[last_of_group])]]
+        standing_alloc = (last_alloc >= first_of_group[last_of_group]) & (last_alloc > released[last_of_group])
+        standing = rows[last_alloc[standing_alloc]]
         if standing.size:
             live_size = {b.address: b.size for s in segments for b in s.blocks if b.is_active}
             for alloc_row in standing.tolist():
@@ -179,9 +180,8 @@ def _measure_large_blocks(
     for act, addr, row_size in zip(acts, addrs, sizes, strict=True):
         if act == _SEGMENT_ALLOC:
             opened[addr] = row_size
-        elif act == _SEGMENT_FREE:
-            if opened.pop(addr, None) is None:
-                existing.setdefault(addr, row_size)
+        elif act == _SEGMENT_FREE and opened.pop(addr, None) is None:
+            existing.setdefault(addr, row_size)
     for segment in segments:
         if segment.address not in opened:
             existing.setdefault(segment.address, segment.total_size)
