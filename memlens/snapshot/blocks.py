@@ -103,15 +103,22 @@ def block_sizes(
     group_start[1:] = addresses[1:] != addresses[:-1]
     first_of_group = np.maximum.accumulate(np.where(group_start, position, 0))
     owner = np.maximum.accumulate(np.where(is_alloc, position, -1))
-    owned = owner >= first_of_group  # rows with an alloc before them at the same address
-    ghost_first = group_start & ~is_alloc  # an address first seen freed: live before the window
-
     release = _FREE_COMPLETED if bool((action == _FREE_COMPLETED).any()) else _FREE_REQUESTED
+    released = np.maximum.accumulate(np.where(action[rows] == release, position, -1))
+    released_before = np.concatenate([[-1], released[:-1]])
+    # A row belongs to the last alloc before it at its address, unless that block was released
+    # in between (a ring buffer or a writer lost the alloc of the block this row frees).
+    owned = (owner >= first_of_group) & (owner > released_before)
+    # The first row of each block whose alloc the window lacks: at the start of its address (the
+    # block was live when the window opened) or right after a release there.
+    after_release = np.zeros(rows.size, dtype=bool)
+    after_release[1:] = (released[:-1] == position[:-1]) & ~group_start[1:]
+    unowned_head = ~is_alloc & ~owned & (group_start | after_release)
     if not uses_expandable_segments(settings, action, segments):
         large = out > K_SMALL_SIZE
         _measure_large_blocks(
             out, action, address, large, release, segments, settings,
-            ghost_rows=rows[ghost_first & large[rows]],
+            ghost_rows=rows[unowned_head & group_start & large[rows]],
             untouched=_untouched_live_blocks(addresses, segments),
         )
 
@@ -120,7 +127,6 @@ def block_sizes(
         # address, when no release follows it there.
         last_of_group = np.ones(rows.size, dtype=bool)
         last_of_group[:-1] = group_start[1:]
-        released = np.maximum.accumulate(np.where(action[rows] == release, position, -1))
         last_alloc = owner[last_of_group]
         standing_alloc = (last_alloc >= first_of_group[last_of_group]) & (last_alloc > released[last_of_group])
         standing = rows[last_alloc[standing_alloc]]
@@ -131,12 +137,13 @@ def block_sizes(
                 if known is not None:
                     out[alloc_row] = known
 
-    # Free rows carry their alloc's block; the rows of a block from before the window, the
-    # block measured at its first row.
+    # Free rows carry their alloc's block; the rows of a block whose alloc is not in the window,
+    # the block measured at the first of them.
     free_positions = np.flatnonzero(owned & ~is_alloc)
     out[rows[free_positions]] = out[rows[owner[free_positions]]]
-    ghost_positions = np.flatnonzero(~owned & ~is_alloc)
-    out[rows[ghost_positions]] = out[rows[first_of_group[ghost_positions]]]
+    head = np.maximum.accumulate(np.where(unowned_head, position, 0))
+    unowned = np.flatnonzero(~owned & ~is_alloc & ~unowned_head)
+    out[rows[unowned]] = out[rows[head[unowned]]]
     return out
 
 

@@ -37,9 +37,10 @@ def test_loads_with_final_state_identities(path: Path) -> None:
     trace = snap.device(0)
     assert trace.events == EXPECTED_EVENTS[path.name]
     segments = snap.segments_on(0)
-    allocated = sum(b.requested_size for s in segments for b in s.blocks if b.state == "active_allocated")
-    pending = sum(b.requested_size for s in segments for b in s.blocks if b.state == "active_pending_free")
-    assert trace.final_allocated == allocated  # torch.cuda.memory_allocated leaves pending frees out
+    # Block bytes, as torch.cuda.memory_allocated counts them; it leaves pending frees out.
+    allocated = sum(b.size for s in segments for b in s.blocks if b.state == "active_allocated")
+    pending = sum(b.size for s in segments for b in s.blocks if b.state == "active_pending_free")
+    assert trace.final_allocated == allocated
     assert trace.pending_free_final == pending
     assert trace.final_reserved == sum(s.total_size for s in segments)
     assert trace.baseline_allocated >= 0 and trace.baseline_reserved >= 0
@@ -59,7 +60,7 @@ def test_complete_windows_add_up_from_zero(name: str) -> None:
     assert trace.window_complete
     assert trace.baseline_allocated == 0 and trace.baseline_reserved == 0
     segments = snap.segments_on(0)
-    assert int(trace.allocated[-1]) == sum(b.requested_size for s in segments for b in s.blocks if b.is_active)
+    assert int(trace.allocated[-1]) == sum(b.size for s in segments for b in s.blocks if b.is_allocated)
     assert int(trace.reserved[-1]) == sum(s.total_size for s in segments)
 
 
