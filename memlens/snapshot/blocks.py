@@ -41,7 +41,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from memlens.allocator.settings import AllocatorSettings
-from memlens.allocator.simulator import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, CachingAllocatorSimulator
+from memlens.allocator.simulator import (
+    K_LARGE_BUFFER,
+    K_MIN_BLOCK_SIZE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    CachingAllocatorSimulator,
+)
 from memlens.snapshot.model import Action, Int64Array, Segment
 
 _ALLOC = int(Action.ALLOC)
@@ -80,11 +86,14 @@ def block_sizes(
     settings: AllocatorSettings,
     *,
     use_final_state: bool = True,
+    sweep: bool = False,
 ) -> Int64Array:
     """The ``block_size`` column: block bytes on alloc/free rows, ``size`` on every other row.
 
     ``use_final_state=False`` leaves the blocks live at the dump as the layout gives them (the
-    tests compare that with the state to show the layout rule is PyTorch's).
+    tests compare that with the state to show the layout rule is PyTorch's); ``sweep=True``
+    measures the large-pool blocks with the reference pass in row order instead of the
+    vectorised one (the tests show both give the same blocks).
     """
     out = size.astype(np.int64, copy=True)
     memory_rows = np.flatnonzero((action == _ALLOC) | (action == _FREE_REQUESTED) | (action == _FREE_COMPLETED))
@@ -94,7 +103,7 @@ def block_sizes(
     out[memory_rows] = rounded
 
     # Group the rows by address (then row): each free belongs to the last alloc before it there.
-    order = np.lexsort((memory_rows, address[memory_rows]))
+    order = np.argsort(address[memory_rows], kind="stable")  # the rows are ascending already
     rows = memory_rows[order]
     addresses = address[rows]
     is_alloc = action[rows] == _ALLOC
@@ -116,11 +125,11 @@ def block_sizes(
     unowned_head = ~is_alloc & ~owned & (group_start | after_release)
     if not uses_expandable_segments(settings, action, segments):
         large = out > K_SMALL_SIZE
-        _measure_large_blocks(
-            out, action, address, large, release, segments, settings,
-            ghost_rows=rows[unowned_head & group_start & large[rows]],
-            untouched=_untouched_live_blocks(addresses, segments),
-        )
+        ghost_rows = rows[unowned_head & group_start & large[rows]]
+        untouched = _untouched_live_blocks(addresses[group_start], segments)
+        if sweep or not _measure_large_blocks(out, action, address, large, release, segments, settings,
+                                              rows, group_start, ghost_rows, untouched):
+            _sweep_large_blocks(out, action, address, large, release, segments, settings, ghost_rows, untouched)
 
     if use_final_state:
         # The state knows the size of every block live at the dump: the last alloc at its
@@ -147,17 +156,197 @@ def block_sizes(
     return out
 
 
+# The vectorised measurement compares each alloc with every block start in the window after it;
+# past this many (alloc, start) pairs in all (a crafted history), the sweep in row order runs.
+_MAX_PAIRS = 1 << 24
+_NEVER = np.iinfo(np.int64).max
+
+
+def _measure_large_blocks(
+    out: Int64Array,
+    action: np.ndarray,
+    address: Int64Array,
+    large: np.ndarray,
+    release: int,
+    segments: Sequence[Segment],
+    settings: AllocatorSettings,
+    rows: Int64Array,
+    group_start: np.ndarray,
+    ghost_rows: Int64Array,
+    untouched: list[int],
+) -> bool:
+    """``_sweep_large_blocks``, vectorised; False (nothing changed) where the pairs would be too many.
+
+    For an alloc of rounded size ``r`` at ``A`` (row ``t``) the free block it was carved from
+    ends at the first block start at or after ``A + r`` occupied just before ``t``, or at its
+    segment's end. Only a start within ``A + r + 1 MiB`` (20 MiB for an oversize request, which
+    ``get_free_block`` never serves from a block 20 MiB larger) can change the answer, and a
+    large-pool block is over 1 MiB, so each alloc has a few such starts across the whole
+    history: they are the (alloc, start) pairs, each looked up in its address's history.
+    """
+    n = action.shape[0]
+    alloc_rows = np.flatnonzero(large & (action == _ALLOC))
+    if alloc_rows.size == 0 and ghost_rows.size == 0:
+        return True
+    # The blocks to measure: allocs at their row, blocks from before the window at row -1.
+    when = np.concatenate([alloc_rows, np.full(ghost_rows.size, -1, dtype=np.int64)])
+    measured = np.concatenate([alloc_rows, ghost_rows])
+    start = address[measured]
+    rounded = out[measured]
+    max_split = settings.max_split_size_or_max
+    oversize = (rounded >= max_split) & (when >= 0)
+    window = np.where(oversize, K_LARGE_BUFFER, K_SMALL_SIZE)
+
+    # Each large-pool address's history: occupied after an alloc, vacated at the release; a
+    # block from before the window (its first row a free) was occupied when the window opened.
+    large_rows = rows[large[rows]]
+    firsts = np.ones(large_rows.size, dtype=bool)
+    large_addresses = address[large_rows]
+    firsts[1:] = large_addresses[1:] != large_addresses[:-1]
+    starts = large_addresses[firsts]
+    rank = np.cumsum(firsts) - 1
+    kind = np.full(large_rows.size, -1, dtype=np.int8)
+    kinds = action[large_rows]
+    kind[kinds == _ALLOC] = 1
+    kind[kinds == release] = 0
+    occupied_first = kinds[firsts] != _ALLOC
+    kind[firsts & (kind < 0)] = 1  # a first row that is a non-releasing free: occupied from before
+    last_change = np.maximum.accumulate(np.where(kind >= 0, np.arange(large_rows.size), 0))
+    state = kind[last_change]
+    keys = rank * (n + 1) + large_rows  # sorted: by address rank, then row
+
+    lo = np.searchsorted(starts, start + rounded, "left")
+    hi = np.searchsorted(starts, start + rounded + window, "right")
+    counts = hi - lo
+    total = int(counts.sum())
+    if total > _MAX_PAIRS:
+        return False
+    next_start = np.full(measured.size, _NEVER, dtype=np.int64)
+    if total:
+        pair = np.repeat(np.arange(measured.size), counts)
+        first_pair = np.cumsum(counts) - counts
+        candidate = np.arange(total) - np.repeat(first_pair, counts) + np.repeat(lo, counts)
+        before = np.searchsorted(keys, candidate * (n + 1) + when[pair], "left") - 1
+        same = (before >= 0) & (rank[np.maximum(before, 0)] == candidate)
+        occupied = np.where(same, state[np.maximum(before, 0)] == 1, occupied_first[candidate])
+        value = np.where(occupied, starts[candidate], _NEVER)
+        has = counts > 0
+        next_start[has] = np.minimum.reduceat(value, first_pair[has])
+    if untouched:
+        always = np.array(sorted(untouched), dtype=np.int64)
+        at = np.searchsorted(always, start + rounded, "left")
+        found = at < always.size
+        next_start[found] = np.minimum(next_start[found], always[at[found]])
+
+    segment_end = _segment_ends(start, when, action, address, out, segments)
+    known = segment_end > 0
+    end = np.minimum(next_start, segment_end)
+    whole = end - start
+    remaining = whole - rounded
+    keep = known & (remaining >= 0) & (remaining <= window)
+    keep &= np.where(when >= 0, ~((rounded < max_split) & (remaining > K_SMALL_SIZE)), remaining <= K_SMALL_SIZE)
+    keep &= ~oversize | (remaining < K_LARGE_BUFFER)
+    out[measured[keep]] = whole[keep]
+    _cut_overlaps(out, action, address, rows, group_start, release, measured[keep], rounded[keep])
+    return True
+
+
+def _segment_ends(
+    start: Int64Array, when: Int64Array, action: np.ndarray, address: Int64Array, out: Int64Array,
+    segments: Sequence[Segment],
+) -> Int64Array:
+    """The end of the large-pool segment holding each ``start`` at row ``when`` (0: none known;
+    a small-pool segment is 2 MiB, every large-pool one is larger)."""
+    instances: list[tuple[int, int, int, int]] = []  # address, size, opened at row, closed at row
+    opened: dict[int, tuple[int, int]] = {}
+    n = action.shape[0]
+    segment_rows = np.flatnonzero((action == _SEGMENT_ALLOC) | (action == _SEGMENT_FREE))
+    for row, act, addr, seg_size in zip(segment_rows.tolist(), action[segment_rows].tolist(),
+                                        address[segment_rows].tolist(), out[segment_rows].tolist(), strict=True):
+        if act == _SEGMENT_ALLOC:
+            opened[addr] = (seg_size, row)
+        elif addr in opened:
+            size, since = opened.pop(addr)
+            instances.append((addr, size, since, row))
+        else:  # closed by the window, never opened in it: it was there when the window opened
+            instances.append((addr, seg_size, -2, row))
+    instances.extend((addr, size, since, n) for addr, (size, since) in opened.items())
+    before = {addr for addr, _, since, _ in instances if since == -2}
+    instances.extend((s.address, s.total_size, -2, n) for s in segments
+                     if s.address not in opened and s.address not in before)
+    ends = np.zeros(start.size, dtype=np.int64)
+    order = np.argsort(start, kind="stable")
+    by_address = start[order]
+    for addr, size, since, until in instances:
+        if size <= K_SMALL_BUFFER:
+            continue
+        inside = order[np.searchsorted(by_address, addr, "left"):np.searchsorted(by_address, addr + size, "left")]
+        alive = inside[(when[inside] > since) & (when[inside] < until)]
+        ends[alive] = addr + size
+    return ends
+
+
+def _cut_overlaps(
+    out: Int64Array, action: np.ndarray, address: Int64Array, rows: Int64Array, group_start: np.ndarray,
+    release: int, tailed: Int64Array, rounded: Int64Array,
+) -> None:
+    """A block given a tail ends where a later alloc starts inside it while it lives: only a
+    history no allocator of PyTorch's rules wrote has one (as the sweep does, never below the
+    rounded request)."""
+    if tailed.size == 0:
+        return
+    n = action.shape[0]
+    allocs = np.flatnonzero(action == _ALLOC)
+    by_address = np.argsort(address[allocs], kind="stable")
+    alloc_rows, alloc_addresses = allocs[by_address], address[allocs[by_address]]
+    start = address[tailed]
+    lo = np.searchsorted(alloc_addresses, start, "right")
+    hi = np.searchsorted(alloc_addresses, start + out[tailed], "left")
+    counts = hi - lo
+    total = int(counts.sum())
+    if total == 0 or total > _MAX_PAIRS:
+        return
+    # Each tailed block lives until the first release at its address after its row (or the end).
+    position = np.empty(n, dtype=np.int64)
+    position[rows] = np.arange(rows.size)
+    life_end = _next_release(rows, group_start, action, release, n)[position[tailed]]
+    pair = np.repeat(np.arange(tailed.size), counts)
+    first_pair = np.cumsum(counts) - counts
+    candidate = np.arange(total) - np.repeat(first_pair, counts) + np.repeat(lo, counts)
+    inside = (alloc_rows[candidate] > tailed[pair]) & (alloc_rows[candidate] < life_end[pair])
+    value = np.where(inside, alloc_addresses[candidate], _NEVER)
+    has = counts > 0
+    cut_at = np.full(tailed.size, _NEVER, dtype=np.int64)
+    cut_at[has] = np.minimum.reduceat(value, first_pair[has])
+    cut = cut_at < _NEVER
+    out[tailed[cut]] = np.maximum(cut_at[cut] - start[cut], rounded[cut])
+
+
+def _next_release(rows: Int64Array, group_start: np.ndarray, action: np.ndarray, release: int, n: int) -> Int64Array:
+    """For each position of ``rows`` (sorted by address, then row), the first release row at
+    or after it at the same address; ``n`` where none follows."""
+    value = np.where(action[rows] == release, rows, n)
+    group = np.cumsum(group_start)  # 1, 2, ...: later addresses have larger ids
+    # A running minimum from the end that never reaches into another address: each group is
+    # offset above every group before it, so the minimum never takes a later group's values.
+    offset = group * (n + 1)
+    running = np.minimum.accumulate((value + offset)[::-1])[::-1]
+    return running - offset
+
+
 def _untouched_live_blocks(touched: Int64Array, segments: Sequence[Segment]) -> list[int]:
-    """Addresses of large blocks live at the dump that no alloc or free row touches: occupied
-    since before the window."""
+    """Addresses of large blocks live at the dump that no alloc or free row touches (``touched``:
+    the sorted addresses that rows touch): occupied since before the window."""
     live = [b.address for s in segments for b in s.blocks if b.is_active and b.size > K_SMALL_SIZE]
     if not live:
         return []
     candidates = np.array(live, dtype=np.int64)
-    return [int(a) for a in candidates[~np.isin(candidates, touched)]]
+    at = np.minimum(np.searchsorted(touched, candidates), max(touched.size - 1, 0))
+    seen = (touched[at] == candidates) if touched.size else np.zeros(candidates.size, dtype=bool)
+    return [int(a) for a in candidates[~seen]]
 
 
-def _measure_large_blocks(
+def _sweep_large_blocks(
     out: Int64Array,
     action: np.ndarray,
     address: Int64Array,
@@ -169,7 +358,9 @@ def _measure_large_blocks(
     untouched: list[int],
 ) -> None:
     """Give every large-pool alloc (and block freed before its alloc was seen) the tail
-    ``should_split`` left on it, in place in ``out``."""
+    ``should_split`` left on it, in place in ``out``: one pass in row order, the reference the
+    vectorised ``_measure_large_blocks`` is tested against, and its fallback where a crafted
+    history would make the vectorised pairs too many."""
     is_segment = (action == _SEGMENT_ALLOC) | (action == _SEGMENT_FREE)
     large_alloc = large & (action == _ALLOC)
     relevant = np.flatnonzero(large_alloc | (large & (action == release)) | is_segment)

@@ -8,11 +8,9 @@ tests hold it to hand-built layouts and to the simulator's own blocks over rando
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
-import io
-
-import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -194,12 +192,13 @@ def test_every_alloc_row_gets_the_block_the_allocator_handed_out(
     entries = raw["device_traces"][0]
     alloc_rows = [i for i, e in enumerate(entries) if e["action"] == "alloc"]
     assert len(alloc_rows) == len(truth)
+    snapshot = parse(raw)
+    trace = snapshot.device(0)
     for use_final_state in (True, False):
-        snapshot = parse(raw)
-        trace = snapshot.device(0)
-        measured = block_sizes(trace.action, trace.address, trace.size, snapshot.segments, allocator,
-                               use_final_state=use_final_state)
-        assert measured[alloc_rows].tolist() == truth
+        for sweep in (False, True):  # the vectorised pass and the reference pass in row order
+            measured = block_sizes(trace.action, trace.address, trace.size, snapshot.segments, allocator,
+                                   use_final_state=use_final_state, sweep=sweep)
+            assert measured[alloc_rows].tolist() == truth
     trace = parse(raw).device(0)
     active_allocated = sum(b["size"] for s in raw["segments"] for b in s["blocks"]
                            if b["state"] == "active_allocated")
@@ -214,6 +213,8 @@ def test_every_alloc_row_gets_the_block_the_allocator_handed_out(
     window = parse(raw).device(0)
     kept = [truth[k] for k, row in enumerate(alloc_rows) if row >= cut]
     assert window.block_size[window.action == int(Action.ALLOC)].tolist() == kept
+    swept = block_sizes(window.action, window.address, window.size, snapshot.segments, allocator, sweep=True)
+    assert swept.tolist() == window.block_size.tolist()
     assert window.final_allocated == active_allocated
     # A block from before the window is measured from the layout when it opened: never more than
     # its block, so the curve never rises above the whole history's.
