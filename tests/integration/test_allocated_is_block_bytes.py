@@ -7,6 +7,7 @@ The files are whatever the folder holds (``MEMLENS_REAL_SNAPSHOTS``), not a list
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from memlens.analysis.live import live_at
 from memlens.snapshot.blocks import block_sizes, round_sizes
 from memlens.snapshot.model import Action
 from tests.conftest import SAMPLE_SNAPSHOTS_DIR, real_snapshot_paths
+from tests.integration.test_precision_real import block_bytes
 
 FILES = [*real_snapshot_paths(), *sorted(SAMPLE_SNAPSHOTS_DIR.glob("*.pickle"))]
 
@@ -64,3 +66,18 @@ def test_the_analysis_counts_the_same_blocks(path: Path) -> None:
             assert last.total_bytes == trace.final_allocated
         assert report.peak_requested_bytes is not None
         assert report.peak_requested_bytes <= report.peak_allocated_bytes
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name[:48])
+def test_every_row_has_the_block_a_plain_python_replay_of_the_raw_pickle_gives(path: Path) -> None:
+    with path.open("rb") as handle:  # our own trusted test files: the plain unpickler
+        raw = pickle.load(handle)
+    snapshot = memlens.load(path, cache=False)
+    for device, entries in enumerate(raw.get("device_traces") or []):
+        if not entries:
+            continue
+        segments = [s for s in raw["segments"] if s.get("device", 0) == device]
+        expected = block_bytes(entries, segments)
+        trace = snapshot.device(device)
+        memory_rows = [i for i, e in enumerate(entries) if e["action"] in ("alloc", "free_requested", "free_completed")]
+        assert [int(trace.block_size[i]) for i in memory_rows] == [expected[i] for i in memory_rows]
