@@ -20,9 +20,12 @@ the snapshot is read (the cache stores the column):
   and free blocks are merged with every free neighbour (``free_block`` /
   ``try_merge_blocks``), so the free block found at an alloc's address runs from it to the
   next block still occupied (allocated, or freed but not yet ``free_completed``) or to the
-  segment's end. One pass over the large-pool rows and the segment rows, in order, keeps the
-  occupied starts and the segments sorted and applies ``should_split`` to that free block: the
-  recorded addresses and segments give the layout, no allocator choice is re-simulated.
+  segment's end; ``should_split`` is applied to that free block. The recorded addresses and
+  segments give the layout, so no allocator choice is re-simulated: a replay through
+  ``memlens.allocator`` would cost a Python step per row and hand out blocks of its own
+  choosing wherever it strays from the recorded run, while the layout is what the recorded
+  allocator did. The measurement is vectorised (``_measure_large_blocks``); a pass in row order
+  (``_sweep_large_blocks``) is its reference in the tests and its fallback.
 * **Blocks live at the dump** take their size from the segments' blocks: the state is what
   PyTorch counted.
 * **Blocks allocated before the window** (a free with no alloc before it) have no alloc row to
