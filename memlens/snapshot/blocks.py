@@ -163,7 +163,10 @@ def block_sizes(
 # The vectorised measurement compares each alloc with every block start in the window after it;
 # past this many (alloc, start) pairs in all (a crafted history), the sweep in row order runs.
 _MAX_PAIRS = 1 << 24
+_CHUNK_PAIRS = 1 << 20
 _NEVER = np.iinfo(np.int64).max
+# Real GPU addresses are under 2**57; above this, address + size + window could pass int64.
+_HIGHEST_ADDRESS = 1 << 62
 
 
 def _measure_large_blocks(
@@ -192,6 +195,8 @@ def _measure_large_blocks(
     alloc_rows = np.flatnonzero(large & (action == _ALLOC))
     if alloc_rows.size == 0 and ghost_rows.size == 0:
         return True
+    if max(int(address.max(initial=0)), max((s.address for s in segments), default=0)) >= _HIGHEST_ADDRESS:
+        return False  # address + size could pass int64 here; the sweep's Python integers cannot
     # The blocks to measure: allocs at their row, blocks from before the window at row -1.
     when = np.concatenate([alloc_rows, np.full(ghost_rows.size, -1, dtype=np.int64)])
     measured = np.concatenate([alloc_rows, ghost_rows])
@@ -226,16 +231,23 @@ def _measure_large_blocks(
     if total > _MAX_PAIRS:
         return False
     next_start = np.full(measured.size, _NEVER, dtype=np.int64)
-    if total:
-        pair = np.repeat(np.arange(measured.size), counts)
-        first_pair = np.cumsum(counts) - counts
-        candidate = np.arange(total) - np.repeat(first_pair, counts) + np.repeat(lo, counts)
-        before = np.searchsorted(keys, candidate * (n + 1) + when[pair], "left") - 1
+    # In chunks of about _CHUNK_PAIRS pairs, so that memory stays bounded whatever the history.
+    chunk_ends = np.searchsorted(np.cumsum(counts), np.arange(_CHUNK_PAIRS, total, _CHUNK_PAIRS), "left") + 1
+    for first, last in zip([0, *chunk_ends.tolist()], [*chunk_ends.tolist(), measured.size], strict=True):
+        chunk = slice(first, last)
+        chunk_counts = counts[chunk]
+        chunk_total = int(chunk_counts.sum())
+        if chunk_total == 0:
+            continue
+        pair = np.repeat(np.arange(first, last), chunk_counts)
+        first_pair = np.cumsum(chunk_counts) - chunk_counts
+        candidate = np.arange(chunk_total) - np.repeat(first_pair, chunk_counts) + np.repeat(lo[chunk], chunk_counts)
+        before = np.maximum(np.searchsorted(keys, candidate * (n + 1) + when[pair], "left") - 1, -1)
         same = (before >= 0) & (rank[np.maximum(before, 0)] == candidate)
         occupied = np.where(same, state[np.maximum(before, 0)] == 1, occupied_first[candidate])
         value = np.where(occupied, starts[candidate], _NEVER)
-        has = counts > 0
-        next_start[has] = np.minimum.reduceat(value, first_pair[has])
+        has = chunk_counts > 0
+        next_start[np.arange(first, last)[has]] = np.minimum.reduceat(value, first_pair[has])
     if untouched:
         always = np.array(sorted(untouched), dtype=np.int64)
         at = np.searchsorted(always, start + rounded, "left")

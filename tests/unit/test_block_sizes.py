@@ -9,8 +9,10 @@ tests hold it to hand-built layouts and to the simulator's own blocks over rando
 from __future__ import annotations
 
 import io
+import random
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -219,3 +221,30 @@ def test_every_alloc_row_gets_the_block_the_allocator_handed_out(
     # A block from before the window is measured from the layout when it opened: never more than
     # its block, so the curve never rises above the whole history's.
     assert (window.allocated <= trace.allocated[cut:]).all()
+
+
+def test_addresses_at_the_top_of_int64_are_measured_without_overflow() -> None:
+    top = (1 << 63) - 40 * MiB
+    size = 39 * MiB // 2
+    trace = [_entry("segment_alloc", top, 20 * MiB), _entry("alloc", top, size),
+             _entry("free_requested", top, size), _entry("free_completed", top, size)]
+    segments = [_segment(top, 20 * MiB, [(top, 20 * MiB, 0, "inactive")])]
+    parsed = parse(_raw(trace, segments)).device(0)
+    assert parsed.block_size[1:].tolist() == [20 * MiB] * 3
+
+
+def test_the_vectorised_pass_gives_the_same_blocks_in_small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import memlens.snapshot.blocks as blocks
+
+    monkeypatch.setattr(blocks, "_CHUNK_PAIRS", 3)
+    for seed in range(20):
+        rng = random.Random(seed)
+        operations = [("malloc", rng.choice([rng.randint(MiB + 1, 12 * MiB), rng.randint(12 * MiB, 120 * MiB)]), 0)
+                      if rng.random() < 0.55 else ("free", rng.randint(0, 999), 0) for _ in range(90)]
+        sim = CachingAllocatorSimulator(AllocatorSettings())
+        truth = _run(sim, operations)
+        snapshot = parse(sim.snapshot())
+        trace = snapshot.device(0)
+        measured = block_sizes(trace.action, trace.address, trace.size, snapshot.segments, AllocatorSettings(),
+                               use_final_state=False)
+        assert measured[trace.action == int(Action.ALLOC)].tolist() == truth
