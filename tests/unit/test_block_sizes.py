@@ -248,3 +248,12 @@ def test_the_vectorised_pass_gives_the_same_blocks_in_small_chunks(monkeypatch: 
         measured = block_sizes(trace.action, trace.address, trace.size, snapshot.segments, AllocatorSettings(),
                                use_final_state=False)
         assert measured[trace.action == int(Action.ALLOC)].tolist() == truth
+
+
+def test_settings_pytorch_would_refuse_round_with_the_defaults_and_say_so() -> None:
+    trace = [_entry("segment_alloc", BASE, 2 * MiB), _entry("alloc", BASE, 1000)]
+    segments = [_segment(BASE, 2 * MiB, [(BASE, 1024, 1000, "active_allocated"),
+                                         (BASE + 1024, 2 * MiB - 1024, 0, "inactive")])]
+    parsed = parse(_raw(trace, segments, max_split_size=1024)).device(0)  # under PyTorch's 20 MiB floor
+    assert parsed.block_size.tolist() == [2 * MiB, 1024]
+    assert any("block sizes follow the default rounding" in w for w in parsed.curve_warnings)
