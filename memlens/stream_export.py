@@ -101,8 +101,11 @@ EVENT_COLUMNS: tuple[Column, ...] = (
     Column("action", "string", False, "alloc, free_requested, free_completed, segment_alloc, segment_free, "
                                       "segment_map, segment_unmap, oom, snapshot or other"),
     Column("address", "int64", False, "block or segment address"),
-    Column("size", "int64", False, "bytes"),
+    Column("size", "int64", False, "bytes, as PyTorch's trace says: on alloc and free rows the bytes the "
+                                 "program requested"),
     Column("stream", "int64", False, "CUDA stream"),
+    Column("block_size", "int64", False, "on alloc and free rows the bytes of the allocator's block "
+                                         "(what allocated_bytes counts); else size"),
     Column("time_us", "int64", True, "microseconds since the epoch; null when the file has no times"),
     Column("allocated_bytes", "int64", False, "bytes allocated after this event (torch.cuda.memory_allocated), "
                                               "memory live before the history began included"),
@@ -417,6 +420,7 @@ def _event_rows(trace: DeviceTrace, labels: EventLabels | None, cells: _Cells, s
         trace.address[start:stop].tolist(),
         trace.size[start:stop].tolist(),
         trace.stream[start:stop].tolist(),
+        trace.block_size[start:stop].tolist(),
         [b"%d" % t for t in trace.time_us[start:stop].tolist()] if trace.has_time else nulls,
         trace.allocated[start:stop].tolist(),
         trace.reserved[start:stop].tolist(),

@@ -42,8 +42,7 @@ from memlens.allocator.releases import ALLOCATOR, EMPTY_CACHE, Release, classify
 from memlens.allocator.settings import AllocatorSettings
 from memlens.allocator.simulator import CachingAllocatorSimulator, SimulatedOOM
 from memlens.errors import MemlensUsageError
-from memlens.snapshot.model import Action
-from memlens.snapshot.reader import sidecar_number
+from memlens.snapshot.model import Action, sidecar_number
 from memlens.snapshot.validate import PLAUSIBLE_BYTES
 from memlens.units import format_bytes
 
@@ -316,7 +315,7 @@ def recorded_figures(trace: DeviceTrace, segments: list[Segment], until: int | N
     else:
         peak_event = -1
         peak_reserved = final_reserved
-        active = sum(b.requested_size for s in segments for b in s.blocks if b.state != "inactive")
+        active = sum(b.size for s in segments for b in s.blocks if b.state != "inactive")
         fragmentation = final_reserved - active
         peak_allocated = active
     oom_rows = np.flatnonzero(action == _OOM)
@@ -518,8 +517,9 @@ class _Replay:
         empty_cache_at = self._release_actions()
         peak_reserved = sim.reserved_bytes
         peak_event = -1
-        fragmentation = sim.reserved_bytes - sim.requested_bytes
-        peak_allocated = sim.requested_bytes
+        # Block bytes, as the recorded figures (DeviceTrace.allocated) count them.
+        fragmentation = sim.reserved_bytes - sim.allocated_bytes
+        peak_allocated = sim.allocated_bytes
         oom_event: int | None = 0 if over_capacity else None
         oom_size: int | None = None
         matches = allocs = 0
@@ -553,11 +553,11 @@ class _Replay:
                             same_place += sim_address - sim_base == address - recorded_base
                 else:
                     matches += sim_address == address
-                if sim.requested_bytes > peak_allocated:
-                    peak_allocated = sim.requested_bytes
+                if sim.allocated_bytes > peak_allocated:
+                    peak_allocated = sim.allocated_bytes
                 reserved = sim.reserved_bytes
                 if reserved >= peak_reserved:
-                    waste = reserved - sim.requested_bytes
+                    waste = reserved - sim.allocated_bytes
                     if reserved > peak_reserved or waste < fragmentation:
                         peak_reserved, peak_event, fragmentation = reserved, i, waste
             elif act == _FREE_REQUESTED:

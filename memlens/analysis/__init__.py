@@ -137,6 +137,7 @@ def _device_report(ctx: DeviceContext, index: LiveIndex) -> DeviceReport:
         step_source=ctx.step_source,
         peak_allocated_bytes=ctx.peak_allocated,
         peak_allocated_event=ctx.peak_event,
+        peak_requested_bytes=int(ctx.lifetimes.requested[index.live_mask(peak)].sum()),
         peak_reserved_bytes=peak_reserved,
         peak_reserved_event=peak_reserved_event,
         peak_time_us=ctx.time_at(ctx.peak_event if ctx.peak_event is not None else 0) if n else None,

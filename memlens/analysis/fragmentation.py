@@ -214,7 +214,7 @@ def _allocator_evidence(snapshot: Snapshot, trace: DeviceTrace, capacity: int | 
     rounder = CachingAllocatorSimulator(settings, record_history=False)
     requests = _segment_alloc_requests(trace, rounder)
     # reserved - allocated before the cudaMalloc bounds the free bytes of every pool from above
-    # (allocated counts requested sizes, never more than the blocks): below the request, the
+    # (allocated counts the allocated blocks, so the rest is free or pending): below the request, the
     # pool cannot have held it, and the cudaMalloc was not blocked.
     candidates = {
         row: (segment, request)

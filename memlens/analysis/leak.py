@@ -9,9 +9,9 @@ survivors from at least ``LEAK_MIN_KEPT_STEPS`` of its steps are alive together 
 and it recurs in most comparable steps. No absolute floor: a 512-byte ``losses.append(loss)``
 is as certain as a 5 MiB one. Bytes per step is the leaking stacks' surviving bytes averaged
 over the steps they span (a leak made every other step grows half as fast), counted as the
-caching allocator holds them: each request rounded up to its 512-byte block, so a kept 0-d loss
+caching allocator holds them: each request's block (``Lifetimes.size``), so a kept 0-d loss
 costs 512 bytes, not 4. The requested bytes are in the evidence too, and so is the allocated
-level at the step ends, which counts requested bytes and corroborates the rise
+level at the step ends, which counts the same blocks and corroborates the rise
 (``level_rise_per_step_bytes``). Severity is how many steps until the device is full (or, with
 the capacity unknown, until the leak adds another peak's worth).
 
@@ -60,7 +60,6 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from memlens.allocator.simulator import K_MIN_BLOCK_SIZE
 from memlens.analysis.categories import LEAKED, OPTIMIZER_STATE, UNKNOWN
 from memlens.analysis.context import DeviceContext
 from memlens.analysis.datatypes import Finding, Step
@@ -161,11 +160,6 @@ def held_with(ctx: DeviceContext, holders: list[Holder], rows: I64) -> I64:
     return np.flatnonzero(alive).astype(np.int64)
 
 
-def block_bytes(requested: I64) -> I64:
-    """Bytes the caching allocator holds for each request: rounded up to a 512-byte block."""
-    return np.maximum(-(-requested // K_MIN_BLOCK_SIZE), 1) * K_MIN_BLOCK_SIZE
-
-
 def find(ctx: DeviceContext) -> list[Finding]:
     comparable = comparable_steps(ctx.steps)
     m = len(comparable)
@@ -183,8 +177,8 @@ def find(ctx: DeviceContext) -> list[Finding]:
     lt = ctx.lifetimes
     rows = found.lifetime[is_leaking]
     made_at = found.step[is_leaking]
-    requested = lt.size[rows]
-    blocks = block_bytes(requested)
+    requested = lt.requested[rows]
+    blocks = lt.size[rows]
     first, last = int(made_at.min()), int(made_at.max())
     span = last - first + 1
     per_step = np.bincount(made_at - first, weights=blocks.astype(np.float64), minlength=span)
@@ -200,7 +194,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
     kept = np.union1d(rows, held_with(ctx, holders, rows))
     end_row = comparable[last].end_event
     held = kept[(lt.alloc_event[kept] < end_row) & (lt.free_event[kept] >= end_row)]
-    held_bytes = int(block_bytes(lt.size[held]).sum())
+    held_bytes = int(lt.size[held].sum())
     leak_mask = np.zeros(len(lt), dtype=bool)
     leak_mask[kept] = True
     # The leak's blocks that no recorded role and no inference named are what the leak keeps.
@@ -267,10 +261,10 @@ def find(ctx: DeviceContext) -> list[Finding]:
     )
     # Survivors still alive when the snapshot was written: what the recorder's holders can name.
     at_dump = kept[lt.free_event[kept] >= ctx.events]
-    holding = match_holders(holders, lt.address[at_dump], block_bytes(lt.size[at_dump]),
+    holding = match_holders(holders, lt.address[at_dump], lt.size[at_dump],
                             lt.stack_id[at_dump].astype(np.int64), ctx.snapshot.stacks.frames_of)
     if holding:
-        evidence.update(holder_evidence(holding, int(at_dump.size), int(block_bytes(lt.size[at_dump]).sum())))
+        evidence.update(holder_evidence(holding, int(at_dump.size), int(lt.size[at_dump].sum())))
         summary += " " + holder_sentence(holding, int(at_dump.size))
         # The named line is the fix; the general advice stays only where no line could be named.
         recommendation = holder_recommendation(holding[0]) + (" " + recommendation if not holding[0].named else "")

@@ -4,6 +4,10 @@ Rows are sorted by (address, row); inside one address an alloc followed by a fre
 lifetime. A free with no alloc before it is memory that was live when the window began (a
 "ghost" free); a block live at dump time that the window never allocated is a ghost block,
 live throughout. Both get ``alloc_event = -1``. Never-freed allocations get ``free_event = n``.
+
+``size`` is the block bytes (``DeviceTrace.block_size``; a ghost block's size in the state), what
+``memory_allocated`` and ``DeviceTrace.allocated`` count, so every sum over lifetimes adds up to
+the curve; ``requested`` keeps the bytes the program asked for.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ I64 = npt.NDArray[np.int64]
 class Lifetimes:
     alloc_event: I64  # row of the alloc, -1 when it happened before the window
     free_event: I64  # row of the free, n (= len(trace)) when still live at the end
-    size: I64  # requested bytes
+    size: I64  # block bytes, as torch.cuda.memory_allocated counts them
     stack_id: npt.NDArray[np.int32]
     address: I64
     events: int
+    requested: I64  # the bytes the program asked for (the trace's size)
 
     def __len__(self) -> int:
         return int(self.size.shape[0])
@@ -91,7 +96,8 @@ def build_lifetimes(trace: DeviceTrace, segments: list[Segment]) -> Lifetimes:
         b for s in segments for b in s.blocks if b.is_allocated and b.address not in live_at_end
     ]
     block_address = np.array([b.address for b in ghost_blocks], dtype=np.int64)
-    block_size = np.array([b.requested_size for b in ghost_blocks], dtype=np.int64)
+    block_size = np.array([b.size for b in ghost_blocks], dtype=np.int64)
+    block_requested = np.array([b.requested_size for b in ghost_blocks], dtype=np.int64)
     block_stack = np.array([b.stack_id for b in ghost_blocks], dtype=np.int32)
 
     return Lifetimes(
@@ -101,10 +107,11 @@ def build_lifetimes(trace: DeviceTrace, segments: list[Segment]) -> Lifetimes:
         free_event=np.concatenate(
             [free_event, ghost_free_rows, np.full(len(ghost_blocks), n, dtype=np.int64)]
         ),
-        size=np.concatenate([trace.size[alloc_event], trace.size[ghost_free_rows], block_size]),
+        size=np.concatenate([trace.block_size[alloc_event], trace.block_size[ghost_free_rows], block_size]),
         stack_id=np.concatenate(
             [trace.stack_id[alloc_event], trace.stack_id[ghost_free_rows], block_stack]
         ).astype(np.int32),
         address=np.concatenate([trace.address[alloc_event], trace.address[ghost_free_rows], block_address]),
         events=n,
+        requested=np.concatenate([trace.size[alloc_event], trace.size[ghost_free_rows], block_requested]),
     )

@@ -98,7 +98,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
         at = max(ctx.events - 1, 0)
         requested = 0
         device_free = ctx.capacity - reserved
-        allocated = sum(b.requested_size for s in ctx.segments for b in s.blocks if b.is_allocated)
+        allocated = sum(b.size for s in ctx.segments for b in s.blocks if b.is_allocated)
         live = bytes_by_category(ctx.category, lt.size, lt.free_event >= ctx.events)
         snapshots = int((trace.action == Action.SNAPSHOT).sum()) if ctx.events else 0
         source = f"state near capacity at dump ({reserved / ctx.capacity:.0%})" + (

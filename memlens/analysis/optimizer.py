@@ -40,7 +40,7 @@ from memlens.analysis.settings import (
     OPTIMIZER_MIN_BYTES,
     OPTIMIZER_MIN_FRACTION_OF_PEAK,
 )
-from memlens.snapshot.reader import sidecar_number
+from memlens.snapshot.model import sidecar_number
 from memlens.units import format_bytes
 
 # 8-bit Adam keeps 2 of Adam's 8 bytes per parameter (memory-budget.md): it saves 3/4.

@@ -80,6 +80,9 @@ class DeviceReport(PlainData):
     steps: list[Step]
     peak_allocated_bytes: int
     peak_allocated_event: int | None
+    # What the program requested in the blocks live at the allocated peak (allocated counts the
+    # blocks, as memory_allocated does); None in reports from before it existed.
+    peak_requested_bytes: int | None = None
     peak_reserved_bytes: int
     peak_reserved_event: int | None
     peak_time_us: int | None

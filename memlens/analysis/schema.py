@@ -8,7 +8,9 @@ Per device: ``events`` (trace rows), ``window_complete`` (the history saw every 
 ``step_source`` (memlens | profiler | optimizer_annotations | user_metadata | periodic |
 optimizer_frames | none) and ``steps`` (``index``, ``start_event``/``end_event`` as a half-open
 row range, ``start_us``/``end_us`` or null without timestamps, ``partial`` when the window cut
-the step); ``peak_allocated_bytes``/``peak_allocated_event``, ``peak_reserved_bytes``/
+the step); ``peak_allocated_bytes``/``peak_allocated_event`` (block bytes, as
+``torch.cuda.memory_allocated`` counts them), ``peak_requested_bytes`` (what the program asked for
+in those blocks; optional), ``peak_reserved_bytes``/
 ``peak_reserved_event``, ``peak_time_us`` (a peak event of null on a device with rows: the peak
 is the instant before the first row, what was live when the history began);
 ``baseline_allocated_bytes`` (live before the first row), ``final_allocated_bytes``,

@@ -157,6 +157,10 @@ def render_header(console: Console, report: Report, device: DeviceReport) -> Non
         where = when(device, event, time_us) if event is not None or not device.events else "when the history began"
         console.print(Text.assemble(f"  peak {label} ", (f"{format_bytes(size):>10}", "bold"),
                                     f"  ({where})" if where else ""))
+    requested = device.peak_requested_bytes
+    if requested is not None and format_bytes(requested) != format_bytes(device.peak_allocated_bytes):
+        console.print(f"  {format_bytes(requested)} requested in the {format_bytes(device.peak_allocated_bytes)} "
+                      "of blocks live at the peak")
     if device.outside_pytorch_bytes is not None:
         console.print(f"  outside PyTorch {format_bytes(device.outside_pytorch_bytes):>10}  (CUDA context, NCCL, "
                       "libraries, other processes on this GPU: the most at a step boundary)")

@@ -77,7 +77,9 @@ from memlens.units import parse_bytes
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 4  # 3: allocated as memory_allocated counts it, pending frees apart; 4: strings cut at 4 KiB
+# 3: allocated as memory_allocated counts it, pending frees apart; 4: strings cut at 4 KiB;
+# 5: allocated in block bytes (the block_size column), no longer requested bytes
+CACHE_VERSION = 5
 # Below this, parsing the pickle takes well under a second: not worth a file on disk.
 CACHE_MIN_BYTES = 8 << 20
 CACHE_DIR_ENV = "MEMLENS_CACHE_DIR"
@@ -101,7 +103,7 @@ _LEGACY_ENTRY_RE = re.compile(r"\.[0-9a-f]{16}\.memlens-cache\.npz$")  # CACHE_V
 
 _INT8, _INT32, _INT64, _UINT8 = (np.dtype(t) for t in (np.int8, np.int32, np.int64, np.uint8))
 _COLUMNS: dict[str, np.dtype[Any]] = {
-    "action": _INT8, "address": _INT64, "size": _INT64, "stream": _INT64, "time_us": _INT64,
+    "action": _INT8, "address": _INT64, "size": _INT64, "block_size": _INT64, "stream": _INT64, "time_us": _INT64,
     "stack_id": _INT32, "device_free": _INT64, "metadata_id": _INT32, "context_id": _INT32,
     "allocated": _INT64, "reserved": _INT64,
 }
@@ -769,7 +771,7 @@ def _decode_device(info: Any, members: dict[str, np.ndarray], stack_count: int) 
     if events:
         action = columns["action"]
         _expect(int(action.min()) >= 0 and int(action.max()) < len(Action), "action code out of range")
-        _expect(int(columns["size"].min()) >= 0, "negative size")
+        _expect(int(columns["size"].min()) >= 0 and int(columns["block_size"].min()) >= 0, "negative size")
         _expect(int(columns["allocated"].min()) >= 0 and int(columns["reserved"].min()) >= 0, "negative curve")
     _check_ids(columns["stack_id"], stack_count, "stack id")
     _check_ids(columns["metadata_id"], len(user_metadata), "user_metadata id")

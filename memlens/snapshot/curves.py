@@ -1,15 +1,17 @@
 """The absolute memory curves of a device trace: the final state minus what the window changed.
 
-Part of the model: the reader and the cache hand it a parsed trace and its device's final
-segments; it fills ``allocated``/``reserved`` (true totals after each event, baseline included),
-the baselines, the pending-free figures and ``window_complete``. Vectorised: one cumulative sum
-per curve.
+Part of the model: the reader hands it a parsed trace, its device's final segments and the
+recorded allocator settings; it fills ``block_size`` (``memlens.snapshot.blocks``),
+``allocated``/``reserved`` (true totals after each event, baseline included), the baselines,
+the pending-free figures and ``window_complete``. Vectorised: one cumulative sum per curve.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from memlens.allocator.settings import AllocatorSettings
+from memlens.snapshot.blocks import block_sizes
 from memlens.snapshot.model import Action, Block, DeviceTrace, Segment
 
 MAX_TOTAL_BYTES = 1 << 56  # bytes live or reserved at once, summed over a trace
@@ -27,22 +29,25 @@ _RESERVE_DELTA[[Action.SEGMENT_ALLOC, Action.SEGMENT_MAP]] = 1
 _RESERVE_DELTA[[Action.SEGMENT_FREE, Action.SEGMENT_UNMAP]] = -1
 
 
-def build_curves(trace: DeviceTrace, segments: list[Segment]) -> None:
+def build_curves(trace: DeviceTrace, segments: list[Segment], settings: AllocatorSettings | None = None) -> None:
     """Absolute allocated/reserved curves: the final state minus what the window changed.
 
-    Allocated is PyTorch's ``memory_allocated``: a block stops counting at ``free_requested``
+    Allocated is PyTorch's ``memory_allocated``, in block bytes (``trace.block_size``, computed
+    here under the recorded ``settings``): after the last event it is exactly the sum of the
+    segments' ``active_allocated`` block sizes. A block stops counting at ``free_requested``
     (the program freed it), not at ``free_completed`` (the allocator may reuse it), and a block
     in ``active_pending_free`` at the dump is not allocated. The bytes between the two are
     reported on their own (``pending_free_peak``/``_final``). Traces with only one kind of free
     row (``free`` in old builds, or requests never completed) count the free at that row.
     """
     live_blocks = [b for s in segments for b in s.blocks if b.is_active]
-    final_allocated = sum(b.requested_size for b in live_blocks if b.is_allocated)
-    final_pending = sum(b.requested_size for b in live_blocks if not b.is_allocated)
+    final_allocated = sum(b.size for b in live_blocks if b.is_allocated)
+    final_pending = sum(b.size for b in live_blocks if not b.is_allocated)
     final_reserved = sum(s.total_size for s in segments)
     if max(final_allocated, final_reserved) > MAX_TOTAL_BYTES:
         raise CurveOverflow(f"device {trace.device}: the segments hold more than 2**56 bytes in all")
     n = len(trace)
+    trace.block_size = block_sizes(trace.action, trace.address, trace.size, segments, settings or AllocatorSettings())
     trace.pending_free_final = trace.pending_free_peak = final_pending
     if n == 0:
         trace.baseline_allocated, trace.baseline_reserved = final_allocated, final_reserved
@@ -61,10 +66,10 @@ def build_curves(trace: DeviceTrace, segments: list[Segment]) -> None:
         alloc_sign[requested] = -1
         freed = requested
         if completed.any():
-            pending_change = np.cumsum((requested.astype(np.int64) - completed.astype(np.int64)) * trace.size)
+            pending_change = np.cumsum((requested.astype(np.int64) - completed.astype(np.int64)) * trace.block_size)
             pending_before = final_pending - int(pending_change[-1])  # at the instant before row 0
             trace.pending_free_peak = max(pending_before, pending_before + int(pending_change.max()))
-    alloc_change = np.cumsum(alloc_sign * trace.size)
+    alloc_change = np.cumsum(alloc_sign * trace.block_size)
     reserve_change = np.cumsum(_RESERVE_DELTA[action] * trace.size)
     trace.baseline_allocated = final_allocated - int(alloc_change[-1])
     trace.baseline_reserved = final_reserved - int(reserve_change[-1])

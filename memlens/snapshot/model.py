@@ -180,12 +180,17 @@ class DeviceTrace:
     totals rather than deltas from zero. Allocated means what ``torch.cuda.memory_allocated``
     means: a block stops counting when the program frees it (``free_requested``), also while the
     allocator still waits on another stream before reusing it (those bytes are ``pending_free_*``).
+    Allocated counts *block* bytes, as ``memory_allocated`` and PyTorch's OOM message do:
+    ``block_size`` (rounded, with any tail the allocator did not split off), not ``size`` (the
+    bytes the program requested, which is what PyTorch's trace rows carry).
     """
 
     device: int
     action: Int8Array = field(default_factory=lambda: _empty(np.int8))
     address: Int64Array = field(default_factory=lambda: _empty(np.int64))
-    size: Int64Array = field(default_factory=lambda: _empty(np.int64))
+    size: Int64Array = field(default_factory=lambda: _empty(np.int64))  # as the trace says: requested bytes
+    # The block behind each alloc/free row (``memlens.snapshot.blocks``); ``size`` on other rows.
+    block_size: Int64Array = field(default_factory=lambda: _empty(np.int64))
     stream: Int64Array = field(default_factory=lambda: _empty(np.int64))
     time_us: Int64Array = field(default_factory=lambda: _empty(np.int64))
     stack_id: Int32Array = field(default_factory=lambda: _empty(np.int32))
@@ -234,7 +239,7 @@ class DeviceTrace:
         """Memory held by the columns (for the benchmarks)."""
         return sum(
             getattr(self, name).nbytes
-            for name in ("action", "address", "size", "stream", "time_us", "stack_id", "device_free",
+            for name in ("action", "address", "size", "block_size", "stream", "time_us", "stack_id", "device_free",
                          "metadata_id", "context_id", "allocated", "reserved")
         )
 
@@ -277,3 +282,26 @@ class Snapshot:
     @property
     def total_events(self) -> int:
         return sum(len(t) for t in self.devices.values())
+
+
+def sidecar_number(sidecar: dict[str, Any], device: int, *keys: str) -> int | None:
+    """The first positive integer found under ``keys`` in the recorder's sidecar.
+
+    Looks at the top level, at ``sidecar["device"]``, at ``sidecar["devices"][str(device)]``
+    (or the list entry ``device``) and at ``sidecar["model"]``: the recorder is still settling
+    its layout, so the analysis accepts each of them.
+    """
+    places: list[Any] = [sidecar, sidecar.get("device"), sidecar.get("model")]
+    devices = sidecar.get("devices")
+    if isinstance(devices, dict):
+        places.append(devices.get(str(device), devices.get(device)))
+    elif isinstance(devices, list) and 0 <= device < len(devices):
+        places.append(devices[device])
+    for place in places:
+        if not isinstance(place, dict):
+            continue
+        for key in keys:
+            value = place.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                return int(value)
+    return None

@@ -37,7 +37,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from memlens.errors import MemlensFormatError
+from memlens.allocator.settings import AllocatorSettings
+from memlens.errors import MemlensFormatError, MemlensUsageError
 from memlens.files import FileRefused, OpenedFile, open_regular
 from memlens.snapshot import scan
 from memlens.snapshot.curves import CurveOverflow, build_curves
@@ -431,29 +432,6 @@ def _sidecar_fields(sidecar: dict[str, Any]) -> dict[str, Any]:
     return sidecar
 
 
-def sidecar_number(sidecar: dict[str, Any], device: int, *keys: str) -> int | None:
-    """The first positive integer found under ``keys`` in the recorder's sidecar.
-
-    Looks at the top level, at ``sidecar["device"]``, at ``sidecar["devices"][str(device)]``
-    (or the list entry ``device``) and at ``sidecar["model"]``: the recorder is still settling
-    its layout, so the analysis accepts each of them.
-    """
-    places: list[Any] = [sidecar, sidecar.get("device"), sidecar.get("model")]
-    devices = sidecar.get("devices")
-    if isinstance(devices, dict):
-        places.append(devices.get(str(device), devices.get(device)))
-    elif isinstance(devices, list) and 0 <= device < len(devices):
-        places.append(devices[device])
-    for place in places:
-        if not isinstance(place, dict):
-            continue
-        for key in keys:
-            value = place.get(key)
-            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-                return int(value)
-    return None
-
-
 # --------------------------------------------------------------------------- parsing
 
 
@@ -577,9 +555,12 @@ def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT
     if check.implausible_sizes:
         file_notes.append(f"{check.implausible_sizes:,} size(s) in the file claim more than "
                           f"{PLAUSIBLE_BYTES >> 40} TiB (no GPU holds that): read as unknown, counted as 0 B")
+    rounding, rounding_note = _rounding_settings(settings)
+    if rounding_note:
+        file_notes.append(rounding_note)
     for device, trace in devices.items():
         trace.curve_warnings.extend(file_notes)
-        _build_true_curves(trace, segments_by_device.get(device, []), check)
+        _build_true_curves(trace, segments_by_device.get(device, []), rounding, check)
     return Snapshot(
         source=source,
         devices=devices,
@@ -592,14 +573,15 @@ def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT
     )
 
 
-def _build_true_curves(trace: DeviceTrace, segments: list[Segment], check: Checker) -> None:
+def _build_true_curves(trace: DeviceTrace, segments: list[Segment], rounding: AllocatorSettings,
+                       check: Checker) -> None:
     """The trace's curves, unless its sizes add up past what any GPU holds (each may be
     plausible, thousands of frees of 10 TiB that were never allocated are not): then the
     trace's sizes are read as unknown (0 B) and the curves are the final state's, with a note.
     Only a final state beyond MAX_TOTAL_BYTES (int64 sums) is refused."""
     notes = list(trace.curve_warnings)
     try:
-        build_curves(trace, segments)
+        build_curves(trace, segments, rounding)
         highest = max(int(trace.allocated.max()) if len(trace) else 0, int(trace.reserved.max()) if len(trace) else 0,
                       trace.baseline_allocated, trace.baseline_reserved)
         if highest <= max(PLAUSIBLE_BYTES, sum(s.total_size for s in segments)):
@@ -610,9 +592,18 @@ def _build_true_curves(trace: DeviceTrace, segments: list[Segment], check: Check
     trace.curve_warnings = [*notes, f"the trace's sizes add up to more than {PLAUSIBLE_BYTES >> 40} TiB live at once "
                             "(no GPU holds that): read as unknown, counted as 0 B"]
     try:
-        build_curves(trace, segments)
+        build_curves(trace, segments, rounding)
     except CurveOverflow as exc:
         raise check.fail(str(exc)) from None
+
+
+def _rounding_settings(settings: dict[str, Any]) -> tuple[AllocatorSettings, str | None]:
+    """The allocator settings that rounded the recorded blocks (``memlens.snapshot.blocks``);
+    values PyTorch would never have accepted fall back to its defaults, with a note."""
+    try:
+        return AllocatorSettings.from_snapshot_dict(settings), None
+    except (MemlensUsageError, ValueError, TypeError, OverflowError) as exc:
+        return AllocatorSettings(), f"allocator_settings not usable ({exc}): block sizes follow the default rounding"
 
 
 def _parse_settings(raw: Any, check: Checker) -> dict[str, Any]:

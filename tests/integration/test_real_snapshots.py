@@ -45,9 +45,10 @@ def test_loads_with_final_state_identities(path: Path) -> None:
 def check_final_state_identities(snap: memlens.Snapshot, device: int) -> None:
     trace = snap.device(device)
     segments = snap.segments_on(device)
-    allocated = sum(b.requested_size for s in segments for b in s.blocks if b.state == "active_allocated")
-    pending = sum(b.requested_size for s in segments for b in s.blocks if b.state == "active_pending_free")
-    assert trace.final_allocated == allocated  # torch.cuda.memory_allocated leaves pending frees out
+    allocated = sum(b.size for s in segments for b in s.blocks if b.state == "active_allocated")
+    pending = sum(b.size for s in segments for b in s.blocks if b.state == "active_pending_free")
+    # Block bytes, as torch.cuda.memory_allocated counts them; it leaves pending frees out.
+    assert trace.final_allocated == allocated
     assert trace.pending_free_final == pending
     assert trace.final_reserved == sum(s.total_size for s in segments)
     assert trace.baseline_allocated >= 0 and trace.baseline_reserved >= 0
@@ -67,7 +68,7 @@ def test_complete_windows_add_up_from_zero(name: str) -> None:
     assert trace.window_complete
     assert trace.baseline_allocated == 0 and trace.baseline_reserved == 0
     segments = snap.segments_on(0)
-    assert int(trace.allocated[-1]) == sum(b.requested_size for s in segments for b in s.blocks if b.is_active)
+    assert int(trace.allocated[-1]) == sum(b.size for s in segments for b in s.blocks if b.is_allocated)
     assert int(trace.reserved[-1]) == sum(s.total_size for s in segments)
 
 

@@ -58,7 +58,11 @@ def test_tiny_snapshot_columns_and_curves(tmp_path: Path) -> None:
     trace = snap.device(0)
     assert [Action(a) for a in trace.action] == [
         Action.SEGMENT_ALLOC, Action.ALLOC, Action.ALLOC, Action.FREE_REQUESTED, Action.FREE_COMPLETED]
-    assert trace.allocated.tolist() == [0, 1000, 5096, 4096, 4096]  # freed at the request, as memory_allocated
+    # Block bytes, as memory_allocated counts them (the 1,000-byte request holds a 1,024-byte
+    # block), freed at the request; the requested bytes stay in ``size``.
+    assert trace.allocated.tolist() == [0, 1024, 5120, 4096, 4096]
+    assert trace.block_size.tolist() == [2 << 20, 1024, 4096, 1024, 1024]
+    assert trace.size.tolist() == [2 << 20, 1000, 4096, 1000, 1000]
     assert trace.reserved.tolist() == [2 << 20] * 5
     assert trace.baseline_allocated == 0 and trace.baseline_reserved == 0
     assert trace.window_complete
@@ -75,9 +79,9 @@ def test_window_that_starts_late_gets_a_baseline() -> None:
     raw = tiny_snapshot()
     raw["device_traces"][0] = raw["device_traces"][0][2:]  # the ring buffer dropped the first two
     trace = parse(raw).device(0)
-    assert trace.baseline_allocated == 1000  # the first allocation was live before the window
+    assert trace.baseline_allocated == 1024  # the first allocation's block was live before the window
     assert trace.baseline_reserved == 2 << 20
-    assert trace.allocated.tolist() == [5096, 4096, 4096]
+    assert trace.allocated.tolist() == [5120, 4096, 4096]
     assert not trace.window_complete
 
 

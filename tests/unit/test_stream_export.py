@@ -146,6 +146,7 @@ def test_jsonl_round_trips_every_field(leaky_run: tuple[Snapshot, Any]) -> None:
         expected = {
             "device": 0, "event": i, "action": trace.action_of(i).label, "address": int(trace.address[i]),
             "size": int(trace.size[i]), "stream": int(trace.stream[i]), "time_us": int(trace.time_us[i]),
+            "block_size": int(trace.block_size[i]),
             "allocated_bytes": int(trace.allocated[i]), "reserved_bytes": int(trace.reserved[i]),
             "stack_id": stack_id if stack_id >= 0 else None,
             "frames": stack_text(snapshot, stack_id) if stack_id >= 0 else None,
@@ -177,7 +178,7 @@ def test_categories_on_allocs_and_the_frees_that_end_them(leaky_run: tuple[Snaps
     live: dict[int, tuple[str, int]] = {}
     for row in rows[: peak + 1]:
         if row["action"] == "alloc":
-            live[row["address"]] = (row["category"], row["size"])
+            live[row["address"]] = (row["category"], row["block_size"])
         elif row["action"] == "free_requested":
             live.pop(row["address"], None)
     by_category: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
@@ -293,7 +294,7 @@ def _long_trace(events: int) -> Snapshot:
     size = ((rows // 2) % 97 + 1) * 512
     allocated = np.where(rows % 2 == 0, size, 0).astype(np.int64)
     trace = DeviceTrace(
-        device=0, action=action, address=0x7F00_0000_0000 + (rows // 2) * 4096, size=size,
+        device=0, action=action, address=0x7F00_0000_0000 + (rows // 2) * 4096, size=size, block_size=size,
         stream=np.zeros(events, dtype=np.int64), time_us=1_700_000_000_000_000 + rows,
         stack_id=((rows // 2) % 200).astype(np.int32), device_free=np.zeros(events, dtype=np.int64),
         metadata_id=np.full(events, -1, dtype=np.int32), context_id=np.full(events, -1, dtype=np.int32),
