@@ -129,11 +129,14 @@ class Library:
         concurrent_analyses: int = DEFAULT_CONCURRENT_ANALYSES,
         limits: AnalysisLimits | None = None,
         queue: FairQueue | None = None,
+        max_upload_bytes: int | None = None,
     ) -> None:
         self.report_cache = max(1, report_cache)
         self.report_cache_bytes = max(1, report_cache_bytes)
         self.upload_budget_bytes = max(1, upload_budget_bytes)
         self.limits = limits or AnalysisLimits()
+        # An upload's limit also bounds what a compressed upload inflates to.
+        self.max_upload_bytes = max_upload_bytes
         self._sources: OrderedDict[str, Source] = OrderedDict()
         self._reports: OrderedDict[str, Any] = OrderedDict()
         self._report_bytes: dict[str, int] = {}  # analysis_bytes of each cached report
@@ -308,8 +311,10 @@ class Library:
                     self._busy[source_id] += 1
                 try:
                     with self.queue.turn(session or SERVER_SESSION, f"the analysis of {source.name}"):
-                        report = analyse_in_worker(source.path, uploaded=source.kind == "upload",
-                                                   limits=self.limits, workers=self._workers)
+                        uploaded = source.kind == "upload"
+                        report = analyse_in_worker(source.path, uploaded=uploaded, limits=self.limits,
+                                                   workers=self._workers,
+                                                   max_content_bytes=self.max_upload_bytes if uploaded else None)
                 except AnalysisStopped as exc:
                     raise AnalysisStopped(f"{source.name}: {exc}") from None
                 finally:

@@ -52,6 +52,7 @@ def create_app(
     """
     library = library or Library(report_cache=report_cache, limits=analysis_limits,
                                  upload_budget_bytes=max(DEFAULT_UPLOAD_BUDGET, 2 * max_upload_bytes),
+                                 max_upload_bytes=max_upload_bytes,
                                  queue=FairQueue(DEFAULT_CONCURRENT_ANALYSES, wait_s=queue_timeout_s))
     for path in paths:
         library.add_path(path, "cli")

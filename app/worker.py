@@ -44,14 +44,15 @@ AnalysisCrashed = Crashed
 WorkerGroup = ProcessGroup
 
 
-def analyse_in_worker(path: str, *, uploaded: bool, limits: AnalysisLimits, workers: WorkerGroup) -> Any:
+def analyse_in_worker(path: str, *, uploaded: bool, limits: AnalysisLimits, workers: WorkerGroup,
+                      max_content_bytes: int | None = None) -> Any:
     """Load and analyse ``path`` in a child process under ``limits``; the ``Analysis`` it built.
 
     Raises ``MemlensError`` for a file memlens cannot read (the reader's own message),
     ``AnalysisStopped`` when a limit was hit, ``AnalysisCrashed`` for a bug in memlens.
     """
-    return run_limited(analyze_file, (path, uploaded), limits=limits, group=workers, what="analysis",
-                       preload=_PRELOAD)
+    return run_limited(analyze_file, (path, uploaded, max_content_bytes), limits=limits, group=workers,
+                       what="analysis", preload=_PRELOAD)
 
 
 @dataclass(frozen=True)
@@ -94,12 +95,13 @@ def whatif_job(snapshot: Any, device: int, capacity: int | None, extra: int) -> 
     return WhatIfAnswer(dict(expandable.recorded_compared()), dict(expandable.simulated), more, tuple(notes))
 
 
-def analyze_file(path: str, uploaded: bool = False) -> Any:
-    """Load with the safe reader and analyse (what each child runs)."""
-    import memlens
+def analyze_file(path: str, uploaded: bool = False, max_content_bytes: int | None = None) -> Any:
+    """Load with the safe reader and analyse (what each child runs). ``max_content_bytes``: an
+    upload's limit, which what a gzip inflates to counts against as a plain file's size does."""
+    from memlens.snapshot.reader import load
 
     # An upload lives in a temporary folder: a cache file beside it would only cost disk.
-    snapshot = memlens.load(path, cache=False if uploaded else None)
+    snapshot = load(path, cache=False if uploaded else None, max_content_bytes=max_content_bytes)
     from memlens.analysis import analyze_snapshot
 
     return analyze_snapshot(snapshot)

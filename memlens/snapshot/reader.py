@@ -231,10 +231,12 @@ class _Inflation:
     GZIP_MIN_LIMIT, so memory stays proportional to what was uploaded.
     """
 
-    def __init__(self, stream: Any, limit: int) -> None:
+    def __init__(self, stream: Any, limit: int, why: str | None = None) -> None:
         self._stream = stream
         self._left = limit
         self._limit = limit
+        self._why = why or (f"{GZIP_MAX_RATIO}x the file, at least {GZIP_MIN_LIMIT:,}; "
+                            "real snapshots compress 4-36x")
 
     @property
     def inflated(self) -> int:
@@ -246,16 +248,17 @@ class _Inflation:
         self._left -= len(data)
         if self._left < 0:
             raise PickleRefused(
-                f"refused to load: the gzip stream inflates to more than {self._limit:,} bytes "
-                f"({GZIP_MAX_RATIO}x the file, at least {GZIP_MIN_LIMIT:,}; real snapshots compress 4-36x)"
+                f"refused to load: the gzip stream inflates to more than {self._limit:,} bytes ({self._why})"
             )
         return data
 
 
 def _read_raw(opened: OpenedFile, on_read: Callable[[float], None] | None = None,
-              content: list[int] | None = None) -> Any:
+              content: list[int] | None = None, max_content_bytes: int | None = None) -> Any:
     """The raw snapshot; ``content`` (if given) gets the bytes of pickle read: the file's size, or
-    what a gzip inflated to, which then stands for the file's size in every limit that scales with it."""
+    what a gzip inflated to, which then stands for the file's size in every limit that scales with it.
+    ``max_content_bytes``: the largest plain file accepted (the dashboard's upload limit), which a
+    gzip's inflated bytes count against as a plain file's size would."""
     source = opened.name
     size = opened.size
     with opened.reader() as handle:
@@ -265,8 +268,10 @@ def _read_raw(opened: OpenedFile, on_read: Callable[[float], None] | None = None
         handle.seek(0)
         if head.startswith(GZIP_MAGIC):
             with gzip.GzipFile(fileobj=handle) as unzipped:
-                limit = max(GZIP_MIN_LIMIT, GZIP_MAX_RATIO * size)
-                inflation = _Inflation(io.BufferedReader(unzipped, buffer_size=1 << 20), limit)
+                limit, why = max(GZIP_MIN_LIMIT, GZIP_MAX_RATIO * size), None
+                if max_content_bytes is not None and max_content_bytes < limit:
+                    limit, why = max_content_bytes, "the largest snapshot accepted here, compressed or not"
+                inflation = _Inflation(io.BufferedReader(unzipped, buffer_size=1 << 20), limit, why)
                 stream: Any = inflation
                 if on_read is not None:  # progress follows the compressed bytes read
                     stream = _ProgressReader(stream, size, lambda _f: on_read(handle.tell() / max(size, 1)))
@@ -316,6 +321,7 @@ def load(
     *,
     cache: bool | None = None,
     progress: Callable[[str, float], None] | None = None,
+    max_content_bytes: int | None = None,
 ) -> Snapshot:
     """Load a snapshot file (``.pickle`` or ``.pickle.gz``) into the columnar model.
 
@@ -324,12 +330,15 @@ def load(
     opened beside it the same way. ``cache``: reuse/write a compact ``.npz`` copy so the next
     open is fast. ``None`` (default) caches files of ``CACHE_MIN_BYTES`` or more.
     ``progress(stage, fraction)`` is called as loading proceeds (the CLI draws a bar with it).
+    ``max_content_bytes``: refuse more pickle than this, a gzip's inflated bytes counted as a plain
+    file's (the dashboard passes its upload limit, so a small gzip is no way past it).
     """
     with _opened(path) as opened:
-        return _load(opened, cache, progress)
+        return _load(opened, cache, progress, max_content_bytes)
 
 
-def _load(opened: OpenedFile, cache: bool | None, progress: Callable[[str, float], None] | None) -> Snapshot:
+def _load(opened: OpenedFile, cache: bool | None, progress: Callable[[str, float], None] | None,
+          max_content_bytes: int | None = None) -> Snapshot:
     from memlens.snapshot import cache as snapshot_cache
 
     source = opened.name
@@ -351,7 +360,7 @@ def _load(opened: OpenedFile, cache: bool | None, progress: Callable[[str, float
 
         with _gc_paused():
             content: list[int] = []
-            raw = _read_raw(opened, on_read, content)
+            raw = _read_raw(opened, on_read, content, max_content_bytes)
             if progress:
                 progress("building timeline", READ_SHARE)
             snapshot = parse(raw, source=source, text_budget=max(MIN_TEXT_BUDGET, 2 * content[0]))

@@ -70,12 +70,15 @@ def test_analysis_bytes_follows_the_memory_an_analysis_holds() -> None:
 
 def test_the_mcp_servers_analyses_are_bounded_in_bytes_too(monkeypatch: pytest.MonkeyPatch) -> None:
     from memlens import mcp_server
+    from memlens.files import open_regular
 
     analyses = mcp_server._Analyses(kept=4)
     samples = sorted(SAMPLE_SNAPSHOTS_DIR.glob("*.pickle"))[:3]
     for path in samples:
-        analyses.get(str(path), None)
+        with open_regular(path) as opened:
+            analyses.get(opened, None)
     assert len(analyses.entries) == 3
     monkeypatch.setattr(mcp_server, "KEPT_ANALYSES_BYTES", 1)  # every analysis is over it alone
-    analyses.get(str(samples[0]), 80 << 30)
+    with open_regular(samples[0]) as opened:
+        analyses.get(opened, 80 << 30)
     assert [key[0] for key in analyses.entries] == [str(samples[0])]
