@@ -48,6 +48,7 @@ def build_curves(trace: DeviceTrace, segments: list[Segment], settings: Allocato
         raise CurveOverflow(f"device {trace.device}: the segments hold more than 2**56 bytes in all")
     n = len(trace)
     trace.block_size = block_sizes(trace.action, trace.address, trace.size, segments, settings or AllocatorSettings())
+    _no_request_past_its_block(trace)
     trace.pending_free_final = trace.pending_free_peak = final_pending
     if n == 0:
         trace.baseline_allocated, trace.baseline_reserved = final_allocated, final_reserved
@@ -97,6 +98,21 @@ def build_curves(trace: DeviceTrace, segments: list[Segment], settings: Allocato
                 f"{name} history disagrees with the final state by {-lowest} bytes; curve lifted"
             )
     trace.window_complete = not lifted and _window_complete(trace, freed, live_blocks)
+
+
+def _no_request_past_its_block(trace: DeviceTrace) -> None:
+    """A block holds its request, so a request larger than the block the file itself gives for it
+    (the state's block at that address) cannot be true: it is read as that block's size, with a
+    note, never shown as "16 TiB requested in 5 KiB of blocks"."""
+    memory_rows = np.isin(trace.action, (Action.ALLOC, Action.FREE_REQUESTED, Action.FREE_COMPLETED))
+    impossible = memory_rows & (trace.size > trace.block_size)
+    count = int(impossible.sum())
+    if count:
+        trace.size[impossible] = trace.block_size[impossible]
+        trace.curve_warnings.append(
+            f"{count:,} request size(s) larger than the block that held them (no allocator hands out "
+            "less than was asked): read as the block's size"
+        )
 
 
 def _window_complete(trace: DeviceTrace, free_rows: np.ndarray, live_blocks: list[Block]) -> bool:

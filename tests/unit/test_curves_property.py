@@ -1,7 +1,7 @@
 """Invariants of the absolute curves over generated traces (hypothesis).
 
-Traces come from a tiny slab allocator that keeps the segment state and the history in
-agreement, the way PyTorch's allocator does. Cutting any prefix off (a ring buffer that
+Traces come from memlens' model of the caching allocator, which keeps the segment state and
+the history in agreement the way PyTorch's allocator does. Cutting any prefix off (a ring buffer that
 wrapped) must give the same curve for the events that remain: the baseline is rebuilt from
 the final state.
 """
@@ -13,46 +13,24 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memlens.allocator import CachingAllocatorSimulator
 from memlens.snapshot import parse
 
-SEG = 2 << 20
+SEG = 2 << 20  # the largest request generated: small-pool and large-pool sizes alike
 
 
 def build(ops: list[tuple[str, int]]) -> dict[str, Any]:
-    trace: list[dict[str, Any]] = []
-    segments: list[list[int]] = []  # [address, used]
-    free_slots: dict[int, list[int]] = {}
-    slot_size: dict[int, int] = {}
-    live: dict[int, int] = {}
+    """The snapshot of memlens' model of PyTorch's caching allocator after ``ops``: its trace and
+    its segments agree as PyTorch's do (best-fit blocks, splits, merges, kept large-pool tails),
+    so the block bytes the reader recovers from the layout are the allocator's own."""
+    simulator = CachingAllocatorSimulator()
+    live: list[int] = []
     for op, value in ops:
         if op == "alloc":
-            size = value
-            rounded = max(512, -(-size // 512) * 512)
-            if free_slots.get(rounded):
-                address = free_slots[rounded].pop()
-            else:
-                if not segments or segments[-1][1] + rounded > SEG:
-                    address0 = 0x1000_0000 + len(segments) * SEG * 2
-                    segments.append([address0, 0])
-                    trace.append({"action": "segment_alloc", "addr": address0, "size": SEG, "stream": 0})
-                address = segments[-1][0] + segments[-1][1]
-                segments[-1][1] += rounded
-                slot_size[address] = rounded
-            live[address] = size
-            trace.append({"action": "alloc", "addr": address, "size": size, "stream": 0})
+            live.append(simulator.malloc(value))
         elif live:
-            address = sorted(live)[value % len(live)]
-            size = live.pop(address)
-            free_slots.setdefault(slot_size[address], []).append(address)
-            trace.append({"action": "free_requested", "addr": address, "size": size, "stream": 0})
-            trace.append({"action": "free_completed", "addr": address, "size": size, "stream": 0})
-    raw_segments = []
-    for address0, _used in segments:
-        blocks = [{"address": a, "size": slot_size[a], "requested_size": live.get(a, 0),
-                   "state": "active_allocated" if a in live else "inactive"}
-                  for a in sorted(slot_size) if address0 <= a < address0 + SEG]
-        raw_segments.append({"device": 0, "address": address0, "total_size": SEG, "stream": 0, "blocks": blocks})
-    return {"segments": raw_segments, "device_traces": [trace]}
+            simulator.free(live.pop(value % len(live)))
+    return simulator.snapshot()
 
 
 operations = st.lists(

@@ -149,11 +149,18 @@ def test_json_output_never_says_nan_or_infinity(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_the_dashboard_whatif_sizes_show_impossible_numbers_as_an_alert() -> None:
-    from memlens.analysis import analyze_snapshot
-    from memlens_app.panels.whatif import whatif_panel
+    """The what-if form is read by ``whatif_request``; the callback shows its one-line
+    ``MemlensError`` as an alert (app/callbacks.py), never a traceback or an HTTP 500."""
+    import dataclasses
 
-    analysis = analyze_snapshot(SAMPLE)
-    device = analysis.report.device().device
+    from memlens.analysis import analyze_snapshot
+    from memlens.errors import MemlensError
+    from memlens_app.panels.whatif import whatif_request
+
+    # No recorded capacity, so the form's capacity is read too.
+    device = dataclasses.replace(analyze_snapshot(SAMPLE).report.device(), capacity_bytes=None)
     for extra, capacity in [("1e400", "80GiB"), ("inf", "80GiB"), ("8GiB", HUGE), ("8GiB", "nan")]:
-        shown = str(whatif_panel(analysis, device, extra, capacity))
-        assert "alert" in shown, (extra[:10], capacity[:10])
+        with pytest.raises(MemlensError) as refused:
+            whatif_request(device, extra, capacity)
+        assert "\n" not in str(refused.value), (extra[:10], capacity[:10])
+    assert whatif_request(device, "8GiB", "80GiB").extra == 8 << 30

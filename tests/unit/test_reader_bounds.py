@@ -97,9 +97,14 @@ LOADS: list[tuple[str, tuple[Any, ...], int, Callable[[Snapshot], bool]]] = [
     ("size 2**63", (*ENTRY, "size"), 1 << 63, lambda s: int(s.device(0).size[2]) == 0 and "0 B" in _notes(s)),
     ("size int64 max", (*ENTRY, "size"), INT64_MAX, lambda s: int(s.device(0).size[2]) == 0),
     ("size 8 TiB", (*ENTRY, "size"), PLAUSIBLE_BYTES // 2,
-     lambda s: int(s.device(0).size[2]) == PLAUSIBLE_BYTES // 2 and "counted as 0 B" not in _notes(s)),
-    ("size 16 TiB, past any GPU with the rest", (*ENTRY, "size"), PLAUSIBLE_BYTES,
-     lambda s: int(s.device(0).size[2]) == 0 and "add up to more than 16 TiB" in _notes(s)),
+     # plausible as a size (not read as unknown), but the row's block at the dump is 4 KiB
+     lambda s: int(s.device(0).size[2]) == 4096 and "counted as 0 B" not in _notes(s)
+     and "larger than the block" in _notes(s)),
+    # The row's block is live at the dump: the state gives it (4 KiB), and a request past its
+    # block cannot be true (it read "16.00 TiB requested in the 5.00 KiB of blocks").
+    ("size 16 TiB, in a 4 KiB block", (*ENTRY, "size"), PLAUSIBLE_BYTES,
+     lambda s: int(s.device(0).size[2]) == 4096 == int(s.device(0).block_size[2])
+     and "larger than the block that held them" in _notes(s)),
     ("size 0", (*ENTRY, "size"), 0, lambda s: int(s.device(0).size[2]) == 0),
     ("block size max", (*BLOCK, "size"), UINT64_MAX,
      lambda s: s.segments[0].blocks[1].size == 0 and "counted as 0 B" in _notes(s)),

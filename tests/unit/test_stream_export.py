@@ -327,7 +327,8 @@ def _rows_sharing_one_deep_stack(rows: int, depth: int) -> Snapshot:
     index = np.arange(rows, dtype=np.int64)
     trace = DeviceTrace(
         device=0, action=np.full(rows, int(Action.ALLOC), dtype=np.int8), address=0x7F00_0000_0000 + index * 512,
-        size=np.full(rows, 512, dtype=np.int64), stream=np.zeros(rows, dtype=np.int64), time_us=index,
+        size=np.full(rows, 512, dtype=np.int64), block_size=np.full(rows, 512, dtype=np.int64),
+        stream=np.zeros(rows, dtype=np.int64), time_us=index,
         stack_id=np.zeros(rows, dtype=np.int32), device_free=np.zeros(rows, dtype=np.int64),
         metadata_id=np.full(rows, -1, dtype=np.int32), context_id=np.full(rows, -1, dtype=np.int32),
         allocated=(index + 1) * 512, reserved=np.full(rows, 1 << 30, dtype=np.int64), has_time=True)
