@@ -237,6 +237,11 @@ def live_tensors(roots: Iterable[object] = ()) -> list[torch.Tensor]:
     # type() rather than isinstance(): isinstance reads __class__, which deprecated module
     # attributes (torch.distributed.reduce_op) answer with a warning.
     tensor_type = torch.Tensor
+    # Garbage first: a tensor kept only by an unreachable reference cycle (earlier code's, a test
+    # process's) is no memory the program holds. Seeded, it would count as live when history
+    # starts and then be "freed" inside the first step whenever the collector reached it, raising
+    # the window's starting level (the peak at event 0) with memory the run never used.
+    gc.collect()
     found.extend(obj for obj in gc.get_objects() if issubclass(type(obj), tensor_type))
     return found
 

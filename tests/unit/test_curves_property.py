@@ -56,6 +56,12 @@ def test_allocated_stays_within_reserved_and_nonnegative(ops: list[tuple[str, in
 
     entries = raw["device_traces"][0]
     cut = min(cut, len(entries))
+    if 0 < cut < len(entries) and entries[cut]["action"] == "free_completed" and not any(
+            e["action"] == "free_requested" for e in entries[cut:]):
+        # A window that opens between a free's two rows and holds no other request cannot tell
+        # the completion from the one free row of builds that write no free_requested (it is
+        # read as the free): no reader can, so that cut is moved past the completion.
+        cut += 1
     raw["device_traces"][0] = entries[cut:]
     window = parse(raw).device(0)
     # the ring buffer dropped `cut` events: the remaining curve is unchanged, baseline included
