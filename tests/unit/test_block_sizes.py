@@ -24,6 +24,7 @@ from memlens.snapshot.blocks import block_sizes
 from memlens.snapshot.model import Action
 from memlens.snapshot.reader import parse
 from memlens.units import MiB
+from tests.unit.test_allocator_property import SIZES  # large-pool sizes leave tails of up to 1 MiB
 from tests.unit.tracebuilder import MODEL, TraceBuilder
 
 BASE = 0x7F00_0000_0000
@@ -132,12 +133,6 @@ def test_a_block_from_before_the_window_gets_its_kept_tail() -> None:
     assert parsed.baseline_allocated == 20 * MiB and parsed.final_allocated == 0
 
 
-SIZES = st.one_of(
-    st.integers(1, 4096),
-    st.integers(4096, MiB),
-    st.integers(MiB + 1, 12 * MiB),  # 20 MiB segments, tails of up to 1 MiB
-    st.integers(12 * MiB, 120 * MiB),  # own segments, some oversize
-)
 OPERATIONS = st.lists(
     st.one_of(
         st.tuples(st.just("malloc"), SIZES, st.integers(0, 1)),
@@ -201,7 +196,6 @@ def test_every_alloc_row_gets_the_block_the_allocator_handed_out(
             measured = block_sizes(trace.action, trace.address, trace.size, snapshot.segments, allocator,
                                    use_final_state=use_final_state, sweep=sweep)
             assert measured[alloc_rows].tolist() == truth
-    trace = parse(raw).device(0)
     active_allocated = sum(b["size"] for s in raw["segments"] for b in s["blocks"]
                            if b["state"] == "active_allocated")
     assert trace.final_allocated == active_allocated
