@@ -254,7 +254,7 @@ class Tools:
     def findings(self, snapshot: str, device: int | None = None, capacity: str | int | None = None,
                  kinds: list[str] | None = None) -> dict[str, Any]:
         from memlens.analysis.datatypes import FINDING_KINDS
-        from memlens.cli.triage import KIND_ALIASES
+        from memlens.ops.vocab import KIND_ALIASES
 
         wanted = [KIND_ALIASES.get(k.strip().lower(), k.strip().lower()) for k in kinds or []]
         unknown = [k for k in wanted if k not in FINDING_KINDS]
@@ -348,7 +348,8 @@ class Tools:
                 seq: int | None, grad_accum: int, checkpointing: str, flash_attn: bool, activations: str,
                 chunked_loss: float | None, zero: int, world_size: int, offload_optimizer: bool,
                 offload_params: bool, capacity: list[str | float] | None) -> dict[str, Any]:
-        from memlens.cli.budget import budget_from_flags, parse_capacity
+        from memlens.ops.budget import BudgetOptions, estimate_budget
+        from memlens.ops.vocab import parse_capacity
 
         hidden, layers, heads, kv_heads, vocab, ffn, galore_rank, lora_rank, seq = (
             _whole(value, name) for value, name in (
@@ -358,15 +359,15 @@ class Tools:
             (batch, "batch"), (grad_accum, "grad_accum"), (world_size, "world_size")))
         frozen_layers, zero = _whole(frozen_layers, "frozen_layers", 0) or 0, _whole(zero, "zero", 0, 3) or 0
         chunked_loss = _real(chunked_loss, "chunked_loss", 1.0)
-        result = budget_from_flags(
+        result = estimate_budget(BudgetOptions(
             params=str(params) if params is not None else None, hidden=hidden, layers=layers, heads=heads,
             kv_heads=kv_heads, vocab=vocab, ffn=ffn, tie_embeddings=tie_embeddings,
-            config_path=config,
             precision=precision, optimizer=optimizer, optim_dtype=optim_dtype, grad_dtype=grad_dtype,
             galore_rank=galore_rank, lora_rank=lora_rank, lora_targets=lora_targets, qlora=qlora,
             frozen_layers=frozen_layers, batch=batch, seq=seq, grad_accum=grad_accum, checkpointing=checkpointing,
             flash_attn=flash_attn, activation_formula=activations, chunked_loss=chunked_loss, zero_stage=zero,
-            world_size=world_size, offload_optimizer=offload_optimizer, offload_params=offload_params)
+            world_size=world_size, offload_optimizer=offload_optimizer, offload_params=offload_params),
+            config_file=config)
         payload = result.to_json()
         # A JSON number is echoed as the CLI echoes the same text (80, not 80.0).
         labels = [size if isinstance(size, str) else f"{size:g}" for size in capacity or []]

@@ -17,31 +17,11 @@ Examples:
 
 from __future__ import annotations
 
-import re
-from typing import TYPE_CHECKING
-
 import click
 
 from memlens.cli.common import COUNT, INDEX, Real, Whole, help_text, json_text
-from memlens.errors import MemlensUsageError
-from memlens.units import parse_bytes, parse_count
-
-if TYPE_CHECKING:
-    from memlens.budget import Budget
-    from memlens.files import OpenedFile
-
-
-_BARE_NUMBER = re.compile(r"^[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?$")
-
-
-def parse_capacity(text: str) -> int:
-    """A device size; a bare number is GiB (``80`` -> 80 * 2**30 bytes), the unit memlens prints."""
-    stripped = text.strip()
-    # A bare number is GiB; both go through parse_bytes (1e400, inf and nan are usage errors).
-    size = parse_bytes(stripped + "GiB" if _BARE_NUMBER.match(stripped) else stripped)
-    if size <= 0:
-        raise MemlensUsageError(f"--capacity {text!r}: a device needs more than 0 bytes")
-    return size
+from memlens.ops.budget import BudgetOptions, estimate_budget
+from memlens.ops.vocab import parse_capacity
 
 
 @click.command(help=help_text(__doc__))
@@ -159,14 +139,14 @@ def budget(
 ) -> None:
     from memlens.budget import render_budget
 
-    result = budget_from_flags(
+    result = estimate_budget(BudgetOptions(
         params=params, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, vocab=vocab, ffn=ffn,
-        tie_embeddings=tie_embeddings, config_path=config_path, precision=precision, optimizer=optimizer,
+        tie_embeddings=tie_embeddings, config=config_path, precision=precision, optimizer=optimizer,
         optim_dtype=optim_dtype, grad_dtype=grad_dtype, galore_rank=galore_rank, lora_rank=lora_rank,
         lora_targets=lora_targets, qlora=qlora, frozen_layers=frozen_layers, batch=batch, seq=seq,
         grad_accum=grad_accum, checkpointing=checkpointing, flash_attn=flash_attn,
         activation_formula=activation_formula, chunked_loss=chunked_loss, zero_stage=zero_stage,
-        world_size=world_size, offload_optimizer=offload_optimizer, offload_params=offload_params)
+        world_size=world_size, offload_optimizer=offload_optimizer, offload_params=offload_params))
     checks = [result.check(parse_capacity(text), label=text.strip()) for text in capacity]
     if as_json:
         payload = result.to_json()
@@ -174,92 +154,3 @@ def budget(
         click.echo(json_text(payload))
     else:
         click.echo(render_budget(result, binary=units_name == "gib", checks=checks), nl=False)
-
-
-def budget_from_flags(
-    *,
-    params: str | None,
-    hidden: int | None = None,
-    layers: int | None = None,
-    heads: int | None = None,
-    kv_heads: int | None = None,
-    vocab: int | None = None,
-    ffn: int | None = None,
-    tie_embeddings: bool = False,
-    config_path: str | OpenedFile | None = None,
-    precision: str = "bf16-mixed",
-    optimizer: str = "adamw",
-    optim_dtype: str = "fp32",
-    grad_dtype: str | None = None,
-    galore_rank: int | None = None,
-    lora_rank: int | None = None,
-    lora_targets: str = "q_proj,v_proj",
-    qlora: bool = False,
-    frozen_layers: int = 0,
-    batch: int = 1,
-    seq: int | None = None,
-    grad_accum: int = 1,
-    checkpointing: str = "none",
-    flash_attn: bool = True,
-    activation_formula: str = "megatron",
-    chunked_loss: float | None = None,
-    zero_stage: int = 0,
-    world_size: int = 1,
-    offload_optimizer: bool = False,
-    offload_params: bool = False,
-) -> Budget:
-    """``memlens budget``'s flags mapped onto the budget library, flag for flag: the one mapping
-    the command and the MCP ``budget`` tool share."""
-    from memlens.budget import ModelSpec, TrainingSetup, estimate
-    from memlens.budget.training import parse_checkpointing
-
-    n_params = parse_count(params) if params is not None else None
-    sizes = {
-        "--hidden": hidden,
-        "--layers": layers,
-        "--heads": heads,
-        "--kv-heads": kv_heads,
-        "--vocab": vocab,
-        "--ffn": ffn,
-    }
-    if config_path is not None:
-        given = [flag for flag, value in sizes.items() if value is not None]
-        if given or tie_embeddings:
-            raise MemlensUsageError(f"--config gives the sizes; drop {', '.join(given) or '--tie-embeddings'}")
-        spec = ModelSpec.from_config_json(config_path, n_params=n_params)
-    else:
-        spec = ModelSpec.from_numbers(
-            n_params,
-            hidden_size=hidden,
-            n_layers=layers,
-            n_heads=heads,
-            n_kv_heads=kv_heads,
-            vocab_size=vocab,
-            ffn_size=ffn,
-            tie_embeddings=tie_embeddings,
-        )
-    mode, every = parse_checkpointing(checkpointing)
-    setup = TrainingSetup(
-        precision=precision,
-        optimizer=optimizer,
-        optim_dtype=optim_dtype,
-        grad_dtype=grad_dtype,
-        galore_rank=galore_rank,
-        lora_rank=lora_rank,
-        lora_targets=tuple(lora_targets.split(",")),
-        qlora=qlora,
-        frozen_layers=frozen_layers,
-        micro_batch=batch,
-        seq_len=seq,
-        grad_accum=grad_accum,
-        checkpointing=mode,
-        checkpoint_every=every,
-        flash_attention=flash_attn,
-        activation_formula=activation_formula,
-        chunked_loss=chunked_loss,
-        zero_stage=zero_stage,
-        world_size=world_size,
-        offload_optimizer=offload_optimizer,
-        offload_params=offload_params,
-    )
-    return estimate(spec, setup)

@@ -276,10 +276,10 @@ def predicted_report(predicted: Path, result: Any) -> Any:
 def render_budget_beside(report: Any) -> None:
     """The theoretical budget (from the parameters found) next to the predicted categories at
     the peak, in the table ``memlens triage`` prints; nothing when no model was found."""
-    from memlens.cli.triage import BudgetFlags, budget_reconciliation
+    from memlens.ops.budget import reconcile_budget
     from memlens.reporters.terminal import make_console, render_reconciliation
 
-    reconciliation = budget_reconciliation(report, 0, BudgetFlags())
+    reconciliation = reconcile_budget(report, 0)
     if reconciliation is not None:
         render_reconciliation(make_console(), reconciliation)
 

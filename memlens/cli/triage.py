@@ -20,8 +20,7 @@ row per rank, and the outlier rank named with what accounts for the difference, 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -29,79 +28,18 @@ from memlens.analysis.report import FINDING_KINDS
 from memlens.cli.common import CAPACITY, COUNT, DEVICE, Whole, analyze_paths, help_text, json_text
 from memlens.cli.lenses import lens_options, lenses_requested, run_lenses
 from memlens.errors import MemlensUsageError
+from memlens.ops.budget import BudgetOptions, reconcile_budget
+from memlens.ops.vocab import parse_kinds
 from memlens.units import parse_count
-
-if TYPE_CHECKING:
-    from memlens.analysis.report import Report
-    from memlens.budget import Reconciliation
 
 EXIT_FINDING = 1
 
 
-# The words the report's headings use (ACTIVATIONS, OPTIMIZER) name the same kinds.
-KIND_ALIASES = {"activations": "activation_plateau", "optimizer": "optimizer_spike"}
-
-
 def _split_kinds(values: tuple[str, ...]) -> list[str]:
-    kinds = [k.strip().lower() for v in values for k in v.split(",") if k.strip()]
-    kinds = [KIND_ALIASES.get(k, k) for k in kinds]
-    unknown = [k for k in kinds if k not in FINDING_KINDS]
-    if unknown:
-        raise click.BadParameter(f"unknown finding kind {', '.join(unknown)} (use {', '.join(FINDING_KINDS)})",
-                                 param_hint="--fail-on")
-    return kinds
-
-
-@dataclass(frozen=True)
-class BudgetFlags:
-    """What ``memlens triage`` was told about the model and the run, for the budget section."""
-
-    params: float | None = None
-    optimizer: str | None = None
-    precision: str | None = None
-    hidden: int | None = None
-    layers: int | None = None
-    heads: int | None = None
-    vocab: int | None = None
-    batch: int | None = None
-    seq: int | None = None
-    checkpointing: str | None = None
-    config: str | None = None
-
-    @property
-    def given(self) -> bool:
-        return any(value is not None for value in vars(self).values())
-
-
-def budget_reconciliation(report: Report, device: int | None, flags: BudgetFlags) -> Reconciliation | None:
-    """The budget next to the measurement, from flags or else from the recorder's sidecar."""
-    from memlens.budget import ModelSpec, TrainingSetup, estimate, reconcile
-    from memlens.budget.training import parse_checkpointing
-
-    sidecar: dict[str, Any] = report.sidecar or {}
-    model = sidecar.get("model") or {}
-    params = flags.params
-    if params is None and model.get("parameters_trainable"):
-        params = float(model["parameters_trainable"])
-    if params is None and flags.config is None and flags.hidden is None:
-        return None
-    optimizer = flags.optimizer
-    if optimizer is None:
-        optimizer_class = str((sidecar.get("optimizer") or {}).get("class", "adamw")).lower()
-        optimizer = optimizer_class if optimizer_class in ("sgd", "adam", "adamw", "adafactor") else "adamw"
-    precision = flags.precision
-    if precision is None:
-        dtypes = model.get("parameter_bytes_by_dtype") or {}
-        precision = "fp32" if not dtypes or set(dtypes) == {"torch.float32"} else "bf16-mixed"
-    if flags.config is not None:
-        spec = ModelSpec.from_config_json(flags.config, n_params=params)
-    else:
-        spec = ModelSpec.from_numbers(params, hidden_size=flags.hidden, n_layers=flags.layers,
-                                      n_heads=flags.heads, vocab_size=flags.vocab)
-    checkpointing, every = parse_checkpointing(flags.checkpointing or "none")
-    setup = TrainingSetup(precision=precision, optimizer=optimizer, micro_batch=flags.batch or 1,
-                          seq_len=flags.seq, checkpointing=checkpointing, checkpoint_every=every)
-    return reconcile(estimate(spec, setup), report.device(device))
+    try:
+        return parse_kinds(values)
+    except MemlensUsageError as exc:
+        raise click.BadParameter(str(exc), param_hint="--fail-on") from None
 
 
 @click.command(help=help_text(__doc__))
@@ -150,8 +88,9 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
     from memlens.reporters.terminal import make_console, render_triage
 
     kinds = _split_kinds(fail_on)
-    flags = BudgetFlags(params, optimizer, precision, hidden, layers, heads, vocab, batch, seq, checkpointing,
-                        config_path)
+    flags = BudgetOptions(params=params, optimizer=optimizer, precision=precision, hidden=hidden, layers=layers,
+                          heads=heads, vocab=vocab, batch=batch, seq=seq, checkpointing=checkpointing,
+                          config=config_path)
     if lenses_requested(lens):  # --group-by, --at, --file, --stages ...: those views, not the triage screen
         if kinds or flags.given:  # a CI job must not pass because its --fail-on was never checked
             raise MemlensUsageError("--fail-on and the budget flags go with the triage screen, not with "
@@ -174,7 +113,7 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
         click.echo(json_text(report.to_json()))
     else:
         try:
-            reconciliation = budget_reconciliation(report, device, flags)
+            reconciliation = reconcile_budget(report, device, flags)
         except MemlensUsageError:
             if flags.given:
                 raise

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from memlens.cli.budget import budget, parse_capacity, parse_count
+from memlens.cli.budget import budget
 from memlens.cli.main import cli, main
 from memlens.errors import MemlensUsageError
+from memlens.ops.vocab import parse_capacity
+from memlens.units import parse_count
 
 
 def run(*args: str) -> str:
@@ -170,7 +172,7 @@ def test_every_input_flag_is_accepted(tmp_path: Path) -> None:
         (["--params", "7e9", "--qlora"], "LoRA rank"),
         (["--params", "7e9", "--checkpointing", "every:x"], "every:K"),
         (["--params", "7e9", "--capacity", "lots"], "not a byte size"),
-        (["--config", "x.json", "--hidden", "8"], "--config gives the sizes"),
+        (["--config", "x.json", "--hidden", "8"], "config gives the sizes"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
