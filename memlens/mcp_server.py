@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from memlens.analysis.lenses import MAX_RULES_FILE_BYTES
+from memlens.analysis.lenses.rules import MAX_RULES_FILE_BYTES
 from memlens.errors import MemlensError, MemlensUsageError
 from memlens.files import FileRefused, OpenedFile, open_beneath, open_regular
 from memlens.printable import printable
@@ -269,12 +269,14 @@ class Tools:
     def group_by(self, snapshot: str, group_by: str = "category", device: int | None = None,
                  at: str | None = None, window: str | None = None, step: int | None = None,
                  rules: str | None = None, file: str | None = None) -> dict[str, Any]:
-        from memlens.analysis.lenses import GROUP_BYS, lens_inputs_of, rules_from_text, rules_text
-        from memlens.cli.lenses import lens_payload
+        from memlens.analysis.lenses.rules import rules_from_text, rules_text
+        from memlens.ops.group import GROUP_BYS, GroupOptions, LinesOptions, group, lines
+        from memlens.ops.moments import moment_from_text
 
         device, step = _device(device), _whole(step, "step", 0)
         if group_by not in GROUP_BYS:
             raise MemlensUsageError(f"group_by {printable(group_by, 100)}: use one of {', '.join(GROUP_BYS)}")
+        moment = moment_from_text(at, window, step, names=("at", "window", "step"))
         loaded_rules = []
         if rules is not None:
             with self.paths.open(rules, "rules", MAX_RULES_FILE_BYTES) as opened_rules:
@@ -282,12 +284,14 @@ class Tools:
         if group_by == "rules" and not loaded_rules:
             raise MemlensUsageError("group_by 'rules' needs rules: the path of a JSON or TOML rules file")
         with self.paths.open(snapshot) as opened:
-            path = opened.name
             analysis = self.analyses.get(opened, None)
-        # The device ``memlens triage --group-by`` picks by default (the report's: the highest
-        # peak), read from the kept analysis: the same lifetimes, categories and steps.
-        lens = {"at": at, "window": window, "step": step, "file_path": file}
-        return lens_payload(lens_inputs_of(analysis, device), path, group_by, loaded_rules, lens).to_json()
+        # The device ``memlens group`` picks by default (the report's: the highest peak), from the
+        # kept analysis: the same lifetimes, categories and steps.
+        payload = group(analysis, GroupOptions(by=group_by, moment=moment, rules=tuple(loaded_rules),
+                                               device=device)).to_json()
+        if file:
+            payload["file"] = lines(analysis, LinesOptions(path=file, moment=moment, device=device)).to_json()["file"]
+        return payload
 
     def diff(self, before: str, after: str, device: int | None = None, top: int = 10,
              file: str | None = None) -> dict[str, Any]:
@@ -300,7 +304,8 @@ class Tools:
             analysis_after = self.analyses.get(opened, None)
         payload = diff_reports(analysis_before, analysis_after, device, device, top=top).to_json()
         if file:
-            from memlens.analysis.lenses import diff_file_lines, lens_inputs_of
+            from memlens.analysis.lenses.inputs import lens_inputs_of
+            from memlens.analysis.lenses.lines import diff_file_lines
 
             payload["file"] = diff_file_lines(lens_inputs_of(analysis_before, device),
                                               lens_inputs_of(analysis_after, device), file).to_json()
@@ -550,8 +555,8 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = (), limits: Limits | 
                                                                 "match wins), for group_by=rules")] = None,
                  file: Annotated[str | None, Field(description="Also bytes by line of this source file "
                                                                "(matched on the end of the path)")] = None) -> str:
-        """What was live at the peak (or a moment, window or step) grouped, as `memlens triage
-        SNAPSHOT --group-by G --json` prints it; the groups add up to the allocated bytes then."""
+        """What was live at the peak (or a moment, window or step) grouped, as `memlens group
+        SNAPSHOT --by G --json` prints it; the groups add up to the allocated bytes then."""
         return calls.run("group_by", locals())
 
     def diff(before: Annotated[str, Field(description="Path of the earlier snapshot")],

@@ -1,7 +1,7 @@
 """What was live at one moment (the peak, the window's peak or a clicked row), grouped by a lens.
 
 The moment: a clicked trace row when there is one, else the peak within the zoomed window
-(``lenses.resolve_moment(window=...)``, as ``memlens triage --window`` finds it), else the peak.
+(``lenses.moments.resolve_moment(window)``, as ``memlens group --window`` finds it), else the peak.
 Grouped ``by="category"`` it is the category-and-stack treemap of ``live_at``; any other lens is
 ``lenses.group_live`` at that same row. Every number is theirs; this module only picks the row
 and the words.
@@ -17,13 +17,16 @@ from dash import html
 
 from memlens import figures
 from memlens.analysis import Analysis, LiveBreakdown, live_at
-from memlens.analysis.lenses import GROUP_BYS, GroupBreakdown, group_live, lens_inputs_of, resolve_moment
+from memlens.analysis.lenses.groups import GroupBreakdown, group_live
+from memlens.analysis.lenses.inputs import lens_inputs_of
+from memlens.analysis.lenses.labels import GROUP_BYS
+from memlens.analysis.lenses.moments import resolve_moment
 from memlens.errors import MemlensError
 from memlens.figures.groups import groups_figure
 from memlens.units import format_bytes
 from memlens_app.panels.timeline import Window
 
-# The dashboard's lenses: every grouping of the CLI's --group-by but user rules (those need a file).
+# The dashboard's lenses: every grouping of `memlens group --by` but user rules (those need a file).
 DASHBOARD_GROUP_BYS = tuple(g for g in GROUP_BYS if g != "rules")
 DEFAULT_GROUP_BY = "category"
 CLICK_HINT = " · click the timeline's curve to see another moment, zoom it to pick a window"
@@ -64,7 +67,7 @@ def live_panel(analysis: Analysis, device: int, *, marker: int | None = None, wi
     if clicked:
         event = marker
     elif window is not None:
-        event = resolve_moment(lens_inputs_of(analysis, device), window=window.spec).event
+        event = resolve_moment(lens_inputs_of(analysis, device), window.moment).event
     try:
         live = live_at(analysis, device, event)
     except MemlensError:  # a row from another snapshot or device: show the peak instead

@@ -19,7 +19,9 @@ from dash import html
 from memlens import figures
 from memlens.analysis import Analysis
 from memlens.analysis.datatypes import Finding, Timeline
-from memlens.analysis.lenses import allocated_at, lens_inputs_of, resolve_moment
+from memlens.analysis.lenses.inputs import allocated_at, lens_inputs_of
+from memlens.analysis.lenses.moments import Row, resolve_moment
+from memlens.analysis.lenses.moments import Window as RowsWindow
 from memlens.analysis.report import DeviceReport, format_evidence, no_findings_text
 from memlens.analysis.views import timeline_of
 from memlens.units import format_bytes
@@ -42,12 +44,12 @@ class Window:
 
     @property
     def text(self) -> str:
-        return f"events {self.first:,}–{self.last:,}"
+        return self.moment.text  # "events 10–90", as the lenses name the window's peak
 
     @property
-    def spec(self) -> str:
-        """As ``memlens triage --window`` spells it (what ``lenses.resolve_moment`` reads)."""
-        return f"{self.first}:{self.last}"
+    def moment(self) -> RowsWindow:
+        """The lenses' window of these rows (what ``memlens group --window FIRST:LAST`` reads)."""
+        return RowsWindow(Row(self.first), Row(self.last))
 
     def overlaps(self, start_event: int, end_event: int) -> bool:
         """Whether rows ``[start_event, end_event)`` (a finding's span) reach into the window."""
@@ -68,10 +70,10 @@ def window_of(view: View | None, rows: int) -> Window | None:
 
 
 def window_text(analysis: Analysis, device: int, window: Window | None) -> Any:
-    """The banner naming the window and its peak (found as ``memlens triage --window`` finds it)."""
+    """The banner naming the window and its peak (found as ``memlens group --window`` finds it)."""
     if window is None:
         return None
-    moment = resolve_moment(lens_inputs_of(analysis, device), window=window.spec)
+    moment = resolve_moment(lens_inputs_of(analysis, device), window.moment)
     peak = allocated_at(analysis.trace(device), moment.event)
     where = f" at event {moment.event:,}" if moment.event is not None and moment.event >= 0 else ""
     return [html.B(f"Window: {window.text}"), f" · peak {format_bytes(peak)}{where}",

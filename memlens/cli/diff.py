@@ -46,7 +46,8 @@ def diff(before: str, after: str, device: int | None, top: int, as_json: bool, w
     result = diff_reports(analysis_before, analysis_after, device, device, top=top)
     file_diff = None
     if file_path:
-        from memlens.analysis.lenses import diff_file_lines, lens_inputs_of
+        from memlens.analysis.lenses.inputs import lens_inputs_of
+        from memlens.analysis.lenses.lines import diff_file_lines
 
         file_diff = diff_file_lines(lens_inputs_of(analysis_before, device), lens_inputs_of(analysis_after, device),
                                     file_path)
@@ -81,6 +82,6 @@ def diff(before: str, after: str, device: int | None, top: int, as_json: bool, w
         console.print(f"\nfindings: {', '.join(result.findings_before) or 'none'} -> "
                       f"{', '.join(result.findings_after) or 'none'}")
     if file_diff is not None:
-        from memlens.cli.lenses import render_file_diff
+        from memlens.cli.group import render_file_diff
 
         render_file_diff(console, file_diff, top)

@@ -18,6 +18,9 @@ from memlens.printable import printable
 # one-liners here let ``memlens --help`` list everything without importing torch or dash.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "triage": ("memlens.cli.triage:triage", "One-screen OOM triage of one or more snapshots."),
+    "group": ("memlens.cli.group:group", "What was live at a moment or window, grouped by category, scope, file, ..."),
+    "stages": ("memlens.cli.group:stages", "Memory per record_function scope: what each added, and its peak."),
+    "lines": ("memlens.cli.group:lines", "Bytes live at a moment by line of one source file."),
     "diff": ("memlens.cli.diff:diff", "What grew between two snapshots, by category and by stack."),
     "budget": ("memlens.cli.budget:budget", "Theoretical training memory: weights, grads, optimizer, activations."),
     "whatif": ("memlens.cli.whatif:whatif", "Replay a snapshot through the allocator simulator with other settings."),

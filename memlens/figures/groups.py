@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from memlens.analysis.lenses import GroupBreakdown
+from memlens.analysis.lenses.groups import GroupBreakdown
 from memlens.figures._style import ALLOCATED_COLOR, ByteScale, layout, message_figure
 from memlens.units import format_bytes
 

@@ -1,0 +1,118 @@
+"""The lens questions: what was live at a moment, grouped; what each stage added; which lines
+of one source file held it.
+
+- ``group(analysis, GroupOptions(by=..., moment=..., rules=...))``: the blocks live at a moment
+  (default: the peak) or at a window's peak, grouped by ``category``, ``annotation``,
+  ``compile_context``, ``module``, ``file``, ``frame``, ``stack`` or ``rules``.
+- ``stages(analysis)``: per ``record_function`` scope, what it added while it ran and its peak.
+- ``lines(analysis, LinesOptions(path=..., moment=...))``: bytes by line of one source file.
+
+Each takes an ``Analysis`` (what ``analyze_snapshot`` returns, and what the dashboard and the
+MCP server keep), so a lens sees the device, lifetimes, categories and steps the report shows.
+Moments are typed (``memlens.analysis.lenses.moments``; from text: ``memlens.ops.moments``);
+rules are loaded by the face that reads the file (``memlens.analysis.lenses.rules``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from memlens.analysis.lenses.groups import GroupBreakdown, group_live
+from memlens.analysis.lenses.inputs import lens_inputs_of
+from memlens.analysis.lenses.labels import GROUP_BYS
+from memlens.analysis.lenses.lines import FileBreakdown, file_lines
+from memlens.analysis.lenses.moments import MomentSpec, resolve_moment
+from memlens.analysis.lenses.rules import Rule
+from memlens.analysis.lenses.stages import StageRuns, StageSummary, annotation_stages, summarize_stages
+from memlens.errors import MemlensUsageError
+
+if TYPE_CHECKING:
+    from memlens.analysis.analysis import Analysis
+
+__all__ = ["GROUP_BYS", "GroupOptions", "GroupResult", "LinesOptions", "LinesResult", "StagesResult", "group",
+           "lines", "stages"]
+
+
+class GroupOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """A grouping (one of ``GROUP_BYS``; ``rules`` needs ``rules``), at ``moment`` (None: the
+    peak), of ``device`` (None: the one the report details)."""
+
+    by: str = "category"
+    moment: MomentSpec | None = None
+    rules: tuple[Rule, ...] = ()
+    device: int | None = None
+
+
+class GroupResult(msgspec.Struct, frozen=True):
+    """What was live at one moment of one device of ``source``, grouped."""
+
+    source: str
+    device: int
+    start_us: int | None  # the first row's time, to print "+1.234 s"
+    groups: GroupBreakdown
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "device": self.device, "groups": self.groups.to_json()}
+
+
+class StagesResult(msgspec.Struct, frozen=True):
+    """Every ``record_function`` scope of one device: per name (most added first) and each run."""
+
+    source: str
+    device: int
+    by_name: list[StageSummary]
+    runs: StageRuns
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "device": self.device,
+                "stages": {"by_name": [s.to_json() for s in self.by_name], "runs": self.runs.to_json()}}
+
+
+class LinesOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """One source file (matched on the end of the frames' paths) at ``moment`` (None: the peak)."""
+
+    path: str
+    moment: MomentSpec | None = None
+    device: int | None = None
+
+
+class LinesResult(msgspec.Struct, frozen=True):
+    """The bytes live at one moment by line of one source file."""
+
+    source: str
+    device: int
+    start_us: int | None
+    file: FileBreakdown
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "device": self.device, "file": self.file.to_json()}
+
+
+def group(analysis: Analysis, options: GroupOptions) -> GroupResult:
+    """The blocks live at ``options.moment`` grouped by ``options.by``; the groups add up exactly
+    to the bytes allocated then."""
+    if options.by not in GROUP_BYS:
+        raise MemlensUsageError(f"cannot group by {options.by!r}: use one of {', '.join(GROUP_BYS)}")
+    if options.by == "rules" and not options.rules:
+        raise MemlensUsageError("grouping by rules needs at least one rule (a rules file)")
+    inputs = lens_inputs_of(analysis, options.device)
+    moment = resolve_moment(inputs, options.moment)
+    breakdown = group_live(inputs, options.by, moment.event, options.rules, moment)
+    return GroupResult(analysis.report.source, inputs.device, inputs.start_us, breakdown)
+
+
+def stages(analysis: Analysis, device: int | None = None) -> StagesResult:
+    """Each complete START/END pair of ``record_function`` scopes of ``device``, and per name."""
+    inputs = lens_inputs_of(analysis, device)
+    runs = annotation_stages(inputs)
+    return StagesResult(analysis.report.source, inputs.device, summarize_stages(runs), runs)
+
+
+def lines(analysis: Analysis, options: LinesOptions) -> LinesResult:
+    """Bytes by line of ``options.path`` at ``options.moment``; a usage error (with the closest
+    names) when no recorded frame is in such a file."""
+    inputs = lens_inputs_of(analysis, options.device)
+    moment = resolve_moment(inputs, options.moment)
+    return LinesResult(analysis.report.source, inputs.device, inputs.start_us, file_lines(inputs, options.path, moment))
