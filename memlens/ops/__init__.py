@@ -12,4 +12,8 @@ Modules, by question:
 - ``vocab``: finding kinds and aliases, device capacities.
 - ``budget``: the theoretical budget, from options and the recorder's sidecar, and its
   reconciliation with a measured report.
+- ``group``: the lens questions: what was live at a moment or window, grouped (``group``);
+  what each ``record_function`` scope added (``stages``); bytes by line of one file (``lines``).
+- ``moments``: ``--at``/``--window``/``--step`` text (the CLI's and the MCP tools') to the typed
+  moments of ``memlens.analysis.lenses.moments``, errors naming the option as the caller does.
 """

@@ -12,8 +12,11 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from memlens.analysis import analyze_snapshot
-from memlens.analysis.lenses import allocated_at, group_live, lens_inputs_of, resolve_moment
+from memlens.analysis.lenses.groups import group_live
+from memlens.analysis.lenses.inputs import allocated_at, lens_inputs_of
+from memlens.analysis.lenses.moments import resolve_moment
 from memlens.figures.groups import elide_middle, plotly_text
+from memlens.ops.moments import parse_window
 from memlens.units import format_bytes
 from memlens_app.main import create_app
 from memlens_app.panels.live import DASHBOARD_GROUP_BYS
@@ -107,7 +110,8 @@ def test_a_window_on_the_timeline_drives_the_other_panels(page: DashPage, artifa
     banner = page.find_element("#window-label").text
     first, last = (int(n.replace(",", "")) for n in re.search(r"events ([\d,]+)–([\d,]+)", banner).groups())
     assert 95 <= first <= 100 and 500 <= last <= 505
-    moment = resolve_moment(lens_inputs_of(analysis, device), window=f"{first}:{last}")
+    # The window as `memlens group --window FIRST:LAST` reads it.
+    moment = resolve_moment(lens_inputs_of(analysis, device), parse_window(f"{first}:{last}"))
     peak = format_bytes(allocated_at(analysis.trace(device), moment.event))
     assert f"peak {peak} at event {moment.event:,}" in banner
 

@@ -13,18 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from memlens.analysis.lenses import (
-    GROUP_BYS,
-    LensInputs,
-    allocated_at,
-    annotation_stages,
-    file_lines,
-    group_labels_at,
-    labels_for,
-    lens_inputs,
-    parse_rules,
-    resolve_moment,
-)
+from memlens.analysis import analyze_snapshot
+from memlens.analysis.lenses.groups import group_labels_at
+from memlens.analysis.lenses.inputs import LensInputs, allocated_at, lens_inputs_of
+from memlens.analysis.lenses.labels import GROUP_BYS, labels_for
+from memlens.analysis.lenses.lines import file_lines
+from memlens.analysis.lenses.moments import StepNumber, resolve_moment
+from memlens.analysis.lenses.rules import parse_rules
+from memlens.analysis.lenses.stages import annotation_stages
 from memlens.analysis.live import BEFORE_FIRST_ROW
 from memlens.snapshot.reader import load
 from tests.conftest import needs_real_snapshots, real_snapshot_paths
@@ -37,7 +33,8 @@ RULES = parse_rules({"rules": {"attention": "attn|attention|softmax", "optimizer
 @cache
 def inputs_of(path: Path) -> tuple[LensInputs, ...]:
     snapshot = load(path, cache=False)
-    return tuple(lens_inputs(snapshot, device) for device in snapshot.device_ids)
+    analysis = analyze_snapshot(snapshot)
+    return tuple(lens_inputs_of(analysis, device) for device in snapshot.device_ids)
 
 
 def moments(inputs: LensInputs) -> list[int | None]:
@@ -45,7 +42,7 @@ def moments(inputs: LensInputs) -> list[int | None]:
     if not n:
         return [None]
     chosen: set[int | None] = {resolve_moment(inputs).event, BEFORE_FIRST_ROW, 0, n // 2, n - 1}
-    chosen.update(resolve_moment(inputs, step=step.index).event for step in inputs.steps
+    chosen.update(resolve_moment(inputs, StepNumber(step.index)).event for step in inputs.steps
                   if step.end_event > step.start_event)
     return sorted(chosen, key=lambda e: -2 if e is None else e)
 

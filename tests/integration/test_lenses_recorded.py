@@ -35,18 +35,15 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.timeout(300)
 def test_module_scopes_group_and_stage(recording: Path) -> None:
-    from memlens.analysis.lenses import (
-        GROUP_BYS,
-        allocated_at,
-        annotation_stages,
-        group_live,
-        lens_inputs,
-        resolve_moment,
-        summarize_stages,
-    )
+    from memlens.analysis import analyze_snapshot
+    from memlens.analysis.lenses.groups import group_live
+    from memlens.analysis.lenses.inputs import allocated_at, lens_inputs_of
+    from memlens.analysis.lenses.labels import GROUP_BYS
+    from memlens.analysis.lenses.moments import StepNumber, resolve_moment
+    from memlens.analysis.lenses.stages import annotation_stages, summarize_stages
     from memlens.snapshot.reader import load
 
-    inputs = lens_inputs(load(recording, cache=False))
+    inputs = lens_inputs_of(analyze_snapshot(load(recording, cache=False)))
     summary = {s.name: s for s in summarize_stages(annotation_stages(inputs))}
     # Each Linear's forward allocates its output: BATCH x out_features float32, once per step.
     assert summary["memlens.forward#0"].runs == 3
@@ -57,7 +54,7 @@ def test_module_scopes_group_and_stage(recording: Path) -> None:
     end = next(s for s in annotation_stages(inputs) if s.name == "memlens.forward#0" and s.start_event > 0)
     modules = {g.name: g.bytes for g in group_live(inputs, "module", end.end_event).groups}
     assert modules.get("0", 0) >= BATCH * HIDDEN * 4
-    for moment in (resolve_moment(inputs), resolve_moment(inputs, step=1)):
+    for moment in (resolve_moment(inputs), resolve_moment(inputs, StepNumber(1))):
         for group_by in GROUP_BYS[:-1]:
             result = group_live(inputs, group_by, moment.event)
             assert sum(g.bytes for g in result.groups) == allocated_at(inputs.trace, moment.event)

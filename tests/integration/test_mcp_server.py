@@ -159,7 +159,7 @@ def test_triage_and_findings_match_the_cli_on_real_snapshots(client: StdioClient
 def test_group_by_matches_the_cli_on_a_real_snapshot(client: StdioClient, group_by: str) -> None:
     path = str(real_snapshot("MAGMA27__assignment2-systems__memory_snapshot.pickle"))
     assert text_of(client.call("group_by", snapshot=path, group_by=group_by)) == cli_json(
-        "triage", path, "--group-by", group_by, "--json")
+        "group", path, "--by", group_by, "--json")
 
 
 @pytest.mark.timeout(300)
@@ -173,7 +173,7 @@ def test_findings_filter_by_kind(client: StdioClient) -> None:
 @pytest.mark.timeout(300)
 def test_group_by_diff_whatif_and_budget_are_the_cli_json(client: StdioClient) -> None:
     assert text_of(client.call("group_by", snapshot=str(LEAK), group_by="file", at="step2")) == cli_json(
-        "triage", str(LEAK), "--group-by", "file", "--at", "step2", "--json")
+        "group", str(LEAK), "--by", "file", "--at", "step2", "--json")
     rank0, rank1 = (str(SAMPLE_SNAPSHOTS_DIR / f"ddp_rank{r}.pickle") for r in (0, 1))
     assert text_of(client.call("diff", before=rank0, after=rank1, top=5)) == cli_json(
         "diff", rank0, rank1, "--top", "5", "--json")

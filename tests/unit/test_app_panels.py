@@ -9,8 +9,12 @@ from typing import Any
 import pytest
 
 from memlens.analysis import Analysis, analyze_snapshot, live_at
-from memlens.analysis.lenses import allocated_at, group_live, lens_inputs_of, resolve_moment
+from memlens.analysis.lenses.groups import group_live
+from memlens.analysis.lenses.inputs import allocated_at, lens_inputs_of
+from memlens.analysis.lenses.moments import Row, resolve_moment
+from memlens.analysis.lenses.moments import Window as RowsWindow
 from memlens.fleet import find_outliers
+from memlens.ops.moments import parse_window
 from memlens.units import format_bytes
 from memlens_app.panels.budget import BudgetForm, budget_panel
 from memlens_app.panels.compare import compare_panel
@@ -90,7 +94,9 @@ def test_a_finding_is_in_the_window_when_its_span_reaches_into_it() -> None:
     window = Window(100, 199)
     assert window.overlaps(150, 160) and window.overlaps(50, 101) and window.overlaps(199, 400)
     assert not window.overlaps(0, 100) and not window.overlaps(200, 300)
-    assert window.spec == "100:199" and window.text == "events 100–199"
+    # The dashboard passes the lenses a typed window: the one `memlens group --window 100:199` reads.
+    assert window.moment == RowsWindow(Row(100), Row(199)) == parse_window("100:199")
+    assert window.text == "events 100–199" == window.moment.text
 
 
 def test_findings_panel_marks_the_findings_inside_the_window(leak: Analysis) -> None:
@@ -115,7 +121,7 @@ def test_findings_panel_marks_the_findings_inside_the_window(leak: Analysis) -> 
 def test_window_banner_names_the_window_peak_the_lenses_find(leak: Analysis) -> None:
     device = _device(leak)
     window = Window(400, 1200)
-    moment = resolve_moment(lens_inputs_of(leak, device), window="400:1200")
+    moment = resolve_moment(lens_inputs_of(leak, device), parse_window("400:1200"))
     text = _text(window_text(leak, device, window))
     assert "Window: events 400–1,200" in text
     assert f"peak {format_bytes(allocated_at(leak.trace(device), moment.event))} at event {moment.event:,}" in text
@@ -187,7 +193,7 @@ def test_with_a_window_the_live_panel_shows_the_peak_within_it(leak: Analysis) -
     device = _device(leak)
     trace = leak.trace(device)
     window = Window(200, 1000)
-    moment = resolve_moment(lens_inputs_of(leak, device), window=window.spec)
+    moment = resolve_moment(lens_inputs_of(leak, device), window.moment)
     for group_by in ("category", "file"):
         panel = live_panel(leak, device, window=window, group_by=group_by)
         assert panel.live.event == moment.event and window.first <= moment.event <= window.last

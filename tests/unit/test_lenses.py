@@ -1,4 +1,7 @@
-"""Lenses (memlens.analysis.lenses): group-by at any moment, moments, stages, per source file."""
+"""Lenses (memlens.analysis.lenses): group-by at any moment, moments, stages, per source file.
+
+Moments from text (``--at``/``--window``/``--step``) are the faces' (``memlens.ops.moments``):
+tests/unit/test_ops_group.py."""
 
 from __future__ import annotations
 
@@ -13,41 +16,39 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlens.analysis import analyze
-from memlens.analysis.lenses import (
+from memlens.analysis import analyze, analyze_snapshot
+from memlens.analysis.lenses.groups import group_live
+from memlens.analysis.lenses.inputs import LensInputs, allocated_at, exact_bincount, lens_inputs_of
+from memlens.analysis.lenses.labels import (
     BEFORE_HISTORY,
     GROUP_BYS,
-    MAX_RULES,
-    MAX_RULES_FILE_BYTES,
     NO_ANNOTATION,
     NO_COMPILE_CONTEXT,
     NO_MODULE,
     NO_STACK,
     UNACCOUNTED,
-    LensInputs,
-    Rule,
-    allocated_at,
-    annotation_stages,
-    busiest_device,
-    diff_file_lines,
-    exact_bincount,
-    file_lines,
-    file_matches,
-    first_rule_per_frame,
-    group_live,
-    interval_peaks,
-    lens_inputs,
-    load_rules,
-    parse_point,
-    parse_rules,
-    resolve_moment,
-    stage_name,
-    summarize_stages,
 )
+from memlens.analysis.lenses.lines import diff_file_lines, file_lines, file_matches
+from memlens.analysis.lenses.moments import Row, StepNumber, Time, Window, resolve_moment
+from memlens.analysis.lenses.rules import (
+    MAX_RULES,
+    MAX_RULES_FILE_BYTES,
+    Rule,
+    first_rule_per_frame,
+    load_rules,
+    parse_rules,
+)
+from memlens.analysis.lenses.stages import annotation_stages, interval_peaks, stage_name, summarize_stages
 from memlens.analysis.live import breakdown
 from memlens.errors import MemlensUsageError
+from memlens.snapshot.model import Snapshot
 from memlens.snapshot.reader import parse
 from tests.unit.tracebuilder import BACKWARD, LOSS, MODEL, OPTIM_WINDOWS, TEMP, MiB, TraceBuilder, frame, training_run
+
+
+def lens_inputs(snapshot: Snapshot, device: int | None = None) -> LensInputs:
+    """The one way lens inputs are built: from the analysis of the snapshot."""
+    return lens_inputs_of(analyze_snapshot(snapshot), device)
 
 
 def groups_of(inputs: LensInputs, group_by: str, event: int | None, rules: list[Rule] | None = None) -> dict[str, int]:
@@ -306,7 +307,7 @@ def test_the_rules_file_must_be_a_regular_file_of_bounded_size(tmp_path: Path) -
 def test_missing_rules_file_and_rules_without_a_file(tmp_path: Path) -> None:
     with pytest.raises(MemlensUsageError, match="cannot read the rules file"):
         load_rules(tmp_path / "absent.json")
-    with pytest.raises(MemlensUsageError, match="needs a rules file"):
+    with pytest.raises(MemlensUsageError, match="needs at least one rule"):
         group_live(lens_inputs(training_run(1).snapshot()), "rules", 0)
     with pytest.raises(MemlensUsageError, match="unknown grouping"):
         group_live(lens_inputs(training_run(1).snapshot()), "colour", 0)
@@ -337,58 +338,47 @@ def test_exact_bincount_beyond_float_precision() -> None:
 # --------------------------------------------------------------------------- moments
 
 
-@pytest.mark.parametrize(
-    ("text", "kind", "value", "relative"),
-    [("1234", "event", 1234, False), ("1234567us", "time", 1234567, False), ("1234567µs", "time", 1234567, False),
-     ("+1.5s", "time", 1_500_000, True), ("+20ms", "time", 20_000, True), ("step3", "step", 3, False),
-     ("step#4", "step", 4, False)],
-)
-def test_parse_point(text: str, kind: str, value: int, relative: bool) -> None:
-    point = parse_point(text)
-    assert (point.kind, point.value, point.relative) == (kind, value, relative)
-
-
-@pytest.mark.parametrize("text", ["", "-3", "1.5", "step", "12 parsecs", "3h"])
-def test_parse_point_rejects(text: str) -> None:
-    with pytest.raises(MemlensUsageError, match="cannot read the moment"):
-        parse_point(text)
-
-
 def test_moments_resolve_to_rows() -> None:
     b = training_run(3)
     inputs = lens_inputs(b.snapshot())
     trace = inputs.trace
     assert resolve_moment(inputs).event == int(np.argmax(trace.allocated))
-    assert resolve_moment(inputs, at="17").event == 17
+    assert resolve_moment(inputs, Row(17)).event == 17
     # A time on the trace's clock: the last row at or before it (rows are 10 µs apart).
     t17 = int(trace.time_us[17])
-    assert resolve_moment(inputs, at=f"{t17}us").event == 17
-    assert resolve_moment(inputs, at=f"{t17 + 5}us").event == 17
-    assert resolve_moment(inputs, at=f"+{t17 - int(trace.time_us[0])}us").event == 17
-    assert resolve_moment(inputs, at=f"{int(trace.time_us[0]) - 1}us").event == -1  # before the first row
+    assert resolve_moment(inputs, Time(t17)).event == 17
+    assert resolve_moment(inputs, Time(t17 + 5)).event == 17
+    assert resolve_moment(inputs, Time(t17 - int(trace.time_us[0]), since_start=True)).event == 17
+    assert resolve_moment(inputs, Time(int(trace.time_us[0]) - 1)).event == -1  # before the first row
     step = inputs.steps[1]
     in_step = trace.allocated[step.start_event:step.end_event]
     expected = step.start_event + int(np.argmax(in_step))
-    for moment in (resolve_moment(inputs, at=f"step{step.index}"), resolve_moment(inputs, step=step.index)):
-        assert moment.event == expected and moment.window == (step.start_event, step.end_event - 1)
-    window = resolve_moment(inputs, window="10:40")
+    moment = resolve_moment(inputs, StepNumber(step.index))
+    assert moment.event == expected and moment.window == (step.start_event, step.end_event - 1)
+    assert moment.how == "step" and moment.text == f"the peak of step {step.index}"
+    window = resolve_moment(inputs, Window(Row(10), Row(40)))
     assert window.event == 10 + int(np.argmax(trace.allocated[10:41])) and window.window == (10, 40)
-    assert resolve_moment(inputs, window=":").event == resolve_moment(inputs).event
-    assert resolve_moment(inputs, window=f"step{step.index}:step{step.index}").event == expected
-    by_time = resolve_moment(inputs, window=f"{int(trace.time_us[10])}us:{int(trace.time_us[40])}us")
+    assert window.text == "the peak of events 10–40"
+    assert resolve_moment(inputs, Window()).event == resolve_moment(inputs).event
+    assert resolve_moment(inputs, Window(StepNumber(step.index), StepNumber(step.index))).event == expected
+    by_time = resolve_moment(inputs, Window(Time(int(trace.time_us[10])), Time(int(trace.time_us[40]))))
     assert by_time.window == (10, 40)
+    assert resolve_moment(inputs, Window(None, Row(5))).window == (0, 5)
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [({"at": "step99"}, "no step 99"), ({"step": 0}, "no step 0"), ({"at": "100000"}, "outside the trace"),
-     ({"window": "40:10"}, "holds no trace rows"), ({"window": "10"}, "use A:B"),
-     ({"at": "3", "step": 1}, "give one of"), ({"at": "soon"}, "cannot read the moment")],
+    ("spec", "message"),
+    [(StepNumber(99), "no step 99"), (StepNumber(0), "no step 0"), (Row(100000), "outside the trace"),
+     (Window(Row(40), Row(10)), "the window events 40–10 holds no trace rows"),
+     (Window(StepNumber(1), Row(100000)), "outside the trace")],
 )
-def test_moment_mistakes(kwargs: dict[str, Any], message: str) -> None:
+def test_moment_mistakes_name_the_moment_and_no_option(spec: Any, message: str) -> None:
+    """The core is shared by every face: its errors say what is wrong with the moment, never
+    which command-line flag gave it (the CLI says --at, the MCP server at)."""
     inputs = lens_inputs(training_run(3).snapshot())
-    with pytest.raises(MemlensUsageError, match=message):
-        resolve_moment(inputs, **kwargs)
+    with pytest.raises(MemlensUsageError, match=message) as raised:
+        resolve_moment(inputs, spec)
+    assert "--" not in str(raised.value)
 
 
 def test_a_time_needs_times() -> None:
@@ -396,7 +386,7 @@ def test_a_time_needs_times() -> None:
     b.alloc(MiB, MODEL)
     inputs = lens_inputs(b.snapshot())
     with pytest.raises(MemlensUsageError, match="has no times"):
-        resolve_moment(inputs, at="+1s")
+        resolve_moment(inputs, Time(1_000_000, since_start=True))
     assert groups_of(inputs, "annotation", 0) == {"(no times recorded)": MiB}
 
 
@@ -459,7 +449,7 @@ def test_the_default_device_is_the_one_the_report_details() -> None:
         segment["device"] = 1
     raw["device_traces"] = [busy.trace, heavy.trace]
     snapshot = parse(raw)
-    assert busiest_device(snapshot) == analyze(snapshot).device().device == 1
+    assert analyze(snapshot).device().device == 1
     assert lens_inputs(snapshot).device == 1 and lens_inputs(snapshot, 0).device == 0
 
 
@@ -558,9 +548,8 @@ def test_groups_sum_to_allocated_at_random_moments(ops: list[tuple[str, int, int
 def test_no_event_means_the_peak_as_live_at_does() -> None:
     """``group_live(inputs, g)`` with no row is the peak (a trace with rows), never every lifetime
     at once against the baseline."""
-    from memlens.analysis import analyze_snapshot, live_at
-    from memlens.analysis.lenses import group_live, lens_inputs_of, whole_peak
-    from tests.unit.tracebuilder import training_run
+    from memlens.analysis import live_at
+    from memlens.analysis.lenses.moments import whole_peak
 
     analysis = analyze_snapshot(training_run(3).snapshot())
     inputs = lens_inputs_of(analysis)
