@@ -120,13 +120,17 @@ def test_many_steps_and_streams_are_analysed_in_linear_time(tmp_path: Path) -> N
 @pytest.mark.timeout(300)
 def test_rows_sharing_a_deep_stack_cost_the_stack_once(tmp_path: Path) -> None:
     """Release runs and allocations sharing one 100,000-frame stack: triage and whatif (in
-    check_class), then diff and the HTML export, each in the subprocess's 50 s."""
+    check_class), then diff, the HTML export and the lens commands, each in the subprocess's 50 s."""
     check_class("shared deep stacks", tmp_path)
     releases, allocations = tmp_path / "release_runs.pickle", tmp_path / "allocations.pickle"
     compared = memlens("diff", str(releases), str(allocations))
     assert compared.returncode == 0, compared.stderr[-2000:]
     exported = memlens("export", str(allocations), "-o", str(tmp_path / "report.html"))
     assert exported.returncode == 0, exported.stderr[-2000:]
+    for lens in (["group", "--by", "stack"], ["group", "--by", "frame", "--window", "10:90000"], ["stages"],
+                 ["lines", "f3.py", "--json"]):  # the lens commands: labels per stack id, not per row
+        looked = memlens(lens[0], str(allocations), *lens[1:])
+        assert looked.returncode == 0, (lens, looked.stderr[-2000:])
     for suffix in ("jsonl", "csv"):  # each row wrote the whole stack: gigabytes from 6 MB
         out = tmp_path / f"events.{suffix}"
         exported = subprocess.run(

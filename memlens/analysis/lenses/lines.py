@@ -62,7 +62,7 @@ class FileBreakdown:
     allocated_bytes: int
     file_bytes: int
     lines: list[LineBytes]
-    # When this file's lines held the most (the whole history): for "--file" without a moment.
+    # When this file's lines held the most (the whole history), to name beside another moment.
     file_peak_event: int | None = None
     file_peak_bytes: int = 0
 
