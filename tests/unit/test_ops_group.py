@@ -67,6 +67,17 @@ def test_moment_text_errors_name_the_option_as_the_caller_does(kwargs: dict[str,
         assert "--" not in str(raised.value)
 
 
+@pytest.mark.parametrize("spec", [Row(3), Time(5, since_start=True), StepNumber(2), Window(Row(1), StepNumber(4)),
+                                  Window(None, Time(9))])
+def test_a_typed_moment_travels_as_json_and_back(spec: Any) -> None:
+    import msgspec
+
+    from memlens.analysis.lenses.moments import MomentSpec
+
+    assert msgspec.json.decode(msgspec.json.encode(spec), type=MomentSpec) == spec
+    assert msgspec.json.decode(b'{"type": "row", "event": 7}', type=MomentSpec) == Row(7)
+
+
 def test_moment_from_text_gives_the_typed_value() -> None:
     assert moment_from_text() is None
     assert moment_from_text(at="17") == Row(17)

@@ -3,9 +3,10 @@
 A moment is a ``Row`` (an event index), a ``Time`` (µs on the trace's clock, or since its first
 row), a ``StepNumber`` (the peak of that step) or a ``Window`` between two of them (its peak);
 ``None`` is the whole run's peak. ``resolve_moment`` turns one into a ``Moment``: the row to
-look at and how it was chosen. Faces build these values (the dashboard from its zoomed rows,
-the CLI and the MCP server from text: ``memlens.ops.moments``); the errors here name the
-moment, never the option that gave it.
+look at and how it was chosen. The values are tagged msgspec structs, so one travels as JSON
+(``{"type": "row", "event": 1234}``) and decodes back as ``MomentSpec``. Faces build them (the
+dashboard from its zoomed rows, the CLI and the MCP server from text: ``memlens.ops.moments``);
+the errors here name the moment, never the option that gave it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from memlens.snapshot.model import DeviceTrace
 MAX_MOMENT = (1 << 62) - 1  # an event index, a step or µs: beyond it, no trace (int64 columns) reaches
 
 
-class Row(msgspec.Struct, frozen=True):
+class Row(msgspec.Struct, frozen=True, tag="row"):
     """The state after trace row ``event``."""
 
     event: int
@@ -35,7 +36,7 @@ class Row(msgspec.Struct, frozen=True):
         return f"event {self.event:,}"
 
 
-class Time(msgspec.Struct, frozen=True):
+class Time(msgspec.Struct, frozen=True, tag="time"):
     """A time in µs: on the trace's own clock, or ``since_start`` of its first row."""
 
     us: int
@@ -46,7 +47,7 @@ class Time(msgspec.Struct, frozen=True):
         return f"{'+' if self.since_start else ''}{self.us:,} µs"
 
 
-class StepNumber(msgspec.Struct, frozen=True):
+class StepNumber(msgspec.Struct, frozen=True, tag="step"):
     """Step ``number`` (``Step.index``): as a moment, its peak; as a window's end, its rows."""
 
     number: int
@@ -59,7 +60,7 @@ class StepNumber(msgspec.Struct, frozen=True):
 Point: TypeAlias = Row | Time | StepNumber
 
 
-class Window(msgspec.Struct, frozen=True):
+class Window(msgspec.Struct, frozen=True, tag="window"):
     """The rows from ``start`` to ``end``, both included (None: from the first / to the last row)."""
 
     start: Point | None = None
