@@ -8,6 +8,7 @@ output appear while its forward runs.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,3 +59,24 @@ def test_module_scopes_group_and_stage(recording: Path) -> None:
         for group_by in GROUP_BYS[:-1]:
             result = group_live(inputs, group_by, moment.event)
             assert sum(g.bytes for g in result.groups) == allocated_at(inputs.trace, moment.event)
+
+
+@pytest.mark.timeout(300)
+def test_the_lens_commands_read_the_recording(recording: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from memlens.cli.main import cli
+
+    def run(*args: str) -> Any:
+        result = CliRunner().invoke(cli, [*args, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    staged = {s["name"]: s for s in run("stages", str(recording))["stages"]["by_name"]}
+    assert staged["memlens.forward#0"]["runs"] == 3 and staged["memlens.step#N"]["runs"] == 3
+    modules = run("group", str(recording), "--by", "module", "--step", "1")["groups"]
+    assert modules["moment"]["how"] == "step"
+    assert sum(g["bytes"] for g in modules["groups"]) == modules["allocated_bytes"]
+    assert {g["name"] for g in modules["groups"]} & {"0", "2"}  # the Linears' own scopes
