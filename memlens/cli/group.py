@@ -143,7 +143,7 @@ def load_rules_option(rules_path: str | None) -> tuple[Rule, ...]:
 
 
 @click.command(help=help_text(GROUP_HELP))
-@click.argument("snapshots", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("snapshots", nargs=-1, required=True, type=click.Path(dir_okay=False), metavar="SNAPSHOT...")
 @click.option("--by", "by", type=click.Choice(GROUP_BYS), default=None,
               help="Group the blocks live at the moment by this (default: category; rules when --rules is given).")
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
@@ -168,7 +168,7 @@ def group(snapshots: tuple[str, ...], by: str | None, rules_path: str | None, at
 
 
 @click.command(help=help_text(STAGES_HELP))
-@click.argument("snapshots", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("snapshots", nargs=-1, required=True, type=click.Path(dir_okay=False), metavar="SNAPSHOT...")
 @_common_options
 def stages(snapshots: tuple[str, ...], device: int | None, as_json: bool, cache: bool | None, width: int | None,
            color: bool | None) -> None:
