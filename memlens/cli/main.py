@@ -18,6 +18,7 @@ from memlens.printable import MAX_SHOWN_CHARS
 # one-liners here let ``memlens --help`` list everything without importing torch or dash.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "triage": ("memlens.cli.triage:triage", "One-screen OOM triage of one or more snapshots."),
+    "fleet": ("memlens.cli.fleet:fleet", "Compare the ranks of one job: the per-rank table, the outlier rank and why."),
     "diff": ("memlens.cli.diff:diff", "What grew between two snapshots, by category and by stack."),
     "budget": ("memlens.cli.budget:budget", "Theoretical training memory: weights, grads, optimizer, activations."),
     "whatif": ("memlens.cli.whatif:whatif", "Replay a snapshot through the allocator simulator with other settings."),
