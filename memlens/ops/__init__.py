@@ -12,4 +12,10 @@ Modules, by question:
 - ``vocab``: finding kinds and aliases, device capacities.
 - ``budget``: the theoretical budget, from options and the recorder's sidecar, and its
   reconciliation with a measured report.
+- ``errors``: the one rule that turns an exception into a one-line message (a mistake, an input
+  that ran memlens out of memory or stack depth, a bug), for every face.
+- ``runner``: the one sandboxed child-process runner (time and memory limits) that the
+  dashboard's analyses, the MCP server's tool calls and the fleet's ranks run in, and the one
+  per-file analysis a child runs (``analyse_file``).
+- ``fleet``: many ranks of one job in parallel, typed rows, the outlier rank and why.
 """
