@@ -16,7 +16,7 @@ one differs from the other.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import click
@@ -71,12 +71,19 @@ def _kinds(values: tuple[str, ...]) -> list[str]:
 def fleet(snapshots: tuple[str, ...], jobs: int | None, dask_address: str | None, as_json: bool,
           fail_on: tuple[str, ...], device: int | None, capacity: int | None, cache: bool | None,
           width: int | None, color: bool | None) -> None:
+    run_fleet(snapshots, jobs=jobs, dask=dask_address, capacity=capacity, device=device, cache=cache,
+              as_json=as_json, width=width, color=color, fail_on=_kinds(fail_on))
+
+
+def run_fleet(snapshots: Sequence[str], *, jobs: int | None, dask: str | None, capacity: int | None,
+              device: int | None, cache: bool | None, as_json: bool, width: int | None, color: bool | None,
+              fail_on: Sequence[str]) -> None:
+    """Analyse ``snapshots`` as a fleet, print the table and verdict (or the JSON), honour --fail-on."""
     from memlens.ops.fleet import triage_fleet
 
-    kinds = _kinds(fail_on)
     with _progress(len(snapshots)) as progress:
         # The JSON keeps every file's report under "reports", each as ``memlens triage --json``.
-        result = triage_fleet(snapshots, jobs=jobs, dask=dask_address, capacity=capacity, device=device,
+        result = triage_fleet(snapshots, jobs=jobs, dask=dask, capacity=capacity, device=device,
                               cache=cache, keep_reports=as_json, progress=progress)
     if as_json:
         click.echo(json_text(result.to_json()))
@@ -88,7 +95,17 @@ def fleet(snapshots: tuple[str, ...], jobs: int | None, dask_address: str | None
     if len(result.failed) == len(result.rows):
         click.echo("memlens: error: none of the files could be analysed (see the table)", err=True)
         sys.exit(EXIT_NOTHING_ANALYSED)
-    hits = [kind for kind in kinds if kind in result.finding_kinds()]
+    hits = [kind for kind in fail_on if kind in result.finding_kinds()]
     if hits:
         click.echo(f"memlens: found {', '.join(hits)} (--fail-on)", err=True)
         sys.exit(EXIT_FINDING)
+
+
+def triage_fleet_command(snapshots: Sequence[str], *, jobs: int | None, dask: str | None, capacity: int | None,
+                         device: int | None, cache: bool | None, as_json: bool, width: int | None,
+                         color: bool | None, fail_on: Sequence[str], exit_finding: int) -> None:
+    """What ``memlens triage`` with several files still calls until its fleet branch leaves it for
+    this command (issue 22): ``run_fleet``. Goes with that branch."""
+    del exit_finding  # the same 1 as EXIT_FINDING
+    run_fleet(snapshots, jobs=jobs, dask=dask, capacity=capacity, device=device, cache=cache, as_json=as_json,
+              width=width, color=color, fail_on=fail_on)
