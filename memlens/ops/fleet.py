@@ -41,7 +41,7 @@ from memlens.analysis.datatypes import CATEGORIES
 from memlens.analysis.report import Finding, Report, Step
 from memlens.errors import MemlensUsageError
 from memlens.ops.errors import describe
-from memlens.ops.runner import Limits, analyse_file, run_each
+from memlens.ops.runner import DEFAULT_PRELOAD, Limits, analyse_file, run_each
 from memlens.printable import printable
 from memlens.units import format_bytes
 
@@ -62,6 +62,9 @@ MIN_RANKS_FOR_OUTLIERS = 3
 # Each rank's analysis may take this long in its child: a fleet runs unattended, on files as
 # large as PyTorch writes (the analysis reads ~10 MiB of pickle a second on a busy core).
 RANK_TIMEOUT_S = 900.0
+
+# What each rank's child starts with (the forkserver imports it once): the runner's, and this.
+PRELOAD = (*DEFAULT_PRELOAD, "memlens.ops.fleet")
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
@@ -455,7 +458,7 @@ def run_in_children(paths: Sequence[str], jobs: int, *, capacity: int | None = N
     at most ``jobs`` at once; in input order, a failure as its row's error."""
     outcomes = run_each(rank_job, [(path, capacity, device, cache, keep_reports) for path in paths], jobs=jobs,
                         limits=limits if limits is not None else Limits(timeout_s=RANK_TIMEOUT_S),
-                        what="analysis", progress=progress)
+                        what="analysis", preload=PRELOAD, progress=progress)
     return [outcome.value if outcome.ok else RankResult(failed_row(path, str(outcome.error), outcome.seconds))
             for path, outcome in zip(paths, outcomes, strict=True)]
 
