@@ -23,7 +23,7 @@ from dash.exceptions import PreventUpdate
 
 from memlens.analysis import Analysis
 from memlens.errors import MemlensError
-from memlens.fleet import RankRow
+from memlens.ops.fleet import RankRow, failed_row, rank_row
 from memlens.units import format_bytes
 from memlens_app import inputs
 from memlens_app.layout import CHECKPOINTING, OPTIMIZERS, PRECISIONS, source_options
@@ -36,9 +36,7 @@ from memlens_app.panels.overview import no_overview, overview
 from memlens_app.panels.ranks import (
     MIN_RANKS,
     default_rank_sources,
-    failed_row,
     rank_path,
-    rank_row,
     rank_sources,
     ranks_panel,
     source_of_click,

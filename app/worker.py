@@ -1,10 +1,11 @@
 """Analyse one snapshot in a separate process that can be stopped: the app's only door to memlens.
 
 A hostile or simply enormous file can keep the unpickler busy in C code for ever or swallow the
-machine's memory, so each analysis runs through ``memlens.sandbox`` (a child forked from a
+machine's memory, so each analysis runs through ``memlens.ops.runner`` (a child forked from a
 ``forkserver``, its address space capped, killed at a wall-clock deadline); the server's threads
-only wait on a pipe meanwhile, so every other request is answered. The MCP server runs its tool
-calls through the same sandbox, under the same limits.
+only wait on a pipe meanwhile, so every other request is answered. The child runs the one
+per-file analysis, ``memlens.ops.runner.analyse_file``. The MCP server runs its tool calls, and
+``memlens fleet`` its ranks, through the same runner, under the same limits.
 
 What comes back is the ``Analysis`` (the report with its snapshot's numpy columns), pickled through
 the pipe: on a 1,000,000-event file that is ~76 MiB and well under a tenth of a second each way,
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from memlens.sandbox import (
+from memlens.ops.runner import (
     DEFAULT_PRELOAD,
     DEFAULT_TIMEOUT_S,
     Abandoned,
@@ -26,9 +27,10 @@ from memlens.sandbox import (
     Limits,
     ProcessGroup,
     Stopped,
+    analyse_file,
     run_limited,
 )
-from memlens.sandbox import default_memory_limit as default_memory_limit
+from memlens.ops.runner import default_memory_limit as default_memory_limit
 
 log = logging.getLogger("memlens.app")
 
@@ -36,7 +38,7 @@ DEFAULT_ANALYSIS_TIMEOUT_S = DEFAULT_TIMEOUT_S
 # Modules the forkserver imports once, so that each forked child starts with them loaded.
 _PRELOAD = [*DEFAULT_PRELOAD, "memlens_app.worker", "memlens.allocator"]  # the what-if job's simulator
 
-# The sandbox's names, as the app has always called them.
+# The runner's names, as the app has always called them.
 AnalysisLimits = Limits
 AnalysisStopped = Stopped
 JobAbandoned = Abandoned  # the page that asked for the job has gone
@@ -51,7 +53,7 @@ def analyse_in_worker(path: str, *, uploaded: bool, limits: AnalysisLimits, work
     Raises ``MemlensError`` for a file memlens cannot read (the reader's own message),
     ``AnalysisStopped`` when a limit was hit, ``AnalysisCrashed`` for a bug in memlens.
     """
-    return run_limited(analyze_file, (path, uploaded, max_content_bytes), limits=limits, group=workers,
+    return run_limited(analyse_file, (path, uploaded, max_content_bytes), limits=limits, group=workers,
                        what="analysis", preload=_PRELOAD)
 
 
@@ -93,15 +95,3 @@ def whatif_job(snapshot: Any, device: int, capacity: int | None, extra: int) -> 
             notes.append(f"On the {format_bytes(capacity + extra)} device, {stopped}")
     # Where the expandable replay stopped at its OOM, the recorded column covers the same events.
     return WhatIfAnswer(dict(expandable.recorded_compared()), dict(expandable.simulated), more, tuple(notes))
-
-
-def analyze_file(path: str, uploaded: bool = False, max_content_bytes: int | None = None) -> Any:
-    """Load with the safe reader and analyse (what each child runs). ``max_content_bytes``: an
-    upload's limit, which what a gzip inflates to counts against as a plain file's size does."""
-    from memlens.snapshot.reader import load
-
-    # An upload lives in a temporary folder: a cache file beside it would only cost disk.
-    snapshot = load(path, cache=False if uploaded else None, max_content_bytes=max_content_bytes)
-    from memlens.analysis import analyze_snapshot
-
-    return analyze_snapshot(snapshot)

@@ -1,15 +1,16 @@
-"""Triage of a 64-rank fleet: sequential, a process pool (--jobs) and a Dask LocalCluster.
+"""A 64-rank fleet: in this process, limited child processes (--jobs 1 and N) and a Dask LocalCluster.
 
 The ranks are CPU-recorded snapshots of a tiny training loop (``tests/fleet_ranks.py``), one
 rank leaking and one with a 4x batch, recorded once and kept in a temporary folder for the next
 run. Each of those takes tens of milliseconds to analyse, so a second table does the same over
 larger synthetic ranks (``memlens.synthetic``, 100,000 events, about a second each, one leaking),
 where the work per file, not the start of the workers, dominates, as with real ranks' snapshots.
-Each way is timed best of N over the same files, in this process (``memlens.fleet.
-triage_fleet``, what ``memlens triage FILES --jobs N`` / ``--dask ADDRESS`` calls), with the
-speed-up over sequential beside it. The Dask cluster is started once, outside the timing, as a
-user's existing cluster would be; its start-up is printed apart. Every way must name the planted
-outlier ranks.
+Each way is timed best of N over the same files (``memlens.ops.fleet.triage_fleet``, what
+``memlens fleet FILES --jobs N`` / ``--dask ADDRESS`` calls, each rank in its own child process
+under the runner's limits), with the speed-up over analysing the files one after another in this
+process, without limits (``rank_job`` called here: what the runner's children cost) beside it.
+The Dask cluster is started once, outside the timing, as a user's existing cluster would be; its
+start-up is printed apart. Every way must name the planted outlier ranks.
 
     python benchmarks/bench_fleet.py [--ranks 64] [--steps 16] [--large 16] [--jobs 2] [--runs 3]
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.fleet_ranks
 
-from memlens.fleet import FleetReport, triage_fleet
+from memlens.ops.fleet import FleetReport, fleet_of_rows, rank_job, triage_fleet
 from tests.fleet_ranks import record_ranks
 
 
@@ -72,12 +73,14 @@ def best_of(runs: int, triage: Callable[[], FleetReport]) -> tuple[float, FleetR
 
 
 def compare(title: str, paths: list[str], planted: set[int], jobs: int, runs: int, dask: str | None) -> None:
-    """Sequential, the process pool and (given an address) Dask over ``paths``, side by side."""
+    """In this process, the limited children and (given an address) Dask over ``paths``, side by side."""
     timings: list[tuple[str, float, FleetReport]] = []
+    seconds, fleet = best_of(runs, lambda: fleet_of_rows([rank_job(p, cache=False).row for p in paths], "processes"))
+    timings.append(("in this process, one after another, no limits", seconds, fleet))
     seconds, fleet = best_of(runs, lambda: triage_fleet(paths, jobs=1, cache=False))
-    timings.append(("sequential (--jobs 1)", seconds, fleet))
+    timings.append(("limited children, one at a time (--jobs 1)", seconds, fleet))
     seconds, fleet = best_of(runs, lambda: triage_fleet(paths, jobs=jobs, cache=False))
-    timings.append((f"process pool (--jobs {jobs})", seconds, fleet))
+    timings.append((f"limited children (--jobs {jobs})", seconds, fleet))
     if dask is not None:
         seconds, fleet = best_of(runs, lambda: triage_fleet(paths, dask=dask, cache=False))
         timings.append((f"Dask LocalCluster ({jobs} worker processes)", seconds, fleet))
@@ -85,12 +88,12 @@ def compare(title: str, paths: list[str], planted: set[int], jobs: int, runs: in
     per_file = sum(row.seconds for row in timings[0][2].rows) / len(paths)
     size = sum(os.path.getsize(p) for p in paths)
     print(f"{title}: {len(paths)} rank snapshots, {size / 2**20:.1f} MiB in all, "
-          f"{per_file * 1000:,.0f} ms of analysis each (sequential); best of {runs}")
-    print(f"  {'way':<42} {'seconds':>8} {'speed-up':>9}  outliers named")
+          f"{per_file * 1000:,.0f} ms of analysis each (in this process); best of {runs}")
+    print(f"  {'way':<48} {'seconds':>8} {'speed-up':>9}  outliers named")
     for name, seconds, fleet in timings:
         named = sorted(o.rank for o in fleet.outliers if o.rank is not None)
         verdict = "ok" if set(named) == planted else f"WRONG (planted {sorted(planted)})"
-        print(f"  {name:<42} {seconds:8.2f} {sequential / seconds:8.2f}x  ranks {named} {verdict}")
+        print(f"  {name:<48} {seconds:8.2f} {sequential / seconds:8.2f}x  ranks {named} {verdict}")
     for outlier in timings[0][2].outliers:
         print(f"    {outlier.verdict}")
 

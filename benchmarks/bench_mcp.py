@@ -1,6 +1,6 @@
 """What running each MCP tool call in a limited child process costs (issue 21), side by side.
 
-Each tool call of ``memlens mcp`` runs in a child process (``memlens.sandbox``: a wall-clock
+Each tool call of ``memlens mcp`` runs in a child process (``memlens.ops.runner``: a wall-clock
 deadline and an address-space cap, the dashboard's limits) over descriptors the server opened,
 and an analysis the server keeps travels to the child and back. This measures, on the bundled
 leak sample and on a synthetic snapshot of ``--events`` events, the same sequence an assistant

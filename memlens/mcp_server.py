@@ -9,7 +9,7 @@ Every file a tool reads is opened once, by the server, and checked through that 
 regular file: a folder, a FIFO or a device is refused without waiting on it); under ``--root`` it
 is opened beneath the root's folder descriptor following no symbolic link (``PathPolicy``). The
 tool call itself then runs in a child process under a dashboard analysis's time and memory limits
-(``ToolCalls``, ``memlens.sandbox``) and reads those descriptors, the sidecar beside the snapshot
+(``ToolCalls``, ``memlens.ops.runner``) and reads those descriptors, the sidecar beside the snapshot
 included: what is analysed is what was checked. Files go through the same safe loader as the CLI
 (a pickle naming any global is refused before anything runs). Every failure is an MCP tool error
 of one line (``is_error``), the CLI's error text, never a traceback, and every request gets an
@@ -41,8 +41,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 from memlens.analysis.lenses.rules import MAX_RULES_FILE_BYTES
 from memlens.errors import MemlensError, MemlensUsageError
 from memlens.files import FileRefused, OpenedFile, open_beneath, open_regular
+from memlens.ops.errors import describe
+from memlens.ops.runner import DEFAULT_PRELOAD, Crashed, Limits, ProcessGroup, run_limited
 from memlens.printable import printable
-from memlens.sandbox import DEFAULT_PRELOAD, Crashed, Limits, ProcessGroup, run_limited
 from memlens.units import MAX_WHOLE, parse_real, parse_whole
 
 if TYPE_CHECKING:
@@ -381,19 +382,10 @@ class Tools:
 
 
 def one_line_error(exc: BaseException) -> str:
-    """What a tool error says: the CLI's one line for a mistake, a named internal error otherwise."""
-    if isinstance(exc, MemlensError) and not _is_simulated_oom(exc):
-        return printable(exc, ERROR_CHARS)
-    if isinstance(exc, MemoryError | RecursionError):
-        what = "memory" if isinstance(exc, MemoryError) else "stack depth"
-        return f"ran out of {what} on this input ({type(exc).__name__})"
-    return f"internal error: {type(exc).__name__}: {printable(exc, 300)} (please report it)"
-
-
-def _is_simulated_oom(exc: BaseException) -> bool:
-    from memlens.errors import MemlensOutOfMemory
-
-    return isinstance(exc, MemlensOutOfMemory)
+    """What a tool error says: the one line of ``memlens.ops.errors`` (the CLI's words), a bug
+    asking to be reported."""
+    line = describe(exc, ERROR_CHARS)
+    return f"{line.text} (please report it)" if line.kind == "bug" else line.text
 
 
 # --------------------------------------------------------------------------- each call, limited
@@ -424,7 +416,7 @@ def _detached(duplicate: Any) -> int:
 class ToolCalls:
     """How the server runs each tool call, under the limits a dashboard analysis has: its files
     are opened and checked here (the path policy), and the call itself runs in a child process
-    (``memlens.sandbox``: a wall-clock deadline and an address-space cap) that reads those very
+    (``memlens.ops.runner``: a wall-clock deadline and an address-space cap) that reads those very
     descriptors. The analyses of recent files are kept here and handed to the child that needs
     them, so an assistant's triage-then-findings does not analyse twice."""
 
@@ -443,12 +435,9 @@ class ToolCalls:
         arguments = {key: value for key, value in arguments.items() if key in wanted and key != "self"}
         try:
             ok, text = self._run(name, arguments)
-        except Crashed as exc:
-            last = str(exc).strip().splitlines()[-1:] or ["?"]
-            log.warning("memlens mcp: the %s call failed: %s", name, printable(last[0], 300))
-            raise ToolError(f"internal error: the {name} call's process failed: {printable(last[0], 300)} "
-                            "(please report it)") from None
         except Exception as exc:  # every failure reaches the caller as one line, never a traceback
+            if isinstance(exc, Crashed):
+                log.warning("memlens mcp: the %s call failed: %s", name, printable(exc.last_line, 300))
             raise ToolError(one_line_error(exc)) from None
         if not ok:
             raise ToolError(text)
@@ -483,10 +472,10 @@ class ToolCalls:
 
 def _call_in_child(name: str, arguments: dict[str, Any], sent: list[tuple[Any, ...]],
                    known: dict[AnalysisKey, "Analysis"]) -> tuple[bool, str, dict[AnalysisKey, "Analysis"]]:
-    """Runs in the sandbox's child: the tool over the descriptors its parent opened; (ok, the
+    """Runs in the runner's child: the tool over the descriptors its parent opened; (ok, the
     text or the one-line error, the analyses built here for the parent to keep)."""
     from memlens.cli.common import json_text
-    from memlens.sandbox import caused_by_memory_error
+    from memlens.ops.runner import caused_by_memory_error
 
     files = {(what, value): OpenedFile(fd, file_name, folder_fd) for what, value, file_name, fd, folder_fd in sent}
     tools = Tools(paths=_PreOpened(files), analyses=_Analyses(known=known))

@@ -1,10 +1,10 @@
 """The ranks of one job side by side: per-rank peaks and categories, the outlier named and why.
 
-A rank's row is ``memlens.fleet.row_from_result`` of what ``memlens.fleet.analyse_file`` would
-return for it, built from the report the dashboard already has (so no file is analysed twice and
-every analysis still runs in the library's limited worker). The outliers and their verdicts are
-``memlens.fleet.find_outliers``; the chart is ``memlens.figures.ranks.ranks_figure`` of
-``memlens.fleet.side_by_side``. The dashboard shows them; it decides nothing.
+A rank's row is ``memlens.ops.fleet.rank_row`` (a typed ``RankRow``, as ``memlens fleet`` builds
+it in each rank's child), built from the report the dashboard already has (so no file is analysed
+twice and every analysis still runs in the library's limited worker). The outliers and their
+verdicts are ``memlens.ops.fleet.fleet_of_rows``; the chart is ``memlens.figures.ranks.
+ranks_figure`` of ``memlens.ops.fleet.side_by_side``. The dashboard shows them; it decides nothing.
 """
 
 from __future__ import annotations
@@ -15,53 +15,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import plotly.graph_objects as go
 from dash import html
 
-from memlens.analysis.report import Report
 from memlens.figures.ranks import ranks_figure
-from memlens.fleet import (
+from memlens.ops.fleet import (
     FleetReport,
     RankRow,
     fleet_of_rows,
     no_outlier_verdict,
     rank_from_name,
-    row_from_result,
     side_by_side,
 )
 from memlens.units import format_bytes
 from memlens_app.library import Source
 
 MIN_RANKS = 2  # one snapshot has nothing to stand beside
-# Where a path names its rank: ``rank3``, ``rank_7``, ``ddp_rank1`` (as ``memlens.fleet.rank_from_name``).
+# Where a path names its rank: ``rank3``, ``rank_7``, ``ddp_rank1`` (as ``memlens.ops.fleet.rank_from_name``).
 RANK_IN_PATH = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
-# The dashboard analysed the files itself (one at a time per request, in its worker processes).
-DASHBOARD_EXECUTOR = "sequential"
-
-
-def _count(value: Any) -> int | None:
-    """A non-negative int from a sidecar, else None (a broken sidecar only loses the rank)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def rank_row(path: str, report: Report, device: int | None = None) -> RankRow:
-    """The fleet table's row for one analysed snapshot (``device``: None for the report's main one)."""
-    sidecar = report.sidecar or {}
-    result = {"path": path, "report": report.to_json(), "device": report.device(device).device,
-              "rank": _count(sidecar.get("rank")), "world_size": _count(sidecar.get("world_size")),
-              "error": None, "seconds": 0.0}
-    return row_from_result(result)
-
-
-def failed_row(path: str, error: str) -> RankRow:
-    """The row of a snapshot the dashboard could not analyse (shown with its error, not dropped)."""
-    return row_from_result({"path": path, "report": None, "error": error, "seconds": 0.0})
 
 
 def fleet_of(rows: Sequence[RankRow]) -> FleetReport:
     """The fleet report of ``rows``: the outliers, the medians and a pair's difference, as
-    ``memlens triage`` finds them (``memlens.fleet.fleet_of_rows``)."""
-    return fleet_of_rows(rows, DASHBOARD_EXECUTOR)
+    ``memlens fleet`` finds them (``memlens.ops.fleet.fleet_of_rows``)."""
+    return fleet_of_rows(rows, "dashboard")
 
 
 def rank_path(source: Source) -> str:
@@ -142,7 +120,7 @@ def ranks_table(fleet: FleetReport) -> html.Table:
 
 def verdicts_of(fleet: FleetReport) -> Any:
     """The outliers, each named with why it differs (the fleet's verdict line), or why none is:
-    ``memlens.fleet.no_outlier_verdict``, the sentence ``memlens triage`` prints, and with two
+    ``memlens.ops.fleet.no_outlier_verdict``, the sentence ``memlens fleet`` prints, and with two
     ranks how they differ (``fleet.pair``)."""
     if not fleet.outliers:
         verdict = no_outlier_verdict(fleet)
@@ -169,7 +147,7 @@ def ranks_panel(rows: Sequence[RankRow], source_ids: Sequence[str] | None = None
     (one per row) let a click on a rank's bar say which snapshot to open."""
     fleet = fleet_of(rows)
     side = side_by_side(fleet)
-    side["labels"] = distinct_labels(side["labels"], side["paths"])
+    side = msgspec.structs.replace(side, labels=distinct_labels(side.labels, side.paths))
     keys = None
     if source_ids is not None:
         keys = [key for key, row in zip(source_ids, rows, strict=True) if row.ok]  # side_by_side's rows

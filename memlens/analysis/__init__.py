@@ -18,9 +18,9 @@ from collections.abc import Callable
 import numpy as np
 
 from memlens.analysis import activations, fragmentation, leak, oom, optimizer
-from memlens.analysis.analysis import Analysis
+from memlens.analysis.analysis import Analysis, live_at
 from memlens.analysis.context import DeviceContext, build_context
-from memlens.analysis.live import BEFORE_FIRST_ROW, LiveBreakdown, LiveIndex, breakdown, live_at
+from memlens.analysis.live import BEFORE_FIRST_ROW, LiveBreakdown, LiveIndex, breakdown
 from memlens.analysis.report import (
     CATEGORIES,
     FINDING_KINDS,

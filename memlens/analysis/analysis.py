@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from memlens.analysis.live import LiveIndex
+from memlens.analysis.live import BEFORE_FIRST_ROW, LiveBreakdown, LiveIndex, breakdown
 from memlens.analysis.report import DeviceReport, Report
 from memlens.errors import MemlensUsageError
 from memlens.snapshot.model import DeviceTrace, Snapshot
@@ -79,3 +79,37 @@ class Analysis:
         made = index.alloc_event >= 0
         rows[index.alloc_event[made]] = index.category[made]
         return rows
+
+
+def live_at(analysis: Analysis, device: int | None, event: int | None = None) -> LiveBreakdown:
+    """What was live on ``device`` (``None``: the main device) after trace row ``event``.
+
+    ``event=None`` means the peak. At the peak the result equals the device report's
+    ``categories_at_peak`` and ``top_stacks_by_category``. Raises ``MemlensUsageError`` for an
+    unknown device or a row outside the trace.
+    """
+    device_report = analysis.device(device)  # MemlensUsageError for an unknown device
+    trace = analysis.snapshot.device(device_report.device)
+    n = len(trace)
+    peak = device_report.peak_allocated_event
+    if peak is None and n:
+        peak = BEFORE_FIRST_ROW  # the peak was the instant the history began
+    if event is None:
+        event = peak
+    elif not 0 <= int(event) < n:
+        raise MemlensUsageError(f"event {event} is outside the trace of device {device_report.device} "
+                                f"(0..{n - 1})" if n else f"device {device_report.device} has no trace rows")
+    event = None if event is None else int(event)
+    categories, top = breakdown(analysis.live_index(device_report.device), trace, event)
+    time_us = int(trace.time_us[max(event, 0)]) if event is not None and trace.has_time else None
+    seconds = (time_us - int(trace.time_us[0])) / 1e6 if time_us is not None else None
+    return LiveBreakdown(
+        device=device_report.device,
+        event=event,
+        is_peak=event == peak,
+        time_us=time_us,
+        seconds=seconds,
+        total_bytes=sum(categories.values()),
+        categories=categories,
+        top_stacks_by_category=top,
+    )

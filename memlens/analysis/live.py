@@ -1,8 +1,9 @@
 """What was live after any trace row: bytes by category and the stacks holding them.
 
 The analysis keeps, per device, the lifetimes it paired and the category it gave each one
-(``LiveIndex``, in ``Analysis.live``). ``live_at(analysis, device, event)`` masks the
-lifetimes live after row ``event`` and sums them by that same category, so nothing is
+(``LiveIndex``, in ``Analysis.live``). ``live_at(analysis, device, event)`` (beside ``Analysis``,
+in ``memlens.analysis.analysis``: it reads one) masks the lifetimes live after row ``event`` and
+sums them (``breakdown``, here) by that same category, so nothing is
 reclassified and ``live_at`` at the peak *is* ``categories_at_peak`` (``analyze`` builds the peak
 numbers with ``breakdown`` too). One call is a few vectorised passes over the lifetimes.
 """
@@ -10,7 +11,6 @@ numbers with ``breakdown`` too). One call is a few vectorised passes over the li
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -19,12 +19,7 @@ from memlens.analysis.categories import bytes_by_category
 from memlens.analysis.datatypes import CATEGORIES, StackBytes
 from memlens.analysis.lifetimes import Lifetimes
 from memlens.analysis.stacks import StackFacts
-from memlens.errors import MemlensUsageError
 from memlens.snapshot.model import DeviceTrace
-
-if TYPE_CHECKING:
-    # Only ``live_at``'s annotation: analysis.py imports this module at run time.
-    from memlens.analysis.analysis import Analysis
 
 I64 = npt.NDArray[np.int64]
 
@@ -97,37 +92,3 @@ def breakdown(index: LiveIndex, trace: DeviceTrace, event: int | None) -> tuple[
         mask = live & (index.category == code)
         top[name] = index.facts.top_stacks(index.stack_id[mask], index.size[mask], index.top_stacks)
     return categories, top
-
-
-def live_at(analysis: Analysis, device: int | None, event: int | None = None) -> LiveBreakdown:
-    """What was live on ``device`` (``None``: the main device) after trace row ``event``.
-
-    ``event=None`` means the peak. At the peak the result equals the device report's
-    ``categories_at_peak`` and ``top_stacks_by_category``. Raises ``MemlensUsageError`` for an
-    unknown device or a row outside the trace.
-    """
-    device_report = analysis.device(device)  # MemlensUsageError for an unknown device
-    trace = analysis.snapshot.device(device_report.device)
-    n = len(trace)
-    peak = device_report.peak_allocated_event
-    if peak is None and n:
-        peak = BEFORE_FIRST_ROW  # the peak was the instant the history began
-    if event is None:
-        event = peak
-    elif not 0 <= int(event) < n:
-        raise MemlensUsageError(f"event {event} is outside the trace of device {device_report.device} "
-                                f"(0..{n - 1})" if n else f"device {device_report.device} has no trace rows")
-    event = None if event is None else int(event)
-    categories, top = breakdown(analysis.live_index(device_report.device), trace, event)
-    time_us = int(trace.time_us[max(event, 0)]) if event is not None and trace.has_time else None
-    seconds = (time_us - int(trace.time_us[0])) / 1e6 if time_us is not None else None
-    return LiveBreakdown(
-        device=device_report.device,
-        event=event,
-        is_peak=event == peak,
-        time_us=time_us,
-        seconds=seconds,
-        total_bytes=sum(categories.values()),
-        categories=categories,
-        top_stacks_by_category=top,
-    )

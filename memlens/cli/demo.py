@@ -45,6 +45,7 @@ def sample_groups(folder: Path) -> list[list[str]]:
 @click.pass_context
 def demo(ctx: click.Context, samples: Path | None, serve: bool, port: int, width: int | None,
          color: bool | None) -> None:
+    from memlens.cli.fleet import fleet
     from memlens.cli.triage import triage
 
     folder = samples or SAMPLES_DIR
@@ -59,7 +60,8 @@ def demo(ctx: click.Context, samples: Path | None, serve: bool, port: int, width
             args += ["--width", str(width)]
         if color is not None:
             args.append("--color" if color else "--no-color")
-        triage.main(args=args, standalone_mode=False)
+        # A run's ranks together are a fleet: the per-rank table and the outlier verdict.
+        (fleet if len(files) > 1 else triage).main(args=args, standalone_mode=False)
         click.echo()
     if serve:
         from memlens.cli.serve import serve as serve_command

@@ -11,8 +11,8 @@ from typing import Any, NoReturn
 
 import click
 
-from memlens.errors import MemlensError, MemlensOutOfMemory
-from memlens.printable import printable
+from memlens.ops.errors import describe
+from memlens.printable import MAX_SHOWN_CHARS
 
 # name -> ("module:attribute", one-line help). Each module's docstring is its full help; the
 # one-liners here let ``memlens --help`` list everything without importing torch or dash.
@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "group": ("memlens.cli.group:group", "What was live at a moment or window, grouped by category, scope, file, ..."),
     "stages": ("memlens.cli.group:stages", "Memory per record_function scope: what each added, and its peak."),
     "lines": ("memlens.cli.group:lines", "Bytes live at a moment by line of one source file."),
+    "fleet": ("memlens.cli.fleet:fleet", "Compare the ranks of one job: the per-rank table, the outlier rank and why."),
     "diff": ("memlens.cli.diff:diff", "What grew between two snapshots, by category and by stack."),
     "budget": ("memlens.cli.budget:budget", "Theoretical training memory: weights, grads, optimizer, activations."),
     "whatif": ("memlens.cli.whatif:whatif", "Replay a snapshot through the allocator simulator with other settings."),
@@ -49,34 +50,18 @@ class LazyGroup(click.Group):
         return command
 
     def invoke(self, ctx: click.Context) -> Any:
-        """User mistakes (``MemlensError``) become one line on stderr and exit code 2.
-
-        A simulated out-of-memory is a result each command reports (``memlens whatif``: "out of
-        memory: yes", exit 0), never a mistake: one that escapes a command is our bug."""
+        """Every failure becomes one line on stderr (``memlens.ops.errors``): a user's mistake
+        exits with its ``exit_code`` (2); running out of memory or stack depth on an input, and
+        a bug of ours (a simulated out-of-memory that escaped a command among them), exit 2.
+        ``--debug`` lets the exception through, traceback and all."""
         try:
             return super().invoke(ctx)
-        except MemlensOutOfMemory as exc:
-            if (ctx.obj or {}).get("debug"):
-                raise
-            _internal_error(ctx, exc)
-        except MemlensError as exc:
-            if (ctx.obj or {}).get("debug"):
-                raise
-            click.echo(f"memlens: error: {printable(exc)}", err=True)
-            ctx.exit(exc.exit_code)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
-        except (MemoryError, RecursionError) as exc:
-            # What a crafted file does to a reader with no defence left: still one line, exit 2.
-            if (ctx.obj or {}).get("debug"):
-                raise
-            what = "memory" if isinstance(exc, MemoryError) else "stack depth"
-            click.echo(f"memlens: error: ran out of {what} on this input ({type(exc).__name__})", err=True)
-            ctx.exit(2)
         except Exception as exc:
             if (ctx.obj or {}).get("debug"):
                 raise
-            _internal_error(ctx, exc)
+            _one_line_exit(ctx, exc)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, SUBCOMMANDS[name][1]) for name in self.list_commands(ctx)]
@@ -84,12 +69,13 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
-def _internal_error(ctx: click.Context, exc: BaseException) -> NoReturn:
+def _one_line_exit(ctx: click.Context, exc: BaseException) -> NoReturn:
     """Never a traceback for the user: a bug of ours (or a file we did not foresee) is still one
     line, naming the exception, with --debug to see where."""
-    click.echo(f"memlens: error: internal error: {type(exc).__name__}: {printable(exc, 300)} "
-               "(rerun with --debug for the traceback, and please report it)", err=True)
-    ctx.exit(2)
+    line = describe(exc, limit=MAX_SHOWN_CHARS)
+    hint = " (rerun with --debug for the traceback, and please report it)" if line.kind == "bug" else ""
+    click.echo(f"memlens: error: {line.text}{hint}", err=True)
+    ctx.exit(line.exit_code)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

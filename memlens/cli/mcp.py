@@ -34,6 +34,6 @@ def mcp(roots: tuple[str, ...], analysis_timeout: float, analysis_memory: int | 
     except ImportError:
         raise MemlensUsageError("memlens mcp needs the MCP SDK: pip install 'memlens[mcp]'") from None
     from memlens.mcp_server import serve
-    from memlens.sandbox import Limits
+    from memlens.ops.runner import Limits
 
     serve(roots, Limits(analysis_timeout, analysis_memory))

@@ -66,12 +66,12 @@ def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, re
     if analysis_memory is not None and analysis_memory <= 0:
         raise MemlensUsageError("--analysis-memory must be more than 0 bytes")
 
-    from memlens_app.main import DEFAULT_SAMPLE_DIR, create_app
-    from memlens_app.worker import AnalysisLimits
+    from memlens.ops.runner import Limits
+    from memlens_app.main import DEFAULT_SAMPLE_DIR, create_app  # the dashboard's entry point: it starts here
 
     app = create_app(snapshots, sample_dir=DEFAULT_SAMPLE_DIR if samples else None,
                      max_upload_bytes=max_upload_bytes, report_cache=report_cache,
-                     analysis_limits=AnalysisLimits(analysis_timeout, analysis_memory),
+                     analysis_limits=Limits(analysis_timeout, analysis_memory),
                      upload_idle_timeout_s=upload_timeout, queue_timeout_s=queue_timeout)
     library = app.server.config["MEMLENS_LIBRARY"]
     # SIGTERM leaves like Ctrl-C from here on; closing the library then kills running analyses
@@ -91,10 +91,8 @@ def _check_given_snapshots(library: Any) -> None:
     """Every other command refuses a file that is not a snapshot; so does this one, before it
     starts: the safe reader, in the same limited child process as any analysis (whose report
     is then cached for the first page)."""
-    from memlens_app.library import DEFAULT_CONCURRENT_ANALYSES
-
     given = [source.id for source in library.sources() if source.kind == "cli"]
-    with ThreadPoolExecutor(DEFAULT_CONCURRENT_ANALYSES) as pool:
+    with ThreadPoolExecutor(library.queue.slots) as pool:  # as many at once as the analyses' queue runs
         checks = [pool.submit(library.analysis, source_id) for source_id in given]
     for check in checks:  # the first bad file, in the order given
         error = check.exception()

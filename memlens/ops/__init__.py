@@ -16,4 +16,10 @@ Modules, by question:
   what each ``record_function`` scope added (``stages``); bytes by line of one file (``lines``).
 - ``moments``: ``--at``/``--window``/``--step`` text (the CLI's and the MCP tools') to the typed
   moments of ``memlens.analysis.lenses.moments``, errors naming the option as the caller does.
+- ``errors``: the one rule that turns an exception into a one-line message (a mistake, an input
+  that ran memlens out of memory or stack depth, a bug), for every face.
+- ``runner``: the one sandboxed child-process runner (time and memory limits) that the
+  dashboard's analyses, the MCP server's tool calls and the fleet's ranks run in, and the one
+  per-file analysis a child runs (``analyse_file``).
+- ``fleet``: many ranks of one job in parallel, typed rows, the outlier rank and why.
 """

@@ -13,12 +13,38 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 if TYPE_CHECKING:
-    from memlens.predict.session import PredictSession
+    from memlens.allocator import CachingAllocatorSimulator
+    from memlens.predict.gpus import GpuSpec
+    from memlens.predict.tracking import CudaStorageTracker
+
+
+class EmulatedDevice(Protocol):
+    """What the patched ``torch.cuda`` reads and asks of the device it emulates: a prediction's
+    session (``memlens.predict.session.PredictSession``) is one. Declared here, by its user, so
+    this module needs nothing of the session's."""
+
+    gpu: GpuSpec
+    reserve_outside: int
+    simulator: CachingAllocatorSimulator
+    tracker: CudaStorageTracker
+    snapshot_paths: list[str]
+
+    def allocator_state(self) -> dict[str, int]: ...
+
+    def reset_peaks(self) -> None: ...
+
+    def empty_cache(self) -> None: ...
+
+    def start_script_history(self, max_entries: int | None) -> None: ...
+
+    def stop_script_history(self) -> None: ...
+
+    def script_snapshot(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -130,7 +156,7 @@ def _noop() -> Any:
 class CudaApi:
     """The functions patched into ``torch.cuda`` and ``torch.cuda.memory`` for one session."""
 
-    def __init__(self, session: PredictSession) -> None:
+    def __init__(self, session: EmulatedDevice) -> None:
         self.session = session
         self._default_stream = SimulatedStream()
 

@@ -1,6 +1,6 @@
 """A fleet of ranks in the terminal: the per-rank table, then the outlier verdict.
 
-Reads a ``memlens.fleet.FleetReport`` and nothing else; every number and sentence comes from it.
+Reads a ``memlens.ops.fleet.FleetReport`` and nothing else; every number and sentence comes from it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from memlens.reporters.terminal import elide_middle
 from memlens.units import format_bytes
 
 if TYPE_CHECKING:
-    from memlens.fleet import FleetReport, RankRow
+    from memlens.ops.fleet import FleetReport, RankRow
 
 # Peak allocated, how far from the median rank's, peak reserved; then the rank's findings.
 COLUMNS = ("rank", "file", "allocated", "±median", "reserved", "steps", "step time", "findings")
@@ -39,7 +39,7 @@ def render_fleet(console: Console, fleet: FleetReport) -> None:
     failed = len(fleet.failed)
     # No timings or worker counts here: the same files print the same text on any machine (the
     # JSON has executor, workers and wall_seconds).
-    console.print(Text(f"memlens triage  {len(rows):,} files · {len(rows) - failed:,} analysed"
+    console.print(Text(f"memlens fleet  {len(rows):,} files · {len(rows) - failed:,} analysed"
                        + (f" · {failed:,} failed" if failed else ""), style="bold"))
     outlying = {outlier.index for outlier in fleet.outliers}
     median_peak = fleet.medians.get("peak_allocated", 0.0)
@@ -93,7 +93,7 @@ def render_fleet(console: Console, fleet: FleetReport) -> None:
             console.print(Text(f"  {printable(outlier.verdict, 2000)}"))
             console.print(Text(f"    details: memlens triage {printable(outlier.path)}", style="dim"))
     else:
-        from memlens.fleet import no_outlier_verdict  # the one verdict the dashboard shows too
+        from memlens.ops.fleet import no_outlier_verdict  # the one verdict the dashboard shows too
 
         console.print(Text(f"Outliers  {no_outlier_verdict(fleet)}"))
         if fleet.pair:

@@ -15,8 +15,7 @@ import pytest
 
 import memlens
 from memlens.allocator.settings import AllocatorSettings
-from memlens.analysis import analyze_snapshot
-from memlens.analysis.live import live_at
+from memlens.analysis import analyze_snapshot, live_at
 from memlens.snapshot.blocks import block_sizes, round_sizes
 from memlens.snapshot.model import Action
 from tests.conftest import SAMPLE_SNAPSHOTS_DIR, real_snapshot_paths

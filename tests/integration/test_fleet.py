@@ -1,5 +1,5 @@
-"""``memlens triage`` of a fleet of CPU-recorded ranks: a process pool and a Dask LocalCluster
-both name the leaking rank and why; a bad file is one line of the table."""
+"""``memlens fleet`` of CPU-recorded ranks: limited child processes and a Dask LocalCluster both
+name the leaking rank and why; a bad file is one line of the table."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from memlens.cli.main import cli
-from memlens.fleet import triage_fleet
+from memlens.ops.fleet import triage_fleet
 from tests.fleet_ranks import BATCH, record_ranks
 
 WORLD_SIZE = 4
@@ -49,17 +49,17 @@ def _check_verdict(payload: dict, files: list[str]) -> None:
 @pytest.mark.timeout(180)
 def test_jobs_2_names_the_leaking_rank_and_prints_the_bad_file_on_one_line(fleet_files: list[str]) -> None:
     runner = CliRunner()
-    result = runner.invoke(cli, ["triage", *fleet_files, "--jobs", "2", "--width", "120"])
+    result = runner.invoke(cli, ["fleet", *fleet_files, "--jobs", "2", "--width", "120"])
     assert result.exit_code == 0, result.output
     assert f"rank {LEAKY_RANK}: peak allocated" in result.output
     assert "only this rank has a leak finding" in result.output
     assert [line for line in result.output.splitlines() if "error:" in line] == [
         next(line for line in result.output.splitlines() if line.lstrip().startswith(f"{WORLD_SIZE} "))]
-    payload = json.loads(runner.invoke(cli, ["triage", *fleet_files, "--jobs", "2", "--json"]).output)
+    payload = json.loads(runner.invoke(cli, ["fleet", *fleet_files, "--jobs", "2", "--json"]).output)
     _check_verdict(payload, fleet_files)
     assert len(payload["reports"]) == WORLD_SIZE + 1 and payload["reports"][-1] is None
     assert payload["executor"] == "processes" and payload["workers"] == 2
-    fail = runner.invoke(cli, ["triage", *fleet_files, "--jobs", "2", "--fail-on", "leak"])
+    fail = runner.invoke(cli, ["fleet", *fleet_files, "--jobs", "2", "--fail-on", "leak"])
     assert fail.exit_code == 1 and "found leak" in fail.stderr
 
 
@@ -68,7 +68,7 @@ def test_a_dask_local_cluster_gives_the_same_verdict(fleet_files: list[str]) -> 
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(processes=True, n_workers=2, threads_per_worker=1,
                                   dashboard_address=None) as cluster:
-        result = CliRunner().invoke(cli, ["triage", *fleet_files, "--dask", cluster.scheduler_address, "--json"])
+        result = CliRunner().invoke(cli, ["fleet", *fleet_files, "--dask", cluster.scheduler_address, "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output)
     assert payload["executor"] == "dask"
@@ -80,5 +80,5 @@ def test_a_dask_local_cluster_gives_the_same_verdict(fleet_files: list[str]) -> 
 
 def test_an_unreachable_dask_scheduler_is_one_line(fleet_files: list[str]) -> None:
     pytest.importorskip("distributed")
-    result = CliRunner().invoke(cli, ["triage", *fleet_files[:2], "--dask", "no-port-here"])
+    result = CliRunner().invoke(cli, ["fleet", *fleet_files[:2], "--dask", "no-port-here"])
     assert result.exit_code == 2 and "cannot reach the Dask scheduler" in result.stderr

@@ -13,7 +13,7 @@ from memlens.analysis.lenses.groups import group_live
 from memlens.analysis.lenses.inputs import allocated_at, lens_inputs_of
 from memlens.analysis.lenses.moments import Row, resolve_moment
 from memlens.analysis.lenses.moments import Window as RowsWindow
-from memlens.fleet import find_outliers
+from memlens.ops.fleet import failed_row, find_outliers, rank_row
 from memlens.ops.moments import parse_window
 from memlens.units import format_bytes
 from memlens_app.panels.budget import BudgetForm, budget_panel
@@ -23,11 +23,9 @@ from memlens_app.panels.overview import overview
 from memlens_app.panels.ranks import (
     default_rank_sources,
     distinct_labels,
-    failed_row,
     fleet_of,
     job_of,
     rank_groups,
-    rank_row,
     ranks_panel,
     source_of_click,
 )
@@ -298,9 +296,9 @@ def test_identical_ranks_agree_and_a_failed_file_stays_a_row(four_ranks: list[An
 
 
 def test_two_ranks_that_differ_have_no_majority_not_agreement(four_ranks: list[Any]) -> None:
-    """Ranks at 5.67 and 8.82 MiB: the dashboard says what ``memlens triage`` says (one function),
+    """Ranks at 5.67 and 8.82 MiB: the dashboard says what ``memlens fleet`` says (one function),
     and how the higher one differs, never that they agree."""
-    from memlens.fleet import no_outlier_verdict, triage_fleet
+    from memlens.ops.fleet import no_outlier_verdict, triage_fleet
 
     rows = [four_ranks[0], four_ranks[3]]
     text = _text(ranks_panel(rows).verdicts)

@@ -17,8 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, SimulatedOOM
-from memlens.analysis import analyze, analyze_snapshot
-from memlens.analysis.live import live_at
+from memlens.analysis import analyze, analyze_snapshot, live_at
 from memlens.reporters.terminal import make_console, render_triage
 from memlens.snapshot.blocks import block_sizes
 from memlens.snapshot.model import Action

@@ -87,10 +87,10 @@ def test_fail_on_leak_exits_1_only_with_a_leak(healthy: Path, leaky: Path) -> No
 
 
 def test_several_files_get_a_rank_table(healthy: Path, leaky: Path) -> None:
-    result = run("triage", str(healthy), str(leaky), "--width", "120")
+    result = run("fleet", str(healthy), str(leaky), "--width", "120")
     assert result.exit_code == 0
     assert "Ranks" in result.output and "healthy.pickle" in result.output and "leaky.pickle" in result.output
-    both = json.loads(run("triage", str(healthy), str(leaky), "--json").output)
+    both = json.loads(run("fleet", str(healthy), str(leaky), "--json").output)
     assert len(both["reports"]) == 2
 
 

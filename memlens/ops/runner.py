@@ -1,9 +1,10 @@
-"""Run one function in a separate process that can be stopped, under time and memory limits.
+"""The one sandboxed child-process runner: a function run in a separate process that can be
+stopped, under time and memory limits.
 
 A hostile or simply enormous file can keep the unpickler (or an analysis) busy in C code for ever
 (a hash bomb holds the GIL, so in-process it froze every request and even ignored SIGTERM) or
-swallow the machine's memory. The faces that serve others (the dashboard's analyses, the MCP
-server's tool calls) therefore run that work here: in a child process forked from a
+swallow the machine's memory. The dashboard's analyses, the MCP server's tool calls and the
+fleet's per-rank analyses therefore run that work here: in a child process forked from a
 ``forkserver`` (the modules named in ``preload`` are imported there once, so a child starts in
 milliseconds and inherits none of the server's threads or sockets). The child caps its own
 address space (``RLIMIT_AS``); the caller waits for the answer on a pipe with a wall-clock
@@ -14,7 +15,13 @@ meanwhile, so every other request is answered.
 back through the pipe); ``function`` must be importable by name (a module-level function).
 Descriptors travel as ``multiprocessing.reduction.DupFd`` in ``args`` (the child calls
 ``detach()``). A ``MemlensError`` raised in the child is raised again here with its message;
-a limit reached is ``Stopped``; anything else is ``Crashed`` (with the child's traceback).
+a limit reached, or the input running the child out of stack depth, is ``Stopped``; anything else
+is ``Crashed`` (with the child's traceback), told apart by ``memlens.ops.errors.describe``.
+
+``run_each(function, argument_tuples, jobs=N, ...)`` runs many such calls, at most ``N`` at once
+(the fleet's ranks): each its own child under the limits, each failure that item's one line.
+
+``analyse_file`` is the one per-file analysis a child runs (the dashboard's, the fleet's).
 """
 
 from __future__ import annotations
@@ -29,17 +36,26 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memlens.errors import MemlensError
+from memlens.ops.errors import Crashed, describe
+from memlens.printable import MAX_SHOWN_CHARS
 from memlens.units import GiB, format_bytes
+
+if TYPE_CHECKING:
+    from memlens.analysis.analysis import Analysis
 
 DEFAULT_TIMEOUT_S = 120.0
 # Modules every forked child should start with. memlens.cli.main too: a child re-runs the
 # ``memlens`` console script (as __mp_main__), which imports it.
-DEFAULT_PRELOAD = ("memlens", "memlens.analysis", "memlens.snapshot.reader", "memlens.cli.main")
+# The reader's cache and numpy.ma are imported by every analysis: loaded once there, a child
+# starts analysing ~0.1 s sooner (most of a small rank's time in a fleet).
+DEFAULT_PRELOAD = ("memlens", "memlens.analysis", "memlens.snapshot.reader", "memlens.snapshot.cache", "numpy.ma",
+                   "memlens.ops.runner", "memlens.cli.main")
 _PR_SET_PDEATHSIG = 1
 # How long a killed child may take to be reaped before we stop waiting for it.
 _REAP_S = 10.0
@@ -73,8 +89,9 @@ class Abandoned(Stopped):
     """The run was stopped because whoever asked for it has gone (``abandoned()`` turned true)."""
 
 
-class Crashed(Exception):
-    """The child process failed for a reason that is memlens' fault (its traceback is the message)."""
+class Died(Crashed):
+    """The child process ended without an answer, not stopped by us (a crash in native code, an
+    ``os._exit``): that one call's failure."""
 
 
 class ProcessGroup:
@@ -163,6 +180,8 @@ def run_limited(function: Callable[..., Any], args: tuple[Any, ...] = (), *, lim
         raise MemlensError(detail)
     if outcome == "memory":
         raise Stopped(f"{what} stopped: needed over {format_bytes(memory)}")
+    if outcome == "exhausted":  # the input ran the child out of stack depth: the input, not a bug
+        raise Stopped(f"{what} stopped: {detail}")
     if outcome == "died":
         code = process.exitcode
         if group.closed:
@@ -171,7 +190,7 @@ def run_limited(function: Callable[..., Any], args: tuple[Any, ...] = (), *, lim
             raise Stopped(f"{what} stopped: took over {_seconds(limits.timeout_s)}")
         if code == -signal.SIGKILL:  # not ours (those are handled above): the OOM killer
             raise Stopped(f"{what} stopped: the {what} process was killed (out of memory?)")
-        raise Crashed(f"the {what} process exited with code {code}")
+        raise Died(f"the {what} process died (exit code {code}: a crash, or killed)")
     raise Crashed(str(detail))
 
 
@@ -239,16 +258,134 @@ def _child_main(sender: Connection, function: Callable[..., Any], args: tuple[An
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         message: tuple[str, Any] = ("ok", function(*args))
-    except MemoryError:
-        message = ("memory", None)
-    except MemlensError as exc:
+    except Exception as exc:
         # The reader turns a MemoryError into its own "too large" message; under our cap the
         # cap is the reason, and the user should hear which limit stopped the file.
-        message = ("memory", None) if caused_by_memory_error(exc) else ("error", str(exc))
-    except Exception:
-        message = ("crash", traceback.format_exc())
+        line = describe(exc, MAX_SHOWN_CHARS)
+        if caused_by_memory_error(exc):
+            message = ("memory", None)
+        elif line.kind == "mistake":
+            message = ("error", str(exc))
+        elif line.kind == "exhausted":
+            message = ("exhausted", line.text)
+        else:  # a bug (a simulated out-of-memory that escaped among them): the parent logs where
+            message = ("crash", traceback.format_exc())
     try:
         sender.send(message)
     except MemoryError:  # pickling the answer is one more copy of it
         sender.send(("memory", None))
     sender.close()
+
+
+# --------------------------------------------------------------------------- many calls
+
+
+# After this many children in a row each died on its own item, the rest are not started: children
+# that die whatever the input (no memory left to start one, a broken interpreter) would each cost
+# a start to learn the same.
+DEATHS_BEFORE_GIVING_UP = 3
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One call of ``run_each``: what the function returned, or the one line saying why not."""
+
+    value: Any = None
+    error: str | None = None
+    seconds: float = 0.0  # the call's wall-clock time, its child's start included
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+Progress = Callable[[int, int], None]
+
+
+def run_each(function: Callable[..., Any], argument_tuples: Sequence[tuple[Any, ...]], *, jobs: int,
+             limits: Limits, group: ProcessGroup | None = None, what: str = "analysis",
+             preload: Sequence[str] = DEFAULT_PRELOAD, progress: Progress | None = None) -> list[Outcome]:
+    """``function(*args)`` for every ``args``, each in its own child under ``limits`` (``run_limited``),
+    at most ``jobs`` at once; the outcomes in input order, never an exception for one item.
+
+    A child that dies costs its own item only. After ``DEATHS_BEFORE_GIVING_UP`` children in a
+    row died (none answered between them), the items not yet started are not started.
+    """
+    group = group if group is not None else ProcessGroup()
+    lock = threading.Lock()
+    state = {"deaths_in_a_row": 0, "done": 0}
+    total = len(argument_tuples)
+
+    def one(args: tuple[Any, ...]) -> Outcome:
+        with lock:
+            given_up = state["deaths_in_a_row"] >= DEATHS_BEFORE_GIVING_UP
+        if given_up:
+            return _counted(Outcome(error=f"not {_done_word(what)}: {DEATHS_BEFORE_GIVING_UP} {what} processes "
+                                          "in a row died, each on its own input"))
+        started = time.perf_counter()
+        died = False
+        try:
+            outcome = Outcome(run_limited(function, args, limits=limits, group=group, what=what, preload=preload))
+        except Exception as exc:  # that item's failure, as every face words it
+            died = isinstance(exc, Died)
+            outcome = Outcome(error=describe(exc).text)
+        outcome = Outcome(outcome.value, outcome.error, time.perf_counter() - started)
+        with lock:
+            state["deaths_in_a_row"] = state["deaths_in_a_row"] + 1 if died else 0
+        return _counted(outcome)
+
+    def _counted(outcome: Outcome) -> Outcome:
+        with lock:
+            state["done"] += 1
+            done = state["done"]
+        if progress is not None:
+            progress(done, total)
+        return outcome
+
+    if not argument_tuples:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, total)), thread_name_prefix="memlens-runner") as pool:
+        return list(pool.map(one, argument_tuples))
+
+
+def _done_word(what: str) -> str:
+    return "analysed" if what == "analysis" else "run"
+
+
+# --------------------------------------------------------------------------- the per-file analysis
+
+
+def analyse_file(path: str, uploaded: bool = False, max_content_bytes: int | None = None,
+                 cache: bool | None = None, capacity: int | None = None) -> Analysis:
+    """Load ``path`` with the safe reader and analyse it: what a child runs for one file (the
+    dashboard's analyses, each rank of a fleet).
+
+    ``uploaded``: a file in an upload folder (no cache file beside it: it would only cost disk);
+    ``max_content_bytes``: an upload's limit, which what a gzip inflates to counts against as a
+    plain file's size does; ``cache``: the reader's ``.npz`` cache (None: by size); ``capacity``:
+    the device's memory (None: the recorder's sidecar).
+    """
+    from memlens.analysis import analyze_snapshot
+    from memlens.snapshot.reader import load
+
+    snapshot = load(path, cache=False if uploaded else cache, max_content_bytes=max_content_bytes)
+    return analyze_snapshot(snapshot, capacity=capacity)
+
+
+__all__ = [
+    "DEATHS_BEFORE_GIVING_UP",
+    "DEFAULT_PRELOAD",
+    "DEFAULT_TIMEOUT_S",
+    "Abandoned",
+    "Crashed",
+    "Died",
+    "Limits",
+    "Outcome",
+    "ProcessGroup",
+    "Stopped",
+    "analyse_file",
+    "caused_by_memory_error",
+    "default_memory_limit",
+    "run_each",
+    "run_limited",
+]
