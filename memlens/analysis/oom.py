@@ -90,7 +90,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
         source = "oom trace entry"
         event: int | None = at
         if (trace.action == Action.ALLOC).any():
-            pool = fragmentation.allocator_evidence(ctx).at_oom
+            pool = ctx.allocator_evidence().at_oom
     else:
         reserved = sum(s.total_size for s in ctx.segments)
         if not ctx.capacity or reserved < OOM_NEAR_CAPACITY_FRACTION * ctx.capacity:
