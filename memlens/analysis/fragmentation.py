@@ -102,8 +102,8 @@ def _replay_savings(ctx: DeviceContext, evidence: AllocatorEvidence, blocked: li
             result = whatif(ctx.snapshot, settings=settings, capacity=ctx.capacity, device=ctx.device)
         except MemlensError:
             continue  # this setting cannot be replayed here: no saving is claimed for it
-        peak = int(result.simulated["peak_reserved_bytes"])
-        savings.append(ReplaySaving(setting, peak, baseline - peak, bool(result.simulated["oom"])))
+        peak = int(result.simulated.peak_reserved_bytes)
+        savings.append(ReplaySaving(setting, peak, baseline - peak, bool(result.simulated.oom)))
     return savings
 
 
