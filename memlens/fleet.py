@@ -415,7 +415,9 @@ def row_from_result(result: dict[str, Any]) -> RankRow:
     )
 
 
-def _holder(evidence: dict[str, Any]) -> str:
+def _holder(items: list[dict[str, Any]]) -> str:
+    """"list `kept` (...), stored at train.py:40" from a finding's evidence items (report JSON)."""
+    evidence = {item.get("name"): item.get("value") for item in items if isinstance(item, dict)}
     holder = evidence.get("held_by")
     if not isinstance(holder, str) or not holder:
         return ""

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from memlens.allocator import AllocatorSettings, whatif
 from memlens.allocator.settings import MIN_MAX_SPLIT_SIZE_MB
 from memlens.analysis.context import DeviceContext
-from memlens.analysis.datatypes import Evidence, Finding, Severity
+from memlens.analysis.datatypes import Evidence, EvidenceItem, EvidenceMeaning, Finding, Severity, amount, fact
 from memlens.analysis.pool_replay import AllocatorEvidence, CudaMalloc, PoolState, new_segment_bytes
 from memlens.analysis.settings import (
     FRAGMENTATION_HIGH_SAVING_FRACTION,
@@ -116,29 +116,31 @@ def find(ctx: DeviceContext) -> list[Finding]:
     return findings
 
 
-def moment_evidence(ctx: DeviceContext, prefix: str, event: int) -> Evidence:
-    """Event, time and step of one trace row, as evidence keys."""
-    evidence: Evidence = {f"{prefix}_event": event}
+def moment_evidence(ctx: DeviceContext, prefix: str, event: int) -> list[EvidenceItem]:
+    """Event, time and step of one trace row, as evidence items."""
+    evidence = [fact(f"{prefix}_event", event, "event", "moment")]
     time_us = ctx.time_at(event)
     if time_us is not None:
-        evidence[f"{prefix}_time_us"] = time_us
+        evidence.append(fact(f"{prefix}_time_us", time_us, "us", "moment"))
     step = ctx.step_at(event)
     if step is not None:
-        evidence[f"{prefix}_step"] = step
+        evidence.append(fact(f"{prefix}_step", step, "step", "moment"))
     return evidence
 
 
-def _pool_evidence(prefix: str, state: PoolState) -> Evidence:
-    return {
-        f"{prefix}_pool": state.pool,
-        f"{prefix}_stream": state.stream,
-        f"{prefix}_request_bytes": state.request_bytes,
-        f"{prefix}_pool_free_bytes": state.free_bytes,
-        f"{prefix}_free_in_partly_used_segments_bytes": state.free_in_pieces_bytes,
-        f"{prefix}_free_in_whole_segments_bytes": state.free_in_whole_segments_bytes,
-        f"{prefix}_largest_free_block_bytes": state.largest_free_block_bytes,
-        f"{prefix}_free_blocks": state.free_blocks,
-    }
+def _pool_evidence(prefix: str, state: PoolState, meaning: EvidenceMeaning) -> list[EvidenceItem]:
+    """The pool at one moment: its request, its free bytes and largest block (``meaning``: what
+    shows the finding, or its context), the rest context."""
+    return [
+        fact(f"{prefix}_request_bytes", state.request_bytes, "bytes", meaning),
+        fact(f"{prefix}_pool_free_bytes", state.free_bytes, "bytes", meaning),
+        fact(f"{prefix}_largest_free_block_bytes", state.largest_free_block_bytes, "bytes", meaning),
+        fact(f"{prefix}_pool", state.pool, "text", "context"),
+        fact(f"{prefix}_stream", state.stream, "count", "context"),
+        fact(f"{prefix}_free_in_partly_used_segments_bytes", state.free_in_pieces_bytes, "bytes", "context"),
+        fact(f"{prefix}_free_in_whole_segments_bytes", state.free_in_whole_segments_bytes, "bytes", "context"),
+        fact(f"{prefix}_free_blocks", state.free_blocks, "count", "context"),
+    ]
 
 
 def _from_history(ctx: DeviceContext) -> list[Finding]:
@@ -177,24 +179,31 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
             return []
         best = None
 
-    facts: Evidence = {
-        "source": "replay of the trace through memlens' caching-allocator model (recorded settings)",
-        "cudamallocs": evidence.segment_allocs,
-        "blocked_cudamallocs": len(blocked),
-        "blocked_cudamalloc_bytes": blocked_bytes,
-        "recorded_peak_reserved_bytes": peak_reserved,
-        "replay_reproduces_recorded_reserved": "yes" if faithful else f"no, from event {evidence.diverged_at}",
-    }
+    # What shows the finding is where it failed (at the OOM the pieces made) or else the worst
+    # blocked cudaMalloc: that moment's pool leads, the other's is context.
+    lead: EvidenceMeaning = "context" if oom_blocked else "pattern"
+    facts: list[EvidenceItem] = [
+        fact("blocked_cudamalloc_bytes", blocked_bytes, "bytes", "amount"),
+        fact("blocked_cudamallocs", len(blocked), "count", lead),
+        fact("cudamallocs", evidence.segment_allocs, "count", "context"),
+        fact("recorded_peak_reserved_bytes", peak_reserved, "bytes", "context"),
+        fact("replay_reproduces_recorded_reserved", "yes" if faithful else f"no, from event {evidence.diverged_at}",
+             "text", "context"),
+        fact("source", "replay of the trace through memlens' caching-allocator model (recorded settings)", "text",
+             "context"),
+    ]
     if ctx.capacity:
-        facts["capacity_bytes"] = ctx.capacity
+        facts.append(fact("capacity_bytes", ctx.capacity, "bytes", "context"))
+    if oom is not None and oom_blocked:  # the failure is the moment to read first
+        facts += moment_evidence(ctx, "oom", oom.event)
     parts = []
     if blocked:
         first, last = blocked[0], blocked[-1]
         worst = max(blocked, key=lambda c: (c.pool.free_bytes, -c.event))
-        facts.update(moment_evidence(ctx, "first_blocked", first.event))
-        facts.update(moment_evidence(ctx, "worst_blocked", worst.event))
-        facts["worst_blocked_segment_bytes"] = worst.segment_bytes
-        facts.update(_pool_evidence("worst_blocked", worst.pool))
+        facts += moment_evidence(ctx, "worst_blocked", worst.event)
+        facts += moment_evidence(ctx, "first_blocked", first.event)
+        facts.append(fact("worst_blocked_segment_bytes", worst.segment_bytes, "bytes", lead))
+        facts += _pool_evidence("worst_blocked", worst.pool, lead)
         parts.append(
             f"{len(blocked)} of {evidence.segment_allocs} cudaMallocs ({format_bytes(blocked_bytes)}) were made while "
             f"their pool already held at least the request free, in no block large enough; "
@@ -210,10 +219,12 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
         assert oom is not None
         start, end, anchor = oom.event, oom.event + 1, oom.event
     if oom is not None:
-        facts.update(moment_evidence(ctx, "oom", oom.event))
-        facts.update(_pool_evidence("oom", oom))
-        facts["oom_device_free_bytes"] = evidence.oom_device_free_bytes
-        facts["oom_blocked_by_fragmentation"] = "yes" if oom_blocked else "no"
+        at_oom: EvidenceMeaning = "pattern" if oom_blocked else "context"
+        if not oom_blocked:
+            facts += moment_evidence(ctx, "oom", oom.event)
+        facts += _pool_evidence("oom", oom, at_oom)
+        facts.append(fact("oom_device_free_bytes", evidence.oom_device_free_bytes, "bytes", at_oom))
+        facts.append(fact("oom_blocked_by_fragmentation", "yes" if oom_blocked else "no", "text", "cause"))
         end = max(end, oom.event + 1)
         if oom_blocked:
             anchor = oom.event
@@ -225,16 +236,16 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
     for trial in savings:
         name, value = trial.setting.split(":")
         if name == "max_split_size_mb":
-            facts["max_split_size_mb_tried"] = int(value)
-        facts[f"{name}_peak_reserved_bytes"] = trial.peak_reserved
-        if not trial.oom:  # a replay cut off by its OOM has no peak to compare
-            facts[f"{name}_saving_bytes"] = trial.saving
+            facts.append(fact("max_split_size_mb_tried", int(value), "mib", "remedy"))
         if oom is not None:
-            facts[f"{name}_avoids_oom"] = "no" if trial.oom else "yes"
+            facts.append(fact(f"{name}_avoids_oom", "no" if trial.oom else "yes", "text", "remedy"))
         elif trial.oom:
-            facts[f"{name}_runs_out_of_memory"] = "yes"
+            facts.append(fact(f"{name}_runs_out_of_memory", "yes", "text", "remedy"))
+        if not trial.oom:  # a replay cut off by its OOM has no peak to compare
+            facts.append(fact(f"{name}_saving_bytes", trial.saving, "bytes", "remedy"))
+        facts.append(fact(f"{name}_peak_reserved_bytes", trial.peak_reserved, "bytes", "remedy"))
     if best is not None:
-        facts["best_setting"] = best.setting
+        facts.append(fact("best_setting", best.setting, "text", "remedy"))
 
     severity: Severity
     if avoids_oom or saving >= FRAGMENTATION_HIGH_SAVING_FRACTION * reference:
@@ -248,12 +259,6 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
     stranded = oom.free_bytes if oom_blocked and oom is not None else max(
         (c.pool.free_in_pieces_bytes for c in blocked), default=oom.free_bytes if oom else 0
     )
-    lead = "oom" if oom_blocked else "worst_blocked"
-    facts = lead_with(facts, [
-        f"{lead}_event", f"{lead}_request_bytes", f"{lead}_pool_free_bytes", f"{lead}_largest_free_block_bytes",
-        "oom_device_free_bytes" if oom_blocked else "blocked_cudamallocs",
-        "expandable_segments_avoids_oom" if oom_blocked else "expandable_segments_saving_bytes",
-    ])
     return [
         Finding(
             kind="fragmentation",
@@ -266,18 +271,12 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
             end_us=ctx.time_at(end - 1),
             step=ctx.step_at(anchor),
             top_stacks=[],
-            evidence=facts,
+            evidence=Evidence(facts),
             summary="; ".join(parts) + ".",
             recommendation=_history_recommendation(peak_reserved, faithful, savings, best, oom is not None, helps),
             estimated_saving_bytes=saving or None,
         )
     ]
-
-
-def lead_with(facts: Evidence, first: list[str]) -> Evidence:
-    """The same evidence with ``first`` (those present) leading: reporters show the first few."""
-    leading = {key: facts[key] for key in first if key in facts}
-    return {**leading, **{key: value for key, value in facts.items() if key not in leading}}
 
 
 def _history_recommendation(
@@ -338,19 +337,18 @@ def _from_dump_state(ctx: DeviceContext) -> list[Finding]:
     if pieces < FRAGMENTATION_MIN_BYTES or share < FRAGMENTATION_MIN_FRACTION:
         return []
     at = _dump_event(ctx)
-    facts: Evidence = {
-        "free_in_partly_used_segments_bytes": pieces,
-        "partly_used_segments": partly,
-        "largest_free_piece_bytes": largest,
-        "reserved_bytes": reserved,
-        "share_of_reserved": round(share, 3),
-        "free_in_whole_segments_bytes": whole,
-        "moment": "dump",
-        "segments": len(ctx.segments),
-        "source": "dump-time segments (no allocation history)",
-    }
-    if ctx.events:
-        facts.update(moment_evidence(ctx, "dump", at))
+    facts = [
+        amount("free_in_partly_used_segments_bytes", pieces),
+        fact("partly_used_segments", partly, "count", "pattern"),
+        fact("largest_free_piece_bytes", largest, "bytes", "pattern"),
+        fact("share_of_reserved", round(share, 3), "ratio", "pattern"),
+        fact("moment", "dump", "text", "moment"),
+        *(moment_evidence(ctx, "dump", at) if ctx.events else []),
+        fact("reserved_bytes", reserved, "bytes", "context"),
+        fact("free_in_whole_segments_bytes", whole, "bytes", "context"),
+        fact("segments", len(ctx.segments), "count", "context"),
+        fact("source", "dump-time segments (no allocation history)", "text", "context"),
+    ]
     return [
         Finding(
             kind="fragmentation",
@@ -363,7 +361,7 @@ def _from_dump_state(ctx: DeviceContext) -> list[Finding]:
             end_us=ctx.time_at(at),
             step=None,
             top_stacks=[],
-            evidence=facts,
+            evidence=Evidence(facts),
             summary=(f"At dump time {format_bytes(pieces)} ({share:.0%} of reserved) is free in pieces inside "
                      f"{partly} partly used segments; the largest piece is {format_bytes(largest)}."),
             recommendation=("The snapshot has no allocation history, so whether any request was blocked by these "
@@ -384,18 +382,17 @@ def _idle_cache(ctx: DeviceContext) -> list[Finding]:
         return []
     reference = ctx.capacity or reserved
     at = _dump_event(ctx)
-    facts: Evidence = {
-        "free_in_whole_segments_bytes": idle,
-        "whole_free_segments": len(segments),
-        "reserved_bytes": reserved,
-        "share_of_reserved": round(idle / reserved, 3),
-        "largest_whole_free_segment_bytes": max(s.total_size for s in segments),
-        "moment": "dump",
-    }
-    if ctx.events:
-        facts.update(moment_evidence(ctx, "dump", at))
+    facts = [
+        amount("free_in_whole_segments_bytes", idle),
+        fact("whole_free_segments", len(segments), "count", "pattern"),
+        fact("share_of_reserved", round(idle / reserved, 3), "ratio", "pattern"),
+        fact("largest_whole_free_segment_bytes", max(s.total_size for s in segments), "bytes", "pattern"),
+        fact("moment", "dump", "text", "moment"),
+        *(moment_evidence(ctx, "dump", at) if ctx.events else []),
+        fact("reserved_bytes", reserved, "bytes", "context"),
+    ]
     if ctx.capacity:
-        facts["capacity_bytes"] = ctx.capacity
+        facts.append(fact("capacity_bytes", ctx.capacity, "bytes", "context"))
     return [
         Finding(
             kind="idle_cache",
@@ -408,7 +405,7 @@ def _idle_cache(ctx: DeviceContext) -> list[Finding]:
             end_us=ctx.time_at(at),
             step=ctx.step_at(at) if ctx.events else None,
             top_stacks=[],
-            evidence=facts,
+            evidence=Evidence(facts),
             summary=(f"At dump time {format_bytes(idle)} ({idle / reserved:.0%} of reserved) sits in "
                      f"{len(segments)} entirely free segments: cached, not fragmented."),
             recommendation=(

@@ -21,7 +21,9 @@ bounded by the parameters, even when it appears over several steps.
 Allocations that grow a buffer by replacing it (``buf = torch.cat([buf, x])``) leave one
 survivor at a time: the level rises but the lifetimes show no pile, and no finding is made.
 
-Evidence keys: ``bytes_per_step`` (512-byte blocks), ``requested_bytes_per_step``,
+Evidence (typed items, by meaning): the amount ``bytes_per_step`` (512-byte blocks) and
+``held_bytes``; the pattern ``kept_steps``, ``level_rise_per_step_bytes``, ``leaking_stacks``;
+then the moment, who holds it, and the context. Every item: ``requested_bytes_per_step``,
 ``kept_steps`` (the pile's depth), ``held_bytes`` (the leaking stacks' survivors alive at the end
 of ``last_step``; also the finding's ``bytes``), ``level_rise_per_step_bytes``, the moment:
 ``first_step``/``last_step`` (indices), ``first_step_end_event``/``last_step_end_event`` (rows),
@@ -62,7 +64,7 @@ import numpy.typing as npt
 
 from memlens.analysis.categories import LEAKED, OPTIMIZER_STATE, UNKNOWN
 from memlens.analysis.context import DeviceContext
-from memlens.analysis.datatypes import Evidence, Finding, Step
+from memlens.analysis.datatypes import Evidence, EvidenceItem, Finding, Step, amount, fact
 from memlens.analysis.settings import (
     LEAK_HIGH_SEVERITY_STEPS_LEFT,
     LEAK_MEDIUM_SEVERITY_STEPS_LEFT,
@@ -220,37 +222,39 @@ def find(ctx: DeviceContext) -> list[Finding]:
     elif steps_left < LEAK_MEDIUM_SEVERITY_STEPS_LEFT:
         severity = "medium"
 
-    # The first six keys are what the terminal shows: the size, the pile, the level, the moment.
-    evidence: dict[str, int | float | str] = {
-        "bytes_per_step": bytes_per_step,
-        "kept_steps": int(depth[np.isin(stacks, leaking)].max()),
-        "level_rise_per_step_bytes": level_rise,
-        "held_bytes": held_bytes,
-        "last_step": last_step.index,
-        "last_step_end_event": last_step.end_event - 1,
-        "first_step": first_step.index,
-        "first_step_end_event": first_step.end_event - 1,
-        "level_at_first_step_end_bytes": level_first,
-        "level_at_last_step_end_bytes": level_last,
-        "requested_bytes_per_step": round(float(requested_per_step.mean())),
-        "comparable_steps": m,
-        "steps_until_full" if basis == "capacity" else "steps_until_peak_doubles": int(steps_left),
-        "leaking_stacks": int(leaking.size),
-        "warmup_steps_skipped": LEAK_WARMUP_STEPS,
-        "severity_basis": basis,
-    }
+    kept_steps = int(depth[np.isin(stacks, leaking)].max())
+    evidence: list[EvidenceItem] = [
+        amount("bytes_per_step", bytes_per_step),
+        amount("held_bytes", held_bytes),
+        fact("kept_steps", kept_steps, "count", "pattern"),
+        fact("level_rise_per_step_bytes", level_rise, "bytes", "pattern"),
+        fact("leaking_stacks", int(leaking.size), "count", "pattern"),
+        fact("last_step", last_step.index, "step", "moment"),
+        fact("last_step_end_event", last_step.end_event - 1, "event", "moment"),
+        fact("first_step", first_step.index, "step", "moment"),
+        fact("first_step_end_event", first_step.end_event - 1, "event", "moment"),
+    ]
     first_us, last_us = ctx.time_at(first_step.end_event - 1), ctx.time_at(last_step.end_event - 1)
     if first_us is not None and last_us is not None:
-        evidence["first_step_end_us"] = first_us
-        evidence["last_step_end_us"] = last_us
+        evidence += [fact("first_step_end_us", first_us, "us", "moment"),
+                     fact("last_step_end_us", last_us, "us", "moment")]
+    evidence += [
+        fact("level_at_first_step_end_bytes", level_first, "bytes", "context"),
+        fact("level_at_last_step_end_bytes", level_last, "bytes", "context"),
+        fact("requested_bytes_per_step", round(float(requested_per_step.mean())), "bytes", "context"),
+        fact("steps_until_full" if basis == "capacity" else "steps_until_peak_doubles", int(steps_left), "count",
+             "context"),
+        fact("severity_basis", basis, "text", "context"),
+        fact("comparable_steps", m, "count", "context"),
+        fact("warmup_steps_skipped", LEAK_WARMUP_STEPS, "count", "context"),
+    ]
     if ctx.capacity:
-        evidence["capacity_bytes"] = ctx.capacity
+        evidence.append(fact("capacity_bytes", ctx.capacity, "bytes", "context"))
     fills = (
         f"; the device is full in about {steps_left:,} more steps"
         if basis == "capacity"
         else f"; it adds another peak's worth in about {steps_left:,} steps"
     )
-    kept_steps = int(evidence["kept_steps"])
     summary = (
         f"Allocations from {leaking.size} stack(s) outlive their step and pile up: "
         f"{format_bytes(bytes_per_step)} per step, kept from {kept_steps} steps at once "
@@ -265,7 +269,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
     holding = match_holders(holders, lt.address[at_dump], lt.size[at_dump],
                             lt.stack_id[at_dump].astype(np.int64), ctx.snapshot.stacks.frames_of)
     if holding:
-        evidence.update(holder_evidence(holding, int(at_dump.size), int(lt.size[at_dump].sum())))
+        evidence += holder_evidence(holding, int(at_dump.size), int(lt.size[at_dump].sum()))
         summary += " " + holder_sentence(holding, int(at_dump.size))
         # The named line is the fix; the general advice stays only where no line could be named.
         recommendation = holder_recommendation(holding[0]) + (" " + recommendation if not holding[0].named else "")
@@ -281,7 +285,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
             end_us=ctx.time_at(last_step.end_event - 1),
             step=first_step.index,
             top_stacks=ctx.top_stacks(leak_mask),
-            evidence=evidence,
+            evidence=Evidence(evidence),
             summary=summary,
             recommendation=recommendation,
             estimated_saving_bytes=held_bytes,
@@ -429,26 +433,28 @@ def _placed(holder: HolderMatch) -> str:
     return ", " + " and ".join(f"{_VERBS.get(line.how, 'stored')} at {_quoted(line)}" for line in holder.named)
 
 
-def holder_evidence(holding: list[HolderMatch], blocks_at_dump: int, bytes_at_dump: int) -> Evidence:
+def holder_evidence(holding: list[HolderMatch], blocks_at_dump: int, bytes_at_dump: int) -> list[EvidenceItem]:
     top = holding[0]
-    evidence: dict[str, int | float | str] = {
-        "held_by": top.text,
-        "held_by_blocks": top.matched_blocks,
-        "held_by_bytes": top.matched_bytes,
-        "leak_blocks_at_dump": blocks_at_dump,
-        "leak_bytes_at_dump": bytes_at_dump,
-        "holders_matched": len(holding),
-    }
+    evidence = [fact("held_by", top.text, "text", "cause")]
     if top.line is not None:
-        evidence["held_by_line"] = top.line
+        evidence.append(fact("held_by_line", top.line, "text", "cause"))
         if top.named[0].code:
-            evidence["held_by_code"] = top.named[0].code
+            evidence.append(fact("held_by_code", top.named[0].code, "text", "cause"))
     if len(top.named) > 1:
-        evidence["held_by_lines"] = "; ".join(line.where for line in top.named)
+        evidence.append(fact("held_by_lines", "; ".join(line.where for line in top.named), "text", "cause"))
     if top.named:
-        evidence["held_by_line_match"] = top.line_match
+        evidence.append(fact("held_by_line_match", top.line_match, "text", "cause"))
+    evidence += [
+        fact("held_by_blocks", top.matched_blocks, "count", "cause"),
+        fact("held_by_bytes", top.matched_bytes, "bytes", "cause"),
+    ]
     if len(holding) > 1:
-        evidence["also_held_by"] = "; ".join(h.text for h in holding[1:4])
+        evidence.append(fact("also_held_by", "; ".join(h.text for h in holding[1:4]), "text", "cause"))
+    evidence += [
+        fact("holders_matched", len(holding), "count", "cause"),
+        fact("leak_blocks_at_dump", blocks_at_dump, "count", "context"),
+        fact("leak_bytes_at_dump", bytes_at_dump, "bytes", "context"),
+    ]
     return evidence
 
 
