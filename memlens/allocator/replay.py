@@ -40,7 +40,7 @@ import numpy as np
 
 from memlens.allocator.initial_state import InitialState, infer_initial_state
 from memlens.allocator.releases import ALLOCATOR, EMPTY_CACHE, Release, classify_releases
-from memlens.allocator.settings import AllocatorSettings
+from memlens.allocator.settings import AllocatorSettings, SnapshotAllocatorSettings
 from memlens.allocator.simulator import CachingAllocatorSimulator, SimulatedOOM
 from memlens.errors import MemlensUsageError
 from memlens.snapshot.model import Action, sidecar_number
@@ -159,26 +159,55 @@ class WhatIfResult:
             return None
         return self.recorded_until_simulated_oom.events
 
+    def report(self) -> WhatIfReport:
+        """The result as its JSON form's struct (what ``memlens whatif --json`` writes)."""
+        return WhatIfReport(
+            source=self.source,
+            device=self.device,
+            start_time_us=self.start_time_us,
+            capacity_bytes=self.capacity,
+            recorded_settings=self.recorded_settings.snapshot_record(),
+            simulated_settings=self.settings.snapshot_record(),
+            seeded_from_final_state=self.seeded,
+            seeded_segments=len(self.initial_state.segments),
+            seeded_live_blocks=self.initial_state.live_blocks,
+            releases=[ReleaseRun(r.start, r.end - r.start, r.cause, r.reason) for r in self.releases],
+            notes=list(self.notes),
+            recorded=self.recorded,
+            simulated=self.simulated,
+            recorded_until_simulated_oom=self.recorded_until_simulated_oom,
+        )
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "device": self.device,
-            "start_time_us": self.start_time_us,
-            "capacity_bytes": self.capacity,
-            "recorded_settings": self.recorded_settings.to_snapshot_dict(),
-            "simulated_settings": self.settings.to_snapshot_dict(),
-            "seeded_from_final_state": self.seeded,
-            "seeded_segments": len(self.initial_state.segments),
-            "seeded_live_blocks": self.initial_state.live_blocks,
-            "releases": [
-                {"first_event": r.start, "events": r.end - r.start, "cause": r.cause, "reason": r.reason}
-                for r in self.releases
-            ],
-            "notes": list(self.notes),
-            "recorded": msgspec.to_builtins(self.recorded),
-            "simulated": msgspec.to_builtins(self.simulated),
-            "recorded_until_simulated_oom": msgspec.to_builtins(self.recorded_until_simulated_oom),
-        }
+        return msgspec.to_builtins(self.report())
+
+
+class ReleaseRun(msgspec.Struct, frozen=True):
+    """A recorded run of segment frees/unmaps and its inferred cause (``memlens.allocator.releases``)."""
+
+    first_event: int
+    events: int
+    cause: str
+    reason: str
+
+
+class WhatIfReport(msgspec.Struct, frozen=True):
+    """The JSON form of a ``WhatIfResult`` (``memlens whatif --json``, the MCP ``whatif`` tool)."""
+
+    source: str
+    device: int
+    start_time_us: int | None
+    capacity_bytes: int | None
+    recorded_settings: SnapshotAllocatorSettings
+    simulated_settings: SnapshotAllocatorSettings
+    seeded_from_final_state: bool
+    seeded_segments: int
+    seeded_live_blocks: int
+    releases: list[ReleaseRun]
+    notes: list[str]
+    recorded: RunFigures
+    simulated: SimulatedFigures
+    recorded_until_simulated_oom: RunFigures | None
 
 
 # Where the recorder's sidecar (and older sidecars) state the device's memory.
@@ -661,4 +690,4 @@ class _Replay:
         return completes
 
 
-__all__ = ["RunFigures", "SimulatedFigures", "WhatIfResult", "recorded_figures", "whatif"]
+__all__ = ["ReleaseRun", "RunFigures", "SimulatedFigures", "WhatIfReport", "WhatIfResult", "recorded_figures", "whatif"]

@@ -69,7 +69,7 @@ def _figures(path: str | Path) -> tuple[int, int, list[int]]:
     trace = snapshot.device()
     figures = recorded_figures(trace, snapshot.segments_on(trace.device))
     sizes = trace.size[trace.action == int(Action.ALLOC)] if len(trace) else np.zeros(0, dtype=np.int64)
-    return int(figures["peak_allocated_bytes"]), int(figures["peak_reserved_bytes"]), [int(s) for s in sizes]
+    return figures.peak_allocated_bytes, figures.peak_reserved_bytes, [int(s) for s in sizes]
 
 
 def compare(real: str | Path, predicted: str | Path) -> Fidelity:
