@@ -47,3 +47,12 @@ def test_whatif_json_is_its_struct() -> None:
 
 def test_diff_json_is_its_struct() -> None:
     assert msgspec.json.schema(SnapshotDiffRecord)["$ref"].endswith("SnapshotDiffRecord")
+
+
+def test_prediction_fidelity_json_is_its_struct() -> None:
+    from memlens.predict.fidelity import Fidelity, FidelityRecord
+
+    fidelity = Fidelity(100, 110, 200, 190, 10, 9, 8)
+    data = fidelity.to_json()
+    _reads_back(data, FidelityRecord, fidelity.record())
+    assert data["allocated_error"] == 0.1 and data["match_rate"] == 0.8
