@@ -140,7 +140,11 @@ _ENCODER = msgspec.json.Encoder(enc_hook=_numpy_scalar)
 def decode_hook(kind: type, value: Any) -> Any:
     """What ``msgspec`` decodes the report's own non-struct types with (``Report.from_json``)."""
     if kind is Evidence:
-        return Evidence(msgspec.convert(value, list[EvidenceItem]))
+        try:
+            return Evidence(msgspec.convert(value, list[EvidenceItem]))
+        except msgspec.ValidationError as exc:
+            # Raised as ValueError, msgspec names where in the report the evidence was.
+            raise ValueError(f"evidence: {exc}".replace(" - at `$", " at `evidence")) from None
     raise NotImplementedError(f"cannot read a {kind.__name__} in a report")
 
 

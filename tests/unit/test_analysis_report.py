@@ -42,6 +42,10 @@ def test_validator_catches_mistakes() -> None:
     (error,) = validate(data)
     assert "'nonsense'" in error and "$.findings[" in error
     assert validate([]) == ["$: expected object, found list"]
+    data = analyze(training_run(6, leak=8 * MiB).snapshot()).to_json()
+    data["findings"][0]["evidence"][0]["unit"] = "parsecs"
+    (error,) = validate(data)
+    assert "'parsecs' at `evidence[0].unit`" in error and "$.findings[0].evidence" in error
 
 
 def test_report_round_trips_through_json_equal() -> None:
