@@ -2,9 +2,9 @@
 
 ``Step``, ``StackBytes``, ``Finding`` (with its ``Evidence``: typed items ordered by meaning,
 which the renderers of ``memlens.reporters.evidence`` show), the category, finding-kind,
-severity and step-source names, and the pure helper reporters order findings by. It imports nothing from ``memlens.analysis``, so any analysis module (steps, stacks,
-categories, live, the finders) can use these types without importing ``report.py`` and,
-through it, each other. ``report.py`` re-exports every name here for existing callers.
+severity and step-source names, and the pure helper reporters order findings by. It imports
+nothing from ``memlens.analysis``, so any analysis module (steps, stacks, categories, live, the
+finders) can use these types without importing ``report.py`` and, through it, each other. ``report.py`` re-exports every name here for existing callers.
 """
 
 from __future__ import annotations
