@@ -4,7 +4,8 @@
 which the renderers of ``memlens.reporters.evidence`` show), the category, finding-kind,
 severity and step-source names, and the pure helper reporters order findings by. It imports
 nothing from ``memlens.analysis``, so any analysis module (steps, stacks, categories, live, the
-finders) can use these types without importing ``report.py`` and, through it, each other. ``report.py`` re-exports every name here for existing callers.
+finders) can use these types without importing ``report.py`` and, through it, each other.
+``report.py`` re-exports every name here for existing callers.
 """
 
 from __future__ import annotations
