@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from memlens.allocator.replay import RunFigures, SimulatedFigures
 from memlens.ops.runner import (
     DEFAULT_PRELOAD,
     DEFAULT_TIMEOUT_S,
@@ -59,12 +60,12 @@ def analyse_in_worker(path: str, *, uploaded: bool, limits: AnalysisLimits, work
 
 @dataclass(frozen=True)
 class WhatIfAnswer:
-    """The what-if replays, as plain dicts: the recorded run, it with expandable segments, and it
-    on a device with more memory (None when the capacity is unknown)."""
+    """The what-if replays' figures: the recorded run, it with expandable segments, and it on a
+    device with more memory (None when the capacity is unknown)."""
 
-    recorded: dict[str, Any]
-    expandable: dict[str, Any]
-    more_memory: dict[str, Any] | None
+    recorded: RunFigures
+    expandable: SimulatedFigures
+    more_memory: SimulatedFigures | None
     notes: tuple[str, ...]
 
 
@@ -94,4 +95,4 @@ def whatif_job(snapshot: Any, device: int, capacity: int | None, extra: int) -> 
         if stopped is not None:
             notes.append(f"On the {format_bytes(capacity + extra)} device, {stopped}")
     # Where the expandable replay stopped at its OOM, the recorded column covers the same events.
-    return WhatIfAnswer(dict(expandable.recorded_compared()), dict(expandable.simulated), more, tuple(notes))
+    return WhatIfAnswer(expandable.recorded_compared(), expandable.simulated, more, tuple(notes))

@@ -141,18 +141,18 @@ def main() -> None:
     expandable = whatif(snapshot, settings=AllocatorSettings(expandable_segments=True))
     replayed_expandable = time.perf_counter()
     replay_s = replayed - loaded
-    print(f"- trace entries replayed:            {result.recorded['events']:,}")
+    print(f"- trace entries replayed:            {result.recorded.events:,}")
     print(f"- generate (simulator with history): {generated - started:.1f} s")
     print(f"- parse into the snapshot model:     {loaded - generated:.1f} s")
     print(
         f"- whatif replay, recorded settings:  {replay_s:.1f} s "
-        f"({result.recorded['events'] / replay_s / 1e6:.2f} M events/s; bound {REPLAY_TIME_LIMIT_S:.0f} s)"
+        f"({result.recorded.events / replay_s / 1e6:.2f} M events/s; bound {REPLAY_TIME_LIMIT_S:.0f} s)"
     )
     print(f"- whatif replay, expandable:         {replayed_expandable - replayed:.1f} s")
     print(
-        f"- peak reserved recorded {format_bytes(result.recorded['peak_reserved_bytes'])}, "
-        f"replayed {format_bytes(result.simulated['peak_reserved_bytes'])}, "
-        f"with expandable segments {format_bytes(expandable.simulated['peak_reserved_bytes'])}"
+        f"- peak reserved recorded {format_bytes(result.recorded.peak_reserved_bytes)}, "
+        f"replayed {format_bytes(result.simulated.peak_reserved_bytes)}, "
+        f"with expandable segments {format_bytes(expandable.simulated.peak_reserved_bytes)}"
     )
     if replay_s > REPLAY_TIME_LIMIT_S:
         raise SystemExit(f"replay took {replay_s:.1f} s, over the {REPLAY_TIME_LIMIT_S:.0f} s bound")

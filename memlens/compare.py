@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from memlens.analysis.analysis import Analysis
@@ -41,19 +42,55 @@ class SnapshotDiff:
     findings_before: list[str] = field(default_factory=list)
     findings_after: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        def pair(values: tuple[int, int]) -> dict[str, int]:
-            return {"before": values[0], "after": values[1], "delta": values[1] - values[0]}
+    def record(self) -> SnapshotDiffRecord:
+        """The diff as its JSON form's struct (``memlens diff --json``, the MCP diff tool)."""
+        return SnapshotDiffRecord(
+            before=self.before,
+            after=self.after,
+            peak_allocated_bytes=Change.of(self.peak_allocated),
+            peak_reserved_bytes=Change.of(self.peak_reserved),
+            categories_at_peak={name: Change.of(v) for name, v in self.categories.items()},
+            stacks=[StackChangeRecord(list(s.frames), s.before_bytes, s.after_bytes, s.delta_bytes)
+                    for s in self.stacks],
+            findings=FindingKindsChange(self.findings_before, self.findings_after),
+        )
 
-        return {
-            "before": self.before,
-            "after": self.after,
-            "peak_allocated_bytes": pair(self.peak_allocated),
-            "peak_reserved_bytes": pair(self.peak_reserved),
-            "categories_at_peak": {name: pair(v) for name, v in self.categories.items()},
-            "stacks": [{"frames": list(s.frames), **pair((s.before_bytes, s.after_bytes))} for s in self.stacks],
-            "findings": {"before": self.findings_before, "after": self.findings_after},
-        }
+    def to_json(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self.record())
+
+
+class Change(msgspec.Struct, frozen=True):
+    """Bytes before and after, and the difference."""
+
+    before: int
+    after: int
+    delta: int
+
+    @classmethod
+    def of(cls, values: tuple[int, int]) -> Change:
+        return cls(values[0], values[1], values[1] - values[0])
+
+
+class StackChangeRecord(msgspec.Struct, frozen=True):
+    frames: list[str]
+    before: int
+    after: int
+    delta: int
+
+
+class FindingKindsChange(msgspec.Struct, frozen=True):
+    before: list[str]
+    after: list[str]
+
+
+class SnapshotDiffRecord(msgspec.Struct, frozen=True):
+    before: str
+    after: str
+    peak_allocated_bytes: Change
+    peak_reserved_bytes: Change
+    categories_at_peak: dict[str, Change]
+    stacks: list[StackChangeRecord]
+    findings: FindingKindsChange
 
 
 def live_bytes_by_stack(analysis: Analysis, device: DeviceReport) -> dict[tuple[str, ...], int]:

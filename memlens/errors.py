@@ -14,7 +14,7 @@ Mistakes are the user's to fix: the CLI prints them as one line and exits with `
 anything else that escapes a command is a bug and says so (``--debug`` for the traceback).
 
 An out-of-memory is what a simulation found, not a mistake, and the code that simulates reports
-it in its result instead of letting it escape: ``whatif`` -> ``WhatIfResult.simulated["oom"]``
+it in its result instead of letting it escape: ``whatif`` -> ``WhatIfResult.simulated.oom``
 (``memlens whatif`` prints "out of memory: yes" and exits 0), ``predict`` ->
 ``PredictResult.oom``, and the CPU recorder raises ``torch.OutOfMemoryError`` inside the user's
 loop, as a real device would. ``MemlensOutOfMemory`` therefore never reaches the CLI as a

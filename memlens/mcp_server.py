@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from memlens.analysis.lenses.rules import MAX_RULES_FILE_BYTES
-from memlens.errors import MemlensError, MemlensUsageError
+from memlens.errors import MemlensUsageError
 from memlens.files import FileRefused, OpenedFile, open_beneath, open_regular
 from memlens.ops.errors import describe
 from memlens.ops.runner import DEFAULT_PRELOAD, Crashed, Limits, ProcessGroup, run_limited

@@ -22,8 +22,9 @@ from memlens.analysis.datatypes import Finding, Timeline
 from memlens.analysis.lenses.inputs import allocated_at, lens_inputs_of
 from memlens.analysis.lenses.moments import Row, resolve_moment
 from memlens.analysis.lenses.moments import Window as RowsWindow
-from memlens.analysis.report import DeviceReport, format_evidence, no_findings_text
+from memlens.analysis.report import DeviceReport, no_findings_text
 from memlens.analysis.views import timeline_of
+from memlens.reporters.evidence import first_items, format_value, label
 from memlens.units import format_bytes
 
 View = dict[str, Any]
@@ -181,8 +182,7 @@ def finding_card(index: int, finding: Finding, in_window: bool | None = None) ->
     span = (f"step {finding.step}" if finding.step is not None
             else f"events {finding.start_event:,}–{finding.end_event:,}")
     evidence = html.Table(className="evidence", children=[
-        html.Tr([html.Td(str(k).replace("_", " ")), html.Td(format_evidence(k, v))])
-        for k, v in finding.evidence.items()])
+        html.Tr([html.Td(label(item)), html.Td(format_value(item))]) for item in first_items(finding.evidence)])
     stacks = [html.Details(className="stack", children=[
         html.Summary(f"{format_bytes(s.bytes)} in {s.count} allocation(s): "
                      f"{s.frames[0] if s.frames else '?'}"),

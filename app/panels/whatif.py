@@ -7,6 +7,7 @@ from typing import Any
 
 from dash import html
 
+from memlens.allocator.replay import RunFigures
 from memlens.analysis.report import DeviceReport
 from memlens.units import format_bytes, parse_bytes
 from memlens_app.worker import WhatIfAnswer
@@ -50,7 +51,7 @@ def whatif_panel(answer: WhatIfAnswer, asked: WhatIfRequest) -> html.Div:
     return whatif_table(columns, notes)
 
 
-def whatif_table(columns: list[tuple[str, dict[str, Any]]], notes: list[str]) -> html.Div:
+def whatif_table(columns: list[tuple[str, RunFigures]], notes: list[str]) -> html.Div:
     def cell(value: Any, as_bytes: bool) -> str:
         if value is None:
             return "n/a"
@@ -60,7 +61,7 @@ def whatif_table(columns: list[tuple[str, dict[str, Any]]], notes: list[str]) ->
 
     table = html.Table(className="table whatif", children=[
         html.Thead(html.Tr([html.Th("")] + [html.Th(name.replace("_", " ")) for name, _ in columns])),
-        html.Tbody([html.Tr([html.Td(label)] + [html.Td(cell(data.get(key), as_bytes))
+        html.Tbody([html.Tr([html.Td(label)] + [html.Td(cell(getattr(data, key), as_bytes))
                                                  for _, data in columns])
                     for label, key, as_bytes in WHATIF_ROWS]),
     ])

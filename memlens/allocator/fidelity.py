@@ -82,7 +82,7 @@ def fidelity(snapshot: Snapshot | str | Path, use_recorded_addresses: bool = Tru
     (segment, offset) agreement measures the replay's choices rather than copied bases.
     """
     result = whatif(snapshot, use_recorded_addresses=use_recorded_addresses)
-    events = int(result.recorded["events"])
+    events = int(result.recorded.events)
     if events <= 1:
         history = STATE_ONLY
     elif result.seeded:
@@ -93,14 +93,14 @@ def fidelity(snapshot: Snapshot | str | Path, use_recorded_addresses: bool = Tru
         name=Path(result.source).name,
         events=events,
         history=history,
-        recorded_peak_reserved=int(result.recorded["peak_reserved_bytes"]),
-        simulated_peak_reserved=int(result.simulated["peak_reserved_bytes"]),
-        recorded_segment_allocs=int(result.recorded["segment_allocs"]),
-        simulated_segment_allocs=int(result.simulated["segment_allocs"]),
+        recorded_peak_reserved=int(result.recorded.peak_reserved_bytes),
+        simulated_peak_reserved=int(result.simulated.peak_reserved_bytes),
+        recorded_segment_allocs=int(result.recorded.segment_allocs),
+        simulated_segment_allocs=int(result.simulated.segment_allocs),
         seeded_segments=len(result.initial_state.segments),
         seeded_blocks=result.initial_state.live_blocks,
-        address_match=result.simulated["alloc_address_match"],
-        segment_offset_match=result.simulated["alloc_segment_offset_match"],
-        placed_allocs=int(result.simulated["allocs_in_known_segment"]),
+        address_match=result.simulated.alloc_address_match,
+        segment_offset_match=result.simulated.alloc_segment_offset_match,
+        placed_allocs=int(result.simulated.allocs_in_known_segment),
         use_recorded_addresses=use_recorded_addresses,
     )

@@ -35,11 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import numpy as np
 
 from memlens.allocator.initial_state import InitialState, infer_initial_state
 from memlens.allocator.releases import ALLOCATOR, EMPTY_CACHE, Release, classify_releases
-from memlens.allocator.settings import AllocatorSettings
+from memlens.allocator.settings import AllocatorSettings, SnapshotAllocatorSettings
 from memlens.allocator.simulator import CachingAllocatorSimulator, SimulatedOOM
 from memlens.errors import MemlensUsageError
 from memlens.snapshot.model import Action, sidecar_number
@@ -72,17 +73,45 @@ _ADDRESS_HINT_LOOKAHEAD = 8
 Observer = Callable[[int, CachingAllocatorSimulator], None]
 
 
+class RunFigures(msgspec.Struct, frozen=True):
+    """What a run (recorded, or a replay of it) reserved, allocated and asked the device for."""
+
+    events: int  # trace rows the figures cover
+    peak_reserved_bytes: int
+    peak_allocated_bytes: int
+    fragmentation_at_peak_bytes: int  # reserved - allocated where reserved peaked (the least of it)
+    peak_event: int  # -1: the peak is the state before the first row
+    final_reserved_bytes: int
+    segment_allocs: int  # cudaMalloc calls
+    segment_frees: int  # cudaFree calls
+    segment_maps: int  # pages mapped (expandable segments)
+    segment_unmaps: int
+    oom: bool
+    oom_event: int | None
+    oom_time_us: int | None
+    oom_size_bytes: int | None
+
+
+class SimulatedFigures(RunFigures, frozen=True):
+    """A replay's figures, and how closely it placed the recorded run's tensors."""
+
+    alloc_address_match: float | None  # share of allocs at the recorded address (None: no allocs)
+    alloc_segment_offset_match: float | None  # share at the recorded (segment, offset)
+    allocs_in_known_segment: int  # allocs whose segment pairs with a recorded one
+
+
 @dataclass
 class WhatIfResult:
-    """The recorded run next to its simulated replay (both dicts share their keys)."""
+    """The recorded run next to its simulated replay (the simulated figures are the recorded
+    ones plus the placement match)."""
 
     source: str
     device: int
     settings: AllocatorSettings
     recorded_settings: AllocatorSettings
     capacity: int | None
-    recorded: dict[str, Any]
-    simulated: dict[str, Any]
+    recorded: RunFigures
+    simulated: SimulatedFigures
     seeded: bool = False
     # What the replay was seeded with (empty for a complete history) and each recorded release
     # run with its inferred cause.
@@ -93,65 +122,92 @@ class WhatIfResult:
     # When the simulated run ran out of memory before the trace's end, its figures stop there:
     # the recorded run's figures over the same events (``recorded_figures(..., until=)``), the
     # only ones its figures can be compared with.
-    recorded_until_simulated_oom: dict[str, Any] | None = None
+    recorded_until_simulated_oom: RunFigures | None = None
 
     @property
     def comparable(self) -> bool:
         """Whether change figures mean anything: the simulated run finished, or stopped at the
         recorded run's own OOM. One cut off earlier by its OOM saves nothing, whatever its peak."""
         simulated, recorded = self.simulated, self.recorded
-        return not simulated["oom"] or bool(recorded["oom"] and recorded["oom_event"] == simulated["oom_event"])
+        return not simulated.oom or bool(recorded.oom and recorded.oom_event == simulated.oom_event)
 
     def stopped_note(self) -> str | None:
         """Where a simulated run cut off by its OOM stopped and what its figures cover (every face
         shows it: it is the first of ``notes``); None when the figures compare."""
         if self.comparable:
             return None
-        stop = int(self.simulated["oom_event"])
+        stop = int(self.simulated.oom_event or 0)
         covered = self.compared_events
         if covered is None:
             return (f"the simulated run ran out of memory at event {stop:,}, before it replayed anything: "
                     "no change to show")
-        return (f"the simulated run ran out of memory at event {stop:,} of {self.recorded['events']:,} and stopped "
+        return (f"the simulated run ran out of memory at event {stop:,} of {self.recorded.events:,} and stopped "
                 f"there: its figures cover only the {covered:,} event{'s' if covered != 1 else ''} before that "
                 "request; a run that does not finish saves nothing, so no change is shown")
 
-    def recorded_compared(self) -> dict[str, Any]:
+    def recorded_compared(self) -> RunFigures:
         """The recorded run's figures over the events the simulated figures cover: all of them,
         or those before the simulated run's OOM (its own OOM flag kept)."""
         if self.recorded_until_simulated_oom is None:
             return self.recorded
-        return {**self.recorded, **self.recorded_until_simulated_oom, "oom": self.recorded["oom"]}
+        return msgspec.structs.replace(self.recorded_until_simulated_oom, oom=self.recorded.oom)
 
     @property
     def compared_events(self) -> int | None:
         """The events both sides' figures cover when the simulated run stopped early, else None."""
         if self.recorded_until_simulated_oom is None:
             return None
-        return int(self.recorded_until_simulated_oom["events"])
+        return self.recorded_until_simulated_oom.events
+
+    def report(self) -> WhatIfReport:
+        """The result as its JSON form's struct (what ``memlens whatif --json`` writes)."""
+        return WhatIfReport(
+            source=self.source,
+            device=self.device,
+            start_time_us=self.start_time_us,
+            capacity_bytes=self.capacity,
+            recorded_settings=self.recorded_settings.snapshot_record(),
+            simulated_settings=self.settings.snapshot_record(),
+            seeded_from_final_state=self.seeded,
+            seeded_segments=len(self.initial_state.segments),
+            seeded_live_blocks=self.initial_state.live_blocks,
+            releases=[ReleaseRun(r.start, r.end - r.start, r.cause, r.reason) for r in self.releases],
+            notes=list(self.notes),
+            recorded=self.recorded,
+            simulated=self.simulated,
+            recorded_until_simulated_oom=self.recorded_until_simulated_oom,
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "device": self.device,
-            "start_time_us": self.start_time_us,
-            "capacity_bytes": self.capacity,
-            "recorded_settings": self.recorded_settings.to_snapshot_dict(),
-            "simulated_settings": self.settings.to_snapshot_dict(),
-            "seeded_from_final_state": self.seeded,
-            "seeded_segments": len(self.initial_state.segments),
-            "seeded_live_blocks": self.initial_state.live_blocks,
-            "releases": [
-                {"first_event": r.start, "events": r.end - r.start, "cause": r.cause, "reason": r.reason}
-                for r in self.releases
-            ],
-            "notes": list(self.notes),
-            "recorded": dict(self.recorded),
-            "simulated": dict(self.simulated),
-            "recorded_until_simulated_oom": (
-                dict(self.recorded_until_simulated_oom) if self.recorded_until_simulated_oom is not None else None
-            ),
-        }
+        return msgspec.to_builtins(self.report())
+
+
+class ReleaseRun(msgspec.Struct, frozen=True):
+    """A recorded run of segment frees/unmaps and its inferred cause (``memlens.allocator.releases``)."""
+
+    first_event: int
+    events: int
+    cause: str
+    reason: str
+
+
+class WhatIfReport(msgspec.Struct, frozen=True):
+    """The JSON form of a ``WhatIfResult`` (``memlens whatif --json``, the MCP ``whatif`` tool)."""
+
+    source: str
+    device: int
+    start_time_us: int | None
+    capacity_bytes: int | None
+    recorded_settings: SnapshotAllocatorSettings
+    simulated_settings: SnapshotAllocatorSettings
+    seeded_from_final_state: bool
+    seeded_segments: int
+    seeded_live_blocks: int
+    releases: list[ReleaseRun]
+    notes: list[str]
+    recorded: RunFigures
+    simulated: SimulatedFigures
+    recorded_until_simulated_oom: RunFigures | None
 
 
 # Where the recorder's sidecar (and older sidecars) state the device's memory.
@@ -257,10 +313,10 @@ def whatif(
     if capacity_note:
         replay.notes.insert(0, capacity_note)
     until_oom = None
-    if simulated["oom"]:
+    if simulated.oom:
         # The recorded rows just before the request that failed (its cudaMalloc, its page maps)
         # are the recorded allocator serving that request: the simulated run never got that far.
-        cut = int(simulated["oom_event"])
+        cut = int(simulated.oom_event or 0)
         while cut > 0 and int(trace.action[cut - 1]) in (_SEGMENT_ALLOC, _SEGMENT_MAP):
             cut -= 1
         # Stopped before its first event (the starting state already over the capacity): nothing to compare.
@@ -287,7 +343,7 @@ def whatif(
     return result
 
 
-def recorded_figures(trace: DeviceTrace, segments: list[Segment], until: int | None = None) -> dict[str, Any]:
+def recorded_figures(trace: DeviceTrace, segments: list[Segment], until: int | None = None) -> RunFigures:
     """Peak reserved, fragmentation at the peak, cudaMalloc count and OOMs of the recorded run.
 
     ``until``: of its first ``until`` events only (the events a simulated run that ran out of
@@ -320,24 +376,24 @@ def recorded_figures(trace: DeviceTrace, segments: list[Segment], until: int | N
         peak_allocated = active
     oom_rows = np.flatnonzero(action == _OOM)
     oom_event = int(oom_rows[0]) if len(oom_rows) else None
-    return {
-        "events": n,
-        "peak_reserved_bytes": peak_reserved,
-        "peak_allocated_bytes": peak_allocated,
-        "fragmentation_at_peak_bytes": fragmentation,
-        "peak_event": peak_event,
-        "final_reserved_bytes": int(reserved[-1]) if until is not None else (
+    return RunFigures(
+        events=n,
+        peak_reserved_bytes=peak_reserved,
+        peak_allocated_bytes=peak_allocated,
+        fragmentation_at_peak_bytes=fragmentation,
+        peak_event=peak_event,
+        final_reserved_bytes=int(reserved[-1]) if until is not None else (
             int(trace.final_reserved) if n else final_reserved
         ),
-        "segment_allocs": int(np.count_nonzero(action == _SEGMENT_ALLOC)),
-        "segment_frees": int(np.count_nonzero(action == _SEGMENT_FREE)),
-        "segment_maps": int(np.count_nonzero(action == _SEGMENT_MAP)),
-        "segment_unmaps": int(np.count_nonzero(action == _SEGMENT_UNMAP)),
-        "oom": oom_event is not None,
-        "oom_event": oom_event,
-        "oom_time_us": _time_at(trace, oom_event),
-        "oom_size_bytes": int(trace.size[oom_event]) if oom_event is not None else None,
-    }
+        segment_allocs=int(np.count_nonzero(action == _SEGMENT_ALLOC)),
+        segment_frees=int(np.count_nonzero(action == _SEGMENT_FREE)),
+        segment_maps=int(np.count_nonzero(action == _SEGMENT_MAP)),
+        segment_unmaps=int(np.count_nonzero(action == _SEGMENT_UNMAP)),
+        oom=oom_event is not None,
+        oom_event=oom_event,
+        oom_time_us=_time_at(trace, oom_event),
+        oom_size_bytes=int(trace.size[oom_event]) if oom_event is not None else None,
+    )
 
 
 def _time_at(trace: DeviceTrace, index: int | None) -> int | None:
@@ -479,7 +535,7 @@ class _Replay:
         return decisions
 
     # ------------------------------------------------------------------ replay
-    def run(self) -> dict[str, Any]:
+    def run(self) -> SimulatedFigures:
         sim = CachingAllocatorSimulator(
             self.settings,
             capacity=self.capacity,
@@ -598,25 +654,25 @@ class _Replay:
                     f"the request that failed at event {i} ({format_bytes(int(sizes[i]))}) fits in the simulation"
                 )
                 sim.free(trial)  # the recorded program never got it: keep the rest of the replay aligned
-        return {
-            "events": oom_event if oom_event is not None else len(actions),
-            "peak_reserved_bytes": peak_reserved,
-            "peak_allocated_bytes": peak_allocated,
-            "fragmentation_at_peak_bytes": fragmentation,
-            "peak_event": peak_event,
-            "final_reserved_bytes": sim.reserved_bytes,
-            "segment_allocs": sim.segment_alloc_count,
-            "segment_frees": sim.segment_free_count,
-            "segment_maps": sim.segment_map_count,
-            "segment_unmaps": sim.segment_unmap_count,
-            "oom": oom_event is not None,
-            "oom_event": oom_event,
-            "oom_time_us": _time_at(self.trace, oom_event),
-            "oom_size_bytes": oom_size,
-            "alloc_address_match": (matches / allocs) if allocs else None,
-            "alloc_segment_offset_match": (same_place / placed) if placed else None,
-            "allocs_in_known_segment": placed,
-        }
+        return SimulatedFigures(
+            events=oom_event if oom_event is not None else len(actions),
+            peak_reserved_bytes=peak_reserved,
+            peak_allocated_bytes=peak_allocated,
+            fragmentation_at_peak_bytes=fragmentation,
+            peak_event=peak_event,
+            final_reserved_bytes=sim.reserved_bytes,
+            segment_allocs=sim.segment_alloc_count,
+            segment_frees=sim.segment_free_count,
+            segment_maps=sim.segment_map_count,
+            segment_unmaps=sim.segment_unmap_count,
+            oom=oom_event is not None,
+            oom_event=oom_event,
+            oom_time_us=_time_at(self.trace, oom_event),
+            oom_size_bytes=int(oom_size) if oom_size is not None else None,
+            alloc_address_match=(matches / allocs) if allocs else None,
+            alloc_segment_offset_match=(same_place / placed) if placed else None,
+            allocs_in_known_segment=placed,
+        )
 
     def _completed_requests(self) -> set[int]:
         """Indices of free_requested entries that a later free_completed finishes."""
@@ -634,4 +690,4 @@ class _Replay:
         return completes
 
 
-__all__ = ["WhatIfResult", "recorded_figures", "whatif"]
+__all__ = ["ReleaseRun", "RunFigures", "SimulatedFigures", "WhatIfReport", "WhatIfResult", "recorded_figures", "whatif"]

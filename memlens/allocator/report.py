@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from memlens.allocator.replay import WhatIfResult
+from memlens.allocator.replay import RunFigures, WhatIfResult
 from memlens.printable import printable
 from memlens.units import format_bytes
 
@@ -16,7 +14,7 @@ def render_whatif(result: WhatIfResult) -> list[str]:
     """The lines ``memlens whatif`` prints."""
     recorded, simulated = result.recorded, result.simulated
     lines = [
-        f"memlens whatif: {printable(result.source)} (device {result.device}, {recorded['events']} events)",
+        f"memlens whatif: {printable(result.source)} (device {result.device}, {recorded.events} events)",
         f"recorded settings:  {printable(_describe(result.recorded_settings.to_alloc_conf()))}",
         f"simulated settings: {printable(_describe(result.settings.to_alloc_conf()))}",
         "capacity: " + (format_bytes(result.capacity) if result.capacity else "unlimited (no OOM possible)"),
@@ -44,39 +42,39 @@ def render_whatif(result: WhatIfResult) -> list[str]:
         lines.append(
             _row(
                 label,
-                format_bytes(recorded[key]),
-                format_bytes(simulated[key]),
-                _change(recorded[key], simulated[key]) if comparable else "",
+                format_bytes(getattr(recorded, key)),
+                format_bytes(getattr(simulated, key)),
+                _change(getattr(recorded, key), getattr(simulated, key)) if comparable else "",
             )
         )
     lines.append(
         _row(
             "cudaMalloc calls (segment_alloc)",
-            str(recorded["segment_allocs"]),
-            str(simulated["segment_allocs"]),
+            str(recorded.segment_allocs),
+            str(simulated.segment_allocs),
             "",
         )
     )
-    if recorded["segment_maps"] or simulated["segment_maps"]:
+    if recorded.segment_maps or simulated.segment_maps:
         lines.append(
             _row(
                 "pages mapped (segment_map)",
-                str(recorded["segment_maps"]),
-                str(simulated["segment_maps"]),
+                str(recorded.segment_maps),
+                str(simulated.segment_maps),
                 "",
             )
         )
     lines.append(
         _row(
             "cudaFree calls (segment_free)",
-            str(recorded["segment_frees"]),
-            str(simulated["segment_frees"]),
+            str(recorded.segment_frees),
+            str(simulated.segment_frees),
             "",
         )
     )
     lines.append(_row("out of memory", _oom(recorded, result), _oom(simulated, result), ""))
     for name, figures in (("recorded", recorded), ("simulated", simulated)):
-        if figures["oom"]:
+        if figures.oom:
             lines.append(f"{name} OOM: {_oom_detail(figures, result)}")
     if result.seeded:
         seed = result.initial_state
@@ -104,14 +102,14 @@ def _change(before: int, after: int) -> str:
     return f"{(after - before) / before:+.1%}"
 
 
-def _oom(figures: dict[str, Any], result: WhatIfResult) -> str:
-    return "yes" if figures["oom"] else "no"
+def _oom(figures: RunFigures, result: WhatIfResult) -> str:
+    return "yes" if figures.oom else "no"
 
 
-def _oom_detail(figures: dict[str, Any], result: WhatIfResult) -> str:
-    parts = [f"at event {figures['oom_event']}"]
-    if figures.get("oom_time_us") is not None and result.start_time_us is not None:
-        parts.append(f"t = {(figures['oom_time_us'] - result.start_time_us) / 1e6:.3f} s into the trace")
-    if figures.get("oom_size_bytes") is not None:
-        parts.append(f"requesting {format_bytes(figures['oom_size_bytes'])}")
+def _oom_detail(figures: RunFigures, result: WhatIfResult) -> str:
+    parts = [f"at event {figures.oom_event}"]
+    if figures.oom_time_us is not None and result.start_time_us is not None:
+        parts.append(f"t = {(figures.oom_time_us - result.start_time_us) / 1e6:.3f} s into the trace")
+    if figures.oom_size_bytes is not None:
+        parts.append(f"requesting {format_bytes(figures.oom_size_bytes)}")
     return ", ".join(parts)

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
+
 from memlens.errors import MemlensUsageError
 from memlens.units import MiB, format_bytes
 
@@ -196,19 +198,33 @@ class AllocatorSettings:
             parts.append("expandable_segments:True")
         return ",".join(parts)
 
+    def snapshot_record(self) -> SnapshotAllocatorSettings:
+        """The ``allocator_settings`` PyTorch (2.9) writes into a snapshot, as a struct."""
+        return SnapshotAllocatorSettings(
+            alloc_conf=self.to_alloc_conf(),
+            max_split_size=-1 if self.max_split_size is None else self.max_split_size,
+            garbage_collection_threshold=self.garbage_collection_threshold,
+            expandable_segments=self.expandable_segments,
+            roundup_power2_divisions={str(k): v for k, v in zip(ROUNDUP_KEYS_MB, self.divisions, strict=True)},
+        )
+
     def to_snapshot_dict(self) -> dict[str, Any]:
         """The ``allocator_settings`` dict PyTorch (2.9) writes into a snapshot."""
-        return {
-            "PYTORCH_CUDA_ALLOC_CONF": self.to_alloc_conf(),
-            "max_split_size": -1 if self.max_split_size is None else self.max_split_size,
-            "garbage_collection_threshold": self.garbage_collection_threshold,
-            "expandable_segments": self.expandable_segments,
-            "pinned_num_register_threads": 1,
-            "release_lock_on_cudamalloc": False,
-            "pinned_use_cuda_host_register": False,
-            "graph_capture_record_stream_reuse": False,
-            "roundup_power2_divisions": {str(k): v for k, v in zip(ROUNDUP_KEYS_MB, self.divisions, strict=True)},
-        }
+        return msgspec.to_builtins(self.snapshot_record())
+
+
+class SnapshotAllocatorSettings(msgspec.Struct, frozen=True):
+    """A snapshot's ``allocator_settings`` as PyTorch 2.9 writes them (the keys it has, in its order)."""
+
+    alloc_conf: str = msgspec.field(name="PYTORCH_CUDA_ALLOC_CONF")
+    max_split_size: int = -1  # -1: no limit
+    garbage_collection_threshold: float = 0.0
+    expandable_segments: bool = False
+    pinned_num_register_threads: int = 1
+    release_lock_on_cudamalloc: bool = False
+    pinned_use_cuda_host_register: bool = False
+    graph_capture_record_stream_reuse: bool = False
+    roundup_power2_divisions: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 def _split_conf(conf: str) -> list[tuple[str, str]]:

@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memlens.analysis.context import DeviceContext
-from memlens.analysis.datatypes import Finding, Severity
+from memlens.analysis.datatypes import Evidence, EvidenceItem, Finding, Severity, amount, fact
 from memlens.analysis.lifetimes import byte_counts
 from memlens.analysis.settings import (
     ACTIVATION_HIGH_SEVERITY_FRACTION,
@@ -131,43 +131,46 @@ def find(ctx: DeviceContext) -> list[Finding]:
     full_saving = int(height * (1 - FULL_CHECKPOINT_KEEP_FRACTION))
     selective_saving = int(height * (1 - SELECTIVE_CHECKPOINT_KEEP_FRACTION))
     step_index = ctx.step_at(peak)
-    # The first six keys are what the terminal shows: the height, its share, the moment.
-    evidence: dict[str, int | float | str] = {
-        "height_bytes": height,
-        "share_of_peak": round(share, 3),
-        "forward_end_event": peak,
-    }
+    # The height and its share, the rise and fall that make it a plateau, then its moment.
+    evidence: list[EvidenceItem] = [
+        amount("height_bytes", height),
+        fact("share_of_peak", round(share, 3), "ratio", "pattern"),
+        fact("rise_bytes", int(allocated[peak] - allocated[rise_start]), "bytes", "pattern"),
+        fact("fall_bytes", int(allocated[peak] - allocated[fall_end]), "bytes", "pattern"),
+        fact("steps_with_plateau", int((heights >= ACTIVATION_MIN_BYTES).sum()), "count", "pattern"),
+        fact("forward_end_event", peak, "event", "moment"),
+    ]
     if step_index is not None:
-        evidence["step"] = step_index
-    evidence.update({
-        "allocated_at_forward_end_bytes": int(allocated[peak]),
-        "peak_allocated_bytes": ctx.peak_allocated,
-    })
+        evidence.append(fact("step", step_index, "step", "moment"))
     if ctx.trace.has_time:
-        evidence["forward_end_us"] = int(ctx.trace.time_us[peak])
-    evidence.update({
-        "forward_end_source": "first autograd row" if moved[k] else "step-local peak",
-        "rise_bytes": int(allocated[peak] - allocated[rise_start]),
-        "fall_bytes": int(allocated[peak] - allocated[fall_end]),
-        "rise_start_event": rise_start,
-        "fall_end_event": fall_end,
-        "duration_events": fall_end - rise_start,
-        "activation_allocations": int(live.sum()),
-        "full_checkpointing_saving_bytes": full_saving,
-        "selective_checkpointing_saving_bytes": selective_saving,
-        "saving_basis": "estimate: full keeps ~1/12 (block inputs only), selective keeps ~60%",
-        "steps_with_plateau": int((heights >= ACTIVATION_MIN_BYTES).sum()),
-        "backward_rows_share": round(max(backward_rows, frameless_after - frameless_before), 3),
-    })
+        evidence.append(fact("forward_end_us", int(ctx.trace.time_us[peak]), "us", "moment"))
+    evidence += [
+        fact("rise_start_event", rise_start, "event", "moment"),
+        fact("fall_end_event", fall_end, "event", "moment"),
+        fact("duration_events", fall_end - rise_start, "count", "moment"),
+    ]
     if ctx.trace.has_time:
-        evidence["duration_us"] = int(ctx.trace.time_us[fall_end] - ctx.trace.time_us[rise_start])
+        evidence.append(fact("duration_us", int(ctx.trace.time_us[fall_end] - ctx.trace.time_us[rise_start]), "us",
+                             "moment"))
+    evidence += [
+        fact("full_checkpointing_saving_bytes", full_saving, "bytes", "remedy"),
+        fact("selective_checkpointing_saving_bytes", selective_saving, "bytes", "remedy"),
+        fact("saving_basis", "estimate: full keeps ~1/12 (block inputs only), selective keeps ~60%", "text",
+             "remedy"),
+        fact("allocated_at_forward_end_bytes", int(allocated[peak]), "bytes", "context"),
+        fact("peak_allocated_bytes", ctx.peak_allocated, "bytes", "context"),
+        fact("forward_end_source", "first autograd row" if moved[k] else "step-local peak", "text", "context"),
+        fact("activation_allocations", int(live.sum()), "count", "context"),
+        fact("backward_rows_share", round(max(backward_rows, frameless_after - frameless_before), 3), "ratio",
+             "context"),
+    ]
     summary = (
         f"Activations reach {format_bytes(height)} ({share:.0%} of the peak) at the end of forward "
         "and are freed through backward."
     )
     by_module = activations_by_module(ctx, live, int(phases.start[k]), peak)
     if by_module is not None:
-        evidence.update(by_module.evidence(height))
+        evidence += by_module.evidence(height)
         summary += " " + by_module.sentence(height)
     severity: Severity = "low"
     if share >= ACTIVATION_HIGH_SEVERITY_FRACTION:
@@ -186,7 +189,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
             end_us=ctx.time_at(fall_end),
             step=step_index,
             top_stacks=ctx.top_stacks(live),
-            evidence=evidence,
+            evidence=Evidence(evidence),
             summary=summary,
             recommendation=(
                 f"Activation checkpointing: full (per block) would save about {format_bytes(full_saving)}, "
@@ -221,30 +224,38 @@ class ModuleActivations:
     block_parent: str | None  # "layers" when repeated blocks were found
     blocks: list[tuple[str, int]] = field(default_factory=list)  # (module, bytes), in index order
     others: list[tuple[str, int]] = field(default_factory=list)  # other top-level modules, largest first
-    theory: dict[str, int | str] | None = None
+    theory: LayerTheory | None = None
 
-    def evidence(self, height: int) -> dict[str, int | float | str]:
-        found: dict[str, int | float | str] = {
-            "module_scopes": self.scopes,
-            "activation_bytes_in_modules": height - self.outside_bytes,
-            "activation_bytes_outside_modules": self.outside_bytes,
-        }
+    def evidence(self, height: int) -> list[EvidenceItem]:
+        """Where the plateau was allocated, by module: what holds it (its cause)."""
+        found: list[EvidenceItem] = []
         if self.blocks:
             sizes = [size for _, size in self.blocks]
-            found.update({
-                "blocks": len(self.blocks),
-                "block_parent": self.block_parent or "",
-                "block_bytes_mean": round(sum(sizes) / len(sizes)),
-                "block_bytes_min": min(sizes),
-                "block_bytes_max": max(sizes),
-                "largest_block": max(self.blocks, key=lambda b: b[1])[0],
-                "blocks_share_of_plateau": round(sum(sizes) / height, 3) if height else 0.0,
-                "per_block": _listing(self.blocks, LISTED_BLOCKS),
-            })
+            found += [
+                fact("blocks", len(self.blocks), "count", "cause"),
+                fact("block_parent", self.block_parent or "", "text", "cause"),
+                fact("block_bytes_mean", round(sum(sizes) / len(sizes)), "bytes", "cause"),
+                fact("block_bytes_min", min(sizes), "bytes", "cause"),
+                fact("block_bytes_max", max(sizes), "bytes", "cause"),
+                fact("largest_block", max(self.blocks, key=lambda b: b[1])[0], "text", "cause"),
+                fact("blocks_share_of_plateau", round(sum(sizes) / height, 3) if height else 0.0, "ratio", "cause"),
+                fact("per_block", _listing(self.blocks, LISTED_BLOCKS), "text", "cause"),
+            ]
         if self.others:
-            found["other_modules"] = _listing(self.others, LISTED_OTHERS)
+            found.append(fact("other_modules", _listing(self.others, LISTED_OTHERS), "text", "cause"))
+        found += [
+            fact("activation_bytes_in_modules", height - self.outside_bytes, "bytes", "cause"),
+            fact("activation_bytes_outside_modules", self.outside_bytes, "bytes", "cause"),
+            fact("module_scopes", self.scopes, "count", "context"),
+        ]
         if self.theory is not None:
-            found.update(self.theory)
+            theory = self.theory
+            found += [fact("theory_per_layer_bytes", theory.per_layer_bytes, "bytes", "context")]
+            if theory.per_layer_with_scores_bytes is not None:
+                found.append(fact("theory_per_layer_with_scores_bytes", theory.per_layer_with_scores_bytes, "bytes",
+                                  "context"))
+            found += [fact("theory_basis", theory.basis, "text", "context"),
+                      fact("theory_layers", theory.layers, "count", "context")]
         return found
 
     def sentence(self, height: int) -> str:
@@ -260,10 +271,10 @@ class ModuleActivations:
         else:
             text = "By module: " + _listing(self.others, LISTED_OTHERS)
         if self.theory is not None:
-            text += (f"; the per-layer theory gives {format_bytes(int(self.theory['theory_per_layer_bytes']))} "
-                     f"({self.theory['theory_basis']})")
-            with_scores = self.theory.get("theory_per_layer_with_scores_bytes")
-            if isinstance(with_scores, int):
+            text += (f"; the per-layer theory gives {format_bytes(self.theory.per_layer_bytes)} "
+                     f"({self.theory.basis})")
+            with_scores = self.theory.per_layer_with_scores_bytes
+            if with_scores is not None:
                 text += f", {format_bytes(with_scores)} with the attention scores materialised"
         return text + "."
 
@@ -372,7 +383,17 @@ def _positive_int(value: Any) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def layer_theory(sidecar: dict[str, Any], layers: int) -> dict[str, int | str] | None:
+@dataclass(frozen=True)
+class LayerTheory:
+    """Megatron's activation bytes per transformer layer for the sidecar's shapes."""
+
+    per_layer_bytes: int  # no T x T scores kept (SDPA, FlashAttention)
+    basis: str  # the formula and the shapes it was given
+    layers: int
+    per_layer_with_scores_bytes: int | None = None  # with the scores materialised (needs the heads)
+
+
+def layer_theory(sidecar: dict[str, Any], layers: int) -> LayerTheory | None:
     """Megatron-LM's per-layer activation bytes (``memlens.budget.formulas``), when the sidecar
     says the batch, the sequence length and the hidden size; fp32 parameters count activations
     at 4 bytes an element, else 2."""
@@ -397,14 +418,12 @@ def layer_theory(sidecar: dict[str, Any], layers: int) -> dict[str, int | str] |
     scale = 2.0 if fp32 else 1.0
     kv_ratio = values["kv_heads"] / values["heads"] if "kv_heads" in values and "heads" in values else 1.0
     batch, seq, hidden = values["batch"], values["seq"], values["hidden"]
-    theory: dict[str, int | str] = {
-        "theory_per_layer_bytes": megatron_layer_activation_bytes(
-            batch, seq, hidden, None, flash_attention=True, kv_ratio=kv_ratio, bytes_scale=scale),
-        "theory_basis": f"Megatron 34*B*T*d with B={batch}, T={seq}, d={hidden}, "
-                        f"{'fp32' if fp32 else '16-bit'} activations",
-        "theory_layers": layers,
-    }
-    if "heads" in values:
-        theory["theory_per_layer_with_scores_bytes"] = megatron_layer_activation_bytes(
-            batch, seq, hidden, values["heads"], flash_attention=False, kv_ratio=kv_ratio, bytes_scale=scale)
-    return theory
+    return LayerTheory(
+        per_layer_bytes=int(megatron_layer_activation_bytes(
+            batch, seq, hidden, None, flash_attention=True, kv_ratio=kv_ratio, bytes_scale=scale)),
+        basis=f"Megatron 34*B*T*d with B={batch}, T={seq}, d={hidden}, {'fp32' if fp32 else '16-bit'} activations",
+        layers=layers,
+        per_layer_with_scores_bytes=int(megatron_layer_activation_bytes(
+            batch, seq, hidden, values["heads"], flash_attention=False, kv_ratio=kv_ratio, bytes_scale=scale))
+        if "heads" in values else None,
+    )

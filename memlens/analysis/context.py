@@ -3,6 +3,9 @@ categories, the peak. Finders read it and return findings; none of them mutates 
 ``findings`` (so the OOM finder can say which earlier finding explains the failure) and the
 leak finder, which runs first and gives the blocks of its leak the category ``leaked`` where
 nothing else named them (so the categories at the peak, and every later finder, see them so).
+
+The allocator replay the fragmentation and OOM finders both read is held here too: computed
+the first time one of them asks (``allocator_evidence``), the same value for the other.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from memlens.allocator.replay import device_capacity
 from memlens.analysis.categories import Phases, build_phases, classify, recorded_roles
 from memlens.analysis.datatypes import Finding, OptimizerWindowSource, StackBytes, Step, StepSource
 from memlens.analysis.lifetimes import Lifetimes, build_lifetimes
+from memlens.analysis.pool_replay import AllocatorEvidence, replay_pool_states
 from memlens.analysis.settings import AnalysisSettings
 from memlens.analysis.stacks import StackFacts
 from memlens.analysis.steps import detect_steps, device_annotations, optimizer_windows
@@ -42,6 +46,15 @@ class DeviceContext:
     peak_allocated: int
     notes: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    # The replay of this device's trace (``allocator_evidence``); None until a finder asks.
+    _allocator_evidence: AllocatorEvidence | None = field(default=None, repr=False)
+
+    def allocator_evidence(self) -> AllocatorEvidence:
+        """The caching allocator's pools at the cudaMallocs that could have been blocked and at
+        the OOM, from one replay of the trace: made on the first call, the same value after."""
+        if self._allocator_evidence is None:
+            self._allocator_evidence = replay_pool_states(self.snapshot, self.trace, self.capacity)
+        return self._allocator_evidence
 
     @property
     def device(self) -> int:

@@ -1,22 +1,23 @@
 """The plain data types and vocabularies every analysis shares: a leaf of ``memlens.analysis``.
 
-``Step``, ``StackBytes``, ``Finding`` (with its ``Evidence``), the category, finding-kind,
-severity and step-source names, and the two pure helpers reporters use to order and print
-findings. It imports nothing from ``memlens.analysis``, so any analysis module (steps, stacks,
-categories, live, the finders) can use these types without importing ``report.py`` and,
-through it, each other. ``report.py`` re-exports every name here for existing callers.
+``Step``, ``StackBytes``, ``Finding`` (with its ``Evidence``: typed items ordered by meaning,
+which the renderers of ``memlens.reporters.evidence`` show), the category, finding-kind,
+severity and step-source names, and the pure helper reporters order findings by. It imports
+nothing from ``memlens.analysis``, so any analysis module (steps, stacks, categories, live, the
+finders) can use these types without importing ``report.py`` and, through it, each other.
+``report.py`` re-exports every name here for existing callers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import msgspec
 
-from memlens.units import format_bytes
-
-SCHEMA_VERSION = 1
+# 2: a finding's evidence is a list of typed items (name, value, unit, meaning), not an object.
+SCHEMA_VERSION = 2
 
 # Each vocabulary is defined once, as a ``Literal`` (what mypy checks and the JSON Schema's
 # ``enum`` is generated from); the tuples are the same names for code that iterates over them.
@@ -53,23 +54,81 @@ def finding_rank(finding: Finding) -> tuple[int, int]:
 
 
 
-Evidence = dict[str, int | float | str]
+# What an evidence item is, in the order a finding's evidence is read: how much it is about;
+# what shows it is this kind of finding (a pile, repetitions, blocked cudaMallocs); when it was
+# measured; who or what holds or explains it; what a change would do; the figures around it
+# (capacity, reserved, provenance, how a number was reached).
+EvidenceMeaning = Literal["amount", "pattern", "moment", "cause", "remedy", "context"]
+# How a value reads: bytes, a count, a trace row, a step index, microseconds, a fraction,
+# mebibytes (a setting given in MiB), text.
+EvidenceUnit = Literal["bytes", "count", "event", "step", "us", "ratio", "mib", "text"]
+EVIDENCE_MEANINGS: tuple[EvidenceMeaning, ...] = get_args(EvidenceMeaning)
 
 
-def format_evidence(key: str, value: int | float | str) -> str:
-    """One evidence value as people read it: keys that name bytes (``*_bytes``, ``bytes_per_step``)
-    in KiB/MiB/GiB, other numbers with thousands separators, text as it is."""
-    if isinstance(value, bool | str):
-        return str(value)
-    if isinstance(value, int) and "bytes" in key:
-        return format_bytes(value)
-    if isinstance(value, float):
-        return f"{value:,.3g}"
-    return f"{value:,}"
+class EvidenceItem(msgspec.Struct, frozen=True):
+    """One measured fact behind a finding, e.g. ``bytes_per_step`` = 4 MiB (bytes, amount)."""
+
+    name: str
+    value: int | float | str
+    unit: EvidenceUnit
+    meaning: EvidenceMeaning
+
+
+class Evidence(Mapping[str, int | float | str]):
+    """A finding's evidence: typed items ordered by meaning (``EVIDENCE_MEANINGS``; within one
+    meaning, as the finder gave them). Read as a mapping from an item's name to its value
+    (``finding.evidence["held_by"]``); ``items_`` are the items themselves. How they are shown,
+    and how many, is the renderers' choice (``memlens.reporters.evidence``).
+
+    Its JSON is the list of items (``Report.to_json``)."""
+
+    __slots__ = ("_by_name", "items_")
+
+    def __init__(self, items: Iterable[EvidenceItem] = ()) -> None:
+        latest: dict[str, EvidenceItem] = {}
+        for item in items:  # a name given twice keeps its last value, as a dict would
+            latest.pop(item.name, None)
+            latest[item.name] = item
+        self.items_: tuple[EvidenceItem, ...] = tuple(
+            sorted(latest.values(), key=lambda item: EVIDENCE_MEANINGS.index(item.meaning)))
+        self._by_name = {item.name: item for item in self.items_}
+
+    def __getitem__(self, name: str) -> int | float | str:
+        return self._by_name[name].value
+
+    def item(self, name: str) -> EvidenceItem | None:
+        return self._by_name.get(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self.items_)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Evidence) and self.items_ == other.items_
+
+    def __hash__(self) -> int:
+        return hash(self.items_)
+
+    def __repr__(self) -> str:
+        return f"Evidence({list(self.items_)!r})"
+
+
+def amount(name: str, value: int, unit: EvidenceUnit = "bytes") -> EvidenceItem:
+    """How much the finding is about (bytes unless said)."""
+    return EvidenceItem(name, value, unit, "amount")
+
+
+def fact(name: str, value: int | float | str, unit: EvidenceUnit, meaning: EvidenceMeaning) -> EvidenceItem:
+    return EvidenceItem(name, value, unit, meaning)
 
 
 def _numpy_scalar(value: Any) -> Any:
-    """numpy integers and floats that reach a report (sums, argmaxes) encode as Python numbers."""
+    """numpy integers and floats that reach a report (sums, argmaxes) encode as Python numbers;
+    evidence encodes as its list of items."""
+    if isinstance(value, Evidence):
+        return list(value.items_)
     item = getattr(value, "item", None)
     if item is not None and getattr(value, "shape", None) == ():
         return item()
@@ -77,6 +136,25 @@ def _numpy_scalar(value: Any) -> Any:
 
 
 _ENCODER = msgspec.json.Encoder(enc_hook=_numpy_scalar)
+
+
+def decode_hook(kind: type, value: Any) -> Any:
+    """What ``msgspec`` decodes the report's own non-struct types with (``Report.from_json``)."""
+    if kind is Evidence:
+        try:
+            return Evidence(msgspec.convert(value, list[EvidenceItem]))
+        except msgspec.ValidationError as exc:
+            # Raised as ValueError, msgspec names where in the report the evidence was.
+            raise ValueError(f"evidence: {exc}".replace(" - at `$", " at `evidence")) from None
+    raise NotImplementedError(f"cannot read a {kind.__name__} in a report")
+
+
+def schema_hook(kind: type) -> dict[str, Any]:
+    """The JSON Schema of the report's own non-struct types (``memlens.analysis.schema``)."""
+    if kind is Evidence:
+        item = msgspec.json.schema(EvidenceItem)
+        return {"type": "array", "items": item["$defs"]["EvidenceItem"]}
+    raise NotImplementedError(f"no schema for {kind.__name__}")
 
 
 def as_json(value: Any) -> Any:

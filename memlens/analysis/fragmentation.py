@@ -41,18 +41,13 @@ Evidence keys. ``fragmentation`` with a history: ``cudamallocs``, ``blocked_cuda
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
-
-from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, whatif
-from memlens.allocator.replay import left_to_simulator, recorded_capacity, trace_releases
+from memlens.allocator import AllocatorSettings, whatif
 from memlens.allocator.settings import MIN_MAX_SPLIT_SIZE_MB
-from memlens.allocator.simulator import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, get_allocation_size
 from memlens.analysis.context import DeviceContext
-from memlens.analysis.datatypes import Evidence, Finding, Severity
+from memlens.analysis.datatypes import Evidence, EvidenceItem, EvidenceMeaning, Finding, Severity, amount, fact
+from memlens.analysis.pool_replay import AllocatorEvidence, CudaMalloc, PoolState, new_segment_bytes
 from memlens.analysis.settings import (
     FRAGMENTATION_HIGH_SAVING_FRACTION,
     FRAGMENTATION_MIN_BLOCKED_FRACTION,
@@ -63,231 +58,12 @@ from memlens.analysis.settings import (
     IDLE_CACHE_MIN_FRACTION,
 )
 from memlens.errors import MemlensError
-from memlens.snapshot.model import Action, DeviceTrace, Segment, Snapshot
+from memlens.snapshot.model import Action, Segment
 from memlens.units import MiB, format_bytes
 
-# The alloc row that a segment_alloc row was made for follows it; on a busy multi-stream trace
-# another stream's rows may come between, so look this many alloc rows ahead for the same stream.
-_REQUEST_LOOKAHEAD = 8
-
-
-# ------------------------------------------------------------------ the allocator's state
-@dataclass(frozen=True)
-class PoolState:
-    """The cached free blocks of one pool on one stream at one trace row, as the replay held them,
-    next to the request the allocator was serving there (rounded, as the allocator sizes it)."""
-
-    event: int
-    small_pool: bool
-    stream: int
-    request_bytes: int
-    free_bytes: int
-    free_in_pieces_bytes: int  # inside partly used segments: fragmentation
-    free_in_whole_segments_bytes: int  # entire unused segments: idle cache
-    largest_free_block_bytes: int
-    free_blocks: int
-    # What the allocator had to get from the device for the request when no cached block held
-    # it: the cudaMalloc ``get_allocation_size`` makes (a 1-10 MiB request opens a 20 MiB
-    # segment), or with expandable segments the pages to map.
-    new_segment_bytes: int = 0
-
-    def fits_if_whole(self, device_free: int) -> bool:
-        """Had the pool's free bytes been one block (or given back to the device), the request
-        would have fit: in them alone, or as the new segment in them plus what the device had."""
-        if self.free_bytes <= 0 or self.largest_free_block_bytes >= self.request_bytes:
-            return False
-        return self.free_bytes >= self.request_bytes or self.new_segment_bytes <= self.free_bytes + device_free
-
-    @property
-    def blocked(self) -> bool:
-        """Enough was free in the pool, but in no block large enough."""
-        return self.free_bytes >= self.request_bytes > self.largest_free_block_bytes
-
-    @property
-    def pool(self) -> str:
-        return "small" if self.small_pool else "large"
-
-
-@dataclass(frozen=True)
-class CudaMalloc:
-    event: int
-    segment_bytes: int
-    pool: PoolState
-
-
-@dataclass(frozen=True)
-class AllocatorEvidence:
-    """What the replay with the recorded settings saw at cudaMallocs and at the OOM."""
-
-    segment_allocs: int  # every recorded segment_alloc row
-    cudamallocs: tuple[CudaMalloc, ...]  # those that could have been blocked, with their pool state
-    at_oom: PoolState | None
-    oom_device_free_bytes: int
-    replayed: bool
-    # The first observed row where the replay's reserved bytes differ from the recorded ones (a
-    # trace that is not the caching allocator's, or state the seeding could not rebuild); None
-    # when the replay reproduced every cudaMalloc it was asked about.
-    diverged_at: int | None = None
-    notes: tuple[str, ...] = ()
-
-    def trusted(self, row: int) -> bool:
-        """The replay still matched the recorded run at ``row``: its pool state there is evidence."""
-        return self.diverged_at is None or row < self.diverged_at
-
-    @property
-    def blocked(self) -> list[CudaMalloc]:
-        return [c for c in self.cudamallocs if c.pool.blocked and self.trusted(c.event)]
-
-
-def _pool_state(
-    sim: CachingAllocatorSimulator, event: int, request: int, stream: int, released: bool = False
-) -> PoolState:
-    """``released``: as the pool is once the allocator has freed its whole cached segments
-    (``release_cached_blocks``, before it raises out-of-memory): its pieces only."""
-    small = request <= K_SMALL_SIZE
-    blocks = sim.cached_blocks(small, stream)
-    if released:
-        blocks = [(size, is_whole) for size, is_whole in blocks if not is_whole]
-    whole = sum(size for size, is_whole in blocks if is_whole)
-    total = sum(size for size, _ in blocks)
-    return PoolState(
-        event=event,
-        small_pool=small,
-        stream=stream,
-        request_bytes=request,
-        free_bytes=total,
-        free_in_pieces_bytes=total - whole,
-        free_in_whole_segments_bytes=whole,
-        largest_free_block_bytes=max((size for size, _ in blocks), default=0),
-        free_blocks=len(blocks),
-        new_segment_bytes=new_segment_bytes(request, sim.settings.expandable_segments),
-    )
-
-
-def new_segment_bytes(request: int, expandable_segments: bool) -> int:
-    """The device memory a rounded ``request`` that no cached block holds needs: the segment
-    ``get_allocation_size`` opens, or with expandable segments the request in whole pages."""
-    if expandable_segments:
-        page = K_SMALL_BUFFER if request <= K_SMALL_SIZE else K_LARGE_BUFFER
-        return -(-request // page) * page
-    return get_allocation_size(request)
-
-
-def _segment_alloc_requests(trace: DeviceTrace, rounder: CachingAllocatorSimulator) -> list[tuple[int, int, int]]:
-    """``(row, segment bytes, rounded request)`` of every segment_alloc row whose request is known."""
-    rows = np.flatnonzero(trace.action == Action.SEGMENT_ALLOC)
-    alloc_rows = np.flatnonzero(trace.action == Action.ALLOC)
-    following = np.searchsorted(alloc_rows, rows)
-    result = []
-    for row, first in zip(rows.tolist(), following.tolist(), strict=True):
-        stream = int(trace.stream[row])
-        for k in range(first, min(first + _REQUEST_LOOKAHEAD, len(alloc_rows))):
-            alloc_row = int(alloc_rows[k])
-            if int(trace.stream[alloc_row]) == stream:
-                result.append((row, int(trace.size[row]), rounder.round_size(int(trace.size[alloc_row]))))
-                break
-    return result
-
-
-# One replay serves both finders (fragmentation, then oom) of one analysis: remember the last few
-# by the identity of the snapshot and trace they were made from (weakly, so nothing is kept alive).
-_MEMO: dict[tuple[int, int, int | None], tuple[Any, Any, AllocatorEvidence]] = {}
-_MEMO_SIZE = 4
-
-
-def allocator_evidence(ctx: DeviceContext) -> AllocatorEvidence:
-    """Replay the trace (only if some cudaMalloc could have been blocked, or it ran out of memory)
-    and collect each candidate cudaMalloc's and the OOM's pool state."""
-    key = (id(ctx.snapshot), id(ctx.trace), ctx.capacity)
-    cached = _MEMO.get(key)
-    if cached is not None and cached[0]() is ctx.snapshot and cached[1]() is ctx.trace:
-        return cached[2]
-    evidence = _allocator_evidence(ctx.snapshot, ctx.trace, ctx.capacity)
-    if len(_MEMO) >= _MEMO_SIZE:
-        _MEMO.clear()
-    _MEMO[key] = (weakref.ref(ctx.snapshot), weakref.ref(ctx.trace), evidence)
-    return evidence
-
-
-def _allocator_evidence(snapshot: Snapshot, trace: DeviceTrace, capacity: int | None) -> AllocatorEvidence:
-    settings = AllocatorSettings.from_snapshot_dict(snapshot.allocator_settings)
-    rounder = CachingAllocatorSimulator(settings, record_history=False)
-    requests = _segment_alloc_requests(trace, rounder)
-    # reserved - allocated before the cudaMalloc bounds the free bytes of every pool from above
-    # (allocated counts the allocated blocks, so the rest is free or pending): below the request, the
-    # pool cannot have held it, and the cudaMalloc was not blocked.
-    candidates = {
-        row: (segment, request)
-        for row, segment, request in requests
-        if int(trace.reserved[row]) - segment - int(trace.allocated[row]) >= request
-    }
-    oom_rows = np.flatnonzero(trace.action == Action.OOM)
-    oom_row = int(oom_rows[-1]) if oom_rows.size else None
-    if not candidates and oom_row is None:
-        return AllocatorEvidence(len(requests), (), None, 0, False, None)
-
-    states: dict[int, PoolState] = {}
-    diverged: list[int] = []
-    # cudaMallocs come early (the cache warms up in the first steps): the replay stops after the
-    # last row it is asked about instead of running the whole trace.
-    last_row = max([*candidates, *([] if oom_row is None else [oom_row])])
-
-    # The allocator's own free-and-retry runs (segment_free rows just before a segment_alloc or
-    # the oom) are left to the simulator when the capacity is known: it releases inside the malloc
-    # it replays after the row, so at the row it still holds what the recorded run held before the
-    # release (see ``memlens.allocator.replay.Observer``). First row after such a run -> its first row.
-    # The capacity is the one the replay runs with (``whatif`` infers it when none is given).
-    replay_capacity = capacity if capacity is not None else recorded_capacity(snapshot, trace)[0]
-    pending_release = {
-        r.end: r.start for r in trace_releases(trace, snapshot.stacks, settings, replay_capacity)
-        if left_to_simulator(r, replay_capacity)
-    }
-
-    def observe(row: int, sim: CachingAllocatorSimulator) -> None:
-        run_start = pending_release.get(row)
-        if run_start is not None:
-            recorded_before = int(trace.reserved[run_start - 1]) if run_start else int(trace.baseline_reserved)
-        else:
-            recorded_before = int(trace.reserved[row]) - (int(trace.size[row]) if row != oom_row else 0)
-        if not diverged and sim.reserved_bytes != recorded_before:
-            diverged.append(row)
-        stream = int(trace.stream[row])
-        if row in candidates:
-            states[row] = _pool_state(sim, row, candidates[row][1], stream)
-        elif row == oom_row:
-            # The recorded allocator gave up only after its free-and-retry released every unsplit
-            # cached segment; where the simulator has yet to make that release, the pool it held
-            # when it gave up is the simulator's pieces (the released bytes are in the recorded
-            # device_free already).
-            request = rounder.round_size(int(trace.size[row]))
-            states[row] = _pool_state(sim, row, request, stream, released=run_start is not None)
-        if row >= last_row:
-            raise _ReplayDone
-
-    notes: tuple[str, ...] = ()
-    try:
-        result = whatif(snapshot, capacity=capacity, device=trace.device, observer=observe)
-        notes = tuple(result.notes)
-    except _ReplayDone:
-        pass
-    except MemlensError as exc:
-        # e.g. garbage_collection_threshold set and no capacity known: the replay cannot run, and
-        # without it there is no pool state to judge a cudaMalloc by.
-        return AllocatorEvidence(len(requests), (), None, 0, False, notes=(f"no allocator replay: {exc}",))
-    cudamallocs = tuple(CudaMalloc(row, candidates[row][0], states[row]) for row in sorted(candidates) if row in states)
-    return AllocatorEvidence(
-        segment_allocs=len(requests),
-        cudamallocs=cudamallocs,
-        at_oom=states.get(oom_row) if oom_row is not None else None,
-        oom_device_free_bytes=int(trace.device_free[oom_row]) if oom_row is not None else 0,
-        replayed=True,
-        diverged_at=diverged[0] if diverged else None,
-        notes=notes,
-    )
-
-
-class _ReplayDone(Exception):
-    """Raised by the observer once the replay has passed every row the analysis needs."""
+# The pool state types live in ``pool_replay`` (which the context holds the replay of); they are
+# named here too, where the finders that read them are.
+__all__ = ["AllocatorEvidence", "CudaMalloc", "PoolState", "find", "moment_evidence", "new_segment_bytes"]
 
 
 # ------------------------------------------------------------------ what-if replays
@@ -326,8 +102,8 @@ def _replay_savings(ctx: DeviceContext, evidence: AllocatorEvidence, blocked: li
             result = whatif(ctx.snapshot, settings=settings, capacity=ctx.capacity, device=ctx.device)
         except MemlensError:
             continue  # this setting cannot be replayed here: no saving is claimed for it
-        peak = int(result.simulated["peak_reserved_bytes"])
-        savings.append(ReplaySaving(setting, peak, baseline - peak, bool(result.simulated["oom"])))
+        peak = int(result.simulated.peak_reserved_bytes)
+        savings.append(ReplaySaving(setting, peak, baseline - peak, bool(result.simulated.oom)))
     return savings
 
 
@@ -340,34 +116,36 @@ def find(ctx: DeviceContext) -> list[Finding]:
     return findings
 
 
-def moment_evidence(ctx: DeviceContext, prefix: str, event: int) -> Evidence:
-    """Event, time and step of one trace row, as evidence keys."""
-    evidence: Evidence = {f"{prefix}_event": event}
+def moment_evidence(ctx: DeviceContext, prefix: str, event: int) -> list[EvidenceItem]:
+    """Event, time and step of one trace row, as evidence items."""
+    evidence = [fact(f"{prefix}_event", event, "event", "moment")]
     time_us = ctx.time_at(event)
     if time_us is not None:
-        evidence[f"{prefix}_time_us"] = time_us
+        evidence.append(fact(f"{prefix}_time_us", time_us, "us", "moment"))
     step = ctx.step_at(event)
     if step is not None:
-        evidence[f"{prefix}_step"] = step
+        evidence.append(fact(f"{prefix}_step", step, "step", "moment"))
     return evidence
 
 
-def _pool_evidence(prefix: str, state: PoolState) -> Evidence:
-    return {
-        f"{prefix}_pool": state.pool,
-        f"{prefix}_stream": state.stream,
-        f"{prefix}_request_bytes": state.request_bytes,
-        f"{prefix}_pool_free_bytes": state.free_bytes,
-        f"{prefix}_free_in_partly_used_segments_bytes": state.free_in_pieces_bytes,
-        f"{prefix}_free_in_whole_segments_bytes": state.free_in_whole_segments_bytes,
-        f"{prefix}_largest_free_block_bytes": state.largest_free_block_bytes,
-        f"{prefix}_free_blocks": state.free_blocks,
-    }
+def _pool_evidence(prefix: str, state: PoolState, meaning: EvidenceMeaning) -> list[EvidenceItem]:
+    """The pool at one moment: its request, its free bytes and largest block (``meaning``: what
+    shows the finding, or its context), the rest context."""
+    return [
+        fact(f"{prefix}_request_bytes", state.request_bytes, "bytes", meaning),
+        fact(f"{prefix}_pool_free_bytes", state.free_bytes, "bytes", meaning),
+        fact(f"{prefix}_largest_free_block_bytes", state.largest_free_block_bytes, "bytes", meaning),
+        fact(f"{prefix}_pool", state.pool, "text", "context"),
+        fact(f"{prefix}_stream", state.stream, "count", "context"),
+        fact(f"{prefix}_free_in_partly_used_segments_bytes", state.free_in_pieces_bytes, "bytes", "context"),
+        fact(f"{prefix}_free_in_whole_segments_bytes", state.free_in_whole_segments_bytes, "bytes", "context"),
+        fact(f"{prefix}_free_blocks", state.free_blocks, "count", "context"),
+    ]
 
 
 def _from_history(ctx: DeviceContext) -> list[Finding]:
     trace = ctx.trace
-    evidence = allocator_evidence(ctx)
+    evidence = ctx.allocator_evidence()
     blocked = evidence.blocked
     blocked_bytes = sum(c.segment_bytes for c in blocked)
     peak_reserved = int(trace.reserved.max())
@@ -401,24 +179,31 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
             return []
         best = None
 
-    facts: Evidence = {
-        "source": "replay of the trace through memlens' caching-allocator model (recorded settings)",
-        "cudamallocs": evidence.segment_allocs,
-        "blocked_cudamallocs": len(blocked),
-        "blocked_cudamalloc_bytes": blocked_bytes,
-        "recorded_peak_reserved_bytes": peak_reserved,
-        "replay_reproduces_recorded_reserved": "yes" if faithful else f"no, from event {evidence.diverged_at}",
-    }
+    # What shows the finding is where it failed (at the OOM the pieces made) or else the worst
+    # blocked cudaMalloc: that moment's pool leads, the other's is context.
+    lead: EvidenceMeaning = "context" if oom_blocked else "pattern"
+    facts: list[EvidenceItem] = [
+        fact("blocked_cudamalloc_bytes", blocked_bytes, "bytes", "amount"),
+        fact("blocked_cudamallocs", len(blocked), "count", lead),
+        fact("cudamallocs", evidence.segment_allocs, "count", "context"),
+        fact("recorded_peak_reserved_bytes", peak_reserved, "bytes", "context"),
+        fact("replay_reproduces_recorded_reserved", "yes" if faithful else f"no, from event {evidence.diverged_at}",
+             "text", "context"),
+        fact("source", "replay of the trace through memlens' caching-allocator model (recorded settings)", "text",
+             "context"),
+    ]
     if ctx.capacity:
-        facts["capacity_bytes"] = ctx.capacity
+        facts.append(fact("capacity_bytes", ctx.capacity, "bytes", "context"))
+    if oom is not None and oom_blocked:  # the failure is the moment to read first
+        facts += moment_evidence(ctx, "oom", oom.event)
     parts = []
     if blocked:
         first, last = blocked[0], blocked[-1]
         worst = max(blocked, key=lambda c: (c.pool.free_bytes, -c.event))
-        facts.update(moment_evidence(ctx, "first_blocked", first.event))
-        facts.update(moment_evidence(ctx, "worst_blocked", worst.event))
-        facts["worst_blocked_segment_bytes"] = worst.segment_bytes
-        facts.update(_pool_evidence("worst_blocked", worst.pool))
+        facts += moment_evidence(ctx, "worst_blocked", worst.event)
+        facts += moment_evidence(ctx, "first_blocked", first.event)
+        facts.append(fact("worst_blocked_segment_bytes", worst.segment_bytes, "bytes", lead))
+        facts += _pool_evidence("worst_blocked", worst.pool, lead)
         parts.append(
             f"{len(blocked)} of {evidence.segment_allocs} cudaMallocs ({format_bytes(blocked_bytes)}) were made while "
             f"their pool already held at least the request free, in no block large enough; "
@@ -434,10 +219,12 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
         assert oom is not None
         start, end, anchor = oom.event, oom.event + 1, oom.event
     if oom is not None:
-        facts.update(moment_evidence(ctx, "oom", oom.event))
-        facts.update(_pool_evidence("oom", oom))
-        facts["oom_device_free_bytes"] = evidence.oom_device_free_bytes
-        facts["oom_blocked_by_fragmentation"] = "yes" if oom_blocked else "no"
+        at_oom: EvidenceMeaning = "pattern" if oom_blocked else "context"
+        if not oom_blocked:
+            facts += moment_evidence(ctx, "oom", oom.event)
+        facts += _pool_evidence("oom", oom, at_oom)
+        facts.append(fact("oom_device_free_bytes", evidence.oom_device_free_bytes, "bytes", at_oom))
+        facts.append(fact("oom_blocked_by_fragmentation", "yes" if oom_blocked else "no", "text", "cause"))
         end = max(end, oom.event + 1)
         if oom_blocked:
             anchor = oom.event
@@ -449,16 +236,16 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
     for trial in savings:
         name, value = trial.setting.split(":")
         if name == "max_split_size_mb":
-            facts["max_split_size_mb_tried"] = int(value)
-        facts[f"{name}_peak_reserved_bytes"] = trial.peak_reserved
-        if not trial.oom:  # a replay cut off by its OOM has no peak to compare
-            facts[f"{name}_saving_bytes"] = trial.saving
+            facts.append(fact("max_split_size_mb_tried", int(value), "mib", "remedy"))
         if oom is not None:
-            facts[f"{name}_avoids_oom"] = "no" if trial.oom else "yes"
+            facts.append(fact(f"{name}_avoids_oom", "no" if trial.oom else "yes", "text", "remedy"))
         elif trial.oom:
-            facts[f"{name}_runs_out_of_memory"] = "yes"
+            facts.append(fact(f"{name}_runs_out_of_memory", "yes", "text", "remedy"))
+        if not trial.oom:  # a replay cut off by its OOM has no peak to compare
+            facts.append(fact(f"{name}_saving_bytes", trial.saving, "bytes", "remedy"))
+        facts.append(fact(f"{name}_peak_reserved_bytes", trial.peak_reserved, "bytes", "remedy"))
     if best is not None:
-        facts["best_setting"] = best.setting
+        facts.append(fact("best_setting", best.setting, "text", "remedy"))
 
     severity: Severity
     if avoids_oom or saving >= FRAGMENTATION_HIGH_SAVING_FRACTION * reference:
@@ -472,12 +259,6 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
     stranded = oom.free_bytes if oom_blocked and oom is not None else max(
         (c.pool.free_in_pieces_bytes for c in blocked), default=oom.free_bytes if oom else 0
     )
-    lead = "oom" if oom_blocked else "worst_blocked"
-    facts = lead_with(facts, [
-        f"{lead}_event", f"{lead}_request_bytes", f"{lead}_pool_free_bytes", f"{lead}_largest_free_block_bytes",
-        "oom_device_free_bytes" if oom_blocked else "blocked_cudamallocs",
-        "expandable_segments_avoids_oom" if oom_blocked else "expandable_segments_saving_bytes",
-    ])
     return [
         Finding(
             kind="fragmentation",
@@ -490,18 +271,12 @@ def _from_history(ctx: DeviceContext) -> list[Finding]:
             end_us=ctx.time_at(end - 1),
             step=ctx.step_at(anchor),
             top_stacks=[],
-            evidence=facts,
+            evidence=Evidence(facts),
             summary="; ".join(parts) + ".",
             recommendation=_history_recommendation(peak_reserved, faithful, savings, best, oom is not None, helps),
             estimated_saving_bytes=saving or None,
         )
     ]
-
-
-def lead_with(facts: Evidence, first: list[str]) -> Evidence:
-    """The same evidence with ``first`` (those present) leading: reporters show the first few."""
-    leading = {key: facts[key] for key in first if key in facts}
-    return {**leading, **{key: value for key, value in facts.items() if key not in leading}}
 
 
 def _history_recommendation(
@@ -562,19 +337,18 @@ def _from_dump_state(ctx: DeviceContext) -> list[Finding]:
     if pieces < FRAGMENTATION_MIN_BYTES or share < FRAGMENTATION_MIN_FRACTION:
         return []
     at = _dump_event(ctx)
-    facts: Evidence = {
-        "free_in_partly_used_segments_bytes": pieces,
-        "partly_used_segments": partly,
-        "largest_free_piece_bytes": largest,
-        "reserved_bytes": reserved,
-        "share_of_reserved": round(share, 3),
-        "free_in_whole_segments_bytes": whole,
-        "moment": "dump",
-        "segments": len(ctx.segments),
-        "source": "dump-time segments (no allocation history)",
-    }
-    if ctx.events:
-        facts.update(moment_evidence(ctx, "dump", at))
+    facts = [
+        amount("free_in_partly_used_segments_bytes", pieces),
+        fact("partly_used_segments", partly, "count", "pattern"),
+        fact("largest_free_piece_bytes", largest, "bytes", "pattern"),
+        fact("share_of_reserved", round(share, 3), "ratio", "pattern"),
+        fact("moment", "dump", "text", "moment"),
+        *(moment_evidence(ctx, "dump", at) if ctx.events else []),
+        fact("reserved_bytes", reserved, "bytes", "context"),
+        fact("free_in_whole_segments_bytes", whole, "bytes", "context"),
+        fact("segments", len(ctx.segments), "count", "context"),
+        fact("source", "dump-time segments (no allocation history)", "text", "context"),
+    ]
     return [
         Finding(
             kind="fragmentation",
@@ -587,7 +361,7 @@ def _from_dump_state(ctx: DeviceContext) -> list[Finding]:
             end_us=ctx.time_at(at),
             step=None,
             top_stacks=[],
-            evidence=facts,
+            evidence=Evidence(facts),
             summary=(f"At dump time {format_bytes(pieces)} ({share:.0%} of reserved) is free in pieces inside "
                      f"{partly} partly used segments; the largest piece is {format_bytes(largest)}."),
             recommendation=("The snapshot has no allocation history, so whether any request was blocked by these "
@@ -608,18 +382,17 @@ def _idle_cache(ctx: DeviceContext) -> list[Finding]:
         return []
     reference = ctx.capacity or reserved
     at = _dump_event(ctx)
-    facts: Evidence = {
-        "free_in_whole_segments_bytes": idle,
-        "whole_free_segments": len(segments),
-        "reserved_bytes": reserved,
-        "share_of_reserved": round(idle / reserved, 3),
-        "largest_whole_free_segment_bytes": max(s.total_size for s in segments),
-        "moment": "dump",
-    }
-    if ctx.events:
-        facts.update(moment_evidence(ctx, "dump", at))
+    facts = [
+        amount("free_in_whole_segments_bytes", idle),
+        fact("whole_free_segments", len(segments), "count", "pattern"),
+        fact("share_of_reserved", round(idle / reserved, 3), "ratio", "pattern"),
+        fact("largest_whole_free_segment_bytes", max(s.total_size for s in segments), "bytes", "pattern"),
+        fact("moment", "dump", "text", "moment"),
+        *(moment_evidence(ctx, "dump", at) if ctx.events else []),
+        fact("reserved_bytes", reserved, "bytes", "context"),
+    ]
     if ctx.capacity:
-        facts["capacity_bytes"] = ctx.capacity
+        facts.append(fact("capacity_bytes", ctx.capacity, "bytes", "context"))
     return [
         Finding(
             kind="idle_cache",
@@ -632,7 +405,7 @@ def _idle_cache(ctx: DeviceContext) -> list[Finding]:
             end_us=ctx.time_at(at),
             step=ctx.step_at(at) if ctx.events else None,
             top_stacks=[],
-            evidence=facts,
+            evidence=Evidence(facts),
             summary=(f"At dump time {format_bytes(idle)} ({idle / reserved:.0%} of reserved) sits in "
                      f"{len(segments)} entirely free segments: cached, not fragmented."),
             recommendation=(

@@ -21,7 +21,9 @@ bounded by the parameters, even when it appears over several steps.
 Allocations that grow a buffer by replacing it (``buf = torch.cat([buf, x])``) leave one
 survivor at a time: the level rises but the lifetimes show no pile, and no finding is made.
 
-Evidence keys: ``bytes_per_step`` (512-byte blocks), ``requested_bytes_per_step``,
+Evidence (typed items, by meaning): the amount ``bytes_per_step`` (512-byte blocks) and
+``held_bytes``; the pattern ``kept_steps``, ``level_rise_per_step_bytes``, ``leaking_stacks``;
+then the moment, who holds it, and the context. Every item: ``requested_bytes_per_step``,
 ``kept_steps`` (the pile's depth), ``held_bytes`` (the leaking stacks' survivors alive at the end
 of ``last_step``; also the finding's ``bytes``), ``level_rise_per_step_bytes``, the moment:
 ``first_step``/``last_step`` (indices), ``first_step_end_event``/``last_step_end_event`` (rows),
@@ -62,7 +64,7 @@ import numpy.typing as npt
 
 from memlens.analysis.categories import LEAKED, OPTIMIZER_STATE, UNKNOWN
 from memlens.analysis.context import DeviceContext
-from memlens.analysis.datatypes import Finding, Step
+from memlens.analysis.datatypes import Evidence, EvidenceItem, Finding, Step, amount, fact
 from memlens.analysis.settings import (
     LEAK_HIGH_SEVERITY_STEPS_LEFT,
     LEAK_MEDIUM_SEVERITY_STEPS_LEFT,
@@ -72,6 +74,7 @@ from memlens.analysis.settings import (
     LEAK_SHORT_RUN_STEPS,
     LEAK_WARMUP_STEPS,
 )
+from memlens.snapshot.holder_types import Holder, StoreLine, read_leak_holders
 from memlens.snapshot.model import Frame
 from memlens.units import format_bytes
 
@@ -141,7 +144,7 @@ def kept_depth_per_stack(found: Survivors, steps: int) -> tuple[I64, I64, I64]:
     return stacks, depth.astype(np.int64), recurring
 
 
-def held_with(ctx: DeviceContext, holders: list[Holder], rows: I64) -> I64:
+def held_with(ctx: DeviceContext, holders: list[HolderMatch], rows: I64) -> I64:
     """Lifetimes alive at the dump, made inside a whole step (the warm-up included), that a
     holder of some of ``rows`` keeps: what clearing that holder frees along with them."""
     lt = ctx.lifetimes
@@ -219,37 +222,39 @@ def find(ctx: DeviceContext) -> list[Finding]:
     elif steps_left < LEAK_MEDIUM_SEVERITY_STEPS_LEFT:
         severity = "medium"
 
-    # The first six keys are what the terminal shows: the size, the pile, the level, the moment.
-    evidence: dict[str, int | float | str] = {
-        "bytes_per_step": bytes_per_step,
-        "kept_steps": int(depth[np.isin(stacks, leaking)].max()),
-        "level_rise_per_step_bytes": level_rise,
-        "held_bytes": held_bytes,
-        "last_step": last_step.index,
-        "last_step_end_event": last_step.end_event - 1,
-        "first_step": first_step.index,
-        "first_step_end_event": first_step.end_event - 1,
-        "level_at_first_step_end_bytes": level_first,
-        "level_at_last_step_end_bytes": level_last,
-        "requested_bytes_per_step": round(float(requested_per_step.mean())),
-        "comparable_steps": m,
-        "steps_until_full" if basis == "capacity" else "steps_until_peak_doubles": int(steps_left),
-        "leaking_stacks": int(leaking.size),
-        "warmup_steps_skipped": LEAK_WARMUP_STEPS,
-        "severity_basis": basis,
-    }
+    kept_steps = int(depth[np.isin(stacks, leaking)].max())
+    evidence: list[EvidenceItem] = [
+        amount("bytes_per_step", bytes_per_step),
+        amount("held_bytes", held_bytes),
+        fact("kept_steps", kept_steps, "count", "pattern"),
+        fact("level_rise_per_step_bytes", level_rise, "bytes", "pattern"),
+        fact("leaking_stacks", int(leaking.size), "count", "pattern"),
+        fact("last_step", last_step.index, "step", "moment"),
+        fact("last_step_end_event", last_step.end_event - 1, "event", "moment"),
+        fact("first_step", first_step.index, "step", "moment"),
+        fact("first_step_end_event", first_step.end_event - 1, "event", "moment"),
+    ]
     first_us, last_us = ctx.time_at(first_step.end_event - 1), ctx.time_at(last_step.end_event - 1)
     if first_us is not None and last_us is not None:
-        evidence["first_step_end_us"] = first_us
-        evidence["last_step_end_us"] = last_us
+        evidence += [fact("first_step_end_us", first_us, "us", "moment"),
+                     fact("last_step_end_us", last_us, "us", "moment")]
+    evidence += [
+        fact("level_at_first_step_end_bytes", level_first, "bytes", "context"),
+        fact("level_at_last_step_end_bytes", level_last, "bytes", "context"),
+        fact("requested_bytes_per_step", round(float(requested_per_step.mean())), "bytes", "context"),
+        fact("steps_until_full" if basis == "capacity" else "steps_until_peak_doubles", int(steps_left), "count",
+             "context"),
+        fact("severity_basis", basis, "text", "context"),
+        fact("comparable_steps", m, "count", "context"),
+        fact("warmup_steps_skipped", LEAK_WARMUP_STEPS, "count", "context"),
+    ]
     if ctx.capacity:
-        evidence["capacity_bytes"] = ctx.capacity
+        evidence.append(fact("capacity_bytes", ctx.capacity, "bytes", "context"))
     fills = (
         f"; the device is full in about {steps_left:,} more steps"
         if basis == "capacity"
         else f"; it adds another peak's worth in about {steps_left:,} steps"
     )
-    kept_steps = int(evidence["kept_steps"])
     summary = (
         f"Allocations from {leaking.size} stack(s) outlive their step and pile up: "
         f"{format_bytes(bytes_per_step)} per step, kept from {kept_steps} steps at once "
@@ -264,7 +269,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
     holding = match_holders(holders, lt.address[at_dump], lt.size[at_dump],
                             lt.stack_id[at_dump].astype(np.int64), ctx.snapshot.stacks.frames_of)
     if holding:
-        evidence.update(holder_evidence(holding, int(at_dump.size), int(lt.size[at_dump].sum())))
+        evidence += holder_evidence(holding, int(at_dump.size), int(lt.size[at_dump].sum()))
         summary += " " + holder_sentence(holding, int(at_dump.size))
         # The named line is the fix; the general advice stays only where no line could be named.
         recommendation = holder_recommendation(holding[0]) + (" " + recommendation if not holding[0].named else "")
@@ -280,7 +285,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
             end_us=ctx.time_at(last_step.end_event - 1),
             step=first_step.index,
             top_stacks=ctx.top_stacks(leak_mask),
-            evidence=evidence,
+            evidence=Evidence(evidence),
             summary=summary,
             recommendation=recommendation,
             estimated_saving_bytes=held_bytes,
@@ -289,31 +294,16 @@ def find(ctx: DeviceContext) -> list[Finding]:
 
 
 # ----------------------------------------------------------------------------- who holds it
-@dataclass(frozen=True)
-class StoreLine:
-    """A line that can have stored into a holder, as the recorder listed it, with what tells
-    whether a block was stored there: the function the line is in and the lines of that function
-    where the stored value can have been allocated (see ``memlens.recorder.holders``)."""
-
-    where: str  # "train.py:40"
-    how: str  # "append", "item assignment", "assignment", ...
-    code: str  # the source of that line
-    file: str = ""
-    function: str = ""
-    first_line: int = 0
-    last_line: int = -1
-    values_from: frozenset[int] = frozenset()
-
-    def stored(self, frames: list[Frame]) -> bool:
-        """Whether a block allocated under ``frames`` can have been stored by this line: the
-        stack passes through this line's function at a line its stored value comes from."""
-        if not self.function or not self.values_from:
-            return False
-        return any(
-            frame.name == self.function and self.first_line <= frame.line <= self.last_line
-            and frame.line in self.values_from and _same_file(frame.filename, self.file)
-            for frame in frames
-        )
+def stored_by(line: StoreLine, frames: list[Frame]) -> bool:
+    """Whether a block allocated under ``frames`` can have been stored by ``line``: the stack
+    passes through the line's function at a line its stored value comes from."""
+    if not line.function or not line.values_from:
+        return False
+    return any(
+        frame.name == line.function and line.first_line <= frame.line <= line.last_line
+        and frame.line in line.values_from and _same_file(frame.filename, line.file)
+        for frame in frames
+    )
 
 
 def _same_file(frame_file: str, display: str) -> bool:
@@ -332,12 +322,11 @@ UNDECIDED = "undecided"  # several lines can and the stacks cannot tell: all are
 
 
 @dataclass
-class Holder:
-    """One entry of the recorder's ``leak_holders`` (see ``memlens.recorder.holders``), with the
-    leak's blocks it holds once matched."""
+class HolderMatch:
+    """A holder the recorder named (``memlens.snapshot.holder_types.Holder``) and the leak's
+    blocks it holds at the dump, with the lines the finding names."""
 
-    text: str  # "list `kept` (global in train.py)"
-    lines: tuple[StoreLine, ...]  # every line that can have stored into it
+    holder: Holder
     addresses: frozenset[int]
     matched_blocks: int = 0
     matched_bytes: int = 0
@@ -345,30 +334,29 @@ class Holder:
     line_match: str = ONLY_LINE
 
     @property
+    def text(self) -> str:
+        return self.holder.holder
+
+    @property
+    def lines(self) -> tuple[StoreLine, ...]:
+        """Every line that can have stored into it (the first ``MAX_HOLDER_LINES``); a sidecar
+        that gives only ``line`` ("train.py:40") gives that one."""
+        if self.holder.lines:
+            return self.holder.lines[:MAX_HOLDER_LINES]
+        file, _, number = (self.holder.line or "").rpartition(":")
+        return (StoreLine(file, int(number)),) if file and number.isdigit() else ()
+
+    @property
     def line(self) -> str | None:
         """The line to edit, when exactly one is named."""
         return self.named[0].where if len(self.named) == 1 else None
 
 
-def read_holders(sidecar: dict[str, Any]) -> list[Holder]:
-    """The holders the recorder found at the dump; the sidecar is untrusted: entries of the wrong
-    shape are skipped."""
-    section = sidecar.get("leak_holders")
-    entries = section.get("holders") if isinstance(section, dict) else None
-    holders: list[Holder] = []
-    for entry in entries if isinstance(entries, list) else []:
-        if not isinstance(entry, dict) or not isinstance(entry.get("holder"), str):
-            continue
-        blocks = entry.get("blocks")
-        addresses = frozenset(
-            block[0] for block in (blocks if isinstance(blocks, list) else [])
-            if isinstance(block, list) and block and isinstance(block[0], int) and not isinstance(block[0], bool)
-        )
-        lines = _read_lines(entry.get("lines"))
-        if not lines and isinstance(entry.get("line"), str):
-            lines = (StoreLine(entry["line"], "", ""),)
-        holders.append(Holder(entry["holder"], lines, addresses, named=lines[:1]))
-    return holders
+def read_holders(sidecar: dict[str, Any]) -> list[HolderMatch]:
+    """The holders the recorder found at the dump (the sidecar's ``leak_holders``, read by the
+    one reader of ``memlens.snapshot.holder_types``), not yet matched to a leak."""
+    holders = read_leak_holders(sidecar.get("leak_holders")).holders
+    return [HolderMatch(holder, holder.addresses) for holder in holders]
 
 
 # Lines read per holder (the recorder lists up to 20) and distinct stacks compared with them: an
@@ -377,30 +365,8 @@ MAX_HOLDER_LINES = 20
 MAX_STACKS_COMPARED = 1_000
 
 
-def _read_lines(entries: Any) -> tuple[StoreLine, ...]:
-    lines: list[StoreLine] = []
-    for entry in entries[:MAX_HOLDER_LINES] if isinstance(entries, list) else []:
-        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not _is_int(entry.get("line")):
-            continue
-        how, code, function = entry.get("how"), entry.get("code"), entry.get("function")
-        first, last, values = entry.get("first_line"), entry.get("last_line"), entry.get("values_from")
-        lines.append(StoreLine(
-            f"{entry['file']}:{entry['line']}", how if isinstance(how, str) else "",
-            code if isinstance(code, str) else "", entry["file"],
-            function if isinstance(function, str) else "",
-            first if isinstance(first, int) and _is_int(first) else 0,
-            last if isinstance(last, int) and _is_int(last) else -1,
-            frozenset(v for v in values if _is_int(v)) if isinstance(values, list) else frozenset(),
-        ))
-    return tuple(lines)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def match_holders(holders: list[Holder], addresses: I64, blocks: I64, stack_ids: I64 | None = None,
-                  frames_of: Callable[[int], list[Frame]] | None = None) -> list[Holder]:
+def match_holders(holders: list[HolderMatch], addresses: I64, blocks: I64, stack_ids: I64 | None = None,
+                  frames_of: Callable[[int], list[Frame]] | None = None) -> list[HolderMatch]:
     """The holders that hold some of the leak's blocks alive at the dump, most bytes first, each
     with the lines it names (``named``): of the lines that can store into it, the ones the blocks'
     allocation stacks (``stack_ids``, aligned with ``addresses``) say stored them.
@@ -429,7 +395,7 @@ def lines_that_ran(lines: tuple[StoreLine, ...], stacks: list[list[Frame]]) -> t
     matches some, or every line."""
     if len(lines) <= 1:
         return lines, ONLY_LINE
-    stored = [[line for line in lines if line.stored(frames)] for frames in stacks]
+    stored = [[line for line in lines if stored_by(line, frames)] for frames in stacks]
     matched = {line for hits in stored for line in hits}
     if stored and all(len(hits) == 1 for hits in stored):
         return tuple(line for line in lines if line in matched), FROM_STACKS
@@ -456,7 +422,7 @@ def _quoted(line: StoreLine) -> str:
     return f"{line.where} (`{line.code}`)" if line.code else line.where
 
 
-def _placed(holder: Holder) -> str:
+def _placed(holder: HolderMatch) -> str:
     """", appended at train.py:40 (`kept.append(logits)`)", the lines it could be when memlens
     could not tell which ran, or "" without a line."""
     if not holder.named:
@@ -467,30 +433,32 @@ def _placed(holder: Holder) -> str:
     return ", " + " and ".join(f"{_VERBS.get(line.how, 'stored')} at {_quoted(line)}" for line in holder.named)
 
 
-def holder_evidence(holding: list[Holder], blocks_at_dump: int, bytes_at_dump: int) -> dict[str, int | float | str]:
+def holder_evidence(holding: list[HolderMatch], blocks_at_dump: int, bytes_at_dump: int) -> list[EvidenceItem]:
     top = holding[0]
-    evidence: dict[str, int | float | str] = {
-        "held_by": top.text,
-        "held_by_blocks": top.matched_blocks,
-        "held_by_bytes": top.matched_bytes,
-        "leak_blocks_at_dump": blocks_at_dump,
-        "leak_bytes_at_dump": bytes_at_dump,
-        "holders_matched": len(holding),
-    }
+    evidence = [fact("held_by", top.text, "text", "cause")]
     if top.line is not None:
-        evidence["held_by_line"] = top.line
+        evidence.append(fact("held_by_line", top.line, "text", "cause"))
         if top.named[0].code:
-            evidence["held_by_code"] = top.named[0].code
+            evidence.append(fact("held_by_code", top.named[0].code, "text", "cause"))
     if len(top.named) > 1:
-        evidence["held_by_lines"] = "; ".join(line.where for line in top.named)
+        evidence.append(fact("held_by_lines", "; ".join(line.where for line in top.named), "text", "cause"))
     if top.named:
-        evidence["held_by_line_match"] = top.line_match
+        evidence.append(fact("held_by_line_match", top.line_match, "text", "cause"))
+    evidence += [
+        fact("held_by_blocks", top.matched_blocks, "count", "cause"),
+        fact("held_by_bytes", top.matched_bytes, "bytes", "cause"),
+    ]
     if len(holding) > 1:
-        evidence["also_held_by"] = "; ".join(h.text for h in holding[1:4])
+        evidence.append(fact("also_held_by", "; ".join(h.text for h in holding[1:4]), "text", "cause"))
+    evidence += [
+        fact("holders_matched", len(holding), "count", "cause"),
+        fact("leak_blocks_at_dump", blocks_at_dump, "count", "context"),
+        fact("leak_bytes_at_dump", bytes_at_dump, "bytes", "context"),
+    ]
     return evidence
 
 
-def holder_sentence(holding: list[Holder], blocks_at_dump: int) -> str:
+def holder_sentence(holding: list[HolderMatch], blocks_at_dump: int) -> str:
     top = holding[0]
     others = "; ".join(
         f"{h.text}: {h.matched_blocks} block{'s' if h.matched_blocks != 1 else ''}" for h in holding[1:3])
@@ -499,7 +467,7 @@ def holder_sentence(holding: list[Holder], blocks_at_dump: int) -> str:
             f"alive at the dump ({format_bytes(top.matched_bytes)}).{others}")
 
 
-def holder_recommendation(top: Holder) -> str:
+def holder_recommendation(top: HolderMatch) -> str:
     advice = ("Keep only what you need there (loss.item(), a detached CPU copy), bound it, or clear it "
               "every step.")
     if not top.named:

@@ -15,7 +15,7 @@ import numpy as np
 from memlens.analysis import fragmentation
 from memlens.analysis.categories import bytes_by_category
 from memlens.analysis.context import DeviceContext
-from memlens.analysis.datatypes import Finding
+from memlens.analysis.datatypes import Evidence, EvidenceItem, Finding, amount, fact
 from memlens.analysis.settings import OOM_NEAR_CAPACITY_FRACTION
 from memlens.snapshot.model import Action
 from memlens.units import MiB, format_bytes
@@ -90,7 +90,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
         source = "oom trace entry"
         event: int | None = at
         if (trace.action == Action.ALLOC).any():
-            pool = fragmentation.allocator_evidence(ctx).at_oom
+            pool = ctx.allocator_evidence().at_oom
     else:
         reserved = sum(s.total_size for s in ctx.segments)
         if not ctx.capacity or reserved < OOM_NEAR_CAPACITY_FRACTION * ctx.capacity:
@@ -108,41 +108,42 @@ def find(ctx: DeviceContext) -> list[Finding]:
     cached_free = max(reserved - allocated, 0)
     live["unknown"] = live.get("unknown", 0) + max(allocated - sum(live.values()), 0)
     cause = _explain(ctx, event, live, pool is not None)
-    evidence: dict[str, int | float | str] = {
-        "source": source,
-        "requested_bytes": requested,
-        "device_free_bytes": device_free,
-        "allocated_bytes": allocated,
-        "reserved_bytes": reserved,
-        "cached_free_bytes": cached_free,
-        "oom_events": int(rows.size),
-        "explained_by": cause,
-    }
-    if event is not None:
-        evidence.update(fragmentation.moment_evidence(ctx, "oom", event))
+    # The request, what was free for it, when, and why it did not fit.
+    evidence: list[EvidenceItem] = [
+        amount("requested_bytes", requested),
+        fact("device_free_bytes", device_free, "bytes", "pattern"),
+    ]
     if pool is not None:
-        evidence.update({
-            "pool": pool.pool,
-            "pool_free_bytes": pool.free_bytes,
-            "pool_free_in_partly_used_segments_bytes": pool.free_in_pieces_bytes,
-            "pool_largest_free_block_bytes": pool.largest_free_block_bytes,
-        })
         where = ""  # the reason says what the pool held
-        evidence["new_segment_bytes"] = pool.new_segment_bytes
         reason = _why_no_room(pool, device_free)
-        evidence["reason"] = reason
+        evidence += [
+            fact("pool_free_bytes", pool.free_bytes, "bytes", "pattern"),
+            fact("pool_largest_free_block_bytes", pool.largest_free_block_bytes, "bytes", "pattern"),
+            fact("new_segment_bytes", pool.new_segment_bytes, "bytes", "pattern"),
+            fact("pool", pool.pool, "text", "context"),
+            fact("pool_free_in_partly_used_segments_bytes", pool.free_in_pieces_bytes, "bytes", "context"),
+        ]
     else:
-        evidence["moment"] = "oom" if event is not None else "dump"
-        evidence["largest_free_block_at_dump_bytes"] = largest_free
+        evidence += [
+            fact("moment", "oom" if event is not None else "dump", "text", "moment"),
+            fact("largest_free_block_at_dump_bytes", largest_free, "bytes", "pattern"),
+        ]
         where = f"largest cached piece at dump time {format_bytes(largest_free)}"
-    evidence.update({f"live_{name}_bytes": value for name, value in live.items()})
+    evidence.append(fact("cached_free_bytes", cached_free, "bytes", "pattern"))
+    if event is not None:
+        evidence += fragmentation.moment_evidence(ctx, "oom", event)
+    evidence.append(fact("explained_by", cause, "text", "cause"))
+    if pool is not None:
+        evidence.append(fact("reason", reason, "text", "cause"))
+    evidence += [
+        fact("allocated_bytes", allocated, "bytes", "context"),
+        fact("reserved_bytes", reserved, "bytes", "context"),
+        fact("oom_events", int(rows.size), "count", "context"),
+        fact("source", source, "text", "context"),
+        *(fact(f"live_{name}_bytes", value, "bytes", "context") for name, value in live.items()),
+    ]
     if ctx.capacity:
-        evidence["capacity_bytes"] = ctx.capacity
-    # Reporters show the first few entries: the moment, the request and what was free then.
-    evidence = fragmentation.lead_with(evidence, [
-        "oom_event", "moment", "requested_bytes", "device_free_bytes", "pool_free_bytes",
-        "pool_largest_free_block_bytes", "explained_by",
-    ])
+        evidence.append(fact("capacity_bytes", ctx.capacity, "bytes", "context"))
     asked = f"asked for {format_bytes(requested)} with " if requested else ""
     summary = (
         f"Out of memory: {asked}{format_bytes(device_free)} free on the device and "
@@ -163,7 +164,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
             end_us=ctx.time_at(at),
             step=ctx.step_at(at) if ctx.events else None,
             top_stacks=ctx.top_stacks(lt.live_at(at) if event is not None else lt.free_event >= ctx.events),
-            evidence=evidence,
+            evidence=Evidence(evidence),
             summary=summary,
             recommendation=recommendation[0].upper() + recommendation[1:] + ".",
             estimated_saving_bytes=None,

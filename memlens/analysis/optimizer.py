@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from memlens.analysis.categories import OPTIMIZER_STATE, PARAMETERS
 from memlens.analysis.context import DeviceContext
-from memlens.analysis.datatypes import Finding
+from memlens.analysis.datatypes import Evidence, EvidenceItem, Finding, amount, fact
 from memlens.analysis.lifetimes import byte_counts
 from memlens.analysis.settings import (
     ADAM_STATE_BYTES_PER_PARAM,
@@ -114,56 +114,57 @@ def find(ctx: DeviceContext) -> list[Finding]:
     peak_inside = ctx.peak_event is not None and lo <= ctx.peak_event < hi
 
     step_index = ctx.step_at(row)
-    # The first six keys are what the terminal shows: the sum that makes the spike and its moment.
-    evidence: dict[str, int | float | str] = {
-        "spike_bytes": spike_bytes,
-        "new_state_bytes": new_state_bytes,
-        "transient_bytes": transient_bytes,
-        "released_bytes": released_bytes,
-        "spike_event": row,
-    }
+    # The sum that makes the spike, then its moment.
+    state_at_peak = int(size[(ctx.category == OPTIMIZER_STATE) & lt.live_at(ctx.peak_event or 0)].sum())
+    evidence: list[EvidenceItem] = [
+        amount("spike_bytes", spike_bytes),
+        fact("new_state_bytes", new_state_bytes, "bytes", "pattern"),
+        fact("transient_bytes", transient_bytes, "bytes", "pattern"),
+        fact("released_bytes", released_bytes, "bytes", "pattern"),
+        fact("spike_event", row, "event", "moment"),
+    ]
     if step_index is not None:
-        evidence["step"] = step_index
+        evidence.append(fact("step", step_index, "step", "moment"))
     spike_us = ctx.time_at(row)
     if spike_us is not None:
-        evidence["spike_us"] = spike_us
-    evidence |= {
-        "level_before_bytes": round(level_before[w]),
-        "level_at_spike_bytes": round(level_at_spike[w]),
-        "window_start_event": lo,
-        "window_end_event": hi,
-        "windows": count,
-        "window_source": ctx.optimizer_window_source,
-        "state_kept_after_window_bytes": round(kept_total[w]),
-        "state_replaced_bytes": round(replaced_total[w]),
-        "state_kept_all_windows_bytes": round(kept_total.sum()),
-        "transient_peak_bytes": transient_peak,
-        "state_bytes_at_peak": int(size[(ctx.category == OPTIMIZER_STATE) & lt.live_at(ctx.peak_event or 0)].sum()),
-        "global_peak_inside": int(peak_inside),
-    }
+        evidence.append(fact("spike_us", spike_us, "us", "moment"))
+    evidence += [
+        fact("window_start_event", lo, "event", "moment"),
+        fact("window_end_event", hi, "event", "moment"),
+        fact("global_peak_inside", int(peak_inside), "count", "pattern"),
+        fact("level_before_bytes", round(level_before[w]), "bytes", "context"),
+        fact("level_at_spike_bytes", round(level_at_spike[w]), "bytes", "context"),
+        fact("windows", count, "count", "context"),
+        fact("window_source", ctx.optimizer_window_source, "text", "context"),
+        fact("state_kept_after_window_bytes", round(kept_total[w]), "bytes", "context"),
+        fact("state_replaced_bytes", round(replaced_total[w]), "bytes", "context"),
+        fact("state_kept_all_windows_bytes", round(kept_total.sum()), "bytes", "context"),
+        fact("transient_peak_bytes", transient_peak, "bytes", "context"),
+        fact("state_bytes_at_peak", state_at_peak, "bytes", "context"),
+    ]
     params = sidecar_number(
         ctx.snapshot.sidecar, ctx.device, "trainable_parameters", "parameters", "parameter_count", "num_parameters"
     )
     if params:
-        evidence["parameters"] = params
-        evidence["parameters_source"] = "sidecar"
+        evidence += [fact("parameters", params, "count", "context"), fact("parameters_source", "sidecar", "text",
+                                                                          "context")]
     else:
         param_bytes = int(size[(ctx.category == PARAMETERS)].sum())
         if param_bytes:
             params = param_bytes // max(ctx.settings.bytes_per_param, 1)
-            evidence["parameters"] = params
-            evidence["parameters_source"] = (
-                f"estimate: parameters-category bytes / {ctx.settings.bytes_per_param} bytes per parameter"
-            )
+            evidence += [fact("parameters", params, "count", "context"), fact(
+                "parameters_source",
+                f"estimate: parameters-category bytes / {ctx.settings.bytes_per_param} bytes per parameter",
+                "text", "context")]
     if params:
-        evidence["adam_state_8p_bytes"] = ADAM_STATE_BYTES_PER_PARAM * params
+        evidence.append(fact("adam_state_8p_bytes", ADAM_STATE_BYTES_PER_PARAM * params, "bytes", "context"))
 
     largest_temp = int(size[in_w].max()) if in_w.any() else 0
     foreach_saving = max(transient_peak - largest_temp, 0)
-    state_bytes = max(round(kept_total.sum() - replaced_total.sum()), int(evidence["state_bytes_at_peak"]))
+    state_bytes = max(round(kept_total.sum() - replaced_total.sum()), state_at_peak)
     state_saving = int(state_bytes * EIGHT_BIT_ADAM_SAVING)
-    evidence["foreach_off_saving_bytes"] = foreach_saving
-    evidence["eight_bit_state_saving_bytes"] = state_saving
+    evidence += [fact("foreach_off_saving_bytes", foreach_saving, "bytes", "remedy"),
+                 fact("eight_bit_state_saving_bytes", state_saving, "bytes", "remedy")]
     if transient_bytes >= new_state_bytes:
         recommendation = (
             f"Most of it is per-step temporaries ({format_bytes(transient_bytes)} at the spike): foreach=False "
@@ -193,7 +194,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
             end_us=ctx.time_at(hi - 1),
             step=ctx.step_at(lo),
             top_stacks=ctx.top_stacks((made_in == w) & (new_state_mask | transient_mask)),
-            evidence=evidence,
+            evidence=Evidence(evidence),
             summary=(
                 f"optimizer.step adds {format_bytes(spike_bytes)} at its highest point (event {row:,}): "
                 f"{parts}; this window {where}."

@@ -27,6 +27,7 @@ from memlens.analysis.datatypes import (
     STEP_SOURCES,
     BlockView,
     Evidence,
+    EvidenceItem,
     Finding,
     OptimizerWindowSource,
     PlainData,
@@ -38,9 +39,9 @@ from memlens.analysis.datatypes import (
     Timeline,
     as_json,
     busiest_first,
+    decode_hook,
     encode_json,
     finding_rank,
-    format_evidence,
 )
 from memlens.errors import MemlensFormatError, MemlensUsageError
 
@@ -55,6 +56,7 @@ __all__ = [
     "BlockView",
     "DeviceReport",
     "Evidence",
+    "EvidenceItem",
     "Finding",
     "Report",
     "SegmentMap",
@@ -64,7 +66,6 @@ __all__ = [
     "Timeline",
     "as_json",
     "finding_rank",
-    "format_evidence",
     "no_findings_text",
 ]
 
@@ -164,7 +165,7 @@ class Report(PlainData):
             # Parsed JSON goes back through the JSON decoder, which reads the devices' text keys
             # as numbers (``convert`` would not, strictly) and checks exactly as for text.
             text = msgspec.json.encode(data) if isinstance(data, dict) else data
-            report = msgspec.json.decode(text, type=cls)
+            report = msgspec.json.decode(text, type=cls, dec_hook=decode_hook)
         except msgspec.ValidationError as exc:
             raise MemlensFormatError(source, f"not a memlens report: {exc}") from None
         except msgspec.DecodeError as exc:

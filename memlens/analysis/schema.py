@@ -1,6 +1,6 @@
-"""The JSON form of a report (``Report.to_json()``), schema_version 1.
+"""The JSON form of a report (``Report.to_json()``), schema_version 2.
 
-Top level: ``schema_version`` (1), ``source`` (the file or "<memory>"), ``format_guess`` (which
+Top level: ``schema_version`` (2), ``source`` (the file or "<memory>"), ``format_guess`` (which
 PyTorch wrote it), ``devices`` (object keyed by the device number as text) and ``findings`` (all
 devices' findings, most severe first, then largest ``bytes``).
 
@@ -37,11 +37,15 @@ bytes, plateau height, spike, fragmentation's replay saving or the free bytes st
 the idle cache in entirely free segments, the failed request), ``start_event``/
 ``end_event`` (row range), ``start_us``/``end_us``, ``step`` (step index or null),
 ``top_stacks`` (``frames``: "name (file:line)" innermost first, ``bytes``, ``count``),
-``evidence`` (flat object of numbers and text; its keys per kind are documented in each finder
-module and may grow), ``summary`` (one line), ``recommendation`` and ``estimated_saving_bytes``
+``evidence`` (a list of items, each ``name``, ``value`` (number or text), ``unit`` (bytes |
+count | event | step | us | ratio | mib | text) and ``meaning`` (amount | pattern | cause | moment |
+remedy | context), ordered by meaning in that order; the names per kind are documented in each
+finder module and may grow), ``summary`` (one line), ``recommendation`` and ``estimated_saving_bytes``
 (null when it cannot be told).
 
-Adding fields is compatible; renaming or removing one bumps ``schema_version``.
+Adding fields is compatible; renaming or removing one bumps ``schema_version``. Version 2 (from
+1): ``evidence`` became the list of typed items above (it was a flat object of name to value,
+whose key order the terminal relied on).
 
 ``REPORT_SCHEMA`` (JSON Schema 2020-12) and ``validate`` are generated from the report's
 dataclasses by msgspec: the types in ``memlens.analysis.report`` are the only definition.
@@ -53,13 +57,13 @@ from typing import Any
 
 import msgspec
 
-from memlens.analysis.datatypes import SCHEMA_VERSION
+from memlens.analysis.datatypes import SCHEMA_VERSION, schema_hook
 from memlens.analysis.report import Report
 from memlens.errors import MemlensFormatError
 
 
 def _report_schema() -> dict[str, Any]:
-    schema: dict[str, Any] = msgspec.json.schema(Report)
+    schema: dict[str, Any] = msgspec.json.schema(Report, schema_hook=schema_hook)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "memlens analysis report"
     # The one version this memlens writes and reads, not any integer.

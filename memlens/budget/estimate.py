@@ -9,8 +9,10 @@ What is offloaded to the host is listed as ``host_bytes`` and not counted on the
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from memlens.budget import formulas
 from memlens.budget.spec import Matrix, ModelSpec
@@ -40,18 +42,77 @@ class LineItem:
     # any ZeRO sharding): printed under the item, e.g. the 4-bit base and its constants.
     parts: tuple[tuple[str, int], ...] = ()
 
+    def record(self) -> LineItemRecord:
+        return LineItemRecord(self.name, self.bytes, self.bytes / 1e9, self.bytes / GiB, self.formula,
+                              self.explanation, self.host_bytes, self.estimated,
+                              [BudgetPart(label, value) for label, value in self.parts])
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "bytes": self.bytes,
-            "gb": self.bytes / 1e9,
-            "gib": self.bytes / GiB,
-            "formula": self.formula,
-            "explanation": self.explanation,
-            "host_bytes": self.host_bytes,
-            "estimated": self.estimated,
-            "parts": [{"name": label, "bytes": value} for label, value in self.parts],
-        }
+        return msgspec.to_builtins(self.record())
+
+
+# The JSON form of a budget (``memlens budget --json``, the MCP budget tool), one struct each.
+class BudgetPart(msgspec.Struct, frozen=True):
+    name: str
+    bytes: int
+
+
+class LineItemRecord(msgspec.Struct, frozen=True):
+    name: str
+    bytes: int
+    gb: float  # 1e9 bytes
+    gib: float  # 2**30 bytes
+    formula: str
+    explanation: str
+    host_bytes: int
+    estimated: bool
+    parts: list[BudgetPart]
+
+
+class BatchFitRecord(msgspec.Struct, frozen=True):
+    capacity_bytes: int
+    micro_batch: int
+    limiting_item: str
+    total_bytes: int
+    next_total_bytes: int
+    limiting_bytes: int
+    static_exceeds: bool
+    explanation: str
+
+
+class CapacityCheckRecord(msgspec.Struct, frozen=True):
+    capacity: str  # as the user wrote it, or the bytes
+    capacity_bytes: int
+    fits: bool
+    total_bytes: int
+    max_micro_batch: BatchFitRecord | None
+    max_micro_batch_unknown: str
+
+
+class BudgetModelRecord(msgspec.Struct, frozen=True):
+    source: str
+    n_params: int
+    adapter_params: int
+    trainable_params: int
+    hidden_size: int | None
+    n_layers: int | None
+    n_heads: int | None
+    n_kv_heads: int | None
+    vocab_size: int | None
+    ffn_size: int | None
+    param_bytes_by_dtype: dict[str, int]
+
+
+class BudgetRecord(msgspec.Struct, frozen=True):
+    units: str
+    model: BudgetModelRecord
+    setup: TrainingSetup
+    items: list[LineItemRecord]
+    static_bytes: int
+    total_bytes: int
+    host_bytes: int
+    complete: bool
+    notes: list[str]
 
 
 @dataclass(frozen=True)
@@ -93,8 +154,12 @@ class BatchFit:
     def explanation(self) -> str:
         return self.describe()
 
+    def record(self) -> BatchFitRecord:
+        return BatchFitRecord(self.capacity_bytes, self.micro_batch, self.limiting_item, self.total_bytes,
+                              self.next_total_bytes, self.limiting_bytes, self.static_exceeds, self.explanation)
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "explanation": self.explanation}
+        return msgspec.to_builtins(self.record())
 
 
 @dataclass(frozen=True)
@@ -111,15 +176,13 @@ class CapacityCheck:
     max_batch_unknown: str = ""
     label: str = ""
 
+    def record(self) -> CapacityCheckRecord:
+        return CapacityCheckRecord(self.label or str(self.capacity_bytes), self.capacity_bytes, self.fits,
+                                   self.total_bytes, self.max_batch.record() if self.max_batch else None,
+                                   self.max_batch_unknown)
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "capacity": self.label or str(self.capacity_bytes),
-            "capacity_bytes": self.capacity_bytes,
-            "fits": self.fits,
-            "total_bytes": self.total_bytes,
-            "max_micro_batch": self.max_batch.to_json() if self.max_batch else None,
-            "max_micro_batch_unknown": self.max_batch_unknown,
-        }
+        return msgspec.to_builtins(self.record())
 
 
 @dataclass(frozen=True)
@@ -186,32 +249,20 @@ class Budget:
         label = label or (capacity.strip() if isinstance(capacity, str) else "")
         return CapacityCheck(cap, self.fits(cap), self.total_bytes, fit, why, label)
 
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict: the line items in bytes (with GB = 1e9 and GiB = 2**30 values) and totals."""
+    def record(self) -> BudgetRecord:
+        """The budget as its JSON form's struct: the line items in bytes (with GB = 1e9 and
+        GiB = 2**30 values) and totals."""
         spec = self.spec
-        return {
-            "units": "bytes (gb: 1e9 bytes, gib: 2**30 bytes)",
-            "model": {
-                "source": spec.source,
-                "n_params": spec.n_params,
-                "adapter_params": self.adapter_params,
-                "trainable_params": self.trainable_params,
-                "hidden_size": spec.hidden_size,
-                "n_layers": spec.n_layers,
-                "n_heads": spec.n_heads,
-                "n_kv_heads": spec.n_kv_heads,
-                "vocab_size": spec.vocab_size,
-                "ffn_size": spec.ffn_size,
-                "param_bytes_by_dtype": dict(spec.param_bytes_by_dtype),
-            },
-            "setup": asdict(self.setup),
-            "items": [line.to_json() for line in self.items],
-            "static_bytes": self.static_bytes,
-            "total_bytes": self.total_bytes,
-            "host_bytes": self.host_bytes,
-            "complete": self.complete,
-            "notes": list(self.notes),
-        }
+        model = BudgetModelRecord(spec.source, spec.n_params, self.adapter_params, self.trainable_params,
+                                  spec.hidden_size, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.vocab_size,
+                                  spec.ffn_size, dict(spec.param_bytes_by_dtype))
+        return BudgetRecord("bytes (gb: 1e9 bytes, gib: 2**30 bytes)", model, self.setup,
+                            [line.record() for line in self.items], self.static_bytes, self.total_bytes,
+                            self.host_bytes, self.complete, list(self.notes))
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (``record``, encoded)."""
+        return msgspec.to_builtins(self.record())
 
 
 # ------------------------------------------------------------------------------------ helpers

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from memlens.budget.estimate import Budget
 from memlens.errors import MemlensUsageError
 from memlens.units import format_bytes
@@ -64,18 +66,30 @@ class ReconciledRow:
     # without the architecture): the theory column is then not a number to compare with.
     estimated: bool = True
 
+    def record(self) -> ReconciledRowRecord:
+        return ReconciledRowRecord(self.estimated, self.category, self.theory_bytes, self.measured_bytes, self.ratio,
+                                   self.tolerance, self.within_tolerance, list(self.theory_items), self.note)
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "estimated": self.estimated,
-            "category": self.category,
-            "theory_bytes": self.theory_bytes,
-            "measured_bytes": self.measured_bytes,
-            "ratio": self.ratio,
-            "tolerance": self.tolerance,
-            "within_tolerance": self.within_tolerance,
-            "theory_items": list(self.theory_items),
-            "note": self.note,
-        }
+        return msgspec.to_builtins(self.record())
+
+
+# The JSON form of a reconciliation (``memlens budget --snapshot``, triage's budget), one struct each.
+class ReconciledRowRecord(msgspec.Struct, frozen=True):
+    estimated: bool
+    category: str
+    theory_bytes: int
+    measured_bytes: int | None
+    ratio: float | None
+    tolerance: float
+    within_tolerance: bool | None
+    theory_items: list[str]
+    note: str
+
+
+class ReconciliationRecord(msgspec.Struct, frozen=True):
+    ok: bool  # every measured category within its tolerance
+    rows: list[ReconciledRowRecord]
 
 
 @dataclass(frozen=True)
@@ -98,8 +112,11 @@ class Reconciliation:
     def notes(self) -> list[str]:
         return [f"{row.category}: {row.note}" for row in self.rows if row.note]
 
+    def record(self) -> ReconciliationRecord:
+        return ReconciliationRecord(self.ok, [row.record() for row in self.rows])
+
     def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "rows": [row.to_json() for row in self.rows]}
+        return msgspec.to_builtins(self.record())
 
 
 def _measured_mapping(measured: Mapping[str, int] | Any) -> dict[str, int]:

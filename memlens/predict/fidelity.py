@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from memlens.allocator import recorded_figures
@@ -49,19 +50,29 @@ class Fidelity:
         """Share of the real allocations matched, in order, size for size."""
         return self.matched_allocs / max(1, self.real_allocs)
 
+    def record(self) -> FidelityRecord:
+        return FidelityRecord(
+            self.real_peak_allocated_bytes, self.predicted_peak_allocated_bytes, round(self.allocated_error, 5),
+            self.real_peak_reserved_bytes, self.predicted_peak_reserved_bytes, round(self.reserved_error, 5),
+            self.real_allocs, self.predicted_allocs, self.matched_allocs, round(self.match_rate, 4))
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "real_peak_allocated_bytes": self.real_peak_allocated_bytes,
-            "predicted_peak_allocated_bytes": self.predicted_peak_allocated_bytes,
-            "allocated_error": round(self.allocated_error, 5),
-            "real_peak_reserved_bytes": self.real_peak_reserved_bytes,
-            "predicted_peak_reserved_bytes": self.predicted_peak_reserved_bytes,
-            "reserved_error": round(self.reserved_error, 5),
-            "real_allocs": self.real_allocs,
-            "predicted_allocs": self.predicted_allocs,
-            "matched_allocs": self.matched_allocs,
-            "match_rate": round(self.match_rate, 4),
-        }
+        return msgspec.to_builtins(self.record())
+
+
+class FidelityRecord(msgspec.Struct, frozen=True):
+    """The JSON form of a ``Fidelity``: a prediction's peaks and allocations against the real run's."""
+
+    real_peak_allocated_bytes: int
+    predicted_peak_allocated_bytes: int
+    allocated_error: float
+    real_peak_reserved_bytes: int
+    predicted_peak_reserved_bytes: int
+    reserved_error: float
+    real_allocs: int
+    predicted_allocs: int
+    matched_allocs: int
+    match_rate: float
 
 
 def _figures(path: str | Path) -> tuple[int, int, list[int]]:
@@ -69,7 +80,7 @@ def _figures(path: str | Path) -> tuple[int, int, list[int]]:
     trace = snapshot.device()
     figures = recorded_figures(trace, snapshot.segments_on(trace.device))
     sizes = trace.size[trace.action == int(Action.ALLOC)] if len(trace) else np.zeros(0, dtype=np.int64)
-    return int(figures["peak_allocated_bytes"]), int(figures["peak_reserved_bytes"]), [int(s) for s in sizes]
+    return figures.peak_allocated_bytes, figures.peak_reserved_bytes, [int(s) for s in sizes]
 
 
 def compare(real: str | Path, predicted: str | Path) -> Fidelity:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+import msgspec
 import torch
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
@@ -101,32 +102,45 @@ class PredictResult:
         """The whole program ran within the capacity: the one outcome that answers "it fits"."""
         return self.completed
 
+    def record(self) -> PredictRecord:
+        """The result as its JSON form's struct (``memlens predict --json``, the MCP predict tool)."""
+        return PredictRecord(
+            self.peak_allocated_bytes, self.peak_reserved_bytes, self.oom, list(self.snapshots), self.oom_at,
+            self.oom_op, self.oom_requested_bytes, self.oom_in_backward, self.oom_forward_at, self.fits,
+            self.interrupted, self.used_cuda, self.stopped_at, self.stop_reason, self.error, self.gpu,
+            self.placeholder_values, self.first_placeholder_at, self.model, self.optimizer, self.capacity_bytes,
+            self.reserve_outside_bytes, round(self.seconds, 3))
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "peak_allocated_bytes": self.peak_allocated_bytes,
-            "peak_reserved_bytes": self.peak_reserved_bytes,
-            "oom": self.oom,
-            "snapshots": list(self.snapshots),
-            "oom_at": self.oom_at,
-            "oom_op": self.oom_op,
-            "oom_requested_bytes": self.oom_requested_bytes,
-            "oom_in_backward": self.oom_in_backward,
-            "oom_forward_at": self.oom_forward_at,
-            "fits": self.fits,
-            "interrupted": self.interrupted,
-            "used_cuda": self.used_cuda,
-            "stopped_at": self.stopped_at,
-            "stop_reason": self.stop_reason,
-            "error": self.error,
-            "gpu": self.gpu,
-            "placeholder_values": self.placeholder_values,
-            "first_placeholder_at": self.first_placeholder_at,
-            "model": self.model,
-            "optimizer": self.optimizer,
-            "capacity_bytes": self.capacity_bytes,
-            "reserve_outside_bytes": self.reserve_outside_bytes,
-            "seconds": round(self.seconds, 3),
-        }
+        return msgspec.to_builtins(self.record())
+
+
+class PredictRecord(msgspec.Struct, frozen=True):
+    """The JSON form of a ``PredictResult``."""
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    oom: bool
+    snapshots: list[str]
+    oom_at: str | None
+    oom_op: str | None
+    oom_requested_bytes: int | None
+    oom_in_backward: bool
+    oom_forward_at: str | None
+    fits: bool  # the whole program ran within the capacity
+    interrupted: str | None
+    used_cuda: bool
+    stopped_at: str | None
+    stop_reason: str | None
+    error: str | None
+    gpu: str
+    placeholder_values: int
+    first_placeholder_at: str | None
+    model: dict[str, Any] | None  # the recorder's model stats (memlens.recorder.sidecar.model_stats)
+    optimizer: dict[str, Any] | None
+    capacity_bytes: int
+    reserve_outside_bytes: int
+    seconds: float
 
 
 def user_location(tb: TracebackType | None) -> str | None:

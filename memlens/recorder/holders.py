@@ -38,7 +38,8 @@ How a block is traced to a name
    lines was stored there (``memlens.analysis.leak``).
 
 Everything here is bounded by ``HolderLimits``; ``complete`` in the result says whether the
-search finished within them.
+search finished within them. The result is a ``memlens.snapshot.holder_types.LeakHolders``, the
+struct the analysis reads back.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from memlens.snapshot.holder_types import Holder, HolderSearchLimits, LeakHolders, StoreLine
 
 _MEMLENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -139,7 +142,7 @@ class _Search:
 
 # ------------------------------------------------------------------------------ entry points
 def leak_holders(snapshot: Mapping[str, Any], steps: list[dict[str, Any]], backend: Any,
-                 limits: HolderLimits | None = None) -> dict[str, Any]:
+                 limits: HolderLimits | None = None) -> LeakHolders:
     """The sidecar's ``leak_holders`` for a snapshot the recorder is about to write.
 
     ``steps`` are the recorder's ``{index, start_us, end_us}``. The search starts from the blocks
@@ -153,19 +156,17 @@ def leak_holders(snapshot: Mapping[str, Any], steps: list[dict[str, Any]], backe
     ended = sorted((s for s in steps if s.get("end_us") is not None and s.get("start_us") is not None),
                    key=lambda s: int(s["start_us"]))
     if len(ended) < 2:
-        return {"holders": [], "complete": True, "old_blocks": 0, "tensors_examined": 0,
-                "seconds": 0.0, "note": "fewer than two finished steps"}
+        return LeakHolders(note="fewer than two finished steps")
     first_start, last_start, last_end = int(ended[0]["start_us"]), int(ended[-1]["start_us"]), int(ended[-1]["end_us"])
     live = live_allocations(snapshot)
     blocks = {address: size for address, (size, when) in live.items() if first_start <= when <= last_end}
     seeds = {address: size for address, (size, when) in live.items() if first_start <= when < last_start}
     if not seeds:
-        return {"holders": [], "complete": True, "old_blocks": 0, "tensors_examined": 0,
-                "seconds": round(time.perf_counter() - started, 3)}
+        return LeakHolders(seconds=round(time.perf_counter() - started, 3))
     address_of = storage_address_function(backend)
     filename_map = _filename_map_of(backend)
     result = find_holders(gc_tensors(), address_of, blocks, seeds=seeds, limits=limits, filename_map=filename_map)
-    result["seconds"] = round(time.perf_counter() - started, 3)
+    result.seconds = round(time.perf_counter() - started, 3)
     return result
 
 
@@ -263,7 +264,7 @@ def find_holders(
     seeds: Mapping[int, int] | None = None,
     limits: HolderLimits | None = None,
     filename_map: Callable[[str], str] | None = None,
-) -> dict[str, Any]:
+) -> LeakHolders:
     """Who holds the ``blocks`` ({address: size}) among ``tensors`` (which the caller must not
     keep in any other container while this runs: it would show up as a referrer).
 
@@ -281,16 +282,16 @@ def find_holders(
         paths = _walk_up(roots, locals_by_id, search)
         held_by_root = _held_through_graphs(roots, paths, direct, address_of, blocks, search)
         holders = _group(roots, held_by_root, paths, blocks, search, filename_map, address_of)
-        return {
-            "holders": holders[: limits.max_holders],
-            "holders_total": len(holders),
-            "complete": not search.stopped,
-            "stopped_by": search.stopped or None,
-            "old_blocks": len(blocks),
-            "tensors_examined": len(roots),
-            "tensors_named": len(paths),
-            "limits": asdict(limits),
-        }
+        return LeakHolders(
+            holders=holders[: limits.max_holders],
+            holders_total=len(holders),
+            complete=not search.stopped,
+            stopped_by=search.stopped or None,
+            old_blocks=len(blocks),
+            tensors_examined=len(roots),
+            tensors_named=len(paths),
+            limits=HolderSearchLimits(**asdict(limits)),
+        )
     finally:
         # Nothing of the program may outlive the search through us: a dump must not keep
         # tensors (or frames) alive a moment longer than the program does.
@@ -747,7 +748,7 @@ def _group(
     roots: list[Any], held_by_root: dict[int, tuple[set[int], set[int]]], paths: dict[int, list[_Path]],
     blocks: Mapping[int, int], search: _Search, filename_map: Callable[[str], str] | None,
     address_of: Callable[[Any], int | None],
-) -> list[dict[str, Any]]:
+) -> list[Holder]:
     """One record per named holder, biggest first."""
     groups: dict[tuple[int, str], dict[str, Any]] = {}
     for root in roots:
@@ -775,25 +776,23 @@ def _group(
         else:
             holder = f"{kind_of_object} `{expression}` ({where})"
         lines = _mutation_lines(named, _is_tensor(obj), filename_map) if not search.out_of_time() else []
-        record: dict[str, Any] = {
-            "holder": holder,
-            "kind": named.kind,
-            "name": expression,
-            "container": kind_of_object,
-            "lines": lines,
-            "line": f"{lines[0]['file']}:{lines[0]['line']}" if lines else None,
-            "bytes": sum(int(blocks[a]) for a in addresses),
-            "count": group["tensors"],
-            "blocks_direct": len(group["direct"]),
-            "blocks_through_graph": len(group["graph"] - group["direct"]),
-            "example": group["example"],
-            "blocks": [[a, int(blocks[a])] for a in addresses[: search.limits.max_blocks_per_holder]],
-            "blocks_total": len(addresses),
-        }
-        if group["keys"]:
-            record["keys"] = group["keys"]
-        records.append(record)
-    records.sort(key=lambda r: (-r["bytes"], r["holder"]))
+        records.append(Holder(
+            holder=holder,
+            kind=named.kind,
+            name=expression,
+            container=kind_of_object,
+            lines=tuple(lines),
+            line=lines[0].where if lines else None,
+            bytes=sum(int(blocks[a]) for a in addresses),
+            count=group["tensors"],
+            blocks_direct=len(group["direct"]),
+            blocks_through_graph=len(group["graph"] - group["direct"]),
+            example=group["example"],
+            blocks=tuple((a, int(blocks[a])) for a in addresses[: search.limits.max_blocks_per_holder]),
+            blocks_total=len(addresses),
+            keys=tuple(group["keys"]),
+        ))
+    records.sort(key=lambda r: (-r.bytes, r.holder))
     return records
 
 
@@ -867,7 +866,7 @@ def _display(filename: str, filename_map: Callable[[str], str] | None) -> str:
 
 # ------------------------------------------------------------------------------ lines
 def _mutation_lines(named: _Named, holds_tensor_directly: bool,
-                    filename_map: Callable[[str], str] | None) -> list[dict[str, Any]]:
+                    filename_map: Callable[[str], str] | None) -> list[StoreLine]:
     """The lines that can have stored into the holder (see the module docstring)."""
     codes = list(named.code)
     if named.source_file is not None:
@@ -890,9 +889,9 @@ def _mutation_lines(named: _Named, holds_tensor_directly: bool,
     for (filename, line), store in sorted(found.items(), key=lambda item: (item[0][0], item[0][1])):
         text = _without_comment(linecache.getline(filename, line).strip())[:MAX_CODE_TEXT]
         first_line, last_line = _line_range(store.code)
-        lines.append({"file": _display(filename, filename_map), "line": line, "how": store.how, "code": text,
-                      "function": store.code.co_name, "first_line": first_line, "last_line": last_line,
-                      "values_from": _values_from(store, name)})
+        lines.append(StoreLine(file=_display(filename, filename_map), line=line, how=store.how, code=text,
+                               function=store.code.co_name, first_line=first_line, last_line=last_line,
+                               values_from=tuple(_values_from(store, name))))
     return lines[:MAX_LINES]
 
 

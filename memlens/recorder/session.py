@@ -58,6 +58,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Literal, Protocol, TypeVar, get_args
 
+import msgspec
+
 from memlens.errors import MemlensError, MemlensUsageError
 from memlens.recorder.distributed import RankInfo, rank_info, write_rank_summary
 from memlens.recorder.holders import leak_holders
@@ -549,7 +551,8 @@ class Recorder:
             self._add_missing_step_annotations(snapshot)
             write_snapshot(path, snapshot)
             sidecar = self._sidecar(reason, ranks)
-            sidecar["leak_holders"] = leak_holders(snapshot, self.steps, self.backend)  # memlens.recorder.holders
+            # memlens.recorder.holders; the struct as JSON builtins (memlens.snapshot.holder_types)
+            sidecar["leak_holders"] = msgspec.to_builtins(leak_holders(snapshot, self.steps, self.backend))
             write_json(sidecar_path(path), sidecar)
             self.paths.append(path)
         return path

@@ -19,8 +19,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from memlens.analysis.report import finding_rank, format_evidence, no_findings_text
+from memlens.analysis.report import finding_rank, no_findings_text
 from memlens.printable import printable
+from memlens.reporters.evidence import format_value, terminal_items
 from memlens.units import format_bytes
 
 if TYPE_CHECKING:
@@ -294,8 +295,8 @@ def render_finding(console: Console, rank: int, finding: Finding, full_stacks: b
         )
     )
     _indented(console, printable(finding.summary))
-    shown = list(finding.evidence.items())[:6]
-    evidence = ", ".join(f"{printable(k)}={printable(format_evidence(k, v))}" for k, v in shown)
+    evidence = ", ".join(f"{printable(item.name)}={printable(format_value(item))}"
+                         for item in terminal_items(finding.evidence))
     if evidence:
         _indented(console, Text(f"evidence: {evidence}", style="dim"))
     for stack in finding.top_stacks[:2]:

@@ -78,15 +78,15 @@ def test_every_real_snapshot_replays(path: Path) -> None:
     row = fidelity(path)
     assert row.within_bounds, row
     expandable = whatif(path, settings=AllocatorSettings(expandable_segments=True), capacity=80 * GiB)
-    assert expandable.simulated["peak_reserved_bytes"] > 0 or row.recorded_peak_reserved == 0
+    assert expandable.simulated.peak_reserved_bytes > 0 or row.recorded_peak_reserved == 0
 
 
 def test_expandable_segments_help_the_complete_history_run() -> None:
     path = real_snapshot("ZidongLiu__DeComFL__memory.pickle")
     recorded = whatif(path)
     expandable = whatif(path, settings=AllocatorSettings(expandable_segments=True))
-    assert expandable.simulated["segment_allocs"] == 0 and expandable.simulated["segment_maps"] > 0
-    assert expandable.simulated["peak_reserved_bytes"] <= recorded.recorded["peak_reserved_bytes"]
+    assert expandable.simulated.segment_allocs == 0 and expandable.simulated.segment_maps > 0
+    assert expandable.simulated.peak_reserved_bytes <= recorded.recorded.peak_reserved_bytes
     # A GPU smaller than the recorded peak runs out of memory, and the replay says where.
-    small = whatif(path, capacity=recorded.recorded["peak_reserved_bytes"] // 2)
-    assert small.simulated["oom"] and small.simulated["oom_event"] is not None
+    small = whatif(path, capacity=recorded.recorded.peak_reserved_bytes // 2)
+    assert small.simulated.oom and small.simulated.oom_event is not None

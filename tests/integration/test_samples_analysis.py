@@ -58,10 +58,10 @@ def test_expandable_segments_would_have_avoided_the_oom() -> None:
     path = SAMPLE_SNAPSHOTS_DIR / "fragmentation_oom.pickle"
     same = memlens.whatif(path)  # the recorded settings and capacity (from the sidecar): it fails again
     assert same.capacity == 112 << 20
-    assert same.recorded["oom"] and same.simulated["oom"]
-    assert same.simulated["oom_event"] == same.recorded["oom_event"]
+    assert same.recorded.oom and same.simulated.oom
+    assert same.simulated.oom_event == same.recorded.oom_event
     expandable = memlens.whatif(path, settings=AllocatorSettings(expandable_segments=True))
-    assert not expandable.simulated["oom"]
+    assert not expandable.simulated.oom
     assert any("fits in the simulation" in note for note in expandable.notes)
 
 

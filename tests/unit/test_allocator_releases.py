@@ -88,15 +88,15 @@ def test_the_allocators_retry_is_left_to_the_simulator() -> None:
     snapshot = retry_run(capacity=100 * MiB)
     same = whatif(snapshot, capacity=100 * MiB)
     assert [r.cause for r in same.releases] == [ALLOCATOR]
-    assert same.simulated["segment_frees"] == same.recorded["segment_frees"] == 1
-    assert same.simulated["peak_reserved_bytes"] == same.recorded["peak_reserved_bytes"] == 70 * MiB
+    assert same.simulated.segment_frees == same.recorded.segment_frees == 1
+    assert same.simulated.peak_reserved_bytes == same.recorded.peak_reserved_bytes == 70 * MiB
     # On a bigger GPU the allocator would not have needed to release anything.
     bigger = whatif(snapshot, capacity=200 * MiB)
-    assert bigger.simulated["segment_frees"] == 0
-    assert bigger.simulated["peak_reserved_bytes"] == 130 * MiB
+    assert bigger.simulated.segment_frees == 0
+    assert bigger.simulated.peak_reserved_bytes == 130 * MiB
     # Without a capacity the simulation cannot run short: the recorded choice is carried, and said.
     unknown = whatif(snapshot)
-    assert unknown.simulated["segment_frees"] == 1
+    assert unknown.simulated.segment_frees == 1
     assert any("replayed as empty_cache()" in note for note in unknown.notes)
 
 
@@ -108,8 +108,8 @@ def test_the_programs_empty_cache_is_replayed_under_any_capacity() -> None:
     snapshot = parse(sim.snapshot(), source="<empty_cache>")
     result = whatif(snapshot, capacity=200 * MiB)
     assert [r.cause for r in result.releases] == [EMPTY_CACHE]
-    assert result.simulated["segment_frees"] == 1
-    assert result.simulated["peak_reserved_bytes"] == 70 * MiB
+    assert result.simulated.segment_frees == 1
+    assert result.simulated.peak_reserved_bytes == 70 * MiB
     assert not any("replayed as empty_cache()" in note for note in result.notes)
 
 

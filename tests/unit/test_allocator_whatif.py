@@ -41,13 +41,13 @@ def test_replaying_a_complete_history_reproduces_it() -> None:
     training_like(sim)
     result = whatif(snapshot_of(sim))
     assert not result.seeded
-    assert result.simulated["peak_reserved_bytes"] == result.recorded["peak_reserved_bytes"] == sim.peak_reserved_bytes
-    assert result.simulated["segment_allocs"] == result.recorded["segment_allocs"] == sim.segment_alloc_count
-    assert result.simulated["segment_frees"] == result.recorded["segment_frees"]
-    assert result.simulated["final_reserved_bytes"] == sim.reserved_bytes
-    assert result.simulated["fragmentation_at_peak_bytes"] == result.recorded["fragmentation_at_peak_bytes"]
-    assert result.simulated["alloc_address_match"] == 1.0
-    assert not result.simulated["oom"] and not result.recorded["oom"]
+    assert result.simulated.peak_reserved_bytes == result.recorded.peak_reserved_bytes == sim.peak_reserved_bytes
+    assert result.simulated.segment_allocs == result.recorded.segment_allocs == sim.segment_alloc_count
+    assert result.simulated.segment_frees == result.recorded.segment_frees
+    assert result.simulated.final_reserved_bytes == sim.reserved_bytes
+    assert result.simulated.fragmentation_at_peak_bytes == result.recorded.fragmentation_at_peak_bytes
+    assert result.simulated.alloc_address_match == 1.0
+    assert not result.simulated.oom and not result.recorded.oom
 
 
 @pytest.mark.parametrize("fraction", [0.01, 0.2, 0.5, 0.8])
@@ -61,10 +61,10 @@ def test_a_window_that_starts_mid_run_is_seeded_from_the_final_state(fraction: f
     snapshot = parse(raw, source="<window>")
     result = whatif(snapshot)
     assert result.seeded
-    assert result.simulated["peak_reserved_bytes"] == result.recorded["peak_reserved_bytes"]
-    assert result.simulated["segment_allocs"] == result.recorded["segment_allocs"]
-    assert result.simulated["final_reserved_bytes"] == sim.reserved_bytes
-    assert result.simulated["alloc_address_match"] == 1.0
+    assert result.simulated.peak_reserved_bytes == result.recorded.peak_reserved_bytes
+    assert result.simulated.segment_allocs == result.recorded.segment_allocs
+    assert result.simulated.final_reserved_bytes == sim.reserved_bytes
+    assert result.simulated.alloc_address_match == 1.0
 
 
 def test_ghost_frees_and_request_only_frees() -> None:
@@ -80,8 +80,8 @@ def test_ghost_frees_and_request_only_frees() -> None:
     raw["device_traces"][0] = [*entries, ghost, lonely]
     raw["segments"][0]["blocks"] = [dict(blk, state="inactive") for blk in raw["segments"][0]["blocks"]]
     result = whatif(parse(raw, source="<ghosts>"))
-    assert result.simulated["peak_reserved_bytes"] == 20 * MiB
-    assert result.simulated["segment_allocs"] == 1
+    assert result.simulated.peak_reserved_bytes == 20 * MiB
+    assert result.simulated.segment_allocs == 1
 
 
 def fragmenting(sim: CachingAllocatorSimulator) -> None:
@@ -101,14 +101,14 @@ def test_expandable_segments_what_if_and_capacity_oom() -> None:
     snapshot = snapshot_of(sim)
     recorded_peak = sim.peak_reserved_bytes
     expandable = whatif(snapshot, settings=AllocatorSettings(expandable_segments=True))
-    assert expandable.simulated["peak_reserved_bytes"] < recorded_peak
-    assert expandable.simulated["segment_allocs"] == 0 and expandable.simulated["segment_maps"] > 0
+    assert expandable.simulated.peak_reserved_bytes < recorded_peak
+    assert expandable.simulated.segment_allocs == 0 and expandable.simulated.segment_maps > 0
 
     tight = whatif(snapshot, capacity=recorded_peak // 4)
-    assert tight.simulated["oom"] and not tight.recorded["oom"]
-    event = tight.simulated["oom_event"]
-    assert isinstance(event, int) and 0 < event < tight.recorded["events"]
-    assert tight.simulated["oom_size_bytes"] > 0
+    assert tight.simulated.oom and not tight.recorded.oom
+    event = tight.simulated.oom_event
+    assert isinstance(event, int) and 0 < event < tight.recorded.events
+    assert tight.simulated.oom_size_bytes > 0
     assert set(tight.to_json()) >= {"recorded", "simulated"}
 
 
@@ -118,8 +118,8 @@ def test_recorded_oom_is_reported() -> None:
     with pytest.raises(Exception, match="out of memory"):
         sim.malloc(30 * MiB)
     result = whatif(snapshot_of(sim))
-    assert result.recorded["oom"] and result.recorded["oom_event"] == 2
-    assert result.recorded["oom_size_bytes"] == 30 * MiB
+    assert result.recorded.oom and result.recorded.oom_event == 2
+    assert result.recorded.oom_size_bytes == 30 * MiB
 
 
 def test_gc_threshold_needs_a_capacity() -> None:
@@ -128,12 +128,12 @@ def test_gc_threshold_needs_a_capacity() -> None:
     with pytest.raises(MemlensUsageError):
         whatif(snapshot_of(sim), settings=AllocatorSettings(garbage_collection_threshold=0.5))
     result = whatif(snapshot_of(sim), settings=AllocatorSettings(garbage_collection_threshold=0.5), capacity=MiB * 100)
-    assert result.simulated["peak_reserved_bytes"] == 2 * MiB
+    assert result.simulated.peak_reserved_bytes == 2 * MiB
 
 
 def test_empty_snapshot() -> None:
     result = whatif(parse({"segments": [], "device_traces": []}, source="<empty>"))
-    assert result.recorded["peak_reserved_bytes"] == result.simulated["peak_reserved_bytes"] == 0
+    assert result.recorded.peak_reserved_bytes == result.simulated.peak_reserved_bytes == 0
 
 
 def _oom_after_fragmentation() -> dict[str, Any]:
@@ -169,10 +169,10 @@ def test_the_failed_request_is_retried_in_the_replay() -> None:
     snapshot = parse(_oom_after_fragmentation())
     same = whatif(snapshot)
     assert same.capacity == 44 << 20  # inferred: reserved at the OOM + what the device had free
-    assert same.simulated["segment_allocs"] == 2 and same.simulated["alloc_address_match"] == 1.0
-    assert same.simulated["oom"] and same.simulated["oom_event"] == 10
+    assert same.simulated.segment_allocs == 2 and same.simulated.alloc_address_match == 1.0
+    assert same.simulated.oom and same.simulated.oom_event == 10
     roomier = whatif(snapshot, capacity=64 << 20)
-    assert not roomier.simulated["oom"]
+    assert not roomier.simulated.oom
     assert any("fits in the simulation" in note for note in roomier.notes)
 
 
@@ -191,11 +191,11 @@ def test_with_fresh_bases_tensors_agree_on_segment_and_offset_not_address() -> N
     training_like(sim)
     snapshot = snapshot_of(sim)
     fresh = whatif(snapshot, use_recorded_addresses=False)
-    assert fresh.simulated["alloc_address_match"] == 0.0
-    assert fresh.simulated["alloc_segment_offset_match"] == 1.0
-    assert fresh.simulated["allocs_in_known_segment"] == sum(1 for e in sim.trace if e["action"] == "alloc")
+    assert fresh.simulated.alloc_address_match == 0.0
+    assert fresh.simulated.alloc_segment_offset_match == 1.0
+    assert fresh.simulated.allocs_in_known_segment == sum(1 for e in sim.trace if e["action"] == "alloc")
     copied = whatif(snapshot)
-    assert copied.simulated["alloc_address_match"] == copied.simulated["alloc_segment_offset_match"] == 1.0
+    assert copied.simulated.alloc_address_match == copied.simulated.alloc_segment_offset_match == 1.0
 
 
 @pytest.mark.parametrize("size_gib", [91, 95, 300])
@@ -212,3 +212,20 @@ def test_expandable_segments_reserve_room_for_a_tensor_beyond_80_gib(size_gib: i
 
     with pytest.raises(SimulatedOOM):
         CachingAllocatorSimulator(AllocatorSettings(expandable_segments=True), capacity=80 << 30).malloc(size)
+
+
+def test_the_figures_are_typed_and_their_json_is_their_fields() -> None:
+    """``recorded`` and ``simulated`` are structs (the simulated ones add the placement match),
+    and the result's JSON carries exactly their fields."""
+    import msgspec
+
+    from memlens.allocator.replay import RunFigures, SimulatedFigures
+
+    sim = CachingAllocatorSimulator()
+    training_like(sim, steps=2)
+    result = whatif(snapshot_of(sim))
+    assert type(result.recorded) is RunFigures and type(result.simulated) is SimulatedFigures
+    data = result.to_json()
+    assert list(data["recorded"]) == list(RunFigures.__struct_fields__)
+    assert list(data["simulated"]) == list(SimulatedFigures.__struct_fields__)
+    assert msgspec.convert(data["simulated"], SimulatedFigures) == result.simulated

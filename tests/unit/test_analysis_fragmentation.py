@@ -176,11 +176,10 @@ def test_small_pool_blocked_cudamallocs_below_the_floor_are_no_finding() -> None
     report = analyze(_snapshot(sim))
     assert _kind(report, "fragmentation") == []
     from memlens.analysis.context import build_context
-    from memlens.analysis.fragmentation import allocator_evidence
     from memlens.analysis.settings import AnalysisSettings
 
     snapshot = _snapshot(sim)
-    evidence = allocator_evidence(build_context(snapshot, snapshot.device(0), AnalysisSettings()))
+    evidence = build_context(snapshot, snapshot.device(0), AnalysisSettings()).allocator_evidence()
     blocked = evidence.blocked
     assert [c.pool.pool for c in blocked] == ["small", "small"]
     assert blocked[0].pool.free_bytes == 4 * MiB and blocked[0].pool.largest_free_block_bytes == 512 * 1024
@@ -208,10 +207,9 @@ def test_a_replay_that_does_not_reproduce_the_run_is_no_evidence() -> None:
     raw["allocator_settings"]["roundup_power2_divisions"] = {str(1 << i): 4 for i in range(16)}
     snapshot = parse(raw, source="<simulated>")
     from memlens.analysis.context import build_context
-    from memlens.analysis.fragmentation import allocator_evidence
     from memlens.analysis.settings import AnalysisSettings
 
-    evidence = allocator_evidence(build_context(snapshot, snapshot.device(0), AnalysisSettings()))
+    evidence = build_context(snapshot, snapshot.device(0), AnalysisSettings()).allocator_evidence()
     rows = [i for i, e in enumerate(sim.trace) if e["action"] == "segment_alloc"]
     assert evidence.diverged_at == rows[1]
     assert [c for c in evidence.cudamallocs if c.pool.blocked]  # what the diverged replay saw...
@@ -303,10 +301,10 @@ def test_blocked_cudamallocs_that_no_setting_helps_are_no_finding() -> None:
     """13 cudaMallocs (2.26 GiB) were blocked by pieces, but replayed with expandable_segments the
     peak reserved is 192 MiB *higher*, and with max_split_size_mb higher too: no fix saves
     anything, so no finding is headlined with the stranded bytes, and no setting is offered."""
-    from memlens.analysis.fragmentation import _allocator_evidence
+    from memlens.analysis.pool_replay import replay_pool_states
 
     snapshot = _snapshot(_random_run(34))
-    evidence = _allocator_evidence(snapshot, snapshot.device(0), None)
+    evidence = replay_pool_states(snapshot, snapshot.device(0), None)
     assert len(evidence.blocked) == 13
     assert sum(c.segment_bytes for c in evidence.blocked) == 2316 * MiB
     assert _kind(analyze(snapshot), "fragmentation") == []

@@ -132,3 +132,35 @@ def test_malformed_store_lines_are_skipped_and_the_rest_still_named() -> None:
     lines.insert(0, {"file": 3, "line": True})  # not a line at all: skipped
     leak = _leak(builder, sidecar)
     assert leak.evidence["held_by_line"] == "train.py:62"
+
+
+def test_the_recorder_s_struct_is_what_the_analysis_reads() -> None:
+    """One struct on both sides: a ``LeakHolders`` as the recorder writes it (to JSON builtins)
+    reads back equal, and the leak finding names its holder and line."""
+    import msgspec
+
+    from memlens.snapshot.holder_types import Holder, LeakHolders, StoreLine, read_leak_holders
+
+    builder = training_run(6, leak=8 * MiB)
+    leaked = _leaked_addresses(builder)
+    line = StoreLine("train.py", 40, "append", "kept.append(logits)", "train", 1, 80, (50,))
+    written = LeakHolders(holders=[Holder("list `kept` (global in train.py)", kind="global", name="kept",
+                                          container="list", lines=(line,), line=line.where,
+                                          blocks=tuple((a, 8 * MiB) for a in leaked), blocks_total=6)])
+    section = msgspec.json.decode(msgspec.json.encode(written))
+    assert read_leak_holders(section) == written
+    assert read_leak_holders(written) is written
+    leak = _leak(builder, {"leak_holders": section})
+    assert leak.evidence["held_by"] == "list `kept` (global in train.py)"
+    assert leak.evidence["held_by_line"] == "train.py:40"
+
+
+def test_a_holder_keeps_its_lines_that_fit_and_loses_the_rest() -> None:
+    from memlens.snapshot.holder_types import read_leak_holders
+
+    section = {"holders": [{"holder": "list `kept`", "blocks": [[4096, 512]],
+                            "lines": [{"file": "train.py", "line": 40}, {"file": 3, "line": True}]},
+                           {"holder": 7}]}
+    (holder,) = read_leak_holders(section).holders
+    assert [line.where for line in holder.lines] == ["train.py:40"]
+    assert holder.addresses == frozenset({4096})

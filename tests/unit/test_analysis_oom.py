@@ -74,3 +74,31 @@ def test_the_reason_comes_from_the_replayed_pool_at_the_failure() -> None:
     # 0 B in the pool plus 14 MiB on the device is no fragmentation failure either.
     frag = [f for f in report.findings if f.kind == "fragmentation"]
     assert all(f.evidence.get("oom_blocked_by_fragmentation") != "yes" for f in frag)
+
+
+def test_one_replay_is_shared_by_fragmentation_and_oom_through_the_context(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The fragmentation and OOM finders of one device read one replay, held by the analysis
+    context (no module-level memo keyed by object identity): each analysis replays once per
+    device, and a second analysis of the same snapshot object replays again."""
+    from memlens.analysis import context
+
+    calls: list[int] = []
+    replay = context.replay_pool_states
+
+    def counted(snapshot, trace, capacity):  # type: ignore[no-untyped-def]
+        calls.append(trace.device)
+        return replay(snapshot, trace, capacity)
+
+    monkeypatch.setattr(context, "replay_pool_states", counted)
+    b = TraceBuilder()
+    live = [b.alloc(100 * MiB, MODEL) for _ in range(6)]
+    for address in live[::2]:
+        b.free(address)
+    b.add_free_space(300 * MiB)
+    b.oom(200 * MiB, device_free=50 * MiB)
+    snapshot = b.snapshot()
+    report = analyze(snapshot)
+    assert {f.kind for f in report.findings} >= {"oom", "fragmentation"}  # both finders read the replay
+    assert calls == [0]
+    analyze(snapshot)
+    assert calls == [0, 0]

@@ -75,8 +75,10 @@ def test_the_spike_adds_up_to_the_byte_in_the_json_and_names_its_moment() -> Non
     spike = _spike(report)
     assert spike is not None and _adds_up(spike)
     (as_json,) = [f for f in report.to_json()["devices"]["0"]["findings"] if f["kind"] == "optimizer_spike"]
-    e = as_json["evidence"]
+    e = {item["name"]: item["value"] for item in as_json["evidence"]}
     assert e["spike_bytes"] == e["new_state_bytes"] + e["transient_bytes"] - e["released_bytes"]
+    assert as_json["evidence"][0] == {"name": "spike_bytes", "value": e["spike_bytes"], "unit": "bytes",
+                                      "meaning": "amount"}
     snapshot_trace = training_run(3, params=(64 * MiB,) * 4, optimizer_temps=32 * MiB).snapshot().device(0)
     row = int(spike.evidence["spike_event"])
     assert spike.evidence["level_at_spike_bytes"] == int(snapshot_trace.allocated[row])

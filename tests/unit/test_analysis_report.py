@@ -11,6 +11,7 @@ import pytest
 
 import memlens
 from memlens.analysis import FINDING_KINDS, DeviceReport, Report, analyze
+from memlens.analysis.datatypes import EVIDENCE_MEANINGS
 from memlens.analysis.schema import REPORT_SCHEMA, validate
 from memlens.errors import MemlensFormatError, MemlensUsageError
 from tests.unit.tracebuilder import MiB, training_run
@@ -20,7 +21,7 @@ def test_json_matches_the_schema_and_round_trips() -> None:
     report = analyze(training_run(6, leak=8 * MiB).snapshot(), capacity="8GiB")
     data = json.loads(report.to_json_str())
     assert validate(data) == []
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2
     device = data["devices"]["0"]
     assert device["steps"][0]["start_us"] is not None
     assert {f["kind"] for f in data["findings"]} <= set(FINDING_KINDS)
@@ -41,6 +42,10 @@ def test_validator_catches_mistakes() -> None:
     (error,) = validate(data)
     assert "'nonsense'" in error and "$.findings[" in error
     assert validate([]) == ["$: expected object, found list"]
+    data = analyze(training_run(6, leak=8 * MiB).snapshot()).to_json()
+    data["findings"][0]["evidence"][0]["unit"] = "parsecs"
+    (error,) = validate(data)
+    assert "'parsecs' at `evidence[0].unit`" in error and "$.findings[0].evidence" in error
 
 
 def test_report_round_trips_through_json_equal() -> None:
@@ -53,8 +58,8 @@ def test_report_round_trips_through_json_equal() -> None:
 
 def test_from_json_refuses_other_versions_and_garbage() -> None:
     data = analyze(training_run(2).snapshot()).to_json()
-    data["schema_version"] = 2
-    with pytest.raises(MemlensFormatError, match="schema_version 2"):
+    data["schema_version"] = 1
+    with pytest.raises(MemlensFormatError, match="schema_version 1"):
         Report.from_json(data)
     with pytest.raises(MemlensFormatError, match="invalid JSON"):
         Report.from_json(b"{not json")
@@ -65,7 +70,25 @@ def test_schema_is_generated_from_the_types() -> None:
     definitions = REPORT_SCHEMA["$defs"]
     assert set(definitions["DeviceReport"]["properties"]) == {f.name for f in fields(DeviceReport)}
     assert definitions["Finding"]["properties"]["kind"]["enum"] == sorted(FINDING_KINDS)
-    assert definitions["Report"]["properties"]["schema_version"]["enum"] == [1]
+    assert definitions["Report"]["properties"]["schema_version"]["enum"] == [2]
+    evidence = definitions["Finding"]["properties"]["evidence"]
+    assert evidence["type"] == "array" and set(evidence["items"]["required"]) == {"name", "value", "unit", "meaning"}
+    assert evidence["items"]["properties"]["meaning"]["enum"] == sorted(EVIDENCE_MEANINGS)
+
+
+def test_evidence_is_typed_items_in_the_order_of_their_meaning() -> None:
+    """Each finding's evidence: items with a name, a value, a unit and a meaning, ordered by
+    meaning (amount first, context last); its JSON is that list, read back equal."""
+    report = analyze(training_run(6, leak=8 * MiB).snapshot(), capacity="8GiB")
+    (leak,) = [f for f in report.findings if f.kind == "leak"]
+    meanings = [item.meaning for item in leak.evidence.items_]
+    assert meanings == sorted(meanings, key=EVIDENCE_MEANINGS.index) and meanings[0] == "amount"
+    bytes_per_step = leak.evidence.item("bytes_per_step")
+    assert bytes_per_step is not None and bytes_per_step.unit == "bytes"
+    assert leak.evidence["bytes_per_step"] == bytes_per_step.value == 8 * MiB
+    (as_json,) = [f for f in report.to_json()["findings"] if f["kind"] == "leak"]
+    assert [item["name"] for item in as_json["evidence"]] == list(leak.evidence)
+    assert as_json["evidence"][0] == {"name": "bytes_per_step", "value": 8 * MiB, "unit": "bytes", "meaning": "amount"}
 
 
 def test_schema_agrees_with_jsonschema_when_installed() -> None:

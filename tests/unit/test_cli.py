@@ -72,7 +72,7 @@ def test_triage_prints_one_screen(healthy: Path) -> None:
 def test_triage_json_is_the_report(healthy: Path) -> None:
     result = run("triage", str(healthy), "--json")
     payload = json.loads(result.output)
-    assert payload["schema_version"] == 1
+    assert payload["schema_version"] == 2
     device = payload["devices"]["0"]
     assert device["events"] > 0 and device["peak_allocated_bytes"] > 0
     assert set(device["categories_at_peak"]) == {

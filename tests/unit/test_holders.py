@@ -48,8 +48,8 @@ def load_module(tmp_path: Path, name: str, source: str) -> types.ModuleType:
 
 
 def holder(result: dict[str, Any], text: str) -> dict[str, Any]:
-    matches = [h for h in result["holders"] if h["holder"] == text]
-    assert matches, [h["holder"] for h in result["holders"]]
+    matches = [h for h in result.holders if h.holder == text]
+    assert matches, [h.holder for h in result.holders]
     return matches[0]
 
 
@@ -80,13 +80,13 @@ def test_a_global_list_is_named_with_the_line_that_appends(tmp_path: Path) -> No
     blocks.add(*module.kept)
     result = blocks.search()
     found = holder(result, "list `kept` (global in loop_global.py)")
-    assert found["kind"] == "global" and found["container"] == "list"
-    assert found["count"] == 3 and found["bytes"] == 3 * 4 * 8 * 4
-    assert found["line"] == "loop_global.py:9"
-    assert found["lines"][0]["code"] == "kept.append(out)" and found["lines"][0]["how"] == "append"
-    assert sorted(address for address, _ in found["blocks"]) == sorted(blocks.sizes)
-    assert found["example"] == "kept[0]"
-    assert result["complete"] is True
+    assert found.kind == "global" and found.container == "list"
+    assert found.count == 3 and found.bytes == 3 * 4 * 8 * 4
+    assert found.line == "loop_global.py:9"
+    assert found.lines[0].code == "kept.append(out)" and found.lines[0].how == "append"
+    assert sorted(address for address, _ in found.blocks) == sorted(blocks.sizes)
+    assert found.example == "kept[0]"
+    assert result.complete is True
 
 
 @pytest.mark.usefixtures("module_cleanup")
@@ -112,9 +112,9 @@ def test_a_module_attribute_names_the_module_class_and_its_append(tmp_path: Path
     blocks = Blocks()
     blocks.add(*model.cache)
     found = holder(blocks.search(), "list `self.cache` of module `Model`")
-    assert found["kind"] == "attribute" and found["count"] == 3
-    assert found["line"] == "cache_model.py:13"
-    assert found["lines"][0]["code"] == "self.cache.append(y.detach())"
+    assert found.kind == "attribute" and found.count == 3
+    assert found.line == "cache_model.py:13"
+    assert found.lines[0].code == "self.cache.append(y.detach())"
 
 
 @pytest.mark.usefixtures("module_cleanup")
@@ -133,9 +133,9 @@ def test_a_dict_gives_its_keys_and_the_item_assignment(tmp_path: Path) -> None:
     blocks = Blocks()
     blocks.add(*module.outputs.values())
     found = holder(blocks.search(), "dict `outputs` (global in dict_cache.py)")
-    assert found["keys"] == ["['step0']", "['step1']"]
-    assert found["line"] == "dict_cache.py:8" and found["lines"][0]["how"] == "item assignment"
-    assert found["example"] == "outputs['step0']"
+    assert found.keys == ("['step0']", "['step1']")
+    assert found.line == "dict_cache.py:8" and found.lines[0].how == "item assignment"
+    assert found.example == "outputs['step0']"
 
 
 @pytest.mark.usefixtures("module_cleanup")
@@ -161,10 +161,10 @@ def test_a_cycle_ends_at_the_name_and_an_unnamed_cycle_names_nothing(tmp_path: P
     del kept_in_named, kept_in_cycle
     result = blocks.search()
     found = holder(result, "list `named` (global in cycles.py)")
-    assert found["example"] == "named[0][0]" and found["bytes"] == 32 * 4
+    assert found.example == "named[0][0]" and found.bytes == 32 * 4
     # the a <-> b cycle holds a tensor but nothing names it: no holder is invented for it
-    assert all(h["bytes"] != 64 * 4 for h in result["holders"])
-    assert result["complete"] is True
+    assert all(h.bytes != 64 * 4 for h in result.holders)
+    assert result.complete is True
 
 
 def test_a_tensor_only_a_frame_local_holds_is_that_local() -> None:
@@ -176,9 +176,9 @@ def test_a_tensor_only_a_frame_local_holds_is_that_local() -> None:
 
     result = leaky_function()
     found = holder(result, f"tensor `only_here` (local in leaky_function(), {Path(__file__).name})")
-    assert found["kind"] == "local" and found["bytes"] == 400
-    assert found["lines"][0]["code"] == "only_here = torch.arange(100, dtype=torch.float32)"
-    assert found["lines"][0]["how"] == "assignment"
+    assert found.kind == "local" and found.bytes == 400
+    assert found.lines[0].code == "only_here = torch.arange(100, dtype=torch.float32)"
+    assert found.lines[0].how == "assignment"
 
 
 @pytest.mark.usefixtures("module_cleanup")
@@ -201,8 +201,8 @@ def test_a_kept_loss_holds_its_graph_through_autograd(tmp_path: Path) -> None:
     blocks.add(module.losses[0], hidden)  # tanh's output is saved for backward
     del hidden
     found = holder(blocks.search(), "list `losses` (global in kept_loss.py)")
-    assert found["blocks_direct"] == 1 and found["blocks_through_graph"] == 1
-    assert found["bytes"] == 4 + 8 * 16 * 4
+    assert found.blocks_direct == 1 and found.blocks_through_graph == 1
+    assert found.bytes == 4 + 8 * 16 * 4
 
 
 @pytest.mark.timeout(120)
@@ -224,13 +224,13 @@ def test_the_search_is_bounded_on_a_heap_of_100k_objects(tmp_path: Path) -> None
     blocks = Blocks()
     blocks.add(*module.kept)
     found = holder(blocks.search(), "list `kept` (global in big_heap.py)")
-    assert found["line"] == "big_heap.py:11"
+    assert found.line == "big_heap.py:11"
     # With no time at all, the search stops and says so instead of running on.
     stopped = blocks.search(max_seconds=0.0)
-    assert stopped["complete"] is False and stopped["stopped_by"] == "time"
+    assert stopped.complete is False and stopped.stopped_by == "time"
     # A depth of one level cannot reach a name two levels up (list -> module globals).
     shallow = blocks.search(max_depth=1)
-    assert "list `kept` (global in big_heap.py)" not in [h["holder"] for h in shallow["holders"]]
+    assert "list `kept` (global in big_heap.py)" not in [h.holder for h in shallow.holders]
 
 
 def test_old_live_blocks_are_the_ones_allocated_in_finished_steps_and_not_freed() -> None:
@@ -280,17 +280,17 @@ def test_the_dump_searches_from_blocks_that_outlived_a_whole_step(tmp_path: Path
     _alloc(trace, backend, previous, 250)
     del previous
     quiet = leak_holders({"device_traces": [trace]}, steps, backend)
-    assert quiet["holders"] == [] and quiet["old_blocks"] == 0
+    assert quiet.holders == [] and quiet.old_blocks == 0
     # a tensor kept from step 0 outlived step 1: the list is found, and counts the last step's too
     module.kept.extend([torch.ones(32), torch.ones(16)])
     _alloc(trace, backend, module.kept[0], 150)
     _alloc(trace, backend, module.kept[1], 260)
     found = leak_holders({"device_traces": [trace]}, steps, backend)
     kept = holder(found, "list `kept` (global in two_steps.py)")
-    assert kept["count"] == 2 and kept["bytes"] == 32 * 4 + 16 * 4
-    assert [h["holder"] for h in found["holders"]] == ["list `kept` (global in two_steps.py)"]
+    assert kept.count == 2 and kept.bytes == 32 * 4 + 16 * 4
+    assert [h.holder for h in found.holders] == ["list `kept` (global in two_steps.py)"]
     # a single finished step cannot show anything kept across steps
-    assert leak_holders({"device_traces": [trace]}, steps[:1], backend)["holders"] == []
+    assert leak_holders({"device_traces": [trace]}, steps[:1], backend).holders == []
 
 
 def test_on_cuda_a_storage_is_found_by_its_data_pointer() -> None:
@@ -341,7 +341,7 @@ def test_a_container_filled_elsewhere_shows_where_its_name_is_bound(tmp_path: Pa
     blocks = Blocks()
     blocks.add(*module.kept)
     found = holder(blocks.search(), "list `kept` (global in filled_elsewhere.py)")
-    assert [{key: line[key] for key in ("file", "line", "how", "code")} for line in found["lines"]] == [
+    assert [{key: getattr(line, key) for key in ("file", "line", "how", "code")} for line in found.lines] == [
         {"file": "filled_elsewhere.py", "line": 9, "how": "assignment", "code": "kept = train()"}]
 
 
@@ -367,8 +367,8 @@ def test_a_hook_closure_that_keeps_outputs_is_named_by_its_free_variable(tmp_pat
     blocks.add(*kept)
     del kept
     found = holder(blocks.search(), "list `outputs` (closure variable of attach.<locals>.keep())")
-    assert found["kind"] == "closure" and found["count"] == 2
-    assert found["line"] == "hooks.py:9"
+    assert found.kind == "closure" and found.count == 2
+    assert found.line == "hooks.py:9"
     handle.remove()
 
 
@@ -398,9 +398,9 @@ def test_class_and_function_attributes_are_named_as_such(tmp_path: Path) -> None
     blocks.add(*module.Registry.items, *module.log.seen)
     result = blocks.search()
     in_class = holder(result, "list `items` of class `Registry`")
-    assert in_class["kind"] == "class attribute" and in_class["line"] == "attributes.py:17"
+    assert in_class.kind == "class attribute" and in_class.line == "attributes.py:17"
     on_function = holder(result, "list `seen` of function log()")
-    assert on_function["kind"] == "function attribute" and on_function["line"] == "attributes.py:10"
+    assert on_function.kind == "function attribute" and on_function.line == "attributes.py:10"
 
 
 @pytest.mark.usefixtures("module_cleanup")
@@ -424,7 +424,7 @@ def test_a_local_of_the_same_name_elsewhere_is_not_the_globals_line(tmp_path: Pa
     blocks = Blocks()
     blocks.add(*module.kept)
     found = holder(blocks.search(), "list `kept` (global in shadowed.py)")
-    assert [line["line"] for line in found["lines"]] == [14]
+    assert [line.line for line in found.lines] == [14]
 
 
 @pytest.mark.usefixtures("module_cleanup")
@@ -453,8 +453,8 @@ def test_each_line_says_where_the_value_it_stores_can_have_been_allocated(tmp_pa
     blocks = Blocks()
     blocks.add(*[t for t in module.history if t.dim() == 2 and t.shape[0] == 4])
     found = holder(blocks.search(), "list `history` (global in branches.py)")
-    values = {line["line"]: line["values_from"] for line in found["lines"]}
+    values = {line.line: line.values_from for line in found.lines}
     # a name stored: where it was assigned (and the line itself); a value made on the line: the line
-    assert values == {12: [10, 12], 14: [9, 14], 16: [16], 17: [9, 10, 17], 18: [18]}
-    assert {line["function"] for line in found["lines"]} == {"step"}
-    assert all(line["first_line"] == 7 and line["last_line"] == 18 for line in found["lines"])
+    assert values == {12: (10, 12), 14: (9, 14), 16: (16,), 17: (9, 10, 17), 18: (18,)}
+    assert {line.function for line in found.lines} == {"step"}
+    assert all(line.first_line == 7 and line.last_line == 18 for line in found.lines)

@@ -182,8 +182,8 @@ def test_the_dashboards_whatif_columns_cover_the_same_events(snapshot_path: Path
         cli, ["whatif", str(snapshot_path), "--expandable-segments", "--capacity", "100MiB", "--json"]).output)
     stopped = terminal["recorded_until_simulated_oom"]
     assert stopped is not None and stopped["peak_reserved_bytes"] < terminal["recorded"]["peak_reserved_bytes"]
-    assert answer.recorded["peak_reserved_bytes"] == stopped["peak_reserved_bytes"]  # not the whole run's 362 MiB
-    assert answer.recorded["events"] == stopped["events"]
+    assert answer.recorded.peak_reserved_bytes == stopped["peak_reserved_bytes"]  # not the whole run's 362 MiB
+    assert answer.recorded.events == stopped["events"]
     assert answer.notes[0] == terminal["notes"][0]
     assert answer.notes[0].startswith("the simulated run ran out of memory at event ")
     assert any(note.startswith("On the 100.00 MiB device, the simulated run ran out of memory")
