@@ -54,6 +54,13 @@ def demo(ctx: click.Context, samples: Path | None, serve: bool, port: int, width
     if not groups:
         raise MemlensUsageError(f"no *.pickle files in {folder}")
     for files in groups:
+        if len(files) > 1:  # the ranks of one run: the fleet's table
+            from memlens.cli.fleet import triage_fleet_command
+
+            triage_fleet_command(files, jobs=None, dask=None, capacity=None, device=None, cache=None, as_json=False,
+                                 width=width, color=color, fail_on=(), exit_finding=1)
+            click.echo()
+            continue
         args = [*files]
         if width:
             args += ["--width", str(width)]

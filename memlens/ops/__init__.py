@@ -12,4 +12,5 @@ Modules, by question:
 - ``vocab``: finding kinds and aliases, device capacities.
 - ``budget``: the theoretical budget, from options and the recorder's sidecar, and its
   reconciliation with a measured report.
+- ``triage``: one file loaded, analysed and its budget set beside each device (the report).
 """

@@ -1,4 +1,5 @@
-"""The triage text of every bundled sample, compared line by line with stored golden text.
+"""The triage text of every bundled sample (the fleet's, for the ranks of one run), compared line
+by line with stored golden text.
 
 Width pinned at 100 columns, no colour, paths relative to the repository. Regenerate only on
 purpose, after reading the diff: ``MEMLENS_REGEN_GOLDEN=1 pytest tests/integration/test_golden.py``.
@@ -32,7 +33,8 @@ def _golden_name(files: list[str]) -> str:
 def test_triage_matches_golden_text(files: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO_ROOT)
     relative = [os.path.relpath(f, REPO_ROOT) for f in files]
-    result = CliRunner().invoke(cli, ["triage", *relative, "--width", "100", "--no-color", "--no-cache"],
+    command = "fleet" if len(files) > 1 else "triage"  # the ranks of one run: `memlens fleet`'s table
+    result = CliRunner().invoke(cli, [command, *relative, "--width", "100", "--no-color", "--no-cache"],
                                 catch_exceptions=False)
     assert result.exit_code == 0
     golden = GOLDEN_DIR / _golden_name(files)
