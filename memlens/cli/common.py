@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from memlens.errors import MemlensUsageError
+from memlens.reporters.jsontext import json_text as json_text  # ``--json``: the text the MCP tools return
 from memlens.units import MAX_WHOLE, parse_bytes, parse_real, parse_whole, shown
 
 if TYPE_CHECKING:
@@ -78,22 +77,6 @@ CAPACITY = ByteSize(minimum=1)  # a device of 0 B answers every question with "n
 COUNT = Whole(minimum=1)  # sizes of a model or a batch: 0 divides or means nothing
 DEVICE = Whole(minimum=0, maximum=1023)  # a device ordinal (memlens reads devices 0 to 1023)
 INDEX = Whole(minimum=0)
-
-
-def json_text(payload: Any) -> str:
-    """``--json`` output: indented JSON that never says NaN or Infinity (a non-finite float,
-    which no figure should be, is null, as the report's own encoder writes it)."""
-    return json.dumps(_finite(payload), indent=2, allow_nan=False)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
-    return value
 
 
 def help_text(doc: str | None) -> str:

@@ -13,4 +13,6 @@ Modules, by question:
 - ``budget``: the theoretical budget, from options and the recorder's sidecar, and its
   reconciliation with a measured report.
 - ``triage``: one file loaded, analysed and its budget set beside each device (the report).
+- ``diff``: two files compared: peaks, categories, stacks and one source file's lines.
+- ``whatif``: a recorded run replayed with other allocator settings or another capacity.
 """

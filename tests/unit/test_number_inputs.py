@@ -26,11 +26,6 @@ NASTY = ["1e400", "inf", "nan", "-1", HUGE, "a{4294967295}"]
 # (arguments with {} for the value): every size, count and moment argument of the CLI.
 ARGUMENTS = [
     ["triage", SAMPLE, "--capacity", "{}"],
-    ["triage", SAMPLE, "--at", "{}"],
-    ["triage", SAMPLE, "--at", "step{}"],
-    ["triage", SAMPLE, "--at", "+{}s"],
-    ["triage", SAMPLE, "--window", "{}:"],
-    ["triage", SAMPLE, "--step", "{}"],
     ["triage", SAMPLE, "--top", "{}"],
     ["triage", SAMPLE, "--device", "{}"],
     ["triage", SAMPLE, "--heads", "{}", "--hidden", "64", "--layers", "2", "--vocab", "10", "--seq", "8"],
