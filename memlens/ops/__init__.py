@@ -15,4 +15,5 @@ Modules, by question:
 - ``triage``: one file loaded, analysed and its budget set beside each device (the report).
 - ``diff``: two files compared: peaks, categories, stacks and one source file's lines.
 - ``whatif``: a recorded run replayed with other allocator settings or another capacity.
+- ``predict``: a script run against a simulated GPU, written and triaged as a recorded run.
 """
