@@ -512,7 +512,9 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = (), limits: Limits | 
         """The report `memlens triage SNAPSHOT --json` prints: per device the peak allocated and
         reserved (event, time, step), steps, bytes by category at the peak with top stacks, and the
         findings (leak, activation_plateau, optimizer_spike, fragmentation, oom), each with
-        severity, bytes, evidence, stacks, a recommendation and the estimated saving."""
+        severity, bytes, evidence, stacks, a recommendation and the estimated saving, and the
+        budget beside the measurement where the recorder's sidecar describes the model (per
+        category: theory, measured, ratio, verdict)."""
         return calls.run("triage", locals())
 
     def findings(snapshot: Snapshot, device: Device = None, capacity: Capacity = None,

@@ -74,9 +74,9 @@ def predict(
         click.echo(render(result))
         budget = prediction.report.device(0).budget if prediction.report is not None else None
         if budget is not None:  # the budget (from the parameters found) beside the predicted categories
-            from memlens.reporters.terminal import make_console, render_budget
+            from memlens.reporters.terminal import make_console, render_budget_check
 
-            render_budget(make_console(), budget)
+            render_budget_check(make_console(), budget)
     if prediction.exit_status:
         raise click.exceptions.Exit(prediction.exit_status)
 

@@ -343,7 +343,7 @@ def render_categories(console: Console, device: DeviceReport) -> None:
         console.print(head + where, overflow="ellipsis", no_wrap=True)
 
 
-def render_budget(console: Console, budget: BudgetCheck) -> None:
+def render_budget_check(console: Console, budget: BudgetCheck) -> None:
     """The budget beside the measurement, as the report carries it (``DeviceReport.budget``)."""
     console.print(Text("\nBudget", style="bold") + Text("  theory next to what was measured at the peak"))
     table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
@@ -373,6 +373,6 @@ def render_triage(
     render_findings(console, device_report, top, full_stacks)
     render_categories(console, device_report)
     if device_report.budget is not None:
-        render_budget(console, device_report.budget)
+        render_budget_check(console, device_report.budget)
     if report.source and report.source != "<memory>":
         console.print(Text(f"\nSame file in PyTorch's viewer: {MEMORY_VIZ}", style="dim"))
