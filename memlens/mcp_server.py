@@ -245,10 +245,21 @@ class Tools:
     paths: PathPolicy | _PreOpened = dataclasses.field(default_factory=PathPolicy)
     analyses: _Analyses = dataclasses.field(default_factory=_Analyses)
 
-    def triage(self, snapshot: str, device: int | None = None, capacity: str | int | None = None) -> dict[str, Any]:
+    def triage(self, snapshot: str, device: int | None = None, capacity: str | int | None = None,
+               params: str | float | None = None, optimizer: str | None = None, precision: str | None = None,
+               hidden: int | None = None, layers: int | None = None, heads: int | None = None,
+               vocab: int | None = None, batch: int | None = None, seq: int | None = None,
+               checkpointing: str | None = None) -> dict[str, Any]:
+        from memlens.ops.budget import BudgetOptions
         from memlens.ops.triage import TriageOptions, triage_analysis
+        from memlens.units import parse_count
 
-        options = TriageOptions(capacity=_capacity(capacity), device=_device(device))
+        budget = BudgetOptions(
+            params=parse_count(str(params)) if params is not None else None, optimizer=optimizer, precision=precision,
+            hidden=_whole(hidden, "hidden"), layers=_whole(layers, "layers"), heads=_whole(heads, "heads"),
+            vocab=_whole(vocab, "vocab"), batch=_whole(batch, "batch"), seq=_whole(seq, "seq"),
+            checkpointing=checkpointing)
+        options = TriageOptions(capacity=_capacity(capacity), device=_device(device), budget=budget)
         with self.paths.open(snapshot) as opened:
             analysis = self.analyses.get(opened, options.capacity)
         # The report `memlens triage --json` prints, the budget from the sidecar included.
@@ -508,13 +519,22 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = (), limits: Limits | 
     Capacity = Annotated[str | int | None, Field(description="Device memory, e.g. 80GiB or 24GB, or bytes "
                                                              "(default: the recorder's sidecar, if any)")]
 
-    def triage(snapshot: Snapshot, device: Device = None, capacity: Capacity = None) -> str:
-        """The report `memlens triage SNAPSHOT --json` prints: per device the peak allocated and
-        reserved (event, time, step), steps, bytes by category at the peak with top stacks, and the
-        findings (leak, activation_plateau, optimizer_spike, fragmentation, oom), each with
-        severity, bytes, evidence, stacks, a recommendation and the estimated saving, and the
-        budget beside the measurement where the recorder's sidecar describes the model (per
-        category: theory, measured, ratio, verdict)."""
+    def triage(snapshot: Snapshot, device: Device = None, capacity: Capacity = None,
+               params: Annotated[str | float | None, Field(
+                   description="Budget: parameter count (7e9, 7B, 350M); default: the recorder's sidecar")] = None,
+               optimizer: Annotated[str | None, Field(description="Budget: adamw, sgd, adam-8bit, ...")] = None,
+               precision: Annotated[str | None, Field(description="Budget: fp32, bf16-mixed, bf16, ...")] = None,
+               hidden: int | None = None, layers: int | None = None, heads: int | None = None,
+               vocab: int | None = None, batch: int | None = None, seq: int | None = None,
+               checkpointing: Annotated[str | None, Field(
+                   description="Budget: none, full, selective or every:K")] = None) -> str:
+        """The report `memlens triage SNAPSHOT --json` prints (the budget arguments are its budget
+        flags): per device the peak allocated and reserved (event, time, step), steps, bytes by
+        category at the peak with top stacks, the findings (leak, activation_plateau,
+        optimizer_spike, fragmentation, oom), each with severity, bytes, evidence, stacks, a
+        recommendation and the estimated saving, and the budget beside the measurement where the
+        arguments or the recorder's sidecar describe the model (per category: theory, measured,
+        ratio, verdict)."""
         return calls.run("triage", locals())
 
     def findings(snapshot: Snapshot, device: Device = None, capacity: Capacity = None,

@@ -1,7 +1,8 @@
 """One answer wherever you look: for a run recorded with ``memlens.record`` (with its sidecar) and
 for a foreign snapshot PyTorch wrote, ``memlens triage --json``, the terminal screen and the MCP
 ``triage`` tool (driven by the MCP SDK's own client) give the same peaks, findings, categories
-and budget ratios: all three render the one ``memlens.ops.triage`` answer."""
+and budget ratios (the recorder's sidecar's budget, or the one a user states for a foreign file):
+all three render the one ``memlens.ops.triage`` answer."""
 
 from __future__ import annotations
 
@@ -59,8 +60,8 @@ def foreign_snapshot() -> Path:
     return min(paths, key=lambda p: (p.stat().st_size, p.name))
 
 
-def mcp_triage(paths: list[Path]) -> list[dict[str, Any]]:
-    """Each file's ``triage`` tool answer, through the MCP SDK's client over stdio."""
+def mcp_triage(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``triage`` tool's answer to each call's arguments, through the MCP SDK's client over stdio."""
     from mcp import ClientSession, StdioServerParameters, stdio_client
 
     async def session() -> list[str]:
@@ -68,8 +69,8 @@ def mcp_triage(paths: list[Path]) -> list[dict[str, Any]]:
         async with stdio_client(server) as (read, write), ClientSession(read, write) as client:
             await client.initialize()
             texts = []
-            for path in paths:
-                answer = await client.call_tool("triage", {"snapshot": str(path)})
+            for arguments in calls:
+                answer = await client.call_tool("triage", arguments)
                 assert not answer.is_error, answer
                 texts.append(answer.content[0].text)  # type: ignore[union-attr]
             return texts
@@ -83,16 +84,24 @@ def cli_output(*args: str) -> str:
     return result.stdout
 
 
+# The budget a user states for a file with no sidecar: as flags, and as the MCP tool's arguments.
+BUDGET_FLAGS = ["--params", "1.5e9", "--optimizer", "adamw", "--precision", "bf16-mixed"]
+BUDGET_ARGUMENTS = {"params": "1.5e9", "optimizer": "adamw", "precision": "bf16-mixed"}
+
+
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], str, dict[str, Any]]]:
-    """name -> (triage --json, the terminal screen, the MCP triage tool's answer)."""
-    files = {"recorded": recorded_run(tmp_path_factory.mktemp("run")), "foreign": foreign_snapshot()}
-    assert files["recorded"].with_name("snapshot.memlens.json").is_file()  # the recorder's sidecar
-    tools = mcp_triage(list(files.values()))
-    return {name: (json.loads(cli_output("triage", str(path), "--json", "--no-cache")),
-                   cli_output("triage", str(path), "--width", WIDTH, "--no-color", "--no-cache", "--top", "1000"),
+    """case -> (triage --json, the terminal screen, the MCP triage tool's answer)."""
+    recorded, foreign = recorded_run(tmp_path_factory.mktemp("run")), foreign_snapshot()
+    assert recorded.with_name("snapshot.memlens.json").is_file()  # the recorder's sidecar
+    cases = {"recorded": (recorded, [], {}), "foreign": (foreign, [], {}),
+             "foreign with a budget": (foreign, BUDGET_FLAGS, BUDGET_ARGUMENTS)}
+    tools = mcp_triage([{"snapshot": str(path), **arguments} for path, _, arguments in cases.values()])
+    return {name: (json.loads(cli_output("triage", str(path), "--json", "--no-cache", *flags)),
+                   cli_output("triage", str(path), "--width", WIDTH, "--no-color", "--no-cache", "--top", "1000",
+                              *flags),
                    tool)
-            for (name, path), tool in zip(files.items(), tools, strict=True)}
+            for (name, (path, flags, _)), tool in zip(cases.items(), tools, strict=True)}
 
 
 def screen(text: str) -> dict[str, Any]:
@@ -138,7 +147,7 @@ def expected_screen(report: dict[str, Any], device: int) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", ["recorded", "foreign"])
+@pytest.mark.parametrize("name", ["recorded", "foreign", "foreign with a budget"])
 def test_json_screen_and_mcp_give_one_answer(answers: dict[str, Any], name: str) -> None:
     report, text, tool = answers[name]
     assert tool == report  # the MCP tool's answer is triage --json's, every field
@@ -149,14 +158,5 @@ def test_json_screen_and_mcp_give_one_answer(answers: dict[str, Any], name: str)
         assert budget is not None and budget["rows"][0]["category"] == "parameters"
         assert budget["rows"][0]["ratio"] is not None and budget["rows"][0]["verdict"] == "within"
         assert [f["kind"] for f in report["findings"]][:1] == ["leak"]
-
-
-@pytest.mark.timeout(600)
-def test_budget_flags_on_a_foreign_snapshot_are_one_answer() -> None:
-    """A file with no sidecar gets the budget from the flags, in the JSON as on the screen."""
-    path = str(foreign_snapshot())
-    flags = ["--params", "1.5e9", "--optimizer", "adamw", "--precision", "bf16-mixed", "--no-cache"]
-    report = json.loads(cli_output("triage", path, "--json", *flags))
-    said = screen(cli_output("triage", path, "--width", WIDTH, "--no-color", "--top", "1000", *flags))
-    assert report["devices"][str(said["device"])]["budget"] is not None
-    assert said == expected_screen(report, said["device"])
+    if name == "foreign with a budget":  # no sidecar: the budget the user stated, on every face
+        assert report["devices"][str(said["device"])]["budget"] is not None
