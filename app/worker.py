@@ -82,14 +82,15 @@ def whatif_in_worker(snapshot: Any, device: int, capacity: int | None, extra: in
 
 def whatif_job(snapshot: Any, device: int, capacity: int | None, extra: int) -> WhatIfAnswer:
     """What the what-if child runs."""
-    from memlens.allocator import AllocatorSettings, whatif
+    from memlens.ops.whatif import WhatIfOptions, whatif
     from memlens.units import format_bytes
 
-    recorded_settings = AllocatorSettings.from_snapshot_dict(snapshot.allocator_settings)
-    expandable = whatif(snapshot, AllocatorSettings(expandable_segments=True), capacity=capacity, device=device)
+    # The replays `memlens whatif --expandable-segments` and `--capacity` make: the recorded
+    # settings with that one change.
+    expandable = whatif(snapshot, WhatIfOptions(expandable_segments=True, capacity=capacity, device=device))
     more, notes = None, list(expandable.notes)
     if capacity:
-        bigger = whatif(snapshot, recorded_settings, capacity=capacity + extra, device=device)
+        bigger = whatif(snapshot, WhatIfOptions(capacity=capacity + extra, device=device))
         more = bigger.simulated
         stopped = bigger.stopped_note()
         if stopped is not None:

@@ -3,7 +3,7 @@
 An assistant that holds a snapshot path can ask what the CLI answers: ``triage`` (the report),
 ``findings``, ``group_by`` (what was live at a moment, grouped), ``diff``, ``whatif`` and
 ``budget``. Each tool returns, as its text, the very JSON the matching ``memlens ... --json``
-command prints, built by the same functions; the tests compare them.
+command prints: both are the answer of the same ``memlens.ops`` service; the tests compare them.
 
 Every file a tool reads is opened once, by the server, and checked through that descriptor (a
 regular file: a folder, a FIFO or a device is refused without waiting on it); under ``--root`` it
@@ -44,7 +44,7 @@ from memlens.files import FileRefused, OpenedFile, open_beneath, open_regular
 from memlens.ops.errors import describe
 from memlens.ops.runner import DEFAULT_PRELOAD, Crashed, Limits, ProcessGroup, run_limited
 from memlens.printable import printable
-from memlens.units import MAX_WHOLE, parse_real, parse_whole
+from memlens.units import MAX_WHOLE, parse_bytes, parse_real, parse_whole
 
 if TYPE_CHECKING:
     from memlens.analysis.analysis import Analysis
@@ -177,8 +177,7 @@ class _Analyses:
         return (opened.name, *opened.identity(), capacity)
 
     def get(self, opened: OpenedFile, capacity: int | None) -> "Analysis":
-        from memlens.analysis import analyze_snapshot
-        from memlens.snapshot.reader import load
+        from memlens.ops.triage import TriageOptions, analyse
 
         key = self.key(opened, capacity)
         with self.lock:
@@ -186,7 +185,7 @@ class _Analyses:
                 self.entries.move_to_end(key)
                 return self.entries[key]
         # As ``memlens triage`` does: every device analysed, the file's cache used as the CLI uses it.
-        analysis = analyze_snapshot(load(opened), capacity=capacity)
+        analysis = analyse(opened, TriageOptions(capacity=capacity))
         with self.lock:
             self.store({key: analysis})
             self.added[key] = analysis
@@ -209,15 +208,17 @@ class _Analyses:
 
 
 def _capacity(text: str | int | None) -> int | None:
-    """A device size (80GiB, 24GB, 1.5e9), as the CLI's --capacity reads it."""
+    """A device size (80GiB, 24GB, 1.5e9, or bytes as a JSON number), as the CLI's --capacity
+    reads it (``memlens.units.parse_bytes``); 0 B is no device."""
     if text is None:
         return None
-    from memlens.cli.common import CAPACITY
-
     try:
-        return CAPACITY.convert(text, None, None)
-    except Exception as exc:  # click.BadParameter: its message is the CLI's
-        raise MemlensUsageError(f"capacity {printable(text, 100)}: {getattr(exc, 'message', exc)}") from None
+        size = text if isinstance(text, int) and not isinstance(text, bool) else parse_bytes(text)
+    except MemlensUsageError as exc:
+        raise MemlensUsageError(f"capacity {printable(text, 100)}: {exc}") from None
+    if size <= 0:
+        raise MemlensUsageError(f"capacity {printable(text, 100)}: a device needs more than 0 bytes")
+    return size
 
 
 def _whole(value: int | None, name: str, minimum: int | None = 1, maximum: int | None = MAX_WHOLE) -> int | None:
@@ -245,23 +246,31 @@ class Tools:
     paths: PathPolicy | _PreOpened = dataclasses.field(default_factory=PathPolicy)
     analyses: _Analyses = dataclasses.field(default_factory=_Analyses)
 
-    def triage(self, snapshot: str, device: int | None = None, capacity: str | int | None = None) -> dict[str, Any]:
-        device = _device(device)
+    def triage(self, snapshot: str, device: int | None = None, capacity: str | int | None = None,
+               params: str | float | None = None, optimizer: str | None = None, precision: str | None = None,
+               hidden: int | None = None, layers: int | None = None, heads: int | None = None,
+               vocab: int | None = None, batch: int | None = None, seq: int | None = None,
+               checkpointing: str | None = None) -> dict[str, Any]:
+        from memlens.ops.budget import BudgetOptions
+        from memlens.ops.triage import TriageOptions, triage_analysis
+        from memlens.units import parse_count
+
+        budget = BudgetOptions(
+            params=parse_count(str(params)) if params is not None else None, optimizer=optimizer, precision=precision,
+            hidden=_whole(hidden, "hidden"), layers=_whole(layers, "layers"), heads=_whole(heads, "heads"),
+            vocab=_whole(vocab, "vocab"), batch=_whole(batch, "batch"), seq=_whole(seq, "seq"),
+            checkpointing=checkpointing)
+        options = TriageOptions(capacity=_capacity(capacity), device=_device(device), budget=budget)
         with self.paths.open(snapshot) as opened:
-            analysis = self.analyses.get(opened, _capacity(capacity))
-        analysis.report.device(device)  # an unknown device: one line naming the ones there are
-        return analysis.report.to_json()
+            analysis = self.analyses.get(opened, options.capacity)
+        # The report `memlens triage --json` prints, the budget from the sidecar included.
+        return triage_analysis(analysis, options).to_json()
 
     def findings(self, snapshot: str, device: int | None = None, capacity: str | int | None = None,
                  kinds: list[str] | None = None) -> dict[str, Any]:
-        from memlens.analysis.datatypes import FINDING_KINDS
-        from memlens.ops.vocab import KIND_ALIASES
+        from memlens.ops.vocab import parse_kinds
 
-        wanted = [KIND_ALIASES.get(k.strip().lower(), k.strip().lower()) for k in kinds or []]
-        unknown = [k for k in wanted if k not in FINDING_KINDS]
-        if unknown:
-            raise MemlensUsageError(f"unknown finding kind {', '.join(map(printable, unknown))} "
-                                    f"(use {', '.join(FINDING_KINDS)})")
+        wanted = parse_kinds(kinds or [])
         report = self.triage(snapshot, device, capacity)
         found = report["findings"] if device is None else report["devices"][str(device)]["findings"]
         return {"source": report["source"],
@@ -296,38 +305,27 @@ class Tools:
 
     def diff(self, before: str, after: str, device: int | None = None, top: int = 10,
              file: str | None = None) -> dict[str, Any]:
-        from memlens.compare import diff_reports
+        from memlens.ops.diff import DiffOptions, diff_analyses
 
-        device, top = _device(device), _whole(top, "top", 1, 100) or 10
+        options = DiffOptions(device=_device(device), top=_whole(top, "top", 1, 100) or 10, file=file)
         with self.paths.open(before, "before") as opened:
             analysis_before = self.analyses.get(opened, None)
         with self.paths.open(after, "after") as opened:
             analysis_after = self.analyses.get(opened, None)
-        payload = diff_reports(analysis_before, analysis_after, device, device, top=top).to_json()
-        if file:
-            from memlens.analysis.lenses.inputs import lens_inputs_of
-            from memlens.analysis.lenses.lines import diff_file_lines
-
-            payload["file"] = diff_file_lines(lens_inputs_of(analysis_before, device),
-                                              lens_inputs_of(analysis_after, device), file).to_json()
-        return payload
+        return diff_analyses(analysis_before, analysis_after, options).to_json()
 
     def whatif(self, snapshot: str, expandable_segments: bool | None = None, max_split_size_mb: int | None = None,
                garbage_collection_threshold: float | None = None, capacity: str | int | None = None,
                device: int | None = None) -> dict[str, Any]:
-        from memlens.allocator import AllocatorSettings
-        from memlens.allocator import whatif as run_whatif
-        from memlens.snapshot.reader import load
+        from memlens.ops.whatif import WhatIfOptions, whatif
 
-        capacity_bytes = _capacity(capacity)
-        device, max_split_size_mb = _device(device), _whole(max_split_size_mb, "max_split_size_mb", 0)
-        garbage_collection_threshold = _real(garbage_collection_threshold, "garbage_collection_threshold", 0.0, 1.0)
+        options = WhatIfOptions(
+            expandable_segments=expandable_segments,
+            max_split_size_mb=_whole(max_split_size_mb, "max_split_size_mb", 0),
+            garbage_collection_threshold=_real(garbage_collection_threshold, "garbage_collection_threshold", 0.0, 1.0),
+            capacity=_capacity(capacity), device=_device(device))
         with self.paths.open(snapshot) as opened:
-            loaded = load(opened)
-        settings = AllocatorSettings.from_snapshot_dict(loaded.allocator_settings).with_changes(
-            expandable_segments=expandable_segments, max_split_size_mb=max_split_size_mb,
-            garbage_collection_threshold=garbage_collection_threshold)
-        return run_whatif(loaded, settings=settings, capacity=capacity_bytes, device=device).to_json()
+            return whatif(opened, options).to_json()
 
     def budget(self, params: str | float | None = None, hidden: int | None = None, layers: int | None = None,
                heads: int | None = None, kv_heads: int | None = None, vocab: int | None = None,
@@ -474,8 +472,8 @@ def _call_in_child(name: str, arguments: dict[str, Any], sent: list[tuple[Any, .
                    known: dict[AnalysisKey, "Analysis"]) -> tuple[bool, str, dict[AnalysisKey, "Analysis"]]:
     """Runs in the runner's child: the tool over the descriptors its parent opened; (ok, the
     text or the one-line error, the analyses built here for the parent to keep)."""
-    from memlens.cli.common import json_text
     from memlens.ops.runner import caused_by_memory_error
+    from memlens.reporters.jsontext import json_text
 
     files = {(what, value): OpenedFile(fd, file_name, folder_fd) for what, value, file_name, fd, folder_fd in sent}
     tools = Tools(paths=_PreOpened(files), analyses=_Analyses(known=known))
@@ -514,11 +512,22 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = (), limits: Limits | 
     Capacity = Annotated[str | int | None, Field(description="Device memory, e.g. 80GiB or 24GB, or bytes "
                                                              "(default: the recorder's sidecar, if any)")]
 
-    def triage(snapshot: Snapshot, device: Device = None, capacity: Capacity = None) -> str:
-        """The report `memlens triage SNAPSHOT --json` prints: per device the peak allocated and
-        reserved (event, time, step), steps, bytes by category at the peak with top stacks, and the
-        findings (leak, activation_plateau, optimizer_spike, fragmentation, oom), each with
-        severity, bytes, evidence, stacks, a recommendation and the estimated saving."""
+    def triage(snapshot: Snapshot, device: Device = None, capacity: Capacity = None,
+               params: Annotated[str | float | None, Field(
+                   description="Budget: parameter count (7e9, 7B, 350M); default: the recorder's sidecar")] = None,
+               optimizer: Annotated[str | None, Field(description="Budget: adamw, sgd, adam-8bit, ...")] = None,
+               precision: Annotated[str | None, Field(description="Budget: fp32, bf16-mixed, bf16, ...")] = None,
+               hidden: int | None = None, layers: int | None = None, heads: int | None = None,
+               vocab: int | None = None, batch: int | None = None, seq: int | None = None,
+               checkpointing: Annotated[str | None, Field(
+                   description="Budget: none, full, selective or every:K")] = None) -> str:
+        """The report `memlens triage SNAPSHOT --json` prints (the budget arguments are its budget
+        flags): per device the peak allocated and reserved (event, time, step), steps, bytes by
+        category at the peak with top stacks, the findings (leak, activation_plateau,
+        optimizer_spike, fragmentation, oom), each with severity, bytes, evidence, stacks, a
+        recommendation and the estimated saving, and the budget beside the measurement where the
+        arguments or the recorder's sidecar describe the model (per category: theory, measured,
+        ratio, verdict)."""
         return calls.run("triage", locals())
 
     def findings(snapshot: Snapshot, device: Device = None, capacity: Capacity = None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -54,6 +54,8 @@ __all__ = [
     "SEVERITIES",
     "STEP_SOURCES",
     "BlockView",
+    "BudgetCheck",
+    "BudgetRow",
     "DeviceReport",
     "Evidence",
     "EvidenceItem",
@@ -68,6 +70,35 @@ __all__ = [
     "finding_rank",
     "no_findings_text",
 ]
+
+
+# How a measured category compares with its theory: within the tolerance, outside it, not
+# compared (a total whose theory is incomplete, a category with no theory), its theory not
+# estimated (the budget lacks the architecture) or not measured.
+BudgetVerdict = Literal["within", "outside", "not_compared", "not_estimated", "not_measured"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetRow(PlainData):
+    """One measured category at the peak next to its theory; ``ratio`` = measured / theory."""
+
+    category: str
+    theory_bytes: int | None  # None: the budget could not estimate it
+    measured_bytes: int | None
+    ratio: float | None
+    verdict: BudgetVerdict
+    tolerance: float
+    theory_items: list[str]
+    note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetCheck(PlainData):
+    """The theoretical budget reconciled with a device's categories at the peak (``ok``: no
+    category is outside its tolerance)."""
+
+    ok: bool
+    rows: list[BudgetRow]
 
 
 @dataclass(kw_only=True)
@@ -109,6 +140,9 @@ class DeviceReport(PlainData):
     findings: list[Finding]
     timeline: Timeline | None = None
     segment_map: SegmentMap = field(default_factory=SegmentMap)
+    # The budget beside the measurement (``memlens.ops.triage``), from the options and the
+    # recorder's sidecar; None when neither says enough about the model, or not asked.
+    budget: BudgetCheck | None = None
 
     @property
     def empty(self) -> bool:

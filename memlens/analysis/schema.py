@@ -28,7 +28,12 @@ timestamps), ``timeline`` (null without rows: ``events``, and per point ``event`
 ``reserved``, ``time_us``: every bucket's lowest and highest point and every step's, so peaks
 survive; ``oom_event``/``oom_allocated``/``oom_requested``) and ``segment_map`` (``segments``,
 ``reserved_bytes``, ``free_bytes``, ``largest_free_bytes``, ``hidden_bytes`` and the largest
-segments ``shown``, each with ``blocks`` of ``offset``, ``size``, ``state``). The report also
+segments ``shown``, each with ``blocks`` of ``offset``, ``size``, ``state``) and ``budget`` (null
+without one; else ``ok`` and ``rows``, one per category and a ``total``: ``category``,
+``theory_bytes`` (null when the budget could not estimate it), ``measured_bytes`` (null: not
+measured), ``ratio`` (measured / theory, or null), ``verdict`` (within | outside | not_compared |
+not_estimated | not_measured), ``tolerance``, ``theory_items`` (the budget's lines it sums) and
+``note``; set by ``memlens.ops.triage`` from the budget options and the sidecar). The report also
 carries the recorder's ``sidecar`` as read (an object; empty for files memlens did not record).
 
 A finding: ``kind`` (leak | activation_plateau | optimizer_spike | fragmentation | idle_cache |

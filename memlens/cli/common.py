@@ -1,9 +1,7 @@
-"""Pieces several subcommands share: loading with a progress bar, size options, consoles."""
+"""Pieces several subcommands share: size options, progress bars, help text, the --json text."""
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from memlens.errors import MemlensUsageError
+from memlens.reporters.jsontext import json_text as json_text  # ``--json``: the text the MCP tools return
 from memlens.units import MAX_WHOLE, parse_bytes, parse_real, parse_whole, shown
 
 if TYPE_CHECKING:
-    from memlens.analysis.analysis import Analysis
-    from memlens.analysis.report import Report
     from memlens.snapshot import Snapshot
+
 
 
 def option_name(param: click.Parameter | None, fallback: str = "the value") -> str:
@@ -80,22 +78,6 @@ DEVICE = Whole(minimum=0, maximum=1023)  # a device ordinal (memlens reads devic
 INDEX = Whole(minimum=0)
 
 
-def json_text(payload: Any) -> str:
-    """``--json`` output: indented JSON that never says NaN or Infinity (a non-finite float,
-    which no figure should be, is null, as the report's own encoder writes it)."""
-    return json.dumps(_finite(payload), indent=2, allow_nan=False)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
-    return value
-
-
 def help_text(doc: str | None) -> str:
     """A command's docstring as click help: example lines (indented) kept verbatim, not reflowed.
 
@@ -137,24 +119,3 @@ def load_with_progress(path: str, progress: bool | None = None, cache: bool | No
 
     with progress_bar(path.rsplit("/", 1)[-1], progress) as update:
         return memlens.load(path, progress=update, cache=cache)
-
-
-def analyze_paths(paths: list[str], capacity: int | None, device: int | None,
-                  progress: bool | None = None, cache: bool | None = None) -> list[Report]:
-    """The plain-data report of each file, in order."""
-    return [analysis.report for analysis in analyses_of_paths(paths, capacity, device, progress, cache)]
-
-
-def analyses_of_paths(paths: list[str], capacity: int | None, device: int | None,
-                      progress: bool | None = None, cache: bool | None = None) -> list[Analysis]:
-    """Each file's report with its snapshot and per-allocation index: for commands that ask more
-    of a run than the report says (diff, a moment other than the peak, group-by)."""
-    from memlens.analysis import analyze_snapshot
-
-    analyses = []
-    for path in paths:
-        snapshot = load_with_progress(path, progress, cache)
-        with progress_bar("analysing", progress) as update:
-            update("analysing", 0.5)
-            analyses.append(analyze_snapshot(snapshot, capacity=capacity, device=device))
-    return analyses

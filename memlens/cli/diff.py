@@ -13,7 +13,9 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from memlens.cli.common import DEVICE, Whole, analyses_of_paths, help_text, json_text
+from memlens.cli.common import DEVICE, Whole, help_text, json_text, progress_bar
+from memlens.ops.diff import DiffOptions
+from memlens.ops.diff import diff as diff_files
 from memlens.printable import printable
 from memlens.units import format_bytes
 
@@ -39,24 +41,14 @@ def _delta(before: int, after: int) -> Text:
 @click.option("--color/--no-color", default=None, help="Force colour on or off.")
 def diff(before: str, after: str, device: int | None, top: int, as_json: bool, width: int | None,
          color: bool | None, file_path: str | None = None) -> None:
-    from memlens.compare import diff_reports
     from memlens.reporters.terminal import make_console, short_frame
 
-    analysis_before, analysis_after = analyses_of_paths([before, after], capacity=None, device=device)
-    result = diff_reports(analysis_before, analysis_after, device, device, top=top)
-    file_diff = None
-    if file_path:
-        from memlens.analysis.lenses.inputs import lens_inputs_of
-        from memlens.analysis.lenses.lines import diff_file_lines
-
-        file_diff = diff_file_lines(lens_inputs_of(analysis_before, device), lens_inputs_of(analysis_after, device),
-                                    file_path)
+    with progress_bar("comparing") as update:
+        answer = diff_files(before, after, DiffOptions(device=device, top=top, file=file_path), progress=update)
     if as_json:
-        payload = result.to_json()
-        if file_diff is not None:
-            payload["file"] = file_diff.to_json()
-        click.echo(json_text(payload))
+        click.echo(json_text(answer.to_json()))
         return
+    result, file_diff = answer.snapshots, answer.file
     console = make_console(width=width, color=color)
     console.print(Text("memlens diff", style="bold") + Text(f"  {printable(before)} -> {printable(after)}"))
     table = Table(box=None, header_style="bold", pad_edge=False)

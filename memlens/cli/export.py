@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, cast
 
 import click
 
-from memlens.cli.common import CAPACITY, DEVICE, analyze_paths, help_text, load_with_progress
+from memlens.cli.common import CAPACITY, DEVICE, help_text, progress_bar
 from memlens.errors import MemlensUsageError
 
 if TYPE_CHECKING:
@@ -85,9 +85,11 @@ def export(snapshot: str, output: str | None, fmt: str | None, table: str, devic
         if output is None or output == "-":
             raise MemlensUsageError("the HTML report needs a file: give -o report.html")
         _check_output(output, snapshot)
+        from memlens.ops.triage import TriageOptions, triage
         from memlens.reporters.html import write_html
 
-        (report,) = analyze_paths([snapshot], capacity, device)
+        with progress_bar(snapshot.rsplit("/", 1)[-1]) as update:
+            report = triage(snapshot, TriageOptions(capacity=capacity, device=device, cache=cache), progress=update)
         try:
             write_html(report, output, device)
         except OSError as exc:
@@ -102,17 +104,20 @@ def export(snapshot: str, output: str | None, fmt: str | None, table: str, devic
 
 def _export_rows(snapshot_path: str, destination: str, fmt: str, table: str, device: int | None,
                  capacity: int | None, analysis: bool, cache: bool | None) -> None:
+    from memlens.ops.triage import TriageOptions, analyse
+    from memlens.snapshot.reader import load
     from memlens.stream_export import event_labels, open_output, write_table
 
-    snapshot = load_with_progress(snapshot_path, cache=cache)
+    labels = None
+    with progress_bar(snapshot_path.rsplit("/", 1)[-1]) as update:
+        if analysis and table == "events":  # each row's category and step: what the analysis gave it
+            analysed = analyse(snapshot_path, TriageOptions(capacity=capacity, cache=cache), progress=update)
+            snapshot, labels = analysed.snapshot, event_labels(analysed)
+        else:
+            snapshot = load(snapshot_path, cache=cache, progress=update)
     devices = [device] if device is not None else None
     if device is not None:
         snapshot.device(device)  # an unknown device: one line naming the ones there are
-    labels = None
-    if analysis and table == "events":
-        from memlens.analysis import analyze_snapshot
-
-        labels = event_labels(analyze_snapshot(snapshot, capacity=capacity, device=device))
     try:
         with open_output(destination) as handle:
             rows = write_table(snapshot, handle, cast("Format", fmt), cast("Table", table), labels, devices)

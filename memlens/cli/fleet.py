@@ -99,13 +99,3 @@ def run_fleet(snapshots: Sequence[str], *, jobs: int | None, dask: str | None, c
     if hits:
         click.echo(f"memlens: found {', '.join(hits)} (--fail-on)", err=True)
         sys.exit(EXIT_FINDING)
-
-
-def triage_fleet_command(snapshots: Sequence[str], *, jobs: int | None, dask: str | None, capacity: int | None,
-                         device: int | None, cache: bool | None, as_json: bool, width: int | None,
-                         color: bool | None, fail_on: Sequence[str], exit_finding: int) -> None:
-    """What ``memlens triage`` with several files still calls until its fleet branch leaves it for
-    this command (issue 22): ``run_fleet``. Goes with that branch."""
-    del exit_finding  # the same 1 as EXIT_FINDING
-    run_fleet(snapshots, jobs=jobs, dask=dask, capacity=capacity, device=device, cache=cache, as_json=as_json,
-              width=width, color=color, fail_on=fail_on)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import click
 
-from memlens.cli.common import DEVICE, INDEX, Real, help_text, json_text
-from memlens.errors import MemlensUsageError
-from memlens.units import parse_bytes
+from memlens.cli.common import CAPACITY, DEVICE, INDEX, Real, help_text, json_text
 
 
 @click.command(help=help_text(__doc__))
@@ -30,7 +28,8 @@ from memlens.units import parse_bytes
     default=None,
     help="garbage_collection_threshold in (0, 1); needs --capacity.",
 )
-@click.option("--capacity", default=None, help="Device memory the allocator may use, e.g. 80GiB or 24GB.")
+@click.option("--capacity", type=CAPACITY, default=None,
+              help="Device memory the allocator may use, e.g. 80GiB or 24GB.")
 @click.option("--device", type=DEVICE, default=None, help="Device to replay (default: the busiest).")
 @click.option("--json", "as_json", is_flag=True, help="Print {recorded, simulated} as JSON.")
 def whatif(
@@ -38,23 +37,17 @@ def whatif(
     expandable_segments: bool | None,
     max_split_size_mb: int | None,
     garbage_collection_threshold: float | None,
-    capacity: str | None,
+    capacity: int | None,
     device: int | None,
     as_json: bool,
 ) -> None:
-    from memlens.allocator import AllocatorSettings
-    from memlens.allocator import whatif as run_whatif
     from memlens.allocator.report import render_whatif
-    from memlens.snapshot.reader import load
+    from memlens.ops.whatif import WhatIfOptions
+    from memlens.ops.whatif import whatif as replay
 
-    capacity_bytes = parse_bytes(capacity) if capacity is not None else None
-    if capacity_bytes is not None and capacity_bytes <= 0:
-        raise MemlensUsageError(f"--capacity {capacity!r}: a device needs more than 0 bytes")
-    loaded = load(snapshot)
-    settings = AllocatorSettings.from_snapshot_dict(loaded.allocator_settings).with_changes(
+    result = replay(snapshot, WhatIfOptions(
         expandable_segments=expandable_segments, max_split_size_mb=max_split_size_mb,
-        garbage_collection_threshold=garbage_collection_threshold)
-    result = run_whatif(loaded, settings=settings, capacity=capacity_bytes, device=device)
+        garbage_collection_threshold=garbage_collection_threshold, capacity=capacity, device=device))
     if as_json:
         click.echo(json_text(result.to_json()))
     else:

@@ -22,4 +22,8 @@ Modules, by question:
   dashboard's analyses, the MCP server's tool calls and the fleet's ranks run in, and the one
   per-file analysis a child runs (``analyse_file``).
 - ``fleet``: many ranks of one job in parallel, typed rows, the outlier rank and why.
+- ``triage``: one file loaded, analysed and its budget set beside each device (the report).
+- ``diff``: two files compared: peaks, categories, stacks and one source file's lines.
+- ``whatif``: a recorded run replayed with other allocator settings or another capacity.
+- ``predict``: a script run against a simulated GPU, written and triaged as a recorded run.
 """

@@ -25,8 +25,7 @@ from memlens.reporters.evidence import format_value, terminal_items
 from memlens.units import format_bytes
 
 if TYPE_CHECKING:
-    from memlens.analysis.report import DeviceReport, Finding, Report
-    from memlens.budget import Reconciliation
+    from memlens.analysis.report import BudgetCheck, DeviceReport, Finding, Report
 
 SPARK_LEVELS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 48
@@ -345,15 +344,16 @@ def render_categories(console: Console, device: DeviceReport) -> None:
         console.print(head + where, overflow="ellipsis", no_wrap=True)
 
 
-def render_reconciliation(console: Console, reconciliation: Reconciliation) -> None:
+def render_budget_check(console: Console, budget: BudgetCheck) -> None:
+    """The budget beside the measurement, as the report carries it (``DeviceReport.budget``)."""
     console.print(Text("\nBudget", style="bold") + Text("  theory next to what was measured at the peak"))
     table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
     for column in ("category", "theory", "measured", "ratio", "note"):
         table.add_column(column, justify="right" if column in ("theory", "measured", "ratio") else "left")
-    for row in reconciliation.rows:
+    for row in budget.rows:
         ratio = "" if row.ratio is None else f"{row.ratio:.2f}x"
         measured = "-" if row.measured_bytes is None else format_bytes(row.measured_bytes)
-        theory = format_bytes(row.theory_bytes) if row.estimated else "n/a"
+        theory = "n/a" if row.theory_bytes is None else format_bytes(row.theory_bytes)
         table.add_row(printable(row.category), theory, measured, ratio, printable(row.note or ""))
     console.print(table)
 
@@ -362,18 +362,18 @@ def render_triage(
     console: Console,
     report: Report,
     device: int | None = None,
-    reconciliation: Reconciliation | None = None,
     top: int = MAX_FINDINGS,
     full_stacks: bool = False,
 ) -> None:
-    """The whole one-screen report for one snapshot and device."""
+    """The whole one-screen report for one snapshot and device (its budget, where the report
+    carries one: ``memlens.ops.triage``)."""
     device_report = report.device(device)
     render_header(console, report, device_report)
     render_devices(console, report, device_report)
     render_timeline(console, report, device_report)
     render_findings(console, device_report, top, full_stacks)
     render_categories(console, device_report)
-    if reconciliation is not None:
-        render_reconciliation(console, reconciliation)
+    if device_report.budget is not None:
+        render_budget_check(console, device_report.budget)
     if report.source and report.source != "<memory>":
         console.print(Text(f"\nSame file in PyTorch's viewer: {MEMORY_VIZ}", style="dim"))

@@ -33,7 +33,7 @@ def _golden_name(files: list[str]) -> str:
 def test_triage_matches_golden_text(files: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO_ROOT)
     relative = [os.path.relpath(f, REPO_ROOT) for f in files]
-    command = "fleet" if len(files) > 1 else "triage"
+    command = "fleet" if len(files) > 1 else "triage"  # the ranks of one run: `memlens fleet`'s table
     result = CliRunner().invoke(cli, [command, *relative, "--width", "100", "--no-color", "--no-cache"],
                                 catch_exceptions=False)
     assert result.exit_code == 0

@@ -92,6 +92,31 @@ def test_several_files_get_a_rank_table(healthy: Path, leaky: Path) -> None:
     assert "Ranks" in result.output and "healthy.pickle" in result.output and "leaky.pickle" in result.output
     both = json.loads(run("fleet", str(healthy), str(leaky), "--json").output)
     assert len(both["reports"]) == 2
+def test_several_files_are_a_fleet_not_a_triage(healthy: Path, leaky: Path) -> None:
+    result = run("triage", str(healthy), str(leaky), "--width", "120")
+    assert result.exit_code == 2
+    assert "memlens fleet" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.stdout == ""
+
+
+def test_triage_help_lists_only_what_applies_to_one_file() -> None:
+    text = run("triage", "--help").output
+    for gone in ("--group-by", "--rules", "--at", "--window", "--step", "--file", "--stages", "--jobs", "--dask"):
+        assert gone not in text
+    assert "triage [OPTIONS] SNAPSHOT\n" in text
+
+
+def test_triage_json_carries_the_budget_the_screen_shows(healthy: Path) -> None:
+    flags = ["--params", "1e8", "--optimizer", "adamw", "--precision", "fp32"]
+    budget = json.loads(run("triage", str(healthy), *flags, "--json").output)["devices"]["0"]["budget"]
+    screen = run("triage", str(healthy), *flags, "--width", "160").output
+    assert [row["category"] for row in budget["rows"]][:3] == ["parameters", "gradients", "optimizer_state"]
+    for row in budget["rows"]:
+        shown = next(line for line in screen.splitlines() if line.startswith(row["category"] + " "))
+        if row["ratio"] is not None:
+            assert f"{row['ratio']:.2f}x" in shown
+        assert row["verdict"] in ("within", "outside", "not_compared", "not_estimated", "not_measured")
+    assert json.loads(run("triage", str(healthy), "--json").output)["devices"]["0"]["budget"] is None
 
 
 def test_triage_budget_flags_add_the_budget(healthy: Path) -> None:

@@ -20,6 +20,7 @@ LEAK = SAMPLE_SNAPSHOTS_DIR / "leak.pickle"
 
 @pytest.mark.parametrize("command, example", [
     ("fleet", "memlens fleet runs/exp1/rank*.pickle --jobs 8"),
+    ("triage", "memlens triage snapshot.pickle --params 7B --seq 2048 --hidden 4096 --layers 32"),
     ("diff", "memlens diff rank0.pickle rank1.pickle --json"),
     ("budget", "memlens budget --params 7e9 --optimizer adamw --precision bf16-mixed"),
     ("demo", "memlens demo --serve"),

@@ -188,3 +188,28 @@ def test_the_dashboards_whatif_columns_cover_the_same_events(snapshot_path: Path
     assert answer.notes[0].startswith("the simulated run ran out of memory at event ")
     assert any(note.startswith("On the 100.00 MiB device, the simulated run ran out of memory")
                for note in answer.notes)
+
+
+def test_the_dashboards_expandable_replay_is_memlens_whatif_expandable_segments(tmp_path: Path) -> None:
+    """One what-if (memlens.ops.whatif): the dashboard's "expandable segments" column is the
+    recorded run with that one change, as `memlens whatif --expandable-segments` replays it, not
+    the default settings with it (which drop the run's own max_split_size_mb)."""
+    import memlens
+    from memlens.allocator import AllocatorSettings
+    from memlens_app.worker import whatif_job
+
+    sim = CachingAllocatorSimulator(settings=AllocatorSettings(max_split_size=24 * MiB))
+    for step in range(4):
+        kept = []
+        for i in range(6):
+            big = sim.malloc((30 + 3 * step + i) * MiB)
+            kept.append(sim.malloc(2 * MiB))
+            sim.free(big)
+        for address in kept:
+            sim.free(address)
+    path = tmp_path / "split.pickle"
+    path.write_bytes(pickle.dumps(sim.snapshot(), protocol=4))
+    answer = whatif_job(memlens.load(path, cache=False), 0, None, 0)
+    terminal = json.loads(CliRunner().invoke(cli, ["whatif", str(path), "--expandable-segments", "--json"]).output)
+    assert terminal["simulated_settings"]["max_split_size"] == 24 * MiB
+    assert answer.expandable == terminal["simulated"]

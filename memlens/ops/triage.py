@@ -1,0 +1,115 @@
+"""Triage one file: load it, analyse it, and set the budget beside each device's measurement.
+
+``triage`` is the answer ``memlens triage`` prints (as the screen or as ``--json``), the MCP
+``triage`` and ``findings`` tools return and the dashboard shows: one ``Report`` whose devices
+each carry the budget reconciled with their categories at the peak (``DeviceReport.budget``), so
+every face reads the same ratios and verdicts from the same field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from memlens.errors import MemlensUsageError
+from memlens.ops.budget import BudgetOptions, reconcile_budget
+
+if TYPE_CHECKING:
+    from memlens.analysis.analysis import Analysis
+    from memlens.analysis.report import BudgetCheck, BudgetRow, BudgetVerdict, Report
+    from memlens.budget import Reconciliation
+    from memlens.budget.reconcile import ReconciledRow
+    from memlens.files import OpenedFile
+
+__all__ = ["TriageOptions", "analyse", "budget_check", "triage", "triage_analysis"]
+
+Progress = Callable[[str, float], None]
+
+
+class TriageOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """What a user can say when asking for one file's triage, on any face.
+
+    ``device`` is the one detailed (``None``: the busiest); every device is analysed and carries
+    its budget either way, so the report does not depend on it, but a device the file lacks is
+    a usage error. ``cache``: the loader's ``.npz`` copy (``None``: for large files).
+    ``budget``: what is known of the model; what it leaves open comes from the sidecar."""
+
+    capacity: int | None = None
+    device: int | None = None
+    cache: bool | None = None
+    budget: BudgetOptions = msgspec.field(default_factory=BudgetOptions)
+
+    def __post_init__(self) -> None:
+        if self.capacity is not None and self.capacity <= 0:
+            raise MemlensUsageError(f"capacity {self.capacity:,} B: a device needs more than 0 bytes")
+
+
+def analyse(source: str | OpenedFile, options: TriageOptions | None = None,
+            progress: Progress | None = None) -> Analysis:
+    """``source`` loaded with the safe reader (its sidecar beside it) and analysed, every device.
+
+    ``source`` is a path or a file a face has already opened and checked (``memlens.files``)."""
+    from memlens.analysis import analyze_snapshot
+    from memlens.snapshot.reader import load
+
+    options = options or TriageOptions()
+    snapshot = load(source, cache=options.cache, progress=progress)
+    if progress is not None:
+        progress("analysing", 1.0)
+    return analyze_snapshot(snapshot, capacity=options.capacity)
+
+
+def triage(source: str | OpenedFile, options: TriageOptions | None = None,
+           progress: Progress | None = None) -> Report:
+    """The triage of one file: its report, each device with the budget beside it."""
+    options = options or TriageOptions()
+    return triage_analysis(analyse(source, options, progress), options)
+
+
+def triage_analysis(analysis: Analysis, options: TriageOptions | None = None) -> Report:
+    """The triage of a file already analysed (a face that keeps analyses for the next question):
+    ``analysis.report`` with each device's budget set, the requested device checked."""
+    import dataclasses
+
+    options = options or TriageOptions()
+    report = analysis.report
+    report.device(options.device)  # an unknown device: one line naming the ones there are
+    devices = {index: dataclasses.replace(device, budget=_budget_of(report, index, options.budget))
+               for index, device in report.devices.items()}
+    return dataclasses.replace(report, devices=devices)
+
+
+def _budget_of(report: Report, device: int, options: BudgetOptions) -> BudgetCheck | None:
+    try:
+        reconciliation = reconcile_budget(report, device, options)
+    except MemlensUsageError:
+        if options.given:  # what the user asked for is wrong: say so
+            raise
+        return None  # a sidecar that cannot be turned into a budget only loses the budget
+    return budget_check(reconciliation) if reconciliation is not None else None
+
+
+def budget_check(reconciliation: Reconciliation) -> BudgetCheck:
+    """The report's form of a reconciliation: a row per category with its verdict."""
+    from memlens.analysis.report import BudgetCheck
+
+    return BudgetCheck(ok=reconciliation.ok, rows=[_budget_row(row) for row in reconciliation.rows])
+
+
+def _budget_row(row: ReconciledRow) -> BudgetRow:
+    from memlens.analysis.report import BudgetRow
+
+    verdict: BudgetVerdict
+    if not row.estimated:
+        verdict = "not_estimated"
+    elif row.measured_bytes is None:
+        verdict = "not_measured"
+    elif row.within_tolerance is None:
+        verdict = "not_compared"
+    else:
+        verdict = "within" if row.within_tolerance else "outside"
+    return BudgetRow(category=row.category, theory_bytes=row.theory_bytes if row.estimated else None,
+                     measured_bytes=row.measured_bytes, ratio=row.ratio, verdict=verdict, tolerance=row.tolerance,
+                     theory_items=list(row.theory_items), note=row.note)
