@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import click
 
 from memlens.analysis.lenses.labels import GROUP_BYS, PLACEHOLDER_GROUPS
-from memlens.cli.common import DEVICE, INDEX, Whole, analyses_of_paths, help_text, json_text
+from memlens.cli.common import DEVICE, INDEX, Whole, help_text, json_text, progress_bar
 from memlens.errors import MemlensUsageError
 from memlens.printable import printable
 from memlens.units import format_bytes
@@ -119,7 +119,12 @@ def _each(paths: Sequence[str], device: int | None, cache: bool | None, answer: 
           as_json: bool, width: int | None, color: bool | None, render: Callable[[Console, Result], None]) -> None:
     """Answer the question for each file, then print every answer (one JSON object, or a list of
     them under ``snapshots`` for several files)."""
-    results = [answer(analysis) for analysis in analyses_of_paths(list(paths), None, device, cache=cache)]
+    from memlens.ops.triage import TriageOptions, analyse
+
+    results = []
+    for path in paths:
+        with progress_bar(str(path).rsplit("/", 1)[-1]) as update:
+            results.append(answer(analyse(path, TriageOptions(cache=cache), progress=update)))
     if as_json:
         payloads = [result.to_json() for result in results]
         click.echo(json_text(payloads[0] if len(payloads) == 1 else {"snapshots": payloads}))
