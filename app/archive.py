@@ -83,7 +83,8 @@ def run_folder_entries(archive: zipfile.ZipFile, archive_name: str, max_bytes: i
         if info.is_dir() or not parts:
             continue
         mode = info.external_attr >> 16
-        if info.create_system == _ZIP_UNIX and mode and not stat.S_ISREG(mode):
+        # No file type at all (Python's writestr) is a plain file; a link or a device says so.
+        if info.create_system == _ZIP_UNIX and stat.S_IFMT(mode) and not stat.S_ISREG(mode):
             raise ArchiveRefused(one_line(f"{archive_name}: entry {info.filename!r} is not a regular file "
                                           "(a link or a device); refused"))
         if info.flag_bits & _ENCRYPTED:
