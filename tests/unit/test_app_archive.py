@@ -86,7 +86,7 @@ def test_too_many_entries_refuse_the_archive(monkeypatch: pytest.MonkeyPatch) ->
 def test_what_it_inflates_to_counts_against_the_upload_limit() -> None:
     data = bytes(range(256)) * 4096  # 1 MiB that barely compresses
     assert entries_of([("run/a.pickle", data)], limit=2 << 20)[0]
-    with pytest.raises(ArchiveRefused, match="inflates to more than 2.00 MiB, this server's upload limit"):
+    with pytest.raises(ArchiveRefused, match=r"inflates to more than 2\.00 MiB, this server's upload limit"):
         entries_of([("run/a.pickle", data), ("run/b.pickle", data), ("run/c.pickle", data)], limit=2 << 20)
 
 
@@ -130,14 +130,15 @@ def test_an_uploaded_sidecar_is_read_or_refused_with_a_reason(tmp_path: Path) ->
     path.write_text('{"memlens_sidecar_version": 1, "model": null}')
     assert read_uploaded_sidecar(str(path), "snapshot.memlens.json")["memlens_sidecar_version"] == 1
     path.write_text("[" * 100_000)
-    with pytest.raises(SidecarRefused, match="snapshot.memlens.json: not"):
+    with pytest.raises(SidecarRefused, match=r"snapshot\.memlens\.json: not"):
         read_uploaded_sidecar(str(path), "snapshot.memlens.json")
     path.write_bytes(b" " * (SIDECAR_MAX_BYTES + 1))
     with pytest.raises(SidecarRefused, match="larger than a sidecar may be"):
         read_uploaded_sidecar(str(path), "snapshot.memlens.json")
 
 
-@pytest.mark.parametrize(("given", "folder"), [("", ""), ("runs/a", "runs/a"), ("../../etc", "etc"),
-                                               ("a\\b", "a/b"), ("a b/c$d", "a_b/c_d"), ("/".join("x" * 20), "x/" * 7 + "x")])
+@pytest.mark.parametrize(("given", "folder"), [
+    ("", ""), ("runs/a", "runs/a"), ("../../etc", "etc"), ("a\\b", "a/b"), ("a b/c$d", "a_b/c_d"),
+    ("/".join("x" * 20), "x/" * 7 + "x")])
 def test_a_folder_is_only_a_label(given: str, folder: str) -> None:
     assert safe_folder(given) == folder
