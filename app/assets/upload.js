@@ -22,6 +22,7 @@
   var nonce = 0;
   var waiting = [];
   var sending = 0;
+  var keptRows = {};  // folder/name of a sidecar kept for its snapshot -> its row, told when they pair
 
   function zone() { return document.getElementById("dropzone"); }
 
@@ -147,6 +148,12 @@
       try { body = JSON.parse(xhr.responseText); } catch (e) { body = {}; }
       if (xhr.status === 200 && (body.id || body.note)) {
         finish(ui, true, body.note || "done", !!body.note);
+        var key = (item.folder || "") + "/" + (body.sidecar || "");
+        if (body.sidecar && !body.id) { keptRows[key] = ui; }
+        if (body.sidecar && body.id && keptRows[key] && keptRows[key] !== ui) {
+          finish(keptRows[key], true, "paired with " + body.name, true);
+          delete keptRows[key];
+        }
         if (body.files) { fileRows(body.files); }
         notify(body.id ? { id: body.id, name: body.name, note: body.note } : { note: body.note, name: body.name });
       } else {
