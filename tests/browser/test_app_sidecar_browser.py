@@ -168,6 +168,7 @@ def test_a_bad_sidecar_gets_its_reason_in_the_upload_list(served: tuple[DashPage
     assert "snapshot.memlens.json: not valid JSON" in text, text
     assert not text.rstrip().endswith("failed")
     # The snapshot itself is still opened, without the sidecar.
-    page.wait_for_contains_text("#message", "Loaded snapshot.pickle", timeout=TIMEOUT)
-    uploads = [s for s in library.sources(page.driver.get_cookie("memlens_session")["value"].rpartition(".")[0])]
+    page.wait_for_contains_text("#source-picker", "snapshot.pickle", timeout=TIMEOUT)
+    page.wait_for_contains_text("#budget-summary", "inferred", timeout=TIMEOUT)  # no sidecar: no ratios
+    uploads = library.sources(page.driver.get_cookie("memlens_session")["value"].rpartition(".")[0])
     assert len(uploads) == 1 and library.sidecar_of(uploads[0].id) is None
