@@ -292,6 +292,20 @@ class Library:
             _remove_file(replaced)
         return None
 
+    def detach_sidecar(self, source_id: str) -> str | None:
+        """Unpair (and delete) the uploaded sidecar of ``source_id``, whose analysis with it failed:
+        the snapshot is analysed again without it. The sidecar's name, or None if it had none."""
+        with self._lock:
+            name = self._paired.pop(source_id, None)
+            source = self._sources.get(source_id)
+            if name is None or source is None:
+                return None
+            self._generation[source_id] += 1
+            self._drop_report(source_id)
+            self._unanalysed.add(source_id)
+        _remove_file(paired_path(source.path))
+        return name
+
     def sidecar_of(self, source_id: str) -> str | None:
         """The name of the uploaded sidecar paired with upload ``source_id``, if any."""
         with self._lock:

@@ -146,28 +146,41 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
         return jsonify(**analysed, bytes=written)
 
     def _analyse(source_id: str, name: str, path: str, session: str) -> dict[str, Any] | Response:
-        """The upload's first analysis: what the page is told of it, or the error (it is forgotten)."""
+        """The upload's analysis: what the page is told of it, or the error (it is forgotten).
+
+        An analysis that fails with a paired sidecar is tried once more without it (a sidecar
+        only adds to a snapshot): the answer then says why the sidecar was not used."""
+        answer = _analysed(source_id, name, path, session)
+        sidecar = library.sidecar_of(source_id)
+        if isinstance(answer, Response) and answer.status_code != 503 and sidecar is not None:
+            reason = answer.get_json()["error"].removeprefix(f"{name}: ")
+            library.detach_sidecar(source_id)
+            retried = _analysed(source_id, name, path, session)
+            if isinstance(retried, Response):
+                library.forget(source_id)
+                return retried
+            return {**retried, "note": one_line(f"analysed without {sidecar}, which could not be used: {reason}")}
+        if isinstance(answer, Response):
+            library.forget(source_id)
+            return answer
+        if sidecar:
+            answer.update(sidecar=sidecar, note=f"analysed with {sidecar}")
+        return answer
+
+    def _analysed(source_id: str, name: str, path: str, session: str) -> dict[str, Any] | Response:
         try:
             report = library.analysis(source_id, session, showing=False).report
         except ServerBusy as exc:
-            library.forget(source_id)
             return _error(503, f"{name}: {exc}")
         except MemlensError as exc:
-            library.forget(source_id)
             return _error(400, str(exc).replace(path, name))
         except Exception as exc:  # a bug, not the user's file: keep serving, log the traceback
-            library.forget(source_id)
             detail = f"\n{exc}" if isinstance(exc, AnalysisCrashed) else ""
             log.exception("analysing %s failed%s", name, detail)
             return _error(500, f"{name}: memlens failed to analyse this file (an internal error; "
                                "see the server log)")
-        sidecar = library.sidecar_of(source_id)
-        answer: dict[str, Any] = {"id": source_id, "name": name,
-                                  "events": sum(d.events for d in report.devices.values()),
-                                  "findings": len(report.findings)}
-        if sidecar:
-            answer.update(sidecar=sidecar, note=f"analysed with {sidecar}")
-        return answer
+        return {"id": source_id, "name": name, "events": sum(d.events for d in report.devices.values()),
+                "findings": len(report.findings)}
 
     def _store_sidecar(name: str, folder: str, declared: int | None, session: str) -> Any:
         """A sidecar: checked, then paired with this session's snapshot of it (whose analysis is
@@ -191,6 +204,8 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
         analysed = _analyse(snapshot.id, snapshot.name, snapshot.path, session)
         if isinstance(analysed, Response):
             return analysed
+        if library.sidecar_of(snapshot.id) != name:  # the analysis failed with it: done again without
+            return _error(400, one_line(f"{name}: {analysed['note']}"))
         return jsonify(**{**analysed, "note": f"paired with {snapshot.label}"})
 
     def _store_archive(name: str, declared: int | None, session: str) -> Any:

@@ -210,3 +210,30 @@ def test_a_forgotten_upload_takes_its_sidecar_with_it(served: tuple[Any, Library
     assert os.path.isfile(paired)
     library.forget(answer["id"])
     assert not os.path.exists(paired) and not os.path.exists(source.path)
+
+
+def test_a_sidecar_whose_analysis_fails_is_dropped_and_the_snapshot_analysed_without_it(
+        served: tuple[Any, Library], run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sidecar only adds to its snapshot: if the analysis fails with it, the snapshot is analysed
+    again without it, and the answer says why the sidecar was not used."""
+    from memlens.errors import MemlensError
+
+    client, library = served
+    real_analysis = library.analysis
+
+    def failing_with_a_sidecar(source_id: str, *args: Any, **kwargs: Any) -> Any:
+        if library.sidecar_of(source_id) is not None:
+            raise MemlensError("a field of the sidecar the analysis cannot take")
+        return real_analysis(source_id, *args, **kwargs)
+
+    monkeypatch.setattr(library, "analysis", failing_with_a_sidecar)
+    assert post(client, sidecar_of(run).name, sidecar_of(run).read_bytes())[0] == 200
+    status, answer = post(client, run.name, run.read_bytes())
+    assert status == 200, answer
+    assert answer["note"] == ("analysed without snapshot.memlens.json, which could not be used: "
+                              "a field of the sidecar the analysis cannot take")
+    assert library.sidecar_of(answer["id"]) is None
+    # Sent after its snapshot, the same sidecar is refused with the reason; the snapshot stays.
+    status, refused = post(client, sidecar_of(run).name, sidecar_of(run).read_bytes())
+    assert status == 400 and "could not be used: a field of the sidecar" in refused["error"], refused
+    assert library.source(answer["id"], client_session(client)).id == answer["id"]
