@@ -314,7 +314,7 @@ def register_callbacks(app: Dash, library: Library) -> None:
     def draw_budget(prefill_value: Any, device_value: Any, *fields: Any) -> Any:
         *form_fields, source_value = fields
         source_id, device = inputs.source_id(source_value), inputs.device(device_value)
-        form = budget_form_of(*form_fields, inputs.prefill(prefill_value))
+        form = budget_form_of(form_fields, inputs.prefill(prefill_value))
         try:
             report = library.analysis(source_id, current_session()).report if source_id else None
         except MemlensError:
@@ -441,10 +441,11 @@ def register_callbacks(app: Dash, library: Library) -> None:
         return source_id, "timeline"  # the clicked rank's own timeline and findings
 
 
-def budget_form_of(params: Any, hidden: Any, layers: Any, heads: Any, vocab: Any, precision: Any, optimizer: Any,
-                   batch: Any, seq: Any, accum: Any, checkpointing: Any, lora: Any, flags: Any, capacity: Any,
-                   prefill: dict[str, Any] | None) -> BudgetForm:
-    """The budget form's fields, each checked (what the counts and sizes mean is the panel's)."""
+def budget_form_of(fields: list[Any], prefill: dict[str, Any] | None) -> BudgetForm:
+    """The budget form's fields (in the callback's order), each checked (what the counts and sizes
+    mean is the panel's), with what the form was filled with."""
+    (params, hidden, layers, heads, vocab, precision, optimizer, batch, seq, accum, checkpointing, lora, flags,
+     capacity) = fields
     return BudgetForm(
         inputs.text(params, "parameters"), inputs.number(hidden, "hidden size"), inputs.number(layers, "layers"),
         inputs.number(heads, "attention heads"), inputs.number(vocab, "vocabulary"),
