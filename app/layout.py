@@ -27,7 +27,7 @@ GROUP_BY_LABELS = {"category": "category (and stack)", "annotation": "annotation
 
 def source_options(library: Library, session: str | None) -> list[dict[str, str]]:
     """The picker's choices for ``session``: the public files and its own uploads."""
-    return [{"label": f"{s.name}  ({KIND_LABELS.get(s.kind, s.kind)})", "value": s.id}
+    return [{"label": f"{s.label}  ({KIND_LABELS.get(s.kind, s.kind)})", "value": s.id}
             for s in library.sources(session)]
 
 

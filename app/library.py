@@ -67,7 +67,7 @@ DEFAULT_UPLOAD_BUDGET = 4 * GiB
 # size), so 50 simultaneous uploads must queue rather than all unpickle together.
 DEFAULT_CONCURRENT_ANALYSES = 2
 # Sidecars a session may have waiting for their snapshot (each at most SIDECAR_MAX_BYTES).
-MAX_PENDING_SIDECARS = 64
+MAX_PENDING_SIDECARS = 16
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
 UPLOAD_DIR_PREFIX = "memlens-upload-"
 _UPLOAD_DIR_PATTERN = re.compile(re.escape(UPLOAD_DIR_PREFIX) + r"(\d+)-")

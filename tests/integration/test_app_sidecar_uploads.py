@@ -237,3 +237,17 @@ def test_a_sidecar_whose_analysis_fails_is_dropped_and_the_snapshot_analysed_wit
     status, refused = post(client, sidecar_of(run).name, sidecar_of(run).read_bytes())
     assert status == 400 and "could not be used: a field of the sidecar" in refused["error"], refused
     assert library.source(answer["id"], client_session(client)).id == answer["id"]
+
+
+def test_sidecars_waiting_for_their_snapshots_are_bounded_per_session(served: tuple[Any, Library]) -> None:
+    from memlens_app.library import MAX_PENDING_SIDECARS
+
+    client, _ = served
+    sidecar = b'{"memlens_sidecar_version": 1}'
+    for i in range(MAX_PENDING_SIDECARS):
+        assert post(client, f"run{i}.memlens.json", sidecar)[0] == 200
+    status, answer = post(client, "one-more.memlens.json", sidecar)
+    assert status == 400 and "sidecars are already waiting for their snapshots" in answer["error"], answer
+    assert post(client, "run0.memlens.json", sidecar)[0] == 200  # a newer copy of one waiting replaces it
+    assert post(client, "x.memlens.json", sidecar)[0] == 400
+    assert post(client.application.test_client(), "x.memlens.json", sidecar)[0] == 200  # another session's own
