@@ -172,3 +172,24 @@ def test_a_bad_sidecar_gets_its_reason_in_the_upload_list(served: tuple[DashPage
     page.wait_for_contains_text("#budget-summary", "inferred", timeout=TIMEOUT)  # no sidecar: no ratios
     uploads = library.sources(page.driver.get_cookie("memlens_session")["value"].rpartition(".")[0])
     assert len(uploads) == 1 and library.sidecar_of(uploads[0].id) is None
+
+
+def test_a_drop_event_of_both_files(served: tuple[DashPage, Library], run: Path, terminal: dict[str, Any]) -> None:
+    """The drop handler itself (not the chooser): a drop event carrying the snapshot and its
+    sidecar, in the order a file manager may give them (the snapshot first)."""
+    import base64
+
+    page, _ = served
+    files = [{"name": p.name, "data": base64.b64encode(p.read_bytes()).decode()} for p in (run, sidecar_of(run))]
+    page.driver.execute_script("""
+        var transfer = new DataTransfer();
+        arguments[0].forEach(function (f) {
+          var bytes = Uint8Array.from(atob(f.data), function (c) { return c.charCodeAt(0); });
+          transfer.items.add(new File([bytes], f.name));
+        });
+        var zone = document.getElementById("dropzone");
+        zone.dispatchEvent(new DragEvent("drop", {dataTransfer: transfer, bubbles: true, cancelable: true}));
+    """, files)
+    assert_terminals_story(page, terminal)
+    texts = " | ".join(text for _, text in upload_rows(page))
+    assert "analysed with snapshot.memlens.json" in texts, texts
