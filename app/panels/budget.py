@@ -169,7 +169,8 @@ def budget_panel(report: Report, device: int, form: BudgetForm) -> BudgetView:
         "No budget yet: the parameter count was inferred from the measurement. Describe the model "
         "in the budget tab to compare.", className="muted")
     return BudgetView(figures.budget_figure(reconciliation, capacity=capacity),
-                      html.Div([table, budget_verdict(estimate, reconciliation, capacity, described=described)]),
+                      html.Div([table, budget_verdict(estimate, reconciliation, capacity, described=described,
+                                                      notes_listed=False)]),
                       html.Div([html.H2("Budget"), table]))
 
 
@@ -188,7 +189,10 @@ def budget_table(reconciliation: Reconciliation) -> html.Table:
     return html.Table(rows, className="budget-table")
 
 
-def budget_verdict(estimate: Any, reconciliation: Any, capacity: int | None, described: bool = True) -> html.Div:
+def budget_verdict(estimate: Any, reconciliation: Any, capacity: int | None, described: bool = True,
+                   notes_listed: bool = True) -> html.Div:
+    """The theory's totals, whether it fits, and the reconciliation's notes (``notes_listed=False``
+    where the table beside it already shows them in its note column)."""
     parts: list[Any] = [html.P([html.B("Theory: "), f"{format_bytes(estimate.total_bytes)} in total "
                                f"({format_bytes(estimate.static_bytes)} static, "
                                f"{format_bytes(estimate.batch_bytes)} per micro-batch)."])]
@@ -213,6 +217,6 @@ def budget_verdict(estimate: Any, reconciliation: Any, capacity: int | None, des
         # only echo the guess back as a verdict.
         parts.append(html.P("No verdict on the measurement yet: the parameter count was inferred from it. "
                             "Describe the model (or confirm the count) to compare.", className="muted"))
-    elif notes:
+    elif notes and notes_listed:
         parts.append(html.Ul([html.Li(n) for n in notes], className="notes"))
     return html.Div(parts)
