@@ -251,3 +251,19 @@ def test_sidecars_waiting_for_their_snapshots_are_bounded_per_session(served: tu
     assert post(client, "run0.memlens.json", sidecar)[0] == 200  # a newer copy of one waiting replaces it
     assert post(client, "x.memlens.json", sidecar)[0] == 400
     assert post(client.application.test_client(), "x.memlens.json", sidecar)[0] == 200  # another session's own
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (b"PK\x03\x04 not really a zip", "not a readable zip archive"),
+    (None, "points outside the archive's folder"),
+])
+def test_a_zip_that_is_refused_leaves_nothing_behind(served: tuple[Any, Library], run: Path,
+                                                     data: bytes | None, reason: str) -> None:
+    client, library = served
+    if data is None:
+        data = zipped({f"run/{run.name}": run.read_bytes(), "../escape.pickle": run.read_bytes()})
+    status, answer = post(client, "run.zip", data)
+    assert status == 400 and reason in answer["error"] and answer["error"].startswith("run.zip"), answer
+    assert library.sources(client_session(client)) == []
+    folder = library.upload_dir
+    assert folder is None or os.listdir(folder) == []
