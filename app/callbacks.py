@@ -28,7 +28,7 @@ from memlens.units import format_bytes
 from memlens_app import inputs
 from memlens_app.layout import CHECKPOINTING, OPTIMIZERS, PRECISIONS, source_options
 from memlens_app.library import DEFAULT_CONCURRENT_ANALYSES, Library
-from memlens_app.panels.budget import BudgetForm, budget_panel, budget_prefill, capacity_of
+from memlens_app.panels.budget import SIDECAR_FIELDS, BudgetForm, budget_panel, budget_prefill, capacity_of
 from memlens_app.panels.common import alert, device_of, empty_figure
 from memlens_app.panels.compare import compare_panel, device_choices
 from memlens_app.panels.live import DASHBOARD_GROUP_BYS, DEFAULT_GROUP_BY, live_panel, segments_panel
@@ -111,11 +111,14 @@ def register_callbacks(app: Dash, library: Library) -> None:
         options = source_options(library, session)
         if event.get("error"):
             return options, no_update, options, options, no_update, alert(event["error"])
+        if not event.get("id"):  # a sidecar kept until its snapshot comes
+            return options, no_update, options, options, no_update, alert(event.get("note", ""), "info")
         library.source(event["id"], session)  # only this session's own uploads (and public files)
         # An upload that completes a job's ranks (two or more loaded) shows that job side by side.
         job = default_rank_sources(rank_sources(library.sources(session)), prefer=event["id"])
         return (options, event["id"], options, options, job if event["id"] in job else no_update,
-                alert(f"Loaded {event.get('name', 'the upload')}.", "ok"))
+                alert(f"Loaded {event.get('name', 'the upload')}" + (f" ({event['note']})." if event.get("note")
+                                                                      else "."), "ok"))
 
     @app.callback(
         Output("device-picker", "options"),
@@ -253,11 +256,17 @@ def register_callbacks(app: Dash, library: Library) -> None:
 
     @app.callback(
         Output("b-params", "value"),
-        Output("b-optimizer", "value"),
+        Output("b-hidden", "value"),
+        Output("b-layers", "value"),
+        Output("b-heads", "value"),
+        Output("b-vocab", "value"),
         Output("b-precision", "value"),
+        Output("b-optimizer", "value"),
+        Output("b-batch", "value"),
+        Output("b-seq", "value"),
         Output("b-capacity", "value"),
         Output("b-params-note", "children"),
-        Output("b-inferred", "data"),
+        Output("b-prefill", "data"),
         Input("source-picker", "value"),
         State("device-picker", "value"),
     )
@@ -266,17 +275,23 @@ def register_callbacks(app: Dash, library: Library) -> None:
         dr = report.devices[device_of(report, inputs.device(device_value))]
         prefill = budget_prefill(report.sidecar, dr.categories_at_peak.get("parameters", 0))
         capacity = capacity_of(dr, report.sidecar)
-        return (prefill.params or "",
-                prefill.form_optimizer or no_update,
-                prefill.precision or no_update,
+        # Every sidecar field is set, to None where this file's sidecar has none: the previous
+        # file's shapes must not stay in the form.
+        values = [prefill.value(field) for field in SIDECAR_FIELDS]
+        precision, optimizer = prefill.value("precision"), prefill.value("optimizer")
+        values[SIDECAR_FIELDS.index("precision")] = precision if precision in PRECISIONS else None
+        values[SIDECAR_FIELDS.index("optimizer")] = optimizer if optimizer in OPTIMIZERS else None
+        return (*values,
                 format_bytes(capacity).replace(" ", "") if capacity else no_update,
                 prefill.note,
-                prefill.params if prefill.inferred else None)
+                prefill.store())
 
     @app.callback(
         Output("budget-graph", "figure"),
         Output("budget-verdict", "children"),
-        Input("source-picker", "value"),
+        Output("budget-summary", "children"),
+        # The prefill, not the picker: a new file's budget is drawn once its form is filled.
+        Input("b-prefill", "data"),
         Input("device-picker", "value"),
         Input("b-params", "value"),
         Input("b-hidden", "value"),
@@ -292,18 +307,19 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Input("b-lora", "value"),
         Input("b-flags", "value"),
         Input("b-capacity", "value"),
-        State("b-inferred", "data"),
+        State("source-picker", "value"),
     )
-    def draw_budget(source_value: Any, device_value: Any, *fields: Any) -> Any:
+    def draw_budget(prefill_value: Any, device_value: Any, *fields: Any) -> Any:
+        *form_fields, source_value = fields
         source_id, device = inputs.source_id(source_value), inputs.device(device_value)
-        form = budget_form_of(*fields)
+        form = budget_form_of(form_fields, inputs.prefill(prefill_value))
         try:
             report = library.analysis(source_id, current_session()).report if source_id else None
         except MemlensError:
             report = None
         if report is None:
-            return empty_figure(""), None
-        return budget_panel(report.devices[device_of(report, device)], form)
+            return empty_figure(""), None, None
+        return budget_panel(report, device_of(report, device), form).outputs()
 
     @app.callback(
         Output("whatif-result", "children"),
@@ -423,16 +439,17 @@ def register_callbacks(app: Dash, library: Library) -> None:
         return source_id, "timeline"  # the clicked rank's own timeline and findings
 
 
-def budget_form_of(params: Any, hidden: Any, layers: Any, heads: Any, vocab: Any, precision: Any, optimizer: Any,
-                   batch: Any, seq: Any, accum: Any, checkpointing: Any, lora: Any, flags: Any, capacity: Any,
-                   inferred: Any) -> BudgetForm:
-    """The budget form's fields, each checked (what the counts and sizes mean is the panel's)."""
+def budget_form_of(fields: list[Any], prefill: dict[str, Any] | None) -> BudgetForm:
+    """The budget form's fields (in the callback's order), each checked (what the counts and sizes
+    mean is the panel's), with what the form was filled with."""
+    (params, hidden, layers, heads, vocab, precision, optimizer, batch, seq, accum, checkpointing, lora, flags,
+     capacity) = fields
     return BudgetForm(
         inputs.text(params, "parameters"), inputs.number(hidden, "hidden size"), inputs.number(layers, "layers"),
         inputs.number(heads, "attention heads"), inputs.number(vocab, "vocabulary"),
-        inputs.choice(precision, PRECISIONS, "bf16-mixed", "precision"),
-        inputs.choice(optimizer, OPTIMIZERS, "adamw", "optimizer"), inputs.number(batch, "micro-batch"),
+        inputs.optional_choice(precision, PRECISIONS, "precision"),
+        inputs.optional_choice(optimizer, OPTIMIZERS, "optimizer"), inputs.number(batch, "micro-batch"),
         inputs.number(seq, "sequence length"), inputs.number(accum, "gradient accumulation"),
         inputs.choice(checkpointing, CHECKPOINTING, "none", "activation checkpointing"),
         inputs.number(lora, "LoRA rank"), tuple(inputs.choices(flags, FLAGS, "flags")),
-        inputs.text(capacity, "capacity"), inputs.text(inferred, "inferred parameters"))
+        inputs.text(capacity, "capacity"), prefill)

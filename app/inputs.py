@@ -79,6 +79,30 @@ def choice(value: Any, options: Collection[str], default: str, field: str) -> st
     return value
 
 
+def optional_choice(value: Any, options: Collection[str], field: str) -> str | None:
+    """One of ``options``, or nothing picked (None: the budget takes the sidecar's)."""
+    if value is None or value == "":
+        return None
+    return choice(value, options, "", field)
+
+
+def prefill(value: Any, field: str = "budget prefill") -> dict[str, Any] | None:
+    """What the budget form was filled with (``BudgetPrefill.store``): sidecar values, an inferred count."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"sidecar", "inferred"}:
+        raise _refuse(field, "the form's prefill", value)
+    sidecar = value.get("sidecar") or {}
+    if not isinstance(sidecar, dict) or len(sidecar) > 32 or not all(
+            isinstance(k, str) and (v is None or (isinstance(v, str | int | float) and not isinstance(v, bool)
+                                    and len(str(v)) <= MAX_TEXT)) for k, v in sidecar.items()):
+        raise _refuse(field, "the form's prefill", value)
+    inferred = value.get("inferred")
+    if inferred is not None and (not isinstance(inferred, str) or len(inferred) > MAX_TEXT):
+        raise _refuse(field, "the form's prefill", value)
+    return {"sidecar": sidecar, "inferred": inferred}
+
+
 def choices(value: Any, options: Collection[str], field: str) -> list[str]:
     """Some of ``options`` (a checklist)."""
     if value is None:
@@ -206,18 +230,19 @@ def click_data(value: Any, field: str = "click") -> dict[str, Any] | None:
 
 
 def upload_event(value: Any, field: str = "upload") -> dict[str, str] | None:
-    """What upload.js hands the page after an upload: ``{"id", "name"}`` or ``{"error", "name"}``."""
+    """What upload.js hands the page after an upload: ``{"id", "name"}``, ``{"error", "name"}``, or
+    ``{"note", "name"}`` (a sidecar kept for its snapshot), a note possibly with an id too."""
     if value is None:
         return None
     if not isinstance(value, dict):
         raise _refuse(field, "an upload result", value)
     event: dict[str, str] = {}
-    for key in ("id", "name", "error"):
+    for key in ("id", "name", "error", "note"):
         if value.get(key) is not None:
             item = value[key]
             if not isinstance(item, str) or len(item) > 4 * MAX_TEXT:
                 raise _refuse(f"{field} {key}", "text", item)
             event[key] = item
-    if "id" not in event and "error" not in event:
-        raise _refuse(field, "an upload result (id or error)", value)
+    if "id" not in event and "error" not in event and "note" not in event:
+        raise _refuse(field, "an upload result (id, error or note)", value)
     return event

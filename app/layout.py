@@ -11,6 +11,7 @@ from dash import dcc, html
 
 from memlens.units import format_bytes
 from memlens_app.library import Library, Source
+from memlens_app.panels.common import data_attributes
 from memlens_app.panels.live import DASHBOARD_GROUP_BYS, DEFAULT_GROUP_BY
 from memlens_app.panels.ranks import default_rank_sources, rank_sources
 
@@ -26,7 +27,7 @@ GROUP_BY_LABELS = {"category": "category (and stack)", "annotation": "annotation
 
 def source_options(library: Library, session: str | None) -> list[dict[str, str]]:
     """The picker's choices for ``session``: the public files and its own uploads."""
-    return [{"label": f"{s.name}  ({KIND_LABELS.get(s.kind, s.kind)})", "value": s.id}
+    return [{"label": f"{s.label}  ({KIND_LABELS.get(s.kind, s.kind)})", "value": s.id}
             for s in library.sources(session)]
 
 
@@ -37,11 +38,6 @@ def default_source(library: Library, session: str | None) -> Source | None:
             if source.kind == kind:
                 return source
     return None
-
-
-def data_attributes(values: dict[str, str]) -> dict[str, Any]:
-    """``data-*`` attributes for a component (Dash passes them through; its stubs do not list them)."""
-    return {f"data-{name}": value for name, value in values.items()}
 
 
 def _card(label: str, value_id: str) -> html.Div:
@@ -72,17 +68,18 @@ def budget_form() -> html.Div:
         _field("parameters", _text("b-params", placeholder="e.g. 7B, 124M"), "total count; K/M/B suffixes"),
         # Where a prefilled count came from (the recorder's sidecar, or inferred from the snapshot).
         html.Div(id="b-params-note", className="muted"),
-        dcc.Store(id="b-inferred"),
+        dcc.Store(id="b-prefill"),
         _field("hidden size", _number("b-hidden", placeholder="d")),
         _field("layers", _number("b-layers", placeholder="L")),
         _field("attention heads", _number("b-heads", placeholder="a")),
         _field("vocabulary", _number("b-vocab", placeholder="V")),
         html.H3("Training setup"),
-        _field("precision", dcc.Dropdown(id="b-precision", options=list(PRECISIONS), value="bf16-mixed",
-                                         clearable=False)),
-        _field("optimizer", dcc.Dropdown(id="b-optimizer", options=list(OPTIMIZERS), value="adamw",
-                                         clearable=False)),
-        _field("micro-batch", _number("b-batch", 1)),
+        # Filled from the snapshot's sidecar as memlens triage fills them; cleared = the sidecar's again.
+        _field("precision", dcc.Dropdown(id="b-precision", options=list(PRECISIONS), value=None,
+                                         placeholder="from the sidecar")),
+        _field("optimizer", dcc.Dropdown(id="b-optimizer", options=list(OPTIMIZERS), value=None,
+                                         placeholder="from the sidecar")),
+        _field("micro-batch", _number("b-batch", placeholder="1")),
         _field("sequence length", _number("b-seq", placeholder="T")),
         _field("gradient accumulation", _number("b-accum", 1)),
         _field("activation checkpointing", dcc.Dropdown(id="b-checkpointing", options=list(CHECKPOINTING),
@@ -121,9 +118,11 @@ def build_layout(library: Library, max_upload_bytes: int, session: str | None) -
                                         "parallel-uploads": str(parallel_uploads(library))}),
                      children=[
                          html.Span("⇪", className="dropzone-icon"),
-                         html.Div([html.B("Drop snapshot pickles here"), html.Br(),
-                                   html.Span(f"or click to choose (up to {format_bytes(max_upload_bytes)})",
-                                             className="muted")]),
+                         html.Div([html.B("Drop a snapshot with its sidecar, a run folder or a .zip"),
+                                   html.Br(),
+                                   html.Span(f"or click to choose files (up to {format_bytes(max_upload_bytes)}), ",
+                                             className="muted"),
+                                   html.Span("or a folder", id="choose-folder", className="link")]),
                      ]),
             html.Div(className="pickers", children=[
                 _field("snapshot", dcc.Dropdown(id="source-picker", options=options,
@@ -164,6 +163,9 @@ def build_layout(library: Library, max_upload_bytes: int, session: str | None) -
                     html.Div(className="panel findings-panel", children=[
                         html.H2("Findings"), html.Div(id="findings", className="findings")]),
                 ]),
+                # The budget beside the timeline and the findings (the terminal's one screen): the
+                # same reconciliation as memlens triage; the form to change it is in its own tab.
+                html.Div(id="budget-summary", className="panel budget-summary"),
             ]),
             dcc.Tab(id="tab-peak", label="At the peak", value="peak", children=[
                 html.Div(className="live-bar", children=[

@@ -41,6 +41,7 @@ from memlens.files import process_alive
 from memlens.units import GiB
 from memlens_app.scheduler import DEFAULT_WAIT_S, FairQueue, QueueState, ServerBusy
 from memlens_app.session import SERVER_SESSION
+from memlens_app.sidecars import expected_sidecar, paired_path
 from memlens_app.worker import (
     AnalysisLimits,
     AnalysisStopped,
@@ -65,6 +66,8 @@ DEFAULT_UPLOAD_BUDGET = 4 * GiB
 # Analyses running at once: each holds the raw pickle's Python objects (several times the file
 # size), so 50 simultaneous uploads must queue rather than all unpickle together.
 DEFAULT_CONCURRENT_ANALYSES = 2
+# Sidecars a session may have waiting for their snapshot (each at most SIDECAR_MAX_BYTES).
+MAX_PENDING_SIDECARS = 16
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
 UPLOAD_DIR_PREFIX = "memlens-upload-"
 _UPLOAD_DIR_PATTERN = re.compile(re.escape(UPLOAD_DIR_PREFIX) + r"(\d+)-")
@@ -80,6 +83,14 @@ class Source:
     kind: str  # "cli" | "sample" | "upload"
     bytes: int = 0
     owner: str | None = None  # the browser session of an upload; None: seen by everyone
+    # The folder an upload came from (a dropped folder's, or inside a .zip): a sidecar pairs with
+    # the snapshot of its own folder only.
+    folder: str = ""
+
+    @property
+    def label(self) -> str:
+        """The name shown for the source: an upload's folder and name."""
+        return f"{self.folder}/{self.name}" if self.folder else self.name
 
     def visible_to(self, session: str | None) -> bool:
         return self.owner is None or self.owner == session
@@ -152,6 +163,12 @@ class Library:
         self._unanalysed: set[str] = set()
         self._unshown: set[str] = set()  # analysed by the upload, not yet asked for by the page
         self._busy: Counter[str] = Counter()
+        # Uploaded sidecars: those paired (snapshot id -> the sidecar's name), and those waiting
+        # for their snapshot ((session, folder, sidecar name) -> the spooled file).
+        self._paired: dict[str, str] = {}
+        self._pending_sidecars: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+        # Bumped when an upload's sidecar arrives: an analysis begun before is not cached.
+        self._generation: Counter[str] = Counter()
         self._upload_dir: str | None = None
         self._closed = False
         atexit.register(self.close)
@@ -166,6 +183,8 @@ class Library:
             self._upload_lru.clear()
             self._unanalysed.clear()
             self._unshown.clear()
+            self._paired.clear()
+            self._pending_sidecars.clear()
             upload_dir, self._upload_dir = self._upload_dir, None
         self._workers.kill_all()
         if upload_dir is not None:
@@ -225,9 +244,11 @@ class Library:
             # The id keeps names unique; the user's name stays readable in the folder.
             return source_id, os.path.join(self._upload_dir, f"{source_id}-{name}")
 
-    def add_upload(self, source_id: str, name: str, path: str, size: int, owner: str) -> Source:
-        """Register a spooled upload of session ``owner``; kept at least until its first analysis is over."""
-        source = Source(source_id, name, path, "upload", size, owner)
+    def add_upload(self, source_id: str, name: str, path: str, size: int, owner: str, folder: str = "") -> Source:
+        """Register a spooled upload of session ``owner``; kept at least until its first analysis is over.
+
+        A sidecar of the same session and folder already waiting for it is paired with it now."""
+        source = Source(source_id, name, path, "upload", size, owner, folder)
         with self._lock:
             if self._closed:
                 _remove_file(path)
@@ -236,7 +257,59 @@ class Library:
             self._upload_lru[source_id] = None
             self._unanalysed.add(source_id)
             self._unshown.add(source_id)
+            waiting = self._pending_sidecars.pop((owner, folder, expected_sidecar(name)), None)
+            if waiting is not None:
+                os.replace(waiting, paired_path(path))
+                self._paired[source_id] = expected_sidecar(name)
         return source
+
+    def add_sidecar(self, name: str, path: str, owner: str, folder: str = "") -> Source | None:
+        """Pair the sidecar spooled at ``path`` with ``owner``'s newest upload of its snapshot in
+        ``folder`` (the loader's pairing: ``run.memlens.json`` with ``run.pickle``), replacing a
+        sidecar it had: that upload's analysis is then redone. None: no such upload yet; the
+        sidecar waits for it (at most ``MAX_PENDING_SIDECARS`` per session)."""
+        with self._lock:
+            if self._closed:
+                _remove_file(path)
+                raise MemlensError("the server is shutting down: upload again once it is back")
+            for source in reversed(self._sources.values()):
+                if (source.kind == "upload" and source.owner == owner and source.folder == folder
+                        and expected_sidecar(source.name) == name):
+                    os.replace(path, paired_path(source.path))
+                    self._paired[source.id] = name
+                    self._generation[source.id] += 1
+                    self._drop_report(source.id)
+                    self._unanalysed.add(source.id)
+                    return source
+            key = (owner, folder, name)
+            replaced = self._pending_sidecars.pop(key, None)
+            if replaced is None and sum(1 for k in self._pending_sidecars if k[0] == owner) >= MAX_PENDING_SIDECARS:
+                _remove_file(path)
+                raise MemlensError(f"{name}: {MAX_PENDING_SIDECARS} sidecars are already waiting for their "
+                                   "snapshots; upload the snapshots first")
+            self._pending_sidecars[key] = path
+        if replaced is not None:
+            _remove_file(replaced)
+        return None
+
+    def detach_sidecar(self, source_id: str) -> str | None:
+        """Unpair (and delete) the uploaded sidecar of ``source_id``, whose analysis with it failed:
+        the snapshot is analysed again without it. The sidecar's name, or None if it had none."""
+        with self._lock:
+            name = self._paired.pop(source_id, None)
+            source = self._sources.get(source_id)
+            if name is None or source is None:
+                return None
+            self._generation[source_id] += 1
+            self._drop_report(source_id)
+            self._unanalysed.add(source_id)
+        _remove_file(paired_path(source.path))
+        return name
+
+    def sidecar_of(self, source_id: str) -> str | None:
+        """The name of the uploaded sidecar paired with upload ``source_id``, if any."""
+        with self._lock:
+            return self._paired.get(source_id)
 
     def forget(self, source_id: str) -> None:
         """Drop a source (an upload that failed to load: its file is deleted)."""
@@ -246,8 +319,9 @@ class Library:
             self._upload_lru.pop(source_id, None)
             self._unanalysed.discard(source_id)
             self._unshown.discard(source_id)
+            self._paired.pop(source_id, None)
         if source is not None and source.kind == "upload":
-            _remove_file(source.path)
+            _remove_upload_files(source)
 
     def _evict_uploads(self) -> None:
         """Delete analysed uploads until the rest fit the byte budget: those the page has shown
@@ -265,10 +339,11 @@ class Library:
                 del self._upload_lru[source_id]
                 self._drop_report(source_id)
                 self._unshown.discard(source_id)
+                self._paired.pop(source_id, None)
                 total -= source.bytes
                 evicted.append(source)
         for source in evicted:
-            _remove_file(source.path)
+            _remove_upload_files(source)
 
     def source(self, source_id: str, session: str | None = None) -> Source:
         """The source ``source_id`` as ``session`` may see it (None: the public files only)."""
@@ -309,6 +384,7 @@ class Library:
                         return cached
                     source = self.source(source_id, session)
                     self._busy[source_id] += 1
+                    generation = self._generation[source_id]
                 try:
                     with self.queue.turn(session or SERVER_SESSION, f"the analysis of {source.name}"):
                         uploaded = source.kind == "upload"
@@ -322,7 +398,7 @@ class Library:
                         self._busy[source_id] -= 1
                         if self._busy[source_id] <= 0:
                             del self._busy[source_id]
-                self._store(source_id, report)
+                self._store(source_id, report, generation)
         finally:
             with self._lock:
                 self._building.pop(source_id, None)
@@ -361,11 +437,13 @@ class Library:
         with self._lock:
             return sum(self._report_bytes.values())
 
-    def _store(self, source_id: str, report: Any) -> None:
+    def _store(self, source_id: str, report: Any, generation: int = 0) -> None:
         evicted = False
         size = analysis_bytes(report)
         with self._lock:
             if source_id not in self._sources:  # forgotten (or the server closed) meanwhile
+                return
+            if self._generation[source_id] != generation:  # its sidecar came meanwhile: not this report
                 return
             self._unanalysed.discard(source_id)
             self._reports[source_id] = report
@@ -394,3 +472,9 @@ class Library:
 def _remove_file(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def _remove_upload_files(source: Source) -> None:
+    """An upload's file and the sidecar paired with it."""
+    _remove_file(source.path)
+    _remove_file(paired_path(source.path))

@@ -23,6 +23,8 @@ import re
 import shutil
 import socket
 import threading
+import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -30,11 +32,14 @@ from typing import IO, Any
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import ClientDisconnected
 
-from memlens.errors import MemlensError
+from memlens.errors import MemlensError, one_line
+from memlens.snapshot.reader import SIDECAR_MAX_BYTES, SIDECAR_SUFFIX
 from memlens.units import GiB, KiB, format_bytes
-from memlens_app.library import Library
+from memlens_app.archive import ArchiveRefused, run_folder_entries, unpack
+from memlens_app.library import Library, Source
 from memlens_app.scheduler import ServerBusy
 from memlens_app.session import current_session
+from memlens_app.sidecars import SidecarRefused, is_sidecar_name, read_uploaded_sidecar
 from memlens_app.worker import AnalysisCrashed
 
 CHUNK_BYTES = 1 << 20
@@ -43,6 +48,9 @@ DEFAULT_IDLE_TIMEOUT_S = 60.0
 MIN_UPLOAD_RATE = 256 * KiB
 # Disk left free for the rest of the machine when an upload declares its size.
 DISK_MARGIN_BYTES = 1 * GiB
+ZIP_SUFFIX = ".zip"
+MAX_FOLDER_PARTS = 8
+MAX_FOLDER_CHARS = 200
 log = logging.getLogger("memlens.app")
 
 
@@ -73,13 +81,21 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
     @server.route("/upload", methods=["POST"])
     def upload() -> Any:
         name = safe_name(request.args.get("name", "") or request.headers.get("X-File-Name", ""))
+        folder = safe_folder(request.args.get("folder", ""))
         declared = request.content_length
+        sidecar = is_sidecar_name(name)
+        if sidecar and declared is not None and declared > SIDECAR_MAX_BYTES:
+            return _error(413, _sidecar_too_large(name, declared), close=True)
         if declared is not None and declared > limits.max_bytes:
             return _error(413, _too_large_message(name, limits.max_bytes), close=True)
         session = current_session()
         try:
             with library.upload_turn(session):
-                return _store_and_analyse(name, declared, session)
+                if sidecar:
+                    return _store_sidecar(name, folder, declared, session)
+                if name.lower().endswith(ZIP_SUFFIX):
+                    return _store_archive(name, declared, session)
+                return _store_and_analyse(name, folder, declared, session)
         except ServerBusy as exc:
             return _error(503, f"{name}: {exc}", close=True)
 
@@ -89,7 +105,8 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
         state = library.queue_state(current_session())
         return jsonify(running=state.running, waiting=state.waiting, waiting_in_all=state.waiting_in_all)
 
-    def _store_and_analyse(name: str, declared: int | None, session: str) -> Any:
+    def _receive(name: str, declared: int | None, spool_limits: UploadLimits) -> tuple[str, str, int] | Response:
+        """Spool the body to a fresh upload file: (id, path, bytes), or the error to answer."""
         try:
             source_id, path = library.new_upload_file(name)
         except MemlensError as exc:
@@ -98,7 +115,7 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
             return _error(507, f"{name}: not enough free disk space on the server for "
                                f"{format_bytes(declared)}", close=True)
         try:
-            written = _spool(request.stream, path, name, declared, limits)
+            written = _spool(request.stream, path, name, declared, spool_limits)
         except _UploadFailed as exc:
             _remove(path)
             return _error(exc.status, str(exc), close=True)
@@ -112,28 +129,158 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
         if written == 0:
             _remove(path)
             return _error(400, f"{name}: the upload was empty")
+        return source_id, path, written
 
+    def _store_and_analyse(name: str, folder: str, declared: int | None, session: str) -> Any:
+        received = _receive(name, declared, limits)
+        if isinstance(received, Response):
+            return received
+        source_id, path, written = received
         try:
-            library.add_upload(source_id, name, path, written, owner=session)
+            library.add_upload(source_id, name, path, written, owner=session, folder=folder)
         except MemlensError as exc:
             return _error(503, str(exc))
+        analysed = _analyse(source_id, name, path, session)
+        if isinstance(analysed, Response):
+            return analysed
+        return jsonify(**analysed, bytes=written)
+
+    def _analyse(source_id: str, name: str, path: str, session: str) -> dict[str, Any] | Response:
+        """The upload's analysis: what the page is told of it, or the error (it is forgotten).
+
+        An analysis that fails with a paired sidecar is tried once more without it (a sidecar
+        only adds to a snapshot): the answer then says why the sidecar was not used."""
+        answer = _analysed(source_id, name, path, session)
+        sidecar = library.sidecar_of(source_id)
+        if isinstance(answer, Response) and answer.status_code != 503 and sidecar is not None:
+            reason = answer.get_json()["error"].removeprefix(f"{name}: ")
+            library.detach_sidecar(source_id)
+            retried = _analysed(source_id, name, path, session)
+            if isinstance(retried, Response):
+                library.forget(source_id)
+                return retried
+            return {**retried, "note": one_line(f"analysed without {sidecar}, which could not be used: {reason}")}
+        if isinstance(answer, Response):
+            library.forget(source_id)
+            return answer
+        if sidecar:
+            answer.update(sidecar=sidecar, note=f"analysed with {sidecar}")
+        return answer
+
+    def _analysed(source_id: str, name: str, path: str, session: str) -> dict[str, Any] | Response:
         try:
             report = library.analysis(source_id, session, showing=False).report
         except ServerBusy as exc:
-            library.forget(source_id)
             return _error(503, f"{name}: {exc}")
         except MemlensError as exc:
-            library.forget(source_id)
             return _error(400, str(exc).replace(path, name))
         except Exception as exc:  # a bug, not the user's file: keep serving, log the traceback
-            library.forget(source_id)
             detail = f"\n{exc}" if isinstance(exc, AnalysisCrashed) else ""
             log.exception("analysing %s failed%s", name, detail)
             return _error(500, f"{name}: memlens failed to analyse this file (an internal error; "
                                "see the server log)")
-        return jsonify(id=source_id, name=name, bytes=written,
-                       events=sum(d.events for d in report.devices.values()),
-                       findings=len(report.findings))
+        return {"id": source_id, "name": name, "events": sum(d.events for d in report.devices.values()),
+                "findings": len(report.findings)}
+
+    def _store_sidecar(name: str, folder: str, declared: int | None, session: str) -> Any:
+        """A sidecar: checked, then paired with this session's snapshot of it (whose analysis is
+        redone with it) or kept until that snapshot comes; a sidecar that cannot be used is
+        answered with why, in one line."""
+        received = _receive(name, declared, UploadLimits(SIDECAR_MAX_BYTES, limits.idle_timeout_s))
+        if isinstance(received, Response):
+            if received.status_code == 413:
+                return _error(413, _sidecar_too_large(name, None), close=True)
+            return received
+        _, path, _ = received
+        try:
+            read_uploaded_sidecar(path, name)
+            snapshot = library.add_sidecar(name, path, owner=session, folder=folder)
+        except MemlensError as exc:
+            _remove(path)
+            return _error(400, str(exc))
+        if snapshot is None:
+            return jsonify(name=name, sidecar=name,
+                           note=f"kept: no snapshot for it yet (upload {_snapshot_of(name)} to pair them)")
+        analysed = _analyse(snapshot.id, snapshot.name, snapshot.path, session)
+        if isinstance(analysed, Response):
+            return analysed
+        if library.sidecar_of(snapshot.id) != name:  # the analysis failed with it: done again without
+            return _error(400, one_line(f"{name}: {analysed['note']}"))
+        return jsonify(**{**analysed, "note": f"paired with {snapshot.label}"})
+
+    def _store_archive(name: str, declared: int | None, session: str) -> Any:
+        """A .zip of a run folder: its snapshots and sidecars unpacked as uploads of this session
+        (each sidecar paired with the snapshot of its folder), then each snapshot analysed."""
+        received = _receive(name, declared, limits)
+        if isinstance(received, Response):
+            return received
+        _, path, _ = received
+        try:
+            unpacked = _unpack_archive(name, path, session)
+        finally:
+            _remove(path)
+        if isinstance(unpacked, Response):
+            return unpacked
+        files, snapshots = unpacked
+        for source in snapshots:
+            analysed = _analyse(source.id, source.label, source.path, session)
+            if isinstance(analysed, Response):
+                files.append({"name": source.label, "error": analysed.get_json()["error"]})
+            else:
+                files.append({**analysed, "name": source.label})
+        loaded = [f for f in files if f.get("id")]
+        if not loaded:
+            reasons = "; ".join(f.get("error") or f.get("note", "") for f in files) or "no snapshot in it"
+            return _error(400, one_line(f"{name}: nothing to open ({reasons})"))
+        return jsonify(id=loaded[0]["id"], name=name, files=files,
+                       note=f"{len(loaded)} snapshot{'s' if len(loaded) != 1 else ''} opened")
+
+    def _unpack_archive(name: str, path: str, session: str) -> tuple[list[dict[str, Any]], list[Source]] | Response:
+        files: list[dict[str, Any]] = []
+        snapshots: list[Source] = []
+        try:
+            with zipfile.ZipFile(path) as zipped:
+                entries, skipped = run_folder_entries(zipped, name, limits.max_bytes)
+                inflated = sum(e.info.file_size for e in entries)
+                if not _room_for(path, inflated):
+                    return _error(507, f"{name}: not enough free disk space on the server for "
+                                       f"{format_bytes(inflated)}")
+                files.extend({"name": s, "note": "skipped: not a snapshot or a sidecar"} for s in skipped)
+                # Sidecars first: each snapshot then finds its own as it is added.
+                for entry in sorted(entries, key=lambda e: e.kind != "sidecar"):
+                    folder = safe_folder(f"{name}/{entry.folder}")
+                    label = f"{folder}/{entry.name}"
+                    entry_name = safe_name(entry.name)
+                    source_id, entry_path = library.new_upload_file(entry_name)
+                    try:
+                        written = unpack(zipped, entry, entry_path)
+                        if entry.kind == "sidecar":
+                            read_uploaded_sidecar(entry_path, entry_name)
+                            library.add_sidecar(entry_name, entry_path, owner=session, folder=folder)
+                            files.append({"name": label, "sidecar": entry_name, "note": "sidecar"})
+                        else:
+                            snapshots.append(library.add_upload(source_id, entry_name, entry_path, written,
+                                                                owner=session, folder=folder))
+                    except SidecarRefused as exc:
+                        _remove(entry_path)
+                        files.append({"name": label, "error": str(exc)})
+                    except BaseException:
+                        _remove(entry_path)
+                        raise
+        except ArchiveRefused as exc:
+            _forget_all(snapshots)
+            return _error(400, str(exc))
+        except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, ValueError) as exc:
+            _forget_all(snapshots)
+            return _error(400, one_line(f"{name}: not a readable zip archive ({exc})"))
+        except MemlensError as exc:
+            _forget_all(snapshots)
+            return _error(503, str(exc))
+        return files, snapshots
+
+    def _forget_all(sources: list[Source]) -> None:
+        for source in sources:
+            library.forget(source.id)
 
 
 def _spool(stream: IO[bytes], path: str, name: str, declared: int | None, limits: UploadLimits) -> int:
@@ -208,6 +355,22 @@ def _error(status: int, message: str, close: bool = False) -> Response:
     if close:  # the unread rest of the body must not be taken for the next request
         response.headers["Connection"] = "close"
     return response
+
+
+def safe_folder(folder: str) -> str:
+    """A dropped file's folder (or an archive entry's), for pairing and labels only (never a path):
+    each part cleaned like a file name, at most ``MAX_FOLDER_PARTS`` parts."""
+    parts = [re.sub(r"[^A-Za-z0-9._-]+", "_", p).strip("._") for p in folder.replace("\\", "/").split("/")]
+    return "/".join([p for p in parts if p][-MAX_FOLDER_PARTS:])[-MAX_FOLDER_CHARS:]
+
+
+def _snapshot_of(sidecar: str) -> str:
+    return sidecar.removesuffix(SIDECAR_SUFFIX) + ".pickle"
+
+
+def _sidecar_too_large(name: str, size: int | None) -> str:
+    told = f"{format_bytes(size)}, " if size is not None else ""
+    return f"{name}: {told}larger than a sidecar may be ({format_bytes(SIDECAR_MAX_BYTES)}); not used"
 
 
 def _too_large_message(name: str, limit: int) -> str:

@@ -18,6 +18,11 @@ def alert(text: str, kind: str = "error") -> html.Div:
     return html.Div(text, className=f"alert alert-{kind}", role="alert")
 
 
+def data_attributes(values: dict[str, str]) -> dict[str, Any]:
+    """``data-*`` attributes for a component (Dash passes them through; its stubs do not list them)."""
+    return {f"data-{name}": value for name, value in values.items()}
+
+
 def empty_figure(text: str = "Open a snapshot to begin.") -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",

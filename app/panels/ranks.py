@@ -43,9 +43,10 @@ def fleet_of(rows: Sequence[RankRow]) -> FleetReport:
 
 
 def rank_path(source: Source) -> str:
-    """The path a source's rank and job are read from: an upload's own name (its file on the
-    server is a spool file named by id), under one common folder; else the file's path."""
-    return f"(uploaded)/{source.name}" if source.kind == "upload" else source.path
+    """The path a source's rank and job are read from: an upload's own name and the folder it came
+    from (its file on the server is a spool file named by id), under one common folder; else the
+    file's path."""
+    return f"(uploaded)/{source.label}" if source.kind == "upload" else source.path
 
 
 def rank_sources(sources: Sequence[Source]) -> list[tuple[str, str]]:

@@ -52,7 +52,9 @@ def zoom_timeline(page: DashPage, first: float, last: float, attempts: int = 3) 
     for a user dragging within the first instant. So the zoom is repeated until the banner shows.
     """
     for attempt in range(attempts):
-        relayout_timeline(page, {"xaxis.range": [first, last]})
+        # Each attempt a range of its own: plotly reports no relayout for the range it already has,
+        # so an attempt repeating an undone one would never reach the page's callbacks.
+        relayout_timeline(page, {"xaxis.range": [first - attempt, last + attempt]})
         try:
             page.wait_for_contains_text("#window-label", "Window: events", timeout=10)
             return

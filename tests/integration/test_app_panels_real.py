@@ -47,8 +47,8 @@ def test_every_panel_builds(path: Path) -> None:
                         where.first:where.last + 1].max())
                 if panel.groups is not None:
                     assert sum(g.bytes for g in panel.groups.groups) == panel.live.total_bytes
-        budget_panel(analysis.device(device), BudgetForm(params="1B", hidden=2048, layers=16, heads=16,
-                                                         seq=1024, capacity="80GiB"))[0].to_json()
+        budget_panel(report, device, BudgetForm(params="1B", hidden=2048, layers=16, heads=16,
+                                                seq=1024, capacity="80GiB")).figure.to_json()
     compare_panel(report, report, None, None, "time")[0].to_json()
     row = rank_row(str(path), report)
     assert row.ok and row.peak_allocated_bytes == report.device(None).peak_allocated_bytes

@@ -3,11 +3,13 @@ figures, components and plain data out; their numbers are the analysis' and the 
 
 from __future__ import annotations
 
+import re
 import shutil
 from typing import Any
 
 import pytest
 
+import memlens
 from memlens.analysis import Analysis, analyze_snapshot, live_at
 from memlens.analysis.lenses.groups import group_live
 from memlens.analysis.lenses.inputs import allocated_at, lens_inputs_of
@@ -43,6 +45,7 @@ from memlens_app.panels.timeline import (
     window_text,
 )
 from tests.conftest import SAMPLE_SNAPSHOTS_DIR
+from tests.unit.tracebuilder import training_run
 
 SAMPLES = SAMPLE_SNAPSHOTS_DIR
 LEAK = SAMPLES / "leak.pickle"
@@ -227,13 +230,18 @@ def test_overview_cards_are_the_reports_numbers(leak: Analysis) -> None:
 
 
 def test_budget_panel_needs_a_parameter_count_then_draws_theory(leak: Analysis) -> None:
-    device = leak.device(None)
-    figure, verdict = budget_panel(device, BudgetForm())
-    assert verdict is None and not figure.data
-    figure, verdict = budget_panel(device, BudgetForm(params="124M", capacity="16GiB"))
+    device = leak.device(None).device
+    # The sample was recorded: a blank form is its sidecar's budget, as in memlens triage.
+    blank = _text(budget_panel(leak.report, device, BudgetForm()).summary)
+    assert re.search(r"parameters \S+ KiB \S+ KiB \d+\.\d\dx", blank)
+    foreign = memlens.analyze(training_run(2).snapshot())  # no sidecar: nothing to fill a blank form
+    figure, verdict, summary = budget_panel(foreign, foreign.device().device, BudgetForm()).outputs()
+    assert verdict is None and not figure.data and "Enter the parameter count" in _text(summary)
+    figure, verdict, summary = budget_panel(leak.report, device, BudgetForm(params="124M", capacity="16GiB")).outputs()
     assert any(trace.name == "theory" for trace in figure.data)
     assert "Theory:" in _text(verdict) and f"fits in {format_bytes(16 * 2**30)}" in _text(verdict)
-    _, error = budget_panel(device, BudgetForm(params="lots"))
+    assert re.search(r"\d+\.\d\dx", _text(summary))
+    _, error, _ = budget_panel(leak.report, device, BudgetForm(params="lots")).outputs()
     assert "alert-error" in _classes(error)
 
 
