@@ -9,11 +9,12 @@ import pytest
 
 import memlens
 from memlens.analysis import analyze_snapshot
+from memlens.ops.fleet import rank_row
 from memlens_app.panels.budget import BudgetForm, budget_panel
 from memlens_app.panels.compare import compare_panel
 from memlens_app.panels.live import DASHBOARD_GROUP_BYS, live_panel, segments_panel
 from memlens_app.panels.overview import overview
-from memlens_app.panels.ranks import rank_row, ranks_panel
+from memlens_app.panels.ranks import ranks_panel
 from memlens_app.panels.timeline import findings_panel, timeline_panel, window_of, window_text
 from tests.conftest import REAL_SNAPSHOTS_MISSING, real_snapshot_paths
 
