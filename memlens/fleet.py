@@ -76,9 +76,8 @@ def analyse_file(path: str, capacity: int | None = None, device: int | None = No
     try:
         report = analyze(load(path, cache=cache), capacity=capacity)
         result["device"] = report.device(device).device
-        sidecar = report.sidecar or {}
-        result["rank"] = _count(sidecar.get("rank"))
-        result["world_size"] = _count(sidecar.get("world_size"))
+        if report.sidecar is not None:  # its reader checked them: non-negative ints or None
+            result["rank"], result["world_size"] = report.sidecar.rank, report.sidecar.world_size
         result["report"] = report.to_json()
     except MemlensError as exc:
         result["error"] = printable(exc, 300)
@@ -89,11 +88,6 @@ def analyse_file(path: str, capacity: int | None = None, device: int | None = No
         result["error"] = f"internal error: {type(exc).__name__}: {printable(exc, 300)}"
     result["seconds"] = time.perf_counter() - started
     return result
-
-
-def _count(value: Any) -> int | None:
-    """A non-negative int from the sidecar, or None (a broken sidecar only loses the rank)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 # --------------------------------------------------------------------------- executors

@@ -11,6 +11,7 @@ from dash import html
 from memlens import figures
 from memlens.analysis.report import DeviceReport
 from memlens.errors import MemlensError
+from memlens.snapshot.sidecar import Sidecar
 from memlens.units import format_bytes, parse_bytes
 from memlens_app.panels.common import alert, as_int, empty_figure, parse_count
 
@@ -36,15 +37,15 @@ class BudgetPrefill:
         return OPTIMIZER_CLASSES.get(self.optimizer)
 
 
-def budget_prefill(sidecar: dict[str, Any], parameter_bytes: int) -> BudgetPrefill:
+def budget_prefill(sidecar: Sidecar | None, parameter_bytes: int) -> BudgetPrefill:
     """The recorder's sidecar first; else the parameter bytes the analysis found, as an fp32 guess.
 
     Nothing is invented: a snapshot with neither leaves the form empty, and no verdict is shown.
     """
-    model = sidecar.get("model") or {}
-    optimizer = str((sidecar.get("optimizer") or {}).get("class") or "").lower()
-    count = model.get("parameters_total")
-    if isinstance(count, int | float) and count > 0:
+    known = sidecar.optimizer.class_name if sidecar is not None and sidecar.optimizer is not None else None
+    optimizer = (known or "").lower()
+    count = sidecar.model.parameters_total if sidecar is not None and sidecar.model is not None else None
+    if count:
         return BudgetPrefill(f"{count / 1e6:.3f}M", optimizer, None, False,
                              "from the recorder's sidecar (the model it saw)")
     if parameter_bytes > 0:
@@ -55,10 +56,9 @@ def budget_prefill(sidecar: dict[str, Any], parameter_bytes: int) -> BudgetPrefi
     return BudgetPrefill(optimizer=optimizer)
 
 
-def capacity_of(device: DeviceReport, sidecar: dict[str, Any]) -> int | None:
+def capacity_of(device: DeviceReport, sidecar: Sidecar | None) -> int | None:
     """The device's memory: from the snapshot, else from the recorder's sidecar."""
-    capacity = device.capacity_bytes or (sidecar.get("device") or {}).get("total_memory_bytes")
-    return int(capacity) if capacity else None
+    return device.capacity_bytes or (sidecar.capacity_bytes if sidecar is not None else None)
 
 
 @dataclass(frozen=True)

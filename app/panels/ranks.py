@@ -39,16 +39,12 @@ RANK_IN_PATH = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 DASHBOARD_EXECUTOR = "sequential"
 
 
-def _count(value: Any) -> int | None:
-    """A non-negative int from a sidecar, else None (a broken sidecar only loses the rank)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
 def rank_row(path: str, report: Report, device: int | None = None) -> RankRow:
     """The fleet table's row for one analysed snapshot (``device``: None for the report's main one)."""
-    sidecar = report.sidecar or {}
+    sidecar = report.sidecar
     result = {"path": path, "report": report.to_json(), "device": report.device(device).device,
-              "rank": _count(sidecar.get("rank")), "world_size": _count(sidecar.get("world_size")),
+              "rank": sidecar.rank if sidecar is not None else None,
+              "world_size": sidecar.world_size if sidecar is not None else None,
               "error": None, "seconds": 0.0}
     return row_from_result(result)
 

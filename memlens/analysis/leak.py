@@ -190,7 +190,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
     # step that a holder of theirs keeps alive at the dump. The warm-up step is left out of the
     # comparison (it makes gradients and optimizer state) and its first forward can run before
     # the recorder's hooks, under another stack: its kept tensor is still in the pile.
-    holders = read_holders(ctx.snapshot.sidecar)
+    holders = read_holders(ctx.snapshot.sidecar.leak_holders if ctx.snapshot.sidecar is not None else None)
     kept = np.union1d(rows, held_with(ctx, holders, rows))
     end_row = comparable[last].end_event
     held = kept[(lt.alloc_event[kept] < end_row) & (lt.free_event[kept] >= end_row)]
@@ -350,10 +350,9 @@ class Holder:
         return self.named[0].where if len(self.named) == 1 else None
 
 
-def read_holders(sidecar: dict[str, Any]) -> list[Holder]:
-    """The holders the recorder found at the dump; the sidecar is untrusted: entries of the wrong
-    shape are skipped."""
-    section = sidecar.get("leak_holders")
+def read_holders(section: dict[str, Any] | None) -> list[Holder]:
+    """The holders the recorder found at the dump (the sidecar's ``leak_holders``); the sidecar is
+    untrusted: entries of the wrong shape are skipped."""
     entries = section.get("holders") if isinstance(section, dict) else None
     holders: list[Holder] = []
     for entry in entries if isinstance(entries, list) else []:

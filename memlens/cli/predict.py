@@ -28,7 +28,8 @@ import click
 from memlens.cli.common import help_text, json_text
 from memlens.errors import MemlensUsageError
 from memlens.predict.gpus import GPU_NAMES_HELP
-from memlens.recorder.sidecar import build_sidecar, sidecar_path, write_json, write_snapshot
+from memlens.recorder.sidecar import build_sidecar, sidecar_path, write_sidecar, write_snapshot
+from memlens.snapshot.sidecar import Sidecar
 from memlens.units import format_bytes, parse_bytes
 
 
@@ -123,7 +124,7 @@ def predict(
             sys.stderr.write(result.error_traceback)
         predicted = out / "predicted.pickle"
         write_snapshot(predicted, result.snapshot or {})
-        write_json(sidecar_path(predicted), predicted_sidecar(session, result))
+        write_sidecar(sidecar_path(predicted), predicted_sidecar(session, result))
         result.snapshots.append(str(predicted.resolve()))
         result.value = None  # the script's globals: let them go
         report = predicted_report(predicted, result)
@@ -221,7 +222,7 @@ class StopSignals:
         self._previous.clear()
 
 
-def predicted_sidecar(session: Any, result: Any) -> dict[str, Any]:
+def predicted_sidecar(session: Any, result: Any) -> Sidecar:
     """The recorder's sidecar for ``predicted.pickle``: device, peaks, OOM, the model and
     optimizer found at the end, and the tensors' roles (``tensor_roles``, as the recorder
     writes them), so ``triage`` knows parameters, gradients and optimizer state exactly and
@@ -239,7 +240,7 @@ def predicted_sidecar(session: Any, result: Any) -> dict[str, Any]:
             "name": f"{session.gpu.name} (memlens predict, simulated)",
             "total_memory_bytes": session.capacity,
             "simulated": True,
-            "compute_capability": list(session.gpu.capability),
+            "compute_capability": ".".join(str(part) for part in session.gpu.capability),
         },
         allocator_settings=session.settings.to_snapshot_dict(),
         rank=0,

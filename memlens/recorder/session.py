@@ -72,17 +72,20 @@ from memlens.recorder.roles import (
     retained_graph_tensors,
 )
 from memlens.recorder.sidecar import (
+    autocast_dtype,
     build_sidecar,
     input_dimensions,
-    model_dimensions,
     model_stats,
+    optimizer_state_dtype,
     optimizer_stats,
+    output_vocab,
     parameter_stats,
     sidecar_path,
-    write_json,
+    write_sidecar,
     write_snapshot,
 )
 from memlens.recorder.stacks import DEFAULT_MAX_DEPTH, StackCapture, hide_launcher_frames
+from memlens.snapshot.sidecar import ModelInfo, Sidecar
 from memlens.units import format_bytes, parse_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -167,7 +170,9 @@ class Recorder:
         self.name = name
         self._names = SnapshotNames(self.out, name)
         self._steps, self._first_step, self._last_step = _step_filter(steps)
-        self._model_stats: dict[str, Any] | None = None
+        self._model_stats: ModelInfo | None = None
+        self._first_forward_seen = False  # of the model the sidecar describes: its shapes are kept
+        self._vocab_pending = False
         self._optimizer_stats: dict[str, Any] | None = None
         # Weak references: recording must not keep the user's model or optimizer alive.
         self._models: list[weakref.ref[Any]] = []
@@ -335,9 +340,7 @@ class Recorder:
         if model is not None and not any(ref() is model for ref in self._models):
             self._models.append(weakref.ref(model))
             self._model_stats = model_stats(model)
-            dimensions = model_dimensions(model)
-            if self._model_stats is not None and dimensions:
-                self._model_stats["config"] = dimensions
+            self._first_forward_seen = False
             add_root = getattr(self.backend, "add_root", None)
             if add_root is not None:
                 add_root(model)
@@ -369,15 +372,24 @@ class Recorder:
 
     def _on_model_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         stats = self._model_stats
-        if stats is not None and "inputs" not in stats and self._models and self._models[-1]() is module:
-            # the batch and sequence length of the first call of the model the sidecar describes
-            shape = input_dimensions(module, args, kwargs, stats.get("config") or {})
-            if shape is not None:
-                stats["inputs"] = shape
+        if stats is not None and stats.inputs is None and self._models and self._models[-1]() is module:
+            # the autocast dtype of the first call of the model the sidecar describes, and the
+            # batch and sequence length of the first that tells them (its outputs, below, show
+            # the vocabulary)
+            if not self._first_forward_seen:
+                self._first_forward_seen = True
+                stats.autocast_dtype = autocast_dtype(args, kwargs, module)
+            stats.inputs = input_dimensions(module, args, kwargs, stats.config)
+            self._vocab_pending = stats.inputs is not None and stats.config.vocab_size is None
         if self._state == "recording":
             self._roles.note("forward", self.backend.now(), {"inputs": forward_inputs(args, kwargs)})
 
     def _on_model_outputs(self, module: Any, args: Any, output: Any) -> None:
+        stats = self._model_stats
+        if self._vocab_pending and stats is not None and stats.inputs is not None and self._models \
+                and self._models[-1]() is module:
+            self._vocab_pending = False
+            stats.config.vocab_size = output_vocab(output, stats.inputs, stats.config)
         if self._state == "recording":
             self._roles.note("forward.end", self.backend.now(), {"outputs": forward_outputs(output)})
 
@@ -548,9 +560,8 @@ class Recorder:
             self._add_module_scopes(snapshot)
             self._add_missing_step_annotations(snapshot)
             write_snapshot(path, snapshot)
-            sidecar = self._sidecar(reason, ranks)
-            sidecar["leak_holders"] = leak_holders(snapshot, self.steps, self.backend)  # memlens.recorder.holders
-            write_json(sidecar_path(path), sidecar)
+            holders = leak_holders(snapshot, self.steps, self.backend)  # memlens.recorder.holders
+            write_sidecar(sidecar_path(path), self._sidecar(reason, ranks, holders))
             self.paths.append(path)
         return path
 
@@ -620,8 +631,11 @@ class Recorder:
                     annotations.append({"name": name, "stage": stage, "device": device, "time_us": step[key]})
         annotations.sort(key=lambda a: a.get("time_us", 0))
 
-    def _sidecar(self, reason: str, ranks: RankInfo) -> dict[str, Any]:
+    def _sidecar(self, reason: str, ranks: RankInfo, holders: dict[str, Any] | None = None) -> Sidecar:
         peak_allocated, peak_reserved = self.backend.peak_bytes()
+        optimizer = self._optimizer_stats
+        if optimizer is not None:
+            optimizer = {**optimizer, "state_dtype": optimizer_state_dtype(self.optimizers)}
         selected: list[int] | None = None
         if self._steps is not None:
             selected = sorted(self._steps)[:_MAX_LISTED_STEPS]  # type: ignore[call-overload]
@@ -639,7 +653,7 @@ class Recorder:
             peak_reserved_bytes=peak_reserved,
             oom=self.oom,
             model=self._model_stats,
-            optimizer=self._optimizer_stats,
+            optimizer=optimizer,
             recorder={
                 "stacks": self.stacks,
                 "context": self.context,
@@ -650,6 +664,7 @@ class Recorder:
             },
             tensor_roles=self._roles.to_sidecar(),
             outside_pytorch=list(self._outside_pytorch) if getattr(self.backend, "outside_pytorch", None) else None,
+            leak_holders=holders,
         )
 
     def _write_rank_summary(self) -> None:

@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import memlens
 from memlens.budget import ModelSpec, TrainingSetup, estimate, reconcile
+from memlens.snapshot.sidecar import sidecar_from_builtins
 from memlens_app.panels.budget import budget_prefill, budget_verdict
 from tests.unit.tracebuilder import MiB, training_run
 
 
 def test_prefill_prefers_the_recorders_sidecar() -> None:
-    sidecar = {"model": {"parameters_total": 124_000_000}, "optimizer": {"class": "AdamW"}}
+    sidecar = sidecar_from_builtins({"model": {"parameters_total": 124_000_000}, "optimizer": {"class": "AdamW"}})
     prefill = budget_prefill(sidecar, parameter_bytes=999)
     assert prefill.params == "124.000M" and not prefill.inferred and prefill.optimizer == "adamw"
     assert "sidecar" in prefill.note
 
 
 def test_prefill_infers_from_parameter_bytes_and_says_so() -> None:
-    prefill = budget_prefill({}, parameter_bytes=400_000_000)
+    prefill = budget_prefill(None, parameter_bytes=400_000_000)
     assert prefill.params == "100.000M" and prefill.inferred and prefill.precision == "fp32"
     assert prefill.note.startswith("inferred")
 
 
 def test_nothing_known_fills_nothing() -> None:
-    prefill = budget_prefill({}, parameter_bytes=0)
+    prefill = budget_prefill(None, parameter_bytes=0)
     assert prefill.params is None and not prefill.inferred and prefill.note == ""
 
 
