@@ -144,13 +144,13 @@ def options_from_sidecar(options: BudgetOptions, sidecar: Sidecar | None) -> Bud
     """``options`` with what they leave open filled from the recorder's sidecar: the parameter
     count, the model's dimensions and layer count, the first batch's size and sequence length,
     the precision (autocast's dtype over fp32 weights: mixed; else the weights' dtype), the
-    optimizer and its state's dtype. What the sidecar does not say stays open (the defaults).
+    optimizer and its state's dtype. What the sidecar does not say stays open (the defaults),
+    but for the precision: a measured run whose weights' dtype nobody states is taken as fp32,
+    as ``memlens triage`` always has.
 
     The same shapes the activation finding's per-layer theory reads, so the two agree."""
-    if sidecar is None:
-        return options
-    filled: dict[str, Any] = {}
-    model = sidecar.model
+    filled: dict[str, Any] = {} if options.precision is not None else {"precision": "fp32"}
+    model = sidecar.model if sidecar is not None else None
     if model is not None:
         config = model.config
         if options.params is None and options.config is None and model.parameters_trainable:
@@ -173,7 +173,7 @@ def options_from_sidecar(options: BudgetOptions, sidecar: Sidecar | None) -> Bud
                 filled["precision"] = _MIXED[model.autocast_dtype]
             elif weights in _PURE:
                 filled["precision"] = _PURE[weights]
-    optimizer = sidecar.optimizer
+    optimizer = sidecar.optimizer if sidecar is not None else None
     if optimizer is not None:
         if options.optimizer is None and optimizer.class_name:
             name = _OPTIMIZERS.get(optimizer.class_name.lower(), "adamw")
