@@ -36,8 +36,8 @@ from memlens.analysis.report import (
 from memlens.analysis.settings import AnalysisSettings
 from memlens.analysis.stacks import StackFacts
 from memlens.analysis.views import segment_map_of, timeline_of
+from memlens.sidecar import Sidecar
 from memlens.snapshot.model import Snapshot
-from memlens.snapshot.sidecar import Sidecar
 
 Finder = Callable[[DeviceContext], list[Finding]]
 

@@ -52,7 +52,7 @@ from memlens.analysis.settings import (
     SELECTIVE_CHECKPOINT_KEEP_FRACTION,
 )
 from memlens.analysis.steps import _rows_of_scopes, _scopes, _search_times, device_annotations
-from memlens.snapshot.sidecar import Sidecar
+from memlens.sidecar import Sidecar
 from memlens.units import format_bytes
 
 # Rows without Python frames must be this much more common after the peak than before it to
@@ -366,12 +366,12 @@ def layer_theory(sidecar: Sidecar | None, layers: int) -> dict[str, int | str] |
     model = sidecar.model if sidecar is not None else None
     if model is None or model.inputs is None or model.config.hidden_size is None:
         return None
-    config = model.config
+    config, hidden = model.config, model.config.hidden_size
     fp32 = model.main_dtype == "torch.float32" and model.autocast_dtype in (None, "torch.float32")
     scale = 2.0 if fp32 else 1.0
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     kv_ratio = kv_heads / heads if kv_heads is not None and heads is not None else 1.0
-    batch, seq, hidden = model.inputs.batch_size, model.inputs.seq_len, config.hidden_size
+    batch, seq = model.inputs.batch_size, model.inputs.seq_len
     theory: dict[str, int | str] = {
         "theory_per_layer_bytes": megatron_layer_activation_bytes(
             batch, seq, hidden, None, flash_attention=True, kv_ratio=kv_ratio, bytes_scale=scale),

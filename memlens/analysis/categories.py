@@ -44,7 +44,7 @@ import numpy.typing as npt
 from memlens.analysis.datatypes import CATEGORIES, Step
 from memlens.analysis.lifetimes import Lifetimes, byte_counts
 from memlens.analysis.stacks import StackFacts
-from memlens.snapshot.sidecar import TensorRoles
+from memlens.sidecar import TensorRoles
 
 I64 = npt.NDArray[np.int64]
 PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARY, LEAKED, UNKNOWN = range(len(CATEGORIES))

@@ -43,7 +43,7 @@ from memlens.analysis.datatypes import (
     format_evidence,
 )
 from memlens.errors import MemlensFormatError, MemlensUsageError
-from memlens.snapshot.sidecar import Sidecar
+from memlens.sidecar import Sidecar
 
 # The shared types live in ``datatypes`` (a leaf the analyses import); they are re-exported here
 # so ``from memlens.analysis.report import Finding`` keeps working for reporters, the app and tests.
@@ -134,7 +134,7 @@ class Report(PlainData):
     devices: dict[int, DeviceReport]
     findings: list[Finding]
     # The recorder's sidecar (run metadata: model, optimizer, device, ranks, shapes), as read
-    # and migrated (``memlens.snapshot.sidecar``); None for a file memlens did not record.
+    # and migrated (``memlens.sidecar``); None for a file memlens did not record.
     sidecar: Sidecar | None = None
 
     def device(self, device: int | None = None) -> DeviceReport:

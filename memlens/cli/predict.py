@@ -29,7 +29,7 @@ from memlens.cli.common import help_text, json_text
 from memlens.errors import MemlensUsageError
 from memlens.predict.gpus import GPU_NAMES_HELP
 from memlens.recorder.sidecar import build_sidecar, sidecar_path, write_sidecar, write_snapshot
-from memlens.snapshot.sidecar import Sidecar
+from memlens.sidecar import Sidecar
 from memlens.units import format_bytes, parse_bytes
 
 

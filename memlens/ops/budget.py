@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from memlens.analysis.report import Report
     from memlens.budget import Budget, Reconciliation
     from memlens.files import OpenedFile
-    from memlens.snapshot.sidecar import Sidecar
+    from memlens.sidecar import Sidecar
 
 __all__ = ["BudgetOptions", "estimate_budget", "reconcile_budget"]
 

@@ -85,7 +85,7 @@ from memlens.recorder.sidecar import (
     write_snapshot,
 )
 from memlens.recorder.stacks import DEFAULT_MAX_DEPTH, StackCapture, hide_launcher_frames
-from memlens.snapshot.sidecar import ModelInfo, Sidecar
+from memlens.sidecar import ModelInfo, Sidecar
 from memlens.units import format_bytes, parse_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])

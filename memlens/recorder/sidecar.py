@@ -12,7 +12,7 @@ drops the lock when its process dies, however it dies. Temporary files are named
 host) is gone and reservation files nobody holds: what a ``kill -9`` leaves behind.
 
 The sidecar, ``<name>.memlens.json`` next to ``<name>.pickle``, is a
-``memlens.snapshot.sidecar.Sidecar`` (its fields and layouts are documented there, where its one
+``memlens.sidecar.Sidecar`` (its fields and layouts are documented there, where its one
 reader is): ``build_sidecar`` builds it and ``write_sidecar`` writes it. Gathered here: the
 model's parameter counts (``model_stats``), the dimensions it declares and its layer count
 (``model_dimensions``), its first forward's batch, sequence length and autocast dtype
@@ -39,7 +39,7 @@ import msgspec
 
 from memlens import files
 from memlens._version import __version__
-from memlens.snapshot.sidecar import ModelConfig, ModelInfo, ModelInputs, OptimizerInfo, Sidecar, encode_sidecar
+from memlens.sidecar import ModelConfig, ModelInfo, ModelInputs, OptimizerInfo, Sidecar, encode_sidecar
 
 if TYPE_CHECKING:  # torch is imported where tensors are looked at: reading a sidecar needs none
     import torch
@@ -328,7 +328,7 @@ def model_dimensions(model: Any) -> ModelConfig:
     if not found:
         attributes = getattr(model, "__dict__", None)  # plain attributes only, not properties
         found = _dimensions_of(attributes) if isinstance(attributes, Mapping) else {}
-    dimensions = ModelConfig(**found)
+    dimensions = msgspec.convert(found, ModelConfig)
     if dimensions.num_layers is None:
         stack = layer_stack(model)
         if stack is not None:

@@ -39,6 +39,7 @@ import numpy as np
 from memlens.allocator.settings import AllocatorSettings
 from memlens.errors import MemlensFormatError, MemlensUsageError
 from memlens.files import FileRefused, OpenedFile, open_regular
+from memlens.sidecar import sidecar_beside
 from memlens.snapshot import scan
 from memlens.snapshot.curves import CurveOverflow, build_curves
 from memlens.snapshot.formats import BARE_LIST_FORMAT, GZIP_MAGIC, ZIP_MAGIC, guess_format, looks_like_pickle, sniff
@@ -56,7 +57,6 @@ from memlens.snapshot.model import (
     StackTable,
 )
 from memlens.snapshot.scan import PickleRefused, PipedVetting, VettedStream
-from memlens.snapshot.sidecar import sidecar_beside
 from memlens.snapshot.validate import (
     DEFAULT_TEXT_BUDGET,
     INT64_MAX,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import memlens
+from memlens.sidecar import SIDECAR_VERSION
 from memlens.snapshot.model import Action
-from memlens.snapshot.sidecar import SIDECAR_VERSION
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_snapshots"
 NAMES = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import memlens
 from memlens.budget import ModelSpec, TrainingSetup, estimate, reconcile
-from memlens.snapshot.sidecar import sidecar_from_builtins
+from memlens.sidecar import sidecar_from_builtins
 from memlens_app.panels.budget import budget_prefill, budget_verdict
 from tests.unit.tracebuilder import MiB, training_run
 

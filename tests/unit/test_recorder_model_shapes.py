@@ -12,7 +12,7 @@ from torch import nn
 
 from memlens.recorder import record
 from memlens.recorder.sidecar import input_dimensions, model_dimensions
-from memlens.snapshot.sidecar import ModelConfig, ModelInputs
+from memlens.sidecar import ModelConfig, ModelInputs
 
 NONE = ModelConfig()
 

@@ -27,7 +27,7 @@ from memlens.recorder import record
 from memlens.recorder.module_scopes import ModuleScopes
 from memlens.recorder.roles import RoleRecorder, find_model, model_state
 from memlens.recorder.sidecar import sidecar_path
-from memlens.snapshot.sidecar import sidecar_from_builtins
+from memlens.sidecar import sidecar_from_builtins
 
 
 def lifetimes(rows: list[tuple[int, int, int]], events: int) -> Lifetimes:

@@ -16,7 +16,7 @@ import memlens
 from memlens.analysis.report import Report
 from memlens.ops.budget import BudgetOptions, options_from_sidecar
 from memlens.recorder.sidecar import build_sidecar
-from memlens.snapshot.sidecar import (
+from memlens.sidecar import (
     SIDECAR_MAX_BYTES,
     SIDECAR_VERSION,
     Sidecar,

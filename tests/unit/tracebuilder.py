@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from memlens.sidecar import sidecar_from_builtins
 from memlens.snapshot.model import Snapshot
 from memlens.snapshot.reader import parse
-from memlens.snapshot.sidecar import sidecar_from_builtins
 
 MiB = 1 << 20
 

@@ -331,15 +331,15 @@ _INPUT_KEYS = {"batch_size": ("batch_size", "batch", "micro_batch_size"),
 def _from_unversioned(raw: dict[str, Any]) -> dict[str, Any]:
     raw = dict(raw)
     device, model = raw.get("device"), raw.get("model")
-    places = [raw, device, model]
+    candidates: list[Any] = [raw, device, model]
     devices = raw.pop("devices", None)
     index = device.get("index") if isinstance(device, dict) else None
     index = index if isinstance(index, int) and not isinstance(index, bool) else 0
     if isinstance(devices, dict):
-        places.append(devices.get(str(index), devices.get(index)))  # type: ignore[call-overload]
+        candidates.append(devices.get(str(index), devices.get(index)))
     elif isinstance(devices, list) and 0 <= index < len(devices):
-        places.append(devices[index])
-    places = [place for place in places if isinstance(place, dict)]
+        candidates.append(devices[index])
+    places: list[dict[str, Any]] = [place for place in candidates if isinstance(place, dict)]
     capacity = _first_positive(places, _CAPACITY_KEYS)
     parameters = _first_positive(places, _PARAMETER_KEYS)
     for key in ("total_memory", "capacity_bytes", "capacity", "trainable_parameters", "parameters",
@@ -371,11 +371,12 @@ def _first_positive(places: list[dict[str, Any]], keys: tuple[str, ...]) -> int 
 def _move_shapes(model: dict[str, Any], top_inputs: Any) -> None:
     """The unversioned shape names under ``model``, ``model.config``, ``model.inputs`` or a
     top-level ``inputs``, moved to ``model.config`` and ``model.inputs``."""
-    config = model.get("config") if isinstance(model.get("config"), dict) else {}
-    inputs = model.get("inputs") if isinstance(model.get("inputs"), dict) else {}
+    config: dict[str, Any] = model["config"] if isinstance(model.get("config"), dict) else {}
+    inputs: dict[str, Any] = model["inputs"] if isinstance(model.get("inputs"), dict) else {}
     places = [p for p in (model, config, inputs, top_inputs) if isinstance(p, dict)]
     moved_config = dict(config)
-    for target, names in (("hidden_size", ("hidden",)), ("num_attention_heads", ("heads",))):
+    aliases: dict[str, tuple[str, ...]] = {"hidden_size": ("hidden",), "num_attention_heads": ("heads",)}
+    for target, names in aliases.items():
         value = _first_positive(places, (target, *names, *_V1_NAMES.get(target, ())))
         if value is not None:
             moved_config[target] = value
