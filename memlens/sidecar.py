@@ -5,8 +5,10 @@ contract between the writer (``memlens.recorder.sidecar.build_sidecar``) and eve
 budget, the fleet, the dashboard and the MCP server read: attributes, never key lookups.
 ``read_sidecar(data, source)`` is the one reader: it decodes bounded bytes, migrates an older
 layout into the current one and validates every field, and says what is wrong in one line
-(``SidecarError``, a ``MemlensFormatError``) instead of a traceback. ``sidecar_beside(path)``
-finds and reads the sidecar of a snapshot file.
+(``SidecarError``, a ``MemlensFormatError``) instead of a traceback; ``read_sidecar_file(path)``
+reads a file given on its own (an upload), ``sidecar_beside(path)`` the sidecar of a snapshot
+file (``memlens.load`` does). To pair a snapshot loaded from elsewhere with its sidecar, set
+``snapshot.sidecar`` before ``memlens.analyze``.
 
 Layouts (``memlens_sidecar_version``):
 
@@ -261,6 +263,21 @@ def sidecar_from_builtins(raw: Any, source: str = "<sidecar>") -> Sidecar:
         raise SidecarError(source, "not a memlens sidecar: nested too deeply") from None
 
 
+def read_sidecar_file(path: str | os.PathLike[str] | OpenedFile) -> Sidecar:
+    """``read_sidecar`` of a file named on its own (an upload, a path a user gave): only a
+    regular file of at most ``SIDECAR_MAX_BYTES``; ``SidecarError`` saying why not."""
+    name = path.name if isinstance(path, OpenedFile) else os.fspath(path)
+    try:
+        opened = path if isinstance(path, OpenedFile) else open_regular(name, max_bytes=SIDECAR_MAX_BYTES)
+        with opened:
+            data = opened.read_bytes(SIDECAR_MAX_BYTES)
+    except FileRefused as refused:
+        raise SidecarError(name, refused.reason) from None
+    except OSError as exc:
+        raise SidecarError(name, f"cannot be read ({exc.strerror or type(exc).__name__})") from None
+    return read_sidecar(data, name)
+
+
 def sidecar_name(path: str) -> str:
     """The recorder's sidecar of a snapshot: ``run.pickle`` (or ``run.pickle.gz``) -> ``run.memlens.json``."""
     base = path
@@ -439,6 +456,7 @@ __all__ = [
     "TensorRoles",
     "encode_sidecar",
     "read_sidecar",
+    "read_sidecar_file",
     "sidecar_beside",
     "sidecar_from_builtins",
     "sidecar_name",

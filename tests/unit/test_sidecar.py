@@ -229,3 +229,22 @@ def test_the_budget_fills_what_the_sidecar_says_and_the_user_wins() -> None:
     assert options_from_sidecar(BudgetOptions(config="c.json"), sidecar).hidden is None
     # nothing known: the budget's measured-run precision, fp32
     assert options_from_sidecar(BudgetOptions(), None).precision == "fp32"
+
+
+def test_a_sidecar_given_as_a_file_pairs_with_a_snapshot_loaded_elsewhere(tmp_path: Path) -> None:
+    """The dashboard's upload: the snapshot and the sidecar under names that do not pair."""
+    from memlens.sidecar import read_sidecar_file
+    from tests.hostile_files import dumps, snapshot
+
+    path = tmp_path / "upload-1.pickle"
+    path.write_bytes(dumps(snapshot()))
+    given = tmp_path / "upload-2.json"
+    given.write_text(json.dumps(LAYOUT_1))
+    loaded = memlens.load(path)
+    assert loaded.sidecar is None and loaded.sidecar_problem is None
+    loaded.sidecar = read_sidecar_file(given)
+    assert memlens.analyze(loaded).sidecar == msgspec.structs.replace(read(LAYOUT_1), tensor_roles=None)
+    with pytest.raises(SidecarError, match=r"upload-3\.json: no such file"):
+        read_sidecar_file(tmp_path / "upload-3.json")
+    with pytest.raises(SidecarError, match="a folder"):
+        read_sidecar_file(tmp_path)
