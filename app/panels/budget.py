@@ -11,7 +11,7 @@ from dash import html
 from memlens import figures
 from memlens.analysis.report import DeviceReport
 from memlens.errors import MemlensError
-from memlens.snapshot.sidecar import Sidecar
+from memlens.sidecar import Sidecar
 from memlens.units import format_bytes, parse_bytes
 from memlens_app.panels.common import alert, as_int, empty_figure, parse_count
 

@@ -29,7 +29,8 @@ timestamps), ``timeline`` (null without rows: ``events``, and per point ``event`
 survive; ``oom_event``/``oom_allocated``/``oom_requested``) and ``segment_map`` (``segments``,
 ``reserved_bytes``, ``free_bytes``, ``largest_free_bytes``, ``hidden_bytes`` and the largest
 segments ``shown``, each with ``blocks`` of ``offset``, ``size``, ``state``). The report also
-carries the recorder's ``sidecar`` as read (an object; empty for files memlens did not record).
+carries the recorder's ``sidecar`` as read (``memlens.sidecar.Sidecar``, the current layout;
+null for files memlens did not record).
 
 A finding: ``kind`` (leak | activation_plateau | optimizer_spike | fragmentation | idle_cache |
 oom), ``device``, ``severity`` (high | medium | low), ``bytes`` (what the finding is about: leaked
