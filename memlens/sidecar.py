@@ -50,6 +50,9 @@ SIDECAR_SUFFIX = ".memlens.json"
 SIDECAR_MAX_BYTES = 16 << 20
 SIDECAR_MAX_INT = 1 << 56
 MAX_TEXT = 4096
+# The recorder's deepest part is a holder's lines (5 levels); free-form parts (allocator
+# settings, holders) may not nest past this, so the report that carries them stays shallow.
+MAX_DEPTH = 32
 
 Count = Annotated[int, msgspec.Meta(ge=0, le=SIDECAR_MAX_INT)]
 Dimension = Annotated[int, msgspec.Meta(ge=1, le=SIDECAR_MAX_INT)]
@@ -242,6 +245,8 @@ def sidecar_from_builtins(raw: Any, source: str = "<sidecar>") -> Sidecar:
     """``read_sidecar`` for JSON already parsed (a dict of builtins), e.g. by a test."""
     if not isinstance(raw, dict):
         raise SidecarError(source, f"not a memlens sidecar: a JSON {_json_kind(raw)}, not an object")
+    if _nested_past(raw, MAX_DEPTH):
+        raise SidecarError(source, f"not a memlens sidecar: nested more than {MAX_DEPTH} levels")
     version = raw.get("memlens_sidecar_version")
     if version is None:
         raw = _from_unversioned(raw)
@@ -323,6 +328,23 @@ def encode_sidecar(sidecar: Sidecar) -> bytes:
 def _json_kind(value: Any) -> str:
     names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
     return names.get(type(value), "number")
+
+
+def _nested_past(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and objects more than ``limit`` levels deep (no recursion)."""
+    level: list[Any] = [value]
+    for _ in range(limit + 1):
+        below: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                below.extend(item.values())
+            elif isinstance(item, list):
+                below.extend(item)
+        below = [item for item in below if isinstance(item, dict | list)]
+        if not below:
+            return False
+        level = below
+    return True
 
 
 def _positive(value: Any) -> bool:

@@ -248,3 +248,11 @@ def test_a_sidecar_given_as_a_file_pairs_with_a_snapshot_loaded_elsewhere(tmp_pa
         read_sidecar_file(tmp_path / "upload-3.json")
     with pytest.raises(SidecarError, match="a folder"):
         read_sidecar_file(tmp_path)
+
+
+def test_free_form_parts_may_not_nest_deeply() -> None:
+    """Allocator settings and holders are copied into the report as they are: kept shallow."""
+    deep = b"[" * 40 + b"]" * 40
+    with pytest.raises(SidecarError, match="nested more than 32 levels"):
+        read_sidecar(b'{"memlens_sidecar_version": 2, "leak_holders": {"x": ' + deep + b"}}", "run.memlens.json")
+    assert read_sidecar(b'{"allocator_settings": {"x": ' + b"[" * 20 + b"]" * 20 + b"}}", "x").allocator_settings
