@@ -155,9 +155,10 @@ class RecorderSettings(_Part):
     predict: bool = False
 
 
-class RoleRecord(_Part):
+class RoleRecord(_Part, omit_defaults=True):
     """Storages first seen at one moment, by role: flat ``[address, nbytes, ...]`` lists
-    (``memlens.recorder.roles``). ``time_us`` None: at the dump, the end of the trace."""
+    (``memlens.recorder.roles``). ``time_us`` None: at the dump, the end of the trace. Roles
+    with nothing new are left out of the file."""
 
     time_us: Int64 | None = None
     at: Text = ""

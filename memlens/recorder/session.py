@@ -173,6 +173,9 @@ class Recorder:
         self._model_stats: ModelInfo | None = None
         self._first_forward_seen = False  # of the model the sidecar describes: its shapes are kept
         self._vocab_pending = False
+        # Read at every step boundary and at the dump: at an exit dump the script's optimizer
+        # may be gone already (memlens record), and its last known state still says the dtype.
+        self._optimizer_state_dtype: str | None = None
         self._optimizer_stats: dict[str, Any] | None = None
         # Weak references: recording must not keep the user's model or optimizer alive.
         self._models: list[weakref.ref[Any]] = []
@@ -406,6 +409,7 @@ class Recorder:
 
     def _at_step_boundary(self, at: str, time_us: int) -> None:
         self._note_roles(at, time_us)
+        self._optimizer_state_dtype = optimizer_state_dtype(self.optimizers) or self._optimizer_state_dtype
         measure = getattr(self.backend, "outside_pytorch", None)
         figure = measure() if measure is not None else None
         if figure is not None:
@@ -635,7 +639,8 @@ class Recorder:
         peak_allocated, peak_reserved = self.backend.peak_bytes()
         optimizer = self._optimizer_stats
         if optimizer is not None:
-            optimizer = {**optimizer, "state_dtype": optimizer_state_dtype(self.optimizers)}
+            state_dtype = optimizer_state_dtype(self.optimizers) or self._optimizer_state_dtype
+            optimizer = {**optimizer, "state_dtype": state_dtype}
         selected: list[int] | None = None
         if self._steps is not None:
             selected = sorted(self._steps)[:_MAX_LISTED_STEPS]  # type: ignore[call-overload]
