@@ -157,12 +157,12 @@ class RecorderSettings(_Part):
 
 class RoleRecord(_Part, omit_defaults=True):
     """Storages first seen at one moment, by role: flat ``[address, nbytes, ...]`` lists
-    (``memlens.recorder.roles``). ``time_us`` None: at the dump, the end of the trace. Roles
-    with nothing new are left out of the file."""
+    (``memlens.recorder.roles``). ``time_us`` None: at the dump, the end of the trace. The
+    moment is always written; roles with nothing new are left out of the file."""
 
-    time_us: Int64 | None = None
-    at: Text = ""
-    device: Count = 0
+    time_us: Int64 | None
+    at: Text
+    device: Count
     parameters: list[Int64] = msgspec.field(default_factory=list)
     buffers: list[Int64] = msgspec.field(default_factory=list)
     gradients: list[Int64] = msgspec.field(default_factory=list)
