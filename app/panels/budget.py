@@ -17,6 +17,7 @@ from memlens.analysis.report import DeviceReport, Report
 from memlens.budget import Reconciliation
 from memlens.errors import MemlensError
 from memlens.ops.budget import BudgetOptions, estimate_budget, options_from_sidecar, reconcile_budget
+from memlens.sidecar import Sidecar
 from memlens.units import format_bytes, parse_bytes
 from memlens_app.panels.common import alert, as_int, data_attributes, empty_figure, parse_count
 
@@ -55,11 +56,11 @@ def _form_value(value: Any) -> Any:
     return str(value) if isinstance(value, float) else value
 
 
-def budget_prefill(sidecar: dict[str, Any] | None, parameter_bytes: int) -> BudgetPrefill:
+def budget_prefill(sidecar: Sidecar | None, parameter_bytes: int) -> BudgetPrefill:
     """The recorder's sidecar first (through ``options_from_sidecar``); else the parameter bytes
     the analysis found, as an fp32 guess. Nothing is invented: a snapshot with neither leaves the
     count empty, and no verdict is shown."""
-    filled = options_from_sidecar(BudgetOptions(), sidecar or {})
+    filled = options_from_sidecar(BudgetOptions(), sidecar)
     from_sidecar = {name: _form_value(getattr(filled, name)) for name in SIDECAR_FIELDS}
     from_sidecar = {name: value for name, value in from_sidecar.items() if value is not None}
     if "params" in from_sidecar:
@@ -73,10 +74,9 @@ def budget_prefill(sidecar: dict[str, Any] | None, parameter_bytes: int) -> Budg
     return BudgetPrefill(from_sidecar)
 
 
-def capacity_of(device: DeviceReport, sidecar: dict[str, Any]) -> int | None:
+def capacity_of(device: DeviceReport, sidecar: Sidecar | None) -> int | None:
     """The device's memory: from the snapshot, else from the recorder's sidecar."""
-    capacity = device.capacity_bytes or (sidecar.get("device") or {}).get("total_memory_bytes")
-    return int(capacity) if capacity else None
+    return device.capacity_bytes or (sidecar.capacity_bytes if sidecar is not None else None)
 
 
 @dataclass(frozen=True)

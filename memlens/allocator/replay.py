@@ -43,7 +43,7 @@ from memlens.allocator.releases import ALLOCATOR, EMPTY_CACHE, Release, classify
 from memlens.allocator.settings import AllocatorSettings, SnapshotAllocatorSettings
 from memlens.allocator.simulator import CachingAllocatorSimulator, SimulatedOOM
 from memlens.errors import MemlensUsageError
-from memlens.snapshot.model import Action, sidecar_number
+from memlens.snapshot.model import Action
 from memlens.snapshot.validate import PLAUSIBLE_BYTES
 from memlens.units import format_bytes
 
@@ -210,10 +210,6 @@ class WhatIfReport(msgspec.Struct, frozen=True):
     recorded_until_simulated_oom: RunFigures | None
 
 
-# Where the recorder's sidecar (and older sidecars) state the device's memory.
-SIDECAR_CAPACITY_KEYS = ("total_memory", "capacity_bytes", "capacity", "total_memory_bytes")
-
-
 def recorded_reserved_peak(trace: DeviceTrace) -> int:
     """The most the recorded run had reserved at once (the history's curve, its baseline, the dump)."""
     return max(int(trace.reserved.max()) if len(trace) else 0, trace.baseline_reserved, trace.final_reserved)
@@ -222,8 +218,7 @@ def recorded_reserved_peak(trace: DeviceTrace) -> int:
 def sidecar_capacity(snapshot: Snapshot, trace: DeviceTrace) -> tuple[int | None, str | None]:
     """The device memory the recorder's sidecar states, or None with a note when it cannot be
     true: a device never has less memory than the run had reserved on it."""
-    sidecar = snapshot.sidecar if isinstance(snapshot.sidecar, dict) else {}
-    total = sidecar_number(sidecar, trace.device, *SIDECAR_CAPACITY_KEYS)
+    total = snapshot.sidecar.capacity_bytes if snapshot.sidecar is not None else None
     if total is None:
         return None, None
     reserved = recorded_reserved_peak(trace)

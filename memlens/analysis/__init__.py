@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+import msgspec
 import numpy as np
 
 from memlens.analysis import activations, fragmentation, leak, oom, optimizer
@@ -35,11 +36,11 @@ from memlens.analysis.report import (
 from memlens.analysis.settings import AnalysisSettings
 from memlens.analysis.stacks import StackFacts
 from memlens.analysis.views import segment_map_of, timeline_of
+from memlens.sidecar import Sidecar
 from memlens.snapshot.model import Snapshot
 
 Finder = Callable[[DeviceContext], list[Finding]]
 
-_EVIDENCE_ONLY_SIDECAR = frozenset({"tensor_roles"})
 
 # Order matters only for OOM, which runs last and names the finding that explains it.
 FINDERS: tuple[tuple[str, Finder], ...] = (
@@ -108,7 +109,7 @@ def analyze_snapshot(
         format_guess=snapshot.format_guess,
         # The recorder's role lists are evidence for the categories (read from the snapshot),
         # not something a report needs to carry: they grow with the model and the steps.
-        sidecar={key: value for key, value in snapshot.sidecar.items() if key not in _EVIDENCE_ONLY_SIDECAR},
+        sidecar=msgspec.structs.replace(snapshot.sidecar, tensor_roles=None) if snapshot.sidecar is not None else None,
     )
     return Analysis(snapshot=snapshot, report=report, live=live)
 
@@ -181,14 +182,12 @@ __all__ = [
 ]
 
 
-def outside_pytorch(sidecar: dict[str, object], device: int) -> int | None:
+def outside_pytorch(sidecar: Sidecar | None, device: int) -> int | None:
     """The most device memory the caching allocator did not hold at any step boundary (CUDA
     context, NCCL, libraries, other processes on the GPU), from the recorder's ``mem_get_info``
     readings; ``None`` where none were taken (the CPU recorder, a foreign snapshot)."""
-    readings = sidecar.get("outside_pytorch")
-    if not isinstance(readings, list):
+    if sidecar is None or sidecar.outside_pytorch is None:
         return None
-    values = [entry.get("outside_pytorch_bytes") for entry in readings
-              if isinstance(entry, dict) and entry.get("device", device) == device]
-    counted = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+    counted = [entry.outside_pytorch_bytes for entry in sidecar.outside_pytorch
+               if entry.device == device and entry.outside_pytorch_bytes is not None]
     return max(counted) if counted else None

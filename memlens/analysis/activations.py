@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -53,6 +52,7 @@ from memlens.analysis.settings import (
     SELECTIVE_CHECKPOINT_KEEP_FRACTION,
 )
 from memlens.analysis.steps import _rows_of_scopes, _scopes, _search_times, device_annotations
+from memlens.sidecar import Sidecar
 from memlens.units import format_bytes
 
 # Rows without Python frames must be this much more common after the peak than before it to
@@ -368,21 +368,6 @@ def _repeated_blocks(inclusive: dict[str, int]) -> tuple[str | None, list[tuple[
     return best[0], [(name, size) for _, name, size in sorted(best[1])]
 
 
-# Sidecar keys read for the per-layer theory, under ``model``, ``model.config`` or ``inputs``
-# (the Hugging Face config names first).
-_THEORY_KEYS = {
-    "hidden": ("hidden_size", "d_model", "n_embd", "hidden"),
-    "heads": ("num_attention_heads", "n_heads", "n_head", "heads"),
-    "kv_heads": ("num_key_value_heads", "n_kv_heads"),
-    "batch": ("batch_size", "batch", "micro_batch_size"),
-    "seq": ("sequence_length", "seq_len", "seq_length", "seq"),
-}
-
-
-def _positive_int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
 @dataclass(frozen=True)
 class LayerTheory:
     """Megatron's activation bytes per transformer layer for the sidecar's shapes."""
@@ -393,37 +378,27 @@ class LayerTheory:
     per_layer_with_scores_bytes: int | None = None  # with the scores materialised (needs the heads)
 
 
-def layer_theory(sidecar: dict[str, Any], layers: int) -> LayerTheory | None:
+def layer_theory(sidecar: Sidecar | None, layers: int) -> LayerTheory | None:
     """Megatron-LM's per-layer activation bytes (``memlens.budget.formulas``), when the sidecar
-    says the batch, the sequence length and the hidden size; fp32 parameters count activations
-    at 4 bytes an element, else 2."""
+    says the batch, the sequence length and the hidden size; fp32 parameters without autocast
+    count activations at 4 bytes an element, else 2 (as the budget does for that precision)."""
     from memlens.budget.formulas import megatron_layer_activation_bytes
 
-    model = sidecar.get("model")
-    if not isinstance(model, dict):
+    model = sidecar.model if sidecar is not None else None
+    if model is None or model.inputs is None or model.config.hidden_size is None:
         return None
-    places = [place for place in (model, model.get("config"), model.get("inputs"), sidecar.get("inputs"))
-              if isinstance(place, dict)]
-    values: dict[str, int] = {}
-    for key, names in _THEORY_KEYS.items():
-        for place in places:
-            found = next((v for v in (_positive_int(place.get(n)) for n in names) if v is not None), None)
-            if found is not None:
-                values[key] = found
-                break
-    if not {"hidden", "batch", "seq"} <= values.keys():
-        return None
-    dtypes = model.get("parameter_bytes_by_dtype")
-    fp32 = isinstance(dtypes, dict) and bool(dtypes) and max(dtypes, key=lambda d: dtypes[d]) == "torch.float32"
+    config, hidden = model.config, model.config.hidden_size
+    fp32 = model.main_dtype == "torch.float32" and model.autocast_dtype in (None, "torch.float32")
     scale = 2.0 if fp32 else 1.0
-    kv_ratio = values["kv_heads"] / values["heads"] if "kv_heads" in values and "heads" in values else 1.0
-    batch, seq, hidden = values["batch"], values["seq"], values["hidden"]
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    kv_ratio = kv_heads / heads if kv_heads is not None and heads is not None else 1.0
+    batch, seq = model.inputs.batch_size, model.inputs.seq_len
     return LayerTheory(
         per_layer_bytes=int(megatron_layer_activation_bytes(
             batch, seq, hidden, None, flash_attention=True, kv_ratio=kv_ratio, bytes_scale=scale)),
         basis=f"Megatron 34*B*T*d with B={batch}, T={seq}, d={hidden}, {'fp32' if fp32 else '16-bit'} activations",
         layers=layers,
         per_layer_with_scores_bytes=int(megatron_layer_activation_bytes(
-            batch, seq, hidden, values["heads"], flash_attention=False, kv_ratio=kv_ratio, bytes_scale=scale))
-        if "heads" in values else None,
+            batch, seq, hidden, heads, flash_attention=False, kv_ratio=kv_ratio, bytes_scale=scale))
+        if heads is not None else None,
     )

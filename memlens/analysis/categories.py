@@ -37,7 +37,6 @@ the same step), so gradients and optimizer state never move it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -45,6 +44,7 @@ import numpy.typing as npt
 from memlens.analysis.datatypes import CATEGORIES, Step
 from memlens.analysis.lifetimes import Lifetimes, byte_counts
 from memlens.analysis.stacks import StackFacts
+from memlens.sidecar import TensorRoles
 
 I64 = npt.NDArray[np.int64]
 PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARY, LEAKED, UNKNOWN = range(len(CATEGORIES))
@@ -148,33 +148,23 @@ class RecordedRoles:
         return int(self.row.shape[0])
 
 
-def recorded_roles(sidecar: dict[str, Any], device: int, time_us: I64) -> RecordedRoles | None:
+def recorded_roles(roles: TensorRoles | None, device: int, time_us: I64) -> RecordedRoles | None:
     """The sidecar's ``tensor_roles`` notes for ``device`` against its trace's ``time_us`` column,
-    or None when the sidecar has none (a snapshot memlens did not record). Malformed parts are
-    skipped: the notes only ever sharpen what inference would say."""
-    section = sidecar.get("tensor_roles")
-    records = section.get("records") if isinstance(section, dict) else None
-    if not isinstance(records, list):
+    or None when the sidecar has none (a snapshot memlens did not record). The sidecar's reader
+    has checked their types; the notes only ever sharpen what inference would say."""
+    if roles is None:
         return None
     n = int(time_us.shape[0])
     rows: list[int] = []
     addresses: list[int] = []
     categories: list[int] = []
-    for record in records:
-        if not isinstance(record, dict) or record.get("device", 0) != device:
+    for record in roles.records:
+        if record.device != device:
             continue
-        moment = record.get("time_us")
-        if moment is None:
-            row = n - 1  # at the dump: the end of the trace
-        elif isinstance(moment, int) and not isinstance(moment, bool):
-            row = int(np.searchsorted(time_us, moment, side="right")) - 1
-        else:
-            continue
+        # time_us None: at the dump, the end of the trace
+        row = n - 1 if record.time_us is None else int(np.searchsorted(time_us, record.time_us, side="right")) - 1
         for role, category in ROLE_CATEGORIES.items():
-            pairs = record.get(role)
-            if not isinstance(pairs, list):
-                continue
-            found = [address for address in pairs[0::2] if isinstance(address, int) and not isinstance(address, bool)]
+            found = getattr(record, role)[0::2]
             rows.extend([row] * len(found))
             addresses.extend(found)
             categories.extend([category] * len(found))

@@ -91,7 +91,8 @@ def build_context(
     lifetimes = build_lifetimes(trace, segments)
     phases = build_phases(detection.steps, len(trace), windows, lifetimes)
     has_history = bool((trace.action == Action.ALLOC).any())
-    roles = recorded_roles(snapshot.sidecar, trace.device, trace.time_us)
+    roles = recorded_roles(snapshot.sidecar.tensor_roles if snapshot.sidecar is not None else None,
+                           trace.device, trace.time_us)
     category = classify(lifetimes, phases, facts, has_history, roles)
     capacity, capacity_note = device_capacity(snapshot, trace, settings.capacity)
     # The instant before the first row is a moment too: when the history opens on frees (a ring
@@ -102,6 +103,8 @@ def build_context(
         peak_event = int(np.argmax(trace.allocated))
         peak_allocated = int(trace.allocated[peak_event])
     notes = list(detection.notes) + list(trace.curve_warnings) + ([capacity_note] if capacity_note else [])
+    if snapshot.sidecar_problem:
+        notes.append(f"sidecar not used: {snapshot.sidecar_problem}")
     if len(trace) and peak_event is None:
         notes.append("the allocated peak is what was live when the history began, before its first row")
     if trace.pending_free_final:

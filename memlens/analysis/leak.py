@@ -193,7 +193,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
     # step that a holder of theirs keeps alive at the dump. The warm-up step is left out of the
     # comparison (it makes gradients and optimizer state) and its first forward can run before
     # the recorder's hooks, under another stack: its kept tensor is still in the pile.
-    holders = read_holders(ctx.snapshot.sidecar)
+    holders = read_holders(ctx.snapshot.sidecar.leak_holders if ctx.snapshot.sidecar is not None else None)
     kept = np.union1d(rows, held_with(ctx, holders, rows))
     end_row = comparable[last].end_event
     held = kept[(lt.alloc_event[kept] < end_row) & (lt.free_event[kept] >= end_row)]
@@ -352,10 +352,10 @@ class HolderMatch:
         return self.named[0].where if len(self.named) == 1 else None
 
 
-def read_holders(sidecar: dict[str, Any]) -> list[HolderMatch]:
+def read_holders(section: dict[str, Any] | None) -> list[HolderMatch]:
     """The holders the recorder found at the dump (the sidecar's ``leak_holders``, read by the
     one reader of ``memlens.snapshot.holder_types``), not yet matched to a leak."""
-    holders = read_leak_holders(sidecar.get("leak_holders")).holders
+    holders = read_leak_holders(section).holders
     return [HolderMatch(holder, holder.addresses) for holder in holders]
 
 

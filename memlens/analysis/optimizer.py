@@ -40,7 +40,6 @@ from memlens.analysis.settings import (
     OPTIMIZER_MIN_BYTES,
     OPTIMIZER_MIN_FRACTION_OF_PEAK,
 )
-from memlens.snapshot.model import sidecar_number
 from memlens.units import format_bytes
 
 # 8-bit Adam keeps 2 of Adam's 8 bytes per parameter (memory-budget.md): it saves 3/4.
@@ -142,9 +141,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
         fact("transient_peak_bytes", transient_peak, "bytes", "context"),
         fact("state_bytes_at_peak", state_at_peak, "bytes", "context"),
     ]
-    params = sidecar_number(
-        ctx.snapshot.sidecar, ctx.device, "trainable_parameters", "parameters", "parameter_count", "num_parameters"
-    )
+    params = ctx.snapshot.sidecar.trainable_parameters if ctx.snapshot.sidecar is not None else None
     if params:
         evidence += [fact("parameters", params, "count", "context"), fact("parameters_source", "sidecar", "text",
                                                                           "context")]

@@ -44,6 +44,7 @@ from memlens.analysis.datatypes import (
     finding_rank,
 )
 from memlens.errors import MemlensFormatError, MemlensUsageError
+from memlens.sidecar import Sidecar
 
 # The shared types live in ``datatypes`` (a leaf the analyses import); they are re-exported here
 # so ``from memlens.analysis.report import Finding`` keeps working for reporters, the app and tests.
@@ -167,8 +168,9 @@ class Report(PlainData):
     format_guess: str
     devices: dict[int, DeviceReport]
     findings: list[Finding]
-    # The recorder's sidecar (run metadata: model, optimizer, device, ranks), as read.
-    sidecar: dict[str, Any] = field(default_factory=dict)
+    # The recorder's sidecar (run metadata: model, optimizer, device, ranks, shapes), as read
+    # and migrated (``memlens.sidecar``); None for a file memlens did not record.
+    sidecar: Sidecar | None = None
 
     def device(self, device: int | None = None) -> DeviceReport:
         """The report of ``device``; with ``None`` the busiest (``datatypes.busiest_first``)."""

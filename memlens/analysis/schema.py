@@ -34,7 +34,8 @@ without one; else ``ok`` and ``rows``, one per category and a ``total``: ``categ
 measured), ``ratio`` (measured / theory, or null), ``verdict`` (within | outside | not_compared |
 not_estimated | not_measured), ``tolerance``, ``theory_items`` (the budget's lines it sums) and
 ``note``; set by ``memlens.ops.triage`` from the budget options and the sidecar). The report also
-carries the recorder's ``sidecar`` as read (an object; empty for files memlens did not record).
+carries the recorder's ``sidecar`` as read (``memlens.sidecar.Sidecar``, the current layout;
+null for files memlens did not record).
 
 A finding: ``kind`` (leak | activation_plateau | optimizer_spike | fragmentation | idle_cache |
 oom), ``device``, ``severity`` (high | medium | low), ``bytes`` (what the finding is about: leaked

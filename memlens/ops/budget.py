@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from memlens.analysis.report import Report
     from memlens.budget import Budget, Reconciliation
     from memlens.files import OpenedFile
+    from memlens.sidecar import Sidecar
 
 __all__ = ["BudgetOptions", "estimate_budget", "reconcile_budget"]
 
@@ -39,7 +40,7 @@ class BudgetOptions(msgspec.Struct, frozen=True, kw_only=True):
     config: str | None = None  # a transformers-style config.json, by path
     precision: str | None = None
     optimizer: str | None = None
-    optim_dtype: str = "fp32"
+    optim_dtype: str | None = None
     grad_dtype: str | None = None
     galore_rank: int | None = None
     lora_rank: int | None = None
@@ -107,7 +108,7 @@ def estimate_budget(options: BudgetOptions, config_file: str | OpenedFile | None
     setup = TrainingSetup(
         precision=options.precision or "bf16-mixed",
         optimizer=options.optimizer or "adamw",
-        optim_dtype=options.optim_dtype,
+        optim_dtype=options.optim_dtype or "fp32",
         grad_dtype=options.grad_dtype,
         galore_rank=options.galore_rank,
         lora_rank=options.lora_rank,
@@ -130,19 +131,55 @@ def estimate_budget(options: BudgetOptions, config_file: str | OpenedFile | None
     return estimate(spec, setup)
 
 
-def options_from_sidecar(options: BudgetOptions, sidecar: dict[str, Any] | None) -> BudgetOptions:
-    """``options`` with what they leave open filled from the recorder's sidecar."""
-    sidecar = sidecar or {}
-    model = sidecar.get("model") or {}
-    filled: dict[str, Any] = {}
-    if options.params is None and options.config is None and model.get("parameters_trainable"):
-        filled["params"] = float(model["parameters_trainable"])
-    if options.optimizer is None:
-        optimizer_class = str((sidecar.get("optimizer") or {}).get("class", "adamw")).lower()
-        filled["optimizer"] = optimizer_class if optimizer_class in ("sgd", "adam", "adamw", "adafactor") else "adamw"
-    if options.precision is None:
-        dtypes = model.get("parameter_bytes_by_dtype") or {}
-        filled["precision"] = "fp32" if not dtypes or set(dtypes) == {"torch.float32"} else "bf16-mixed"
+# The optimizer classes a sidecar names, as the budget spells them (anything else: AdamW's state).
+_OPTIMIZERS = {"sgd": "sgd", "adam": "adam", "adamw": "adamw", "adafactor": "adafactor", "muon": "muon",
+               "adamw8bit": "adam-8bit", "adam8bit": "adam-8bit", "pagedadamw8bit": "adam-8bit"}
+# Autocast and parameter dtypes as the budget's precisions and state dtypes.
+_MIXED = {"torch.bfloat16": "bf16-mixed", "torch.float16": "fp16-mixed"}
+_PURE = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+_STATE = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+
+
+def options_from_sidecar(options: BudgetOptions, sidecar: Sidecar | None) -> BudgetOptions:
+    """``options`` with what they leave open filled from the recorder's sidecar: the parameter
+    count, the model's dimensions and layer count, the first batch's size and sequence length,
+    the precision (autocast's dtype over fp32 weights: mixed; else the weights' dtype), the
+    optimizer and its state's dtype. What the sidecar does not say stays open (the defaults),
+    but for the precision: a measured run whose weights' dtype nobody states is taken as fp32,
+    as ``memlens triage`` always has.
+
+    The same shapes the activation finding's per-layer theory reads, so the two agree."""
+    filled: dict[str, Any] = {} if options.precision is not None else {"precision": "fp32"}
+    model = sidecar.model if sidecar is not None else None
+    if model is not None:
+        config = model.config
+        if options.params is None and options.config is None and model.parameters_trainable:
+            filled["params"] = float(model.parameters_trainable)
+        if options.config is None:  # a config file gives the sizes itself
+            sizes = {"hidden": config.hidden_size, "layers": config.num_layers, "vocab": config.vocab_size}
+            if options.heads is None and options.kv_heads is None and config.num_attention_heads is not None:
+                sizes["heads"] = config.num_attention_heads
+                sizes["kv_heads"] = config.num_key_value_heads
+            filled |= {name: value for name, value in sizes.items()
+                       if value is not None and getattr(options, name) is None}
+        if model.inputs is not None:
+            if options.batch is None:
+                filled["batch"] = model.inputs.batch_size
+            if options.seq is None:
+                filled["seq"] = model.inputs.seq_len
+        if options.precision is None:
+            weights = model.main_dtype
+            if model.autocast_dtype in _MIXED and weights in (None, "torch.float32"):
+                filled["precision"] = _MIXED[model.autocast_dtype]
+            elif weights in _PURE:
+                filled["precision"] = _PURE[weights]
+    optimizer = sidecar.optimizer if sidecar is not None else None
+    if optimizer is not None:
+        if options.optimizer is None and optimizer.class_name:
+            name = _OPTIMIZERS.get(optimizer.class_name.lower(), "adamw")
+            filled["optimizer"] = "sgd-momentum" if name == "sgd" and optimizer.momentum else name
+        if options.optim_dtype is None and optimizer.state_dtype in _STATE:
+            filled["optim_dtype"] = _STATE[optimizer.state_dtype]
     return msgspec.structs.replace(options, **filled)
 
 

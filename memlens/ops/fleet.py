@@ -192,11 +192,6 @@ def rank_from_name(path: str) -> int | None:
     return int(matches[-1]) if matches else None
 
 
-def _count(value: Any) -> int | None:
-    """A non-negative int from the sidecar, or None (a broken sidecar only loses the rank)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
 def _rank_of(path: str, sidecar_rank: int | None, world_size: int | None) -> int | None:
     # The sidecar's rank only when the job had ranks: a single-process recording says rank 0.
     rank = sidecar_rank if world_size is not None and world_size > 1 else None
@@ -205,8 +200,8 @@ def _rank_of(path: str, sidecar_rank: int | None, world_size: int | None) -> int
 
 def _job_place(report: Report) -> tuple[int | None, int | None]:
     """(rank, world size) as the recorder's sidecar has them; (None, None) without one."""
-    sidecar = report.sidecar or {}
-    return _count(sidecar.get("rank")), _count(sidecar.get("world_size"))
+    sidecar = report.sidecar  # its reader checked them: non-negative ints or None
+    return (sidecar.rank, sidecar.world_size) if sidecar is not None else (None, None)
 
 
 def _holder(finding: Finding) -> str:

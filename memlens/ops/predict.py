@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from memlens.errors import MemlensUsageError
-from memlens.recorder.sidecar import build_sidecar, sidecar_path, write_json, write_snapshot
+from memlens.recorder.sidecar import build_sidecar, sidecar_path, write_sidecar, write_snapshot
 
 if TYPE_CHECKING:
     from memlens.analysis.report import Report
     from memlens.predict.session import PredictResult, PredictSession
+    from memlens.sidecar import Sidecar
 
 __all__ = ["SIGNAL_WORDS", "PredictOptions", "Prediction", "exit_status", "predict", "split_command"]
 
@@ -73,7 +74,7 @@ def predict(command: Sequence[str], options: PredictOptions | None = None,
             on_stopped(result)
         predicted = out / "predicted.pickle"
         write_snapshot(predicted, result.snapshot or {})
-        write_json(sidecar_path(predicted), predicted_sidecar(session, result))
+        write_sidecar(sidecar_path(predicted), predicted_sidecar(session, result))
         result.snapshots.append(str(predicted.resolve()))
         result.value = None  # the script's globals: let them go
         report = predicted_report(predicted, result)
@@ -205,7 +206,7 @@ class StopSignals:
         self._previous.clear()
 
 
-def predicted_sidecar(session: PredictSession, result: PredictResult) -> dict[str, Any]:
+def predicted_sidecar(session: PredictSession, result: PredictResult) -> Sidecar:
     """The recorder's sidecar for ``predicted.pickle``: device, peaks, OOM, the model and
     optimizer found at the end, and the tensors' roles (``tensor_roles``, as the recorder
     writes them), so ``triage`` knows parameters, gradients and optimizer state exactly and
@@ -223,7 +224,7 @@ def predicted_sidecar(session: PredictSession, result: PredictResult) -> dict[st
             "name": f"{session.gpu.name} (memlens predict, simulated)",
             "total_memory_bytes": session.capacity,
             "simulated": True,
-            "compute_capability": list(session.gpu.capability),
+            "compute_capability": ".".join(str(part) for part in session.gpu.capability),
         },
         allocator_settings=session.settings.to_snapshot_dict(),
         rank=0,

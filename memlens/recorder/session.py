@@ -74,17 +74,20 @@ from memlens.recorder.roles import (
     retained_graph_tensors,
 )
 from memlens.recorder.sidecar import (
+    autocast_dtype,
     build_sidecar,
     input_dimensions,
-    model_dimensions,
     model_stats,
+    optimizer_state_dtype,
     optimizer_stats,
+    output_vocab,
     parameter_stats,
     sidecar_path,
-    write_json,
+    write_sidecar,
     write_snapshot,
 )
 from memlens.recorder.stacks import DEFAULT_MAX_DEPTH, StackCapture, hide_launcher_frames
+from memlens.sidecar import ModelInfo, Sidecar
 from memlens.units import format_bytes, parse_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -169,7 +172,12 @@ class Recorder:
         self.name = name
         self._names = SnapshotNames(self.out, name)
         self._steps, self._first_step, self._last_step = _step_filter(steps)
-        self._model_stats: dict[str, Any] | None = None
+        self._model_stats: ModelInfo | None = None
+        self._first_forward_seen = False  # of the model the sidecar describes: its shapes are kept
+        self._vocab_pending = False
+        # Read at every step boundary and at the dump: at an exit dump the script's optimizer
+        # may be gone already (memlens record), and its last known state still says the dtype.
+        self._optimizer_state_dtype: str | None = None
         self._optimizer_stats: dict[str, Any] | None = None
         # Weak references: recording must not keep the user's model or optimizer alive.
         self._models: list[weakref.ref[Any]] = []
@@ -337,9 +345,7 @@ class Recorder:
         if model is not None and not any(ref() is model for ref in self._models):
             self._models.append(weakref.ref(model))
             self._model_stats = model_stats(model)
-            dimensions = model_dimensions(model)
-            if self._model_stats is not None and dimensions:
-                self._model_stats["config"] = dimensions
+            self._first_forward_seen = False
             add_root = getattr(self.backend, "add_root", None)
             if add_root is not None:
                 add_root(model)
@@ -371,15 +377,24 @@ class Recorder:
 
     def _on_model_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         stats = self._model_stats
-        if stats is not None and "inputs" not in stats and self._models and self._models[-1]() is module:
-            # the batch and sequence length of the first call of the model the sidecar describes
-            shape = input_dimensions(module, args, kwargs, stats.get("config") or {})
-            if shape is not None:
-                stats["inputs"] = shape
+        if stats is not None and stats.inputs is None and self._models and self._models[-1]() is module:
+            # the autocast dtype of the first call of the model the sidecar describes, and the
+            # batch and sequence length of the first that tells them (its outputs, below, show
+            # the vocabulary)
+            if not self._first_forward_seen:
+                self._first_forward_seen = True
+                stats.autocast_dtype = autocast_dtype(args, kwargs, module)
+            stats.inputs = input_dimensions(module, args, kwargs, stats.config)
+            self._vocab_pending = stats.inputs is not None and stats.config.vocab_size is None
         if self._state == "recording":
             self._roles.note("forward", self.backend.now(), {"inputs": forward_inputs(args, kwargs)})
 
     def _on_model_outputs(self, module: Any, args: Any, output: Any) -> None:
+        stats = self._model_stats
+        if self._vocab_pending and stats is not None and stats.inputs is not None and self._models \
+                and self._models[-1]() is module:
+            self._vocab_pending = False
+            stats.config.vocab_size = output_vocab(output, stats.inputs, stats.config)
         if self._state == "recording":
             self._roles.note("forward.end", self.backend.now(), {"outputs": forward_outputs(output)})
 
@@ -396,6 +411,7 @@ class Recorder:
 
     def _at_step_boundary(self, at: str, time_us: int) -> None:
         self._note_roles(at, time_us)
+        self._optimizer_state_dtype = optimizer_state_dtype(self.optimizers) or self._optimizer_state_dtype
         measure = getattr(self.backend, "outside_pytorch", None)
         figure = measure() if measure is not None else None
         if figure is not None:
@@ -550,10 +566,9 @@ class Recorder:
             self._add_module_scopes(snapshot)
             self._add_missing_step_annotations(snapshot)
             write_snapshot(path, snapshot)
-            sidecar = self._sidecar(reason, ranks)
             # memlens.recorder.holders; the struct as JSON builtins (memlens.snapshot.holder_types)
-            sidecar["leak_holders"] = msgspec.to_builtins(leak_holders(snapshot, self.steps, self.backend))
-            write_json(sidecar_path(path), sidecar)
+            holders = msgspec.to_builtins(leak_holders(snapshot, self.steps, self.backend))
+            write_sidecar(sidecar_path(path), self._sidecar(reason, ranks, holders))
             self.paths.append(path)
         return path
 
@@ -623,8 +638,12 @@ class Recorder:
                     annotations.append({"name": name, "stage": stage, "device": device, "time_us": step[key]})
         annotations.sort(key=lambda a: a.get("time_us", 0))
 
-    def _sidecar(self, reason: str, ranks: RankInfo) -> dict[str, Any]:
+    def _sidecar(self, reason: str, ranks: RankInfo, holders: dict[str, Any] | None = None) -> Sidecar:
         peak_allocated, peak_reserved = self.backend.peak_bytes()
+        optimizer = self._optimizer_stats
+        if optimizer is not None:
+            state_dtype = optimizer_state_dtype(self.optimizers) or self._optimizer_state_dtype
+            optimizer = {**optimizer, "state_dtype": state_dtype}
         selected: list[int] | None = None
         if self._steps is not None:
             selected = sorted(self._steps)[:_MAX_LISTED_STEPS]  # type: ignore[call-overload]
@@ -642,7 +661,7 @@ class Recorder:
             peak_reserved_bytes=peak_reserved,
             oom=self.oom,
             model=self._model_stats,
-            optimizer=self._optimizer_stats,
+            optimizer=optimizer,
             recorder={
                 "stacks": self.stacks,
                 "context": self.context,
@@ -653,6 +672,7 @@ class Recorder:
             },
             tensor_roles=self._roles.to_sidecar(),
             outside_pytorch=list(self._outside_pytorch) if getattr(self.backend, "outside_pytorch", None) else None,
+            leak_holders=holders,
         )
 
     def _write_rank_summary(self) -> None:

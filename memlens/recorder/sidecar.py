@@ -11,66 +11,20 @@ drops the lock when its process dies, however it dies. Temporary files are named
 ``.NAME.pickle.HOST.PID.XXXXXXXX.tmp``; ``remove_stale_files`` deletes those whose process (on this
 host) is gone and reservation files nobody holds: what a ``kill -9`` leaves behind.
 
-The sidecar, ``<name>.memlens.json`` next to ``<name>.pickle`` (keys, all always present):
-
-``memlens_sidecar_version``  1.
-``memlens_version``          the recorder that wrote it.
-``backend``                  ``"cuda"`` (real allocator history) or ``"cpu"`` (storages tracked on
-                             the CPU and replayed through memlens' caching-allocator simulator).
-``reason``                   why this dump happened: ``"exit"``, ``"exception"``, ``"oom"``,
-                             ``"periodic"`` (``dump_every``), ``"steps_done"`` (last selected step),
-                             ``"terminated"`` (SIGTERM) or ``"interrupted"`` (SIGINT, Ctrl-C).
-``torch_version``, ``python_version``.
-``device``                   ``{type, index, name, total_memory_bytes, simulated}``; CUDA adds
-                             ``compute_capability``. ``total_memory_bytes`` is the simulated
-                             capacity on the CPU (``null`` = unlimited).
-``allocator_settings``       the settings in force (the snapshot's own key on CUDA >= 2.3).
-``rank``, ``world_size``, ``local_rank``   from torch.distributed or the torchrun environment.
-``steps``                    ``[{index, start_us, end_us}]``: the recorded steps, on the trace's
-                             clock (``end_us`` null for a step still open at the dump).
-``steps_selected``           the ``steps=`` filter as a list of ints, or ``null`` (all steps).
-``peak_allocated_bytes``, ``peak_reserved_bytes``   over the recording.
-``oom``                      ``null``, or ``{requested_bytes, device_free_bytes}`` of the OOM that
-                             ended the recording.
-``model``                    ``null``, or ``{parameters_total, parameters_trainable,
-                             parameter_bytes_total, parameter_bytes_by_dtype: {"torch.float32": n},
-                             buffer_bytes_total, source}`` for a watched model (``source``
-                             ``"model"``); ``memlens record`` finds the model owning the hooked
-                             optimizer's parameters, and where no single module owns them counts
-                             the optimizer's parameters (``source`` ``"optimizer"``,
-                             ``buffer_bytes_total`` null). Two optional keys feed the activation
-                             plateau's per-layer theory (``model_dimensions``, ``input_dimensions``):
-``model.config``             the dimensions the model declares, positive ints only:
-                             ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``
-                             (GPT-2: ``n_embd``, ``n_head``) copied from a Hugging Face model's
-                             ``config``, else ``d_model``, ``hidden_size``, ``n_heads``, ... set as
-                             plain attributes on the root module. Absent when it declares none;
-                             never inferred from weight shapes.
-``model.inputs``             ``{batch_size, seq_len, shape, dtype}`` of the model's first forward
-                             call: a 2-D integer tensor (token ids, ``input_ids=`` first), else a
-                             3-D float ``(batch, seq, hidden)`` whose last dimension is the
-                             declared hidden size. Absent when no input tells both.
-``optimizer``                ``null``, or ``{class: "AdamW", param_groups: n}``.
-``recorder``                 ``{stacks, context, max_entries, max_stack_depth, dump_every,
-                             module_scopes}``.
-``tensor_roles``             ``{version: 1, records: [{time_us, at, device, parameters, buffers,
-                             gradients, optimizer_state, inputs, outputs, graph}]}``: storages by
-                             role, each role a flat list ``[address, nbytes, address, nbytes, ...]``
-                             of the storages first seen at that moment (``at``: ``"step#N.start"``,
-                             ``"step#N.end"``, ``"optimizer.pre"``/``"optimizer.post"`` (around
-                             each optimizer.step()), ``"forward"``/``"forward.end"`` (the model's
-                             inputs/outputs) or ``"dump"``, whose ``time_us`` is null: the end of
-                             the trace). See
-                             ``memlens.recorder.roles``.
-``outside_pytorch``          ``null`` (CPU), or ``[{at, time_us, device, device_used_bytes,
-                             reserved_bytes, outside_pytorch_bytes}]`` per step boundary on CUDA:
-                             ``mem_get_info``'s total - free against PyTorch's reserved bytes.
+The sidecar, ``<name>.memlens.json`` next to ``<name>.pickle``, is a
+``memlens.sidecar.Sidecar`` (its fields and layouts are documented there, where its one
+reader is): ``build_sidecar`` builds it and ``write_sidecar`` writes it. Gathered here: the
+model's parameter counts (``model_stats``), the dimensions it declares and its layer count
+(``model_dimensions``), its first forward's batch, sequence length and autocast dtype
+(``input_dimensions``, ``autocast_dtype``), the vocabulary its logits show (``output_vocab``),
+and the optimizer's class and state dtype (``optimizer_stats``, ``optimizer_state_dtype``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import pickle
@@ -81,13 +35,15 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from memlens import files
 from memlens._version import __version__
+from memlens.sidecar import ModelConfig, ModelInfo, ModelInputs, OptimizerInfo, Sidecar, encode_sidecar
 
 if TYPE_CHECKING:  # torch is imported where tensors are looked at: reading a sidecar needs none
     import torch
 
-SIDECAR_VERSION = 1
 PICKLE_PROTOCOL = 4  # protocol 5 (the default) is not readable by the pytorch.org viewer
 
 
@@ -216,30 +172,35 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     write_atomic(path, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
 
 
+def write_sidecar(path: Path, sidecar: Sidecar) -> None:
+    write_atomic(path, encode_sidecar(sidecar))
+
+
 def sidecar_path(snapshot_path: Path) -> Path:
     return snapshot_path.with_name(snapshot_path.name.removesuffix(".pickle") + ".memlens.json")
 
 
-def model_stats(model: Any) -> dict[str, Any] | None:
-    """Parameter counts and bytes by dtype of an ``nn.Module`` (shared parameters counted once)."""
+def model_stats(model: Any) -> ModelInfo | None:
+    """Parameter counts and bytes by dtype of an ``nn.Module`` (shared parameters counted once),
+    and the dimensions it declares (``model_dimensions``)."""
     if model is None:
         return None
     stats = _count_parameters(model.parameters())  # parameters() already skips duplicates
-    stats["buffer_bytes_total"] = sum(buf.numel() * buf.element_size() for buf in model.buffers())
-    stats["source"] = "model"
+    stats.buffer_bytes_total = sum(buf.numel() * buf.element_size() for buf in model.buffers())
+    stats.source = "model"
+    stats.config = model_dimensions(model)
     return stats
 
 
-def parameter_stats(params: Any) -> dict[str, Any]:
+def parameter_stats(params: Any) -> ModelInfo:
     """``model_stats`` for parameters known without their module (an optimizer's)."""
     unique = list({id(param): param for param in params}.values())
     stats = _count_parameters(unique)
-    stats["buffer_bytes_total"] = None
-    stats["source"] = "optimizer"
+    stats.source = "optimizer"
     return stats
 
 
-def _count_parameters(params: Any) -> dict[str, Any]:
+def _count_parameters(params: Any) -> ModelInfo:
     total = trainable = total_bytes = 0
     by_dtype: dict[str, int] = {}
     for param in params:
@@ -250,18 +211,36 @@ def _count_parameters(params: Any) -> dict[str, Any]:
             trainable += count
         total_bytes += size
         by_dtype[str(param.dtype)] = by_dtype.get(str(param.dtype), 0) + size
-    return {
-        "parameters_total": total,
-        "parameters_trainable": trainable,
-        "parameter_bytes_total": total_bytes,
-        "parameter_bytes_by_dtype": dict(sorted(by_dtype.items())),
-    }
+    return ModelInfo(parameters_total=total, parameters_trainable=trainable, parameter_bytes_total=total_bytes,
+                     parameter_bytes_by_dtype=dict(sorted(by_dtype.items())))
 
 
 def optimizer_stats(optimizer: Any) -> dict[str, Any] | None:
+    """The optimizer's class and groups (and SGD's momentum), as the sidecar's ``optimizer``."""
     if optimizer is None:
         return None
-    return {"class": type(optimizer).__name__, "param_groups": len(getattr(optimizer, "param_groups", []))}
+    stats: dict[str, Any] = {"class": type(optimizer).__name__,
+                             "param_groups": len(getattr(optimizer, "param_groups", []))}
+    momentum = (getattr(optimizer, "defaults", None) or {}).get("momentum")
+    if isinstance(momentum, int | float) and not isinstance(momentum, bool) and momentum >= 0:
+        stats["momentum"] = float(momentum)
+    return stats
+
+
+def optimizer_state_dtype(optimizers: Any) -> str | None:
+    """The dtype holding most of the optimizers' state tensors now (``"torch.float32"``), None
+    before their first step; scalar entries (Adam's ``step``) do not count."""
+    import torch
+
+    by_dtype: dict[str, int] = {}
+    for optimizer in optimizers:
+        state = getattr(optimizer, "state", None)
+        for entry in state.values() if isinstance(state, Mapping) else ():
+            for value in entry.values() if isinstance(entry, Mapping) else ():
+                if isinstance(value, torch.Tensor) and value.numel() > 1:
+                    key = str(value.dtype)
+                    by_dtype[key] = by_dtype.get(key, 0) + value.numel() * value.element_size()
+    return max(sorted(by_dtype), key=lambda name: by_dtype[name]) if by_dtype else None
 
 
 def build_sidecar(
@@ -278,16 +257,18 @@ def build_sidecar(
     peak_allocated_bytes: int,
     peak_reserved_bytes: int,
     oom: dict[str, Any] | None,
-    model: dict[str, Any] | None,
-    optimizer: dict[str, Any] | None,
+    model: ModelInfo | dict[str, Any] | None,
+    optimizer: OptimizerInfo | dict[str, Any] | None,
     recorder: dict[str, Any],
     tensor_roles: dict[str, Any] | None = None,
     outside_pytorch: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+    leak_holders: dict[str, Any] | None = None,
+) -> Sidecar:
+    """The sidecar of one dump, checked as its reader will check it (a value of the wrong type
+    is a bug here, raised now rather than written)."""
     import torch
 
-    return {
-        "memlens_sidecar_version": SIDECAR_VERSION,
+    return msgspec.convert({
         "memlens_version": __version__,
         "backend": backend,
         "reason": reason,
@@ -308,26 +289,26 @@ def build_sidecar(
         "recorder": recorder,
         "tensor_roles": tensor_roles if tensor_roles is not None else {"version": 1, "records": []},
         "outside_pytorch": outside_pytorch,
-    }
-
+        "leak_holders": leak_holders,
+    }, Sidecar)
 
 
 # ---------------------------------------------------------------- the model's shapes
-# What the activation plateau's per-layer theory needs (memlens.analysis.activations.layer_theory
-# sets each block's measured activation bytes against Megatron-LM's count: hidden size, batch,
-# sequence length; heads and key/value heads refine it): ``model.config`` and ``model.inputs``
-# in the table above. Only what is known for certain is written: ints a model declares, never a
-# width inferred from weight shapes (an embedding's width is not always the hidden size: ALBERT
-# factorises it).
+# What the activation plateau's per-layer theory and the budget need (hidden size, layers, heads,
+# vocabulary, batch, sequence length, precision): ``model.config``, ``model.inputs`` and
+# ``model.autocast_dtype``. Only what is known for certain is written: ints a model declares, the
+# length of its stack of blocks, and shapes seen at run time; never a width inferred from weight
+# shapes (an embedding's width is not always the hidden size: ALBERT factorises it).
 
-# The names memlens.analysis.activations reads (its _THEORY_KEYS), less its generic fallbacks
-# ("hidden", "heads"), which are too vague to copy from an arbitrary module's attributes.
-DIMENSION_KEYS = (
-    "hidden_size", "d_model", "n_embd",
-    "num_attention_heads", "n_heads", "n_head",
-    "num_key_value_heads", "n_kv_heads",
-)
-_HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd")
+# The names a model declares each dimension by, the Hugging Face name first (the one written).
+DIMENSION_NAMES: dict[str, tuple[str, ...]] = {
+    "hidden_size": ("hidden_size", "d_model", "n_embd"),
+    "num_attention_heads": ("num_attention_heads", "n_heads", "n_head"),
+    "num_key_value_heads": ("num_key_value_heads", "n_kv_heads"),
+    "num_layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+    "vocab_size": ("vocab_size", "n_vocab"),
+    "intermediate_size": ("intermediate_size", "n_inner", "ffn_dim", "d_ff"),
+}
 # Inputs handed to a forward are searched this deep into tuples, lists and dicts.
 _MAX_DEPTH = 2
 
@@ -336,16 +317,45 @@ def _positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def model_dimensions(model: Any) -> dict[str, int]:
-    """The dimensions ``model`` declares (``model.config`` in the module docstring); {} when none."""
+def model_dimensions(model: Any) -> ModelConfig:
+    """The dimensions ``model`` declares (a Hugging Face ``config``, else plain attributes of the
+    root module), and its layer count: declared, else the length of its stack of blocks."""
     model = _unwrapped(model)
+    found: dict[str, int] = {}
     config = getattr(model, "config", None)
     if config is not None:
         found = _dimensions_of(config)
-        if found:
-            return found
-    attributes = getattr(model, "__dict__", None)  # plain attributes only, not properties
-    return _dimensions_of(attributes) if isinstance(attributes, Mapping) else {}
+    if not found:
+        attributes = getattr(model, "__dict__", None)  # plain attributes only, not properties
+        found = _dimensions_of(attributes) if isinstance(attributes, Mapping) else {}
+    dimensions = msgspec.convert(found, ModelConfig)
+    if dimensions.num_layers is None:
+        stack = layer_stack(model)
+        if stack is not None:
+            dimensions.layers_module, dimensions.num_layers = stack
+    return dimensions
+
+
+def layer_stack(model: Any) -> tuple[str, int] | None:
+    """The dotted name and length of the model's stack of blocks: the ``nn.ModuleList`` (or an
+    ``nn.Sequential`` of one class) of at least two modules of one class holding the most
+    parameters. None when it has none (an MLP of different layers is no stack)."""
+    from torch import nn
+
+    named = getattr(model, "named_modules", None)
+    if named is None:
+        return None
+    best: tuple[tuple[int, int], str, int] | None = None
+    for name, module in named():
+        if not isinstance(module, nn.ModuleList | nn.Sequential):
+            continue
+        children = list(module)
+        if len(children) < 2 or len({type(child) for child in children}) != 1:
+            continue
+        size = sum(param.numel() for param in module.parameters())
+        if size and (best is None or (size, len(children)) > best[0]):
+            best = ((size, len(children)), name, len(children))
+    return (best[1] or "(root)", best[2]) if best is not None else None
 
 
 def _unwrapped(model: Any) -> Any:
@@ -364,20 +374,21 @@ def _unwrapped(model: Any) -> Any:
 
 def _dimensions_of(source: Any) -> dict[str, int]:
     found: dict[str, int] = {}
-    for key in DIMENSION_KEYS:
-        try:
-            value = source.get(key) if isinstance(source, Mapping) else getattr(source, key, None)
-        except Exception:  # a config's property may raise; it then declares nothing under that name
-            continue
-        number = _positive_int(value)
-        if number is not None:
-            found[key] = number
+    for field_name, names in DIMENSION_NAMES.items():
+        for key in names:
+            try:
+                value = source.get(key) if isinstance(source, Mapping) else getattr(source, key, None)
+            except Exception:  # a config's property may raise; it then declares nothing under that name
+                continue
+            number = _positive_int(value)
+            if number is not None:
+                found[field_name] = number
+                break
     return found
 
 
-def input_dimensions(
-    module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None, dimensions: Mapping[str, int]
-) -> dict[str, Any] | None:
+def input_dimensions(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None,
+                     dimensions: ModelConfig) -> ModelInputs | None:
     """``{batch_size, seq_len, shape, dtype}`` from the tensors handed to ``module``'s forward, or
     None when none of them tells both for certain."""
     import torch
@@ -389,7 +400,7 @@ def input_dimensions(
     for tensor in candidates:
         if tensor.dim() == 2 and not (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool):
             return _described(tensor)
-    hidden = next((dimensions[key] for key in _HIDDEN_KEYS if key in dimensions), None)
+    hidden = dimensions.hidden_size
     if hidden is None or getattr(module, "batch_first", True) is False:
         return None
     for tensor in candidates:
@@ -398,11 +409,48 @@ def input_dimensions(
     return None
 
 
-def _described(tensor: torch.Tensor) -> dict[str, Any] | None:
+def output_vocab(output: Any, inputs: ModelInputs, dimensions: ModelConfig) -> int | None:
+    """The vocabulary a language model's logits show: the last dimension of a float
+    ``(batch, seq, V)`` output (``logits`` first) of the first forward whose inputs were token
+    ids, when V is not the hidden size (a hidden state is no logits). None otherwise."""
+    import torch
+
+    if inputs.dtype is None or "float" in inputs.dtype or len(inputs.shape) != 2:
+        return None  # only token ids say that the model reads a vocabulary
+    logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
+    candidates = [logits] if isinstance(logits, torch.Tensor) else []
+    candidates += list(_tensors(output if isinstance(output, tuple | list) else (output,), 0))
+    leading = (inputs.batch_size, inputs.seq_len)
+    for tensor in candidates:
+        if (tensor.dim() == 3 and tensor.is_floating_point() and tuple(tensor.shape[:2]) == leading
+                and tensor.shape[-1] != dimensions.hidden_size and tensor.shape[-1] > 1):
+            return int(tensor.shape[-1])
+    return None
+
+
+def autocast_dtype(args: tuple[Any, ...], kwargs: Mapping[str, Any] | None, model: Any) -> str | None:
+    """The dtype autocast casts to now on the device of the model's inputs (else its parameters),
+    ``"torch.bfloat16"``; None when autocast is off there."""
+    import torch
+
+    tensors = list(_tensors(args, 0)) + list(_tensors(tuple((kwargs or {}).values()), 0))
+    if not tensors:
+        parameters = getattr(model, "parameters", None)
+        tensors = list(itertools.islice(parameters(), 1)) if parameters is not None else []
+    device_type = tensors[0].device.type if tensors else "cpu"
+    try:
+        if not torch.is_autocast_enabled(device_type):
+            return None
+        return str(torch.get_autocast_dtype(device_type))
+    except (TypeError, RuntimeError, AttributeError):  # a torch before 2.4, or a device type without autocast
+        return None
+
+
+def _described(tensor: torch.Tensor) -> ModelInputs | None:
     batch, seq = int(tensor.shape[0]), int(tensor.shape[1])
     if batch < 1 or seq < 1:
         return None
-    return {"batch_size": batch, "seq_len": seq, "shape": [int(n) for n in tensor.shape], "dtype": str(tensor.dtype)}
+    return ModelInputs(batch_size=batch, seq_len=seq, shape=[int(n) for n in tensor.shape], dtype=str(tensor.dtype))
 
 
 def _tensors(values: tuple[Any, ...] | list[Any], depth: int) -> Iterator[torch.Tensor]:
@@ -420,11 +468,15 @@ def _tensors(values: tuple[Any, ...] | list[Any], depth: int) -> Iterator[torch.
 __all__ = [
     "PICKLE_PROTOCOL",
     "Reservation",
+    "autocast_dtype",
     "build_sidecar",
     "input_dimensions",
+    "layer_stack",
     "model_dimensions",
     "model_stats",
+    "optimizer_state_dtype",
     "optimizer_stats",
+    "output_vocab",
     "parameter_stats",
     "remove_stale_files",
     "reservation_path",
@@ -432,5 +484,6 @@ __all__ = [
     "sidecar_path",
     "write_atomic",
     "write_json",
+    "write_sidecar",
     "write_snapshot",
 ]

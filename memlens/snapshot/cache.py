@@ -563,7 +563,7 @@ def _expect_cacheable(condition: bool, problem: str) -> None:
 _TRACE_SCALARS = ("user_metadata", "compile_context", "baseline_allocated", "baseline_reserved", "pending_free_peak",
                   "pending_free_final", "window_complete", "has_time", "curve_warnings")
 _SNAPSHOT_FIELDS = frozenset(("source", "devices", "segments", "stacks", "annotations", "allocator_settings", "extra",
-                              "sidecar", "format_guess", "from_cache"))
+                              "sidecar", "sidecar_problem", "format_guess", "from_cache"))
 
 
 def _model_is_covered() -> bool:

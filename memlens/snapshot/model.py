@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from memlens.sidecar import Sidecar
+
 Int64Array = npt.NDArray[np.int64]
 Int32Array = npt.NDArray[np.int32]
 Int8Array = npt.NDArray[np.int8]
@@ -255,7 +257,9 @@ class Snapshot:
     annotations: list[Annotation] = field(default_factory=list)
     allocator_settings: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
-    sidecar: dict[str, Any] = field(default_factory=dict)
+    # The recorder's sidecar beside the file (None: none), and why one there was not read.
+    sidecar: Sidecar | None = None
+    sidecar_problem: str | None = None
     format_guess: str = "unknown"
     from_cache: bool = False
 
@@ -282,26 +286,3 @@ class Snapshot:
     @property
     def total_events(self) -> int:
         return sum(len(t) for t in self.devices.values())
-
-
-def sidecar_number(sidecar: dict[str, Any], device: int, *keys: str) -> int | None:
-    """The first positive integer found under ``keys`` in the recorder's sidecar.
-
-    Looks at the top level, at ``sidecar["device"]``, at ``sidecar["devices"][str(device)]``
-    (or the list entry ``device``) and at ``sidecar["model"]``: the recorder is still settling
-    its layout, so the analysis accepts each of them.
-    """
-    places: list[Any] = [sidecar, sidecar.get("device"), sidecar.get("model")]
-    devices = sidecar.get("devices")
-    if isinstance(devices, dict):
-        places.append(devices.get(str(device), devices.get(device)))
-    elif isinstance(devices, list) and 0 <= device < len(devices):
-        places.append(devices[device])
-    for place in places:
-        if not isinstance(place, dict):
-            continue
-        for key in keys:
-            value = place.get(key)
-            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-                return int(value)
-    return None

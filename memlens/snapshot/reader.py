@@ -28,7 +28,6 @@ import gc
 import gzip
 import io
 import itertools
-import json
 import operator
 import os
 import pickle
@@ -40,6 +39,7 @@ import numpy as np
 from memlens.allocator.settings import AllocatorSettings
 from memlens.errors import MemlensFormatError, MemlensUsageError
 from memlens.files import FileRefused, OpenedFile, open_regular
+from memlens.sidecar import sidecar_beside
 from memlens.snapshot import scan
 from memlens.snapshot.curves import CurveOverflow, build_curves
 from memlens.snapshot.formats import BARE_LIST_FORMAT, GZIP_MAGIC, ZIP_MAGIC, guess_format, looks_like_pickle, sniff
@@ -81,9 +81,6 @@ from memlens.snapshot.validate import (
     shorten,
 )
 
-SIDECAR_SUFFIX = ".memlens.json"
-SIDECAR_MAX_BYTES = 16 << 20
-SIDECAR_MAX_INT = 1 << 56
 GZIP_MAX_RATIO = 100
 # The least a gzip may inflate to, whatever its size: real snapshots compress 4-36x, so a file
 # of a few KB needs well under this; at 64 MiB a 44 KB gzip carried 4.36 M events (1.5 GB RSS).
@@ -349,7 +346,7 @@ def _load(opened: OpenedFile, cache: bool | None, progress: Callable[[str, float
         if cache_entry is not None:
             cached = cache_entry.read()
             if cached is not None:
-                cached.sidecar = read_sidecar(opened)
+                cached.sidecar, cached.sidecar_problem = sidecar_beside(opened)
                 return cached
         on_read = None
         if progress is not None:
@@ -365,7 +362,7 @@ def _load(opened: OpenedFile, cache: bool | None, progress: Callable[[str, float
                 progress("building timeline", READ_SHARE)
             snapshot = parse(raw, source=source, text_budget=max(MIN_TEXT_BUDGET, 2 * content[0]))
             del raw
-        snapshot.sidecar = read_sidecar(opened)
+        snapshot.sidecar, snapshot.sidecar_problem = sidecar_beside(opened)
         if cache_entry is not None:
             cache_entry.write(snapshot)
     finally:
@@ -374,71 +371,6 @@ def _load(opened: OpenedFile, cache: bool | None, progress: Callable[[str, float
     if progress:
         progress("done", 1.0)
     return snapshot
-
-
-def sidecar_name(path: str) -> str:
-    """The recorder's sidecar of a snapshot: ``run.pickle`` (or ``run.pickle.gz``) -> ``run.memlens.json``."""
-    base = path
-    for suffix in (".gz", ".pickle", ".pkl"):
-        if base.endswith(suffix):
-            base = base[: -len(suffix)]
-    return base + SIDECAR_SUFFIX
-
-
-def read_sidecar(path: str | OpenedFile) -> dict[str, Any]:
-    """The recorder's JSON sidecar (``run.pickle`` -> ``run.memlens.json``), if there is one.
-
-    Beside an ``OpenedFile`` it is opened as that file was (``sibling``: beneath the same folder
-    descriptor, following no link, when the snapshot was opened beneath a root), and only a
-    regular file of bounded size is read."""
-    try:
-        if isinstance(path, OpenedFile):
-            sidecar = path.sibling(os.path.basename(sidecar_name(path.name)), max_bytes=SIDECAR_MAX_BYTES)
-        else:
-            sidecar = open_regular(sidecar_name(path), max_bytes=SIDECAR_MAX_BYTES)
-    except (FileRefused, OSError):
-        return {}  # none, or not a file we may read: the recorder writes a few kilobytes
-    try:
-        with sidecar:
-            data = json.loads(sidecar.read_bytes(SIDECAR_MAX_BYTES).decode("utf-8"))
-    except (FileRefused, OSError, ValueError, RecursionError):
-        return {}  # a broken sidecar only loses extras; the snapshot itself is still good
-    # Bounded like the snapshot's own extras: no deep nesting, no huge strings, and numbers the
-    # analysis may use (capacity, parameter counts) finite and within 2**56.
-    plain = plain_copy(data, int_limit=SIDECAR_MAX_INT, max_nodes=SIDECAR_MAX_BYTES // 2)
-    return _sidecar_fields(plain) if isinstance(plain, dict) else {}
-
-
-# The sidecar fields the analysis, the budget and the app read, with the type each must have;
-# a field of another type is dropped, as a broken sidecar loses only what is broken.
-_SIDECAR_SECTIONS: dict[str, type | tuple[type, ...]] = {
-    "device": dict, "model": dict, "optimizer": dict, "recorder": dict, "allocator_settings": dict,
-    "devices": (dict, list), "steps": list, "oom": dict,
-}
-_SIDECAR_COUNTS = {
-    "device": ("total_memory_bytes", "index"),
-    "model": ("parameters_total", "parameters_trainable", "parameter_bytes_total", "buffer_bytes_total"),
-}
-
-
-def _sidecar_fields(sidecar: dict[str, Any]) -> dict[str, Any]:
-    for key, kind in _SIDECAR_SECTIONS.items():
-        if key in sidecar and not isinstance(sidecar[key], kind):
-            del sidecar[key]
-    for section, keys in _SIDECAR_COUNTS.items():
-        fields = sidecar.get(section, {})
-        for key in keys:
-            value = fields.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                del fields[key]
-    model = sidecar.get("model", {})
-    dtypes = model.get("parameter_bytes_by_dtype")
-    if dtypes is not None and not (isinstance(dtypes, dict) and all(isinstance(v, int) for v in dtypes.values())):
-        del model["parameter_bytes_by_dtype"]
-    optimizer = sidecar.get("optimizer", {})
-    if "class" in optimizer and not isinstance(optimizer["class"], str):
-        del optimizer["class"]
-    return sidecar
 
 
 # --------------------------------------------------------------------------- parsing
@@ -914,4 +846,4 @@ def _unknown_sizes_and_times(
 
 
 # MAX_TEXT and SHORT_TEXT are re-exported: callers read the text limits from the reader.
-__all__ = ["MAX_TEXT", "SHORT_TEXT", "load", "parse", "read_raw", "read_sidecar", "sniff"]
+__all__ = ["MAX_TEXT", "SHORT_TEXT", "load", "parse", "read_raw", "sniff"]

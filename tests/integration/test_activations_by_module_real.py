@@ -41,8 +41,9 @@ def test_the_plateau_names_the_transformer_blocks(tmp_path: Path) -> None:
     assert f"The {LAYERS} blocks `blocks.0` ... `blocks.{LAYERS - 1}` hold" in plateau.summary
     # the recorder wrote the model's d_model and n_heads and the batch's shape (the token ids of the
     # first forward: SEQ tokens of each SEQ + 1 fed), so the finding sets the blocks against the theory
-    assert report.sidecar["model"]["config"] == {"d_model": D_MODEL, "n_heads": 4}
-    assert report.sidecar["model"]["inputs"]["batch_size"] == BATCH
-    assert report.sidecar["model"]["inputs"]["seq_len"] == SEQ
+    assert report.sidecar is not None and report.sidecar.model is not None
+    config, inputs = report.sidecar.model.config, report.sidecar.model.inputs
+    assert (config.hidden_size, config.num_attention_heads) == (D_MODEL, 4)
+    assert inputs is not None and (inputs.batch_size, inputs.seq_len) == (BATCH, SEQ)
     assert evidence["theory_per_layer_bytes"] == theory
     assert evidence["theory_per_layer_with_scores_bytes"] > theory  # the 5*a*T/d T x T scores term

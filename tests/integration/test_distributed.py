@@ -44,7 +44,8 @@ def test_two_ranks_write_their_files_and_a_summary(tmp_path: Path) -> None:
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(out)), nprocs=2, join=True)
     for rank in (0, 1):
         snapshot = memlens.load(out / f"rank{rank}.pickle")
-        assert snapshot.sidecar["rank"] == rank and snapshot.sidecar["world_size"] == 2
+        assert snapshot.sidecar is not None
+        assert snapshot.sidecar.rank == rank and snapshot.sidecar.world_size == 2
         steps = [a.name for a in snapshot.annotations if a.stage == "END" and a.name.startswith("memlens.step#")]
         assert steps == [f"memlens.step#{i}" for i in range(3)]
     summary = json.loads((out / "ranks.json").read_text())

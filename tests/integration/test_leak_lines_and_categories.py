@@ -143,7 +143,8 @@ def test_branches_the_stacks_cannot_tell_apart_are_all_listed_and_said_so(out: P
 def test_every_block_the_holder_keeps_is_counted(out: Path, pattern: str) -> None:
     report = recorded(out, pattern)
     leak = the_leak(report)
-    holder = next(h for h in report.sidecar["leak_holders"]["holders"] if h["holder"] == leak.evidence["held_by"])
+    assert report.sidecar is not None and report.sidecar.leak_holders is not None
+    holder = next(h for h in report.sidecar.leak_holders["holders"] if h["holder"] == leak.evidence["held_by"])
     assert holder["blocks_total"] == STEPS  # one tensor a step, the first step's included
     assert leak.evidence["held_by_blocks"] == leak.evidence["leak_blocks_at_dump"] == STEPS
     assert f"{STEPS} of the {STEPS} leaked blocks alive at the dump" in leak.summary

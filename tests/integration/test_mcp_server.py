@@ -395,9 +395,9 @@ def test_the_sidecar_beside_a_snapshot_obeys_the_root(tmp_path: Path) -> None:
     shutil.copy(LEAK, root / "linked.pickle")
     shutil.copy(LEAK, root / "plain.pickle")
     secret = outside / "secrets.json"
-    secret.write_text(json.dumps({"model": {"name": "TOP-SECRET-TOKEN"}}))
+    secret.write_text(json.dumps({"reason": "TOP-SECRET-TOKEN"}))  # a field the sidecar's reader keeps
     (root / "linked.memlens.json").symlink_to(secret)
-    (root / "plain.memlens.json").write_text(json.dumps({"model": {"name": "an-honest-model"}}))
+    (root / "plain.memlens.json").write_text(json.dumps({"reason": "an-honest-model"}))
     client = StdioClient("--root", str(root))
     try:
         client.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},

@@ -62,7 +62,8 @@ def test_training_run_loads_in_memlens_and_memory_viz(tmp_path: Path) -> None:
     snapshot = memlens.load(path)
     trace = snapshot.devices[0]
     assert trace.has_time and trace.events > 100
-    assert snapshot.sidecar["optimizer"]["class"] == "AdamW"
+    assert snapshot.sidecar is not None and snapshot.sidecar.optimizer is not None
+    assert snapshot.sidecar.optimizer.class_name == "AdamW"
     names = [a.name for a in snapshot.annotations if a.stage == "START"]
     assert [name for name in names if name.startswith("memlens.step#")] == [f"memlens.step#{i}" for i in range(3)]
     # the model's modules as scopes, forward and backward (the embeddings, fed token ids, have
@@ -71,10 +72,9 @@ def test_training_run_loads_in_memlens_and_memory_viz(tmp_path: Path) -> None:
             "memlens.backward#head"} <= set(names)
     assert "memlens.backward#embed" not in names
     # what the recorder knew is in the sidecar, and the analysis uses it
-    roles = snapshot.sidecar["tensor_roles"]["records"]
-    assert {"step#0.start", "optimizer.pre", "optimizer.post", "forward", "forward.end"} <= {
-        r["at"] for r in roles
-    }
+    assert snapshot.sidecar.tensor_roles is not None
+    roles = snapshot.sidecar.tensor_roles.records
+    assert {"step#0.start", "optimizer.pre", "optimizer.post", "forward", "forward.end"} <= {r.at for r in roles}
     report = memlens.analyze(path)
     device = report.devices[0]
     assert device.categories_at_peak["unknown"] < 0.05 * device.peak_allocated_bytes

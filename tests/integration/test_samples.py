@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import memlens
+from memlens.sidecar import SIDECAR_VERSION
 from memlens.snapshot.model import Action
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_snapshots"
@@ -44,9 +45,12 @@ def test_sample_loads_with_steps_and_sidecar(name: str) -> None:
     # what the recorder knew puts every byte live at the peak in a category (issue 14: under 5%)
     device = memlens.analyze(snapshot).device(0)
     assert device.categories_at_peak["unknown"] < 0.05 * device.peak_allocated_bytes
-    assert snapshot.sidecar["backend"] == "cpu"
-    assert snapshot.sidecar["optimizer"]["class"] == "AdamW"
-    assert [s["index"] for s in snapshot.sidecar["steps"]] == list(range(len(starts)))
+    sidecar = snapshot.sidecar
+    assert sidecar is not None and sidecar.optimizer is not None and sidecar.model is not None
+    assert sidecar.backend == "cpu" and sidecar.optimizer.class_name == "AdamW"
+    assert [s.index for s in sidecar.steps] == list(range(len(starts)))
+    # the layout the recorder writes now, with the blocks' count (the samples' TinyLM blocks)
+    assert sidecar.memlens_sidecar_version == SIDECAR_VERSION and sidecar.model.config.layers_module == "blocks"
 
 
 @pytest.mark.parametrize("name", ["healthy", "fragmentation_oom"])
@@ -73,7 +77,7 @@ def test_fragmentation_run_ends_in_oom_with_reserved_far_above_allocated() -> No
     allocated, reserved = int(trace.allocated[-1]), int(trace.reserved[-1])
     assert reserved > 1.5 * allocated
     assert reserved - allocated > int(trace.size[-1]) > int(trace.device_free[-1])  # enough cached, none usable
-    assert snapshot.sidecar["reason"] == "oom"
+    assert snapshot.sidecar is not None and snapshot.sidecar.reason == "oom"
 
 
 def test_checkpointing_lowers_the_peak() -> None:

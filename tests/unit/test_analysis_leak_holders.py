@@ -76,7 +76,7 @@ def test_a_holder_without_a_line_is_named_without_one() -> None:
 
 def test_a_malformed_leak_holders_section_is_ignored() -> None:
     builder = training_run(6, leak=8 * MiB)
-    for broken in ({"holders": "x"}, [1, 2], {"holders": [{"holder": 3}, {"holder": "x", "blocks": "y"},
+    for broken in ({"holders": "x"}, {"holders": [{"holder": 3}, {"holder": "x", "blocks": "y"},
                                                           {"holder": "y", "blocks": [["a", 1], [True, 2]]}]}):
         leak = _leak(builder, {"leak_holders": broken})
         assert "held_by" not in leak.evidence

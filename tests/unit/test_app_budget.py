@@ -10,6 +10,7 @@ from __future__ import annotations
 import memlens
 from memlens.budget import ModelSpec, TrainingSetup, estimate, reconcile
 from memlens.ops.budget import BudgetOptions, reconcile_budget
+from memlens.sidecar import sidecar_from_builtins
 from memlens_app.panels.budget import (
     SIDECAR_FIELDS,
     BudgetForm,
@@ -21,10 +22,10 @@ from memlens_app.panels.budget import (
 from tests.unit.tracebuilder import MiB, training_run
 
 PARAMETER_BYTES = 4 * 64 * MiB  # training_run's four ghost parameters
-FP32_SIDECAR = {"memlens_sidecar_version": 1,
+FP32_SIDECAR = sidecar_from_builtins({"memlens_sidecar_version": 1,
                 "model": {"parameters_total": PARAMETER_BYTES // 4, "parameters_trainable": PARAMETER_BYTES // 4,
                           "parameter_bytes_by_dtype": {"torch.float32": PARAMETER_BYTES}},
-                "optimizer": {"class": "AdamW"}}
+                "optimizer": {"class": "AdamW"}})
 
 
 def _text(component: object) -> str:

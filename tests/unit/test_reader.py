@@ -15,7 +15,6 @@ import pytest
 import memlens
 from memlens.errors import MemlensFormatError
 from memlens.snapshot import Action, parse
-from memlens.snapshot.reader import read_sidecar
 
 
 def frame(name: str, line: int = 1, filename: str = "train.py") -> dict[str, Any]:
@@ -264,7 +263,8 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path, cache: b
 def test_a_fifo_as_the_sidecar_is_skipped_without_waiting(tmp_path: Path) -> None:
     path = write(tmp_path / "run.pickle", tiny_snapshot())
     os.mkfifo(tmp_path / "run.memlens.json")
-    assert memlens.load(path).sidecar == {}
+    loaded = memlens.load(path)
+    assert loaded.sidecar is None and "not a regular file" in str(loaded.sidecar_problem)
 
 
 @pytest.mark.timeout(60)
@@ -286,16 +286,19 @@ def test_an_opened_file_is_read_through_its_descriptor(tmp_path: Path) -> None:
         os.rename(path, tmp_path / "moved.pickle")
         (tmp_path / "run.pickle").write_bytes(b"not a pickle")
         loaded = memlens.load(opened, cache=True)
-    assert loaded.source == str(path) and loaded.sidecar == {"rank": 3}
+    assert loaded.source == str(path) and loaded.sidecar is not None and loaded.sidecar.rank == 3
     assert len(loaded.devices[0].action) == len(memlens.load(tmp_path / "moved.pickle").devices[0].action)
 
 
 def test_sidecar_is_read_when_present(tmp_path: Path) -> None:
     path = write(tmp_path / "run.pickle", tiny_snapshot())
     (tmp_path / "run.memlens.json").write_text('{"rank": 3}')
-    assert memlens.load(path).sidecar == {"rank": 3}
+    loaded = memlens.load(path)
+    assert loaded.sidecar is not None and loaded.sidecar.rank == 3 and loaded.sidecar_problem is None
     (tmp_path / "run.memlens.json").write_text("{broken")
-    assert read_sidecar(str(path)) == {}
+    loaded = memlens.load(path)
+    assert loaded.sidecar is None
+    assert "run.memlens.json: not a memlens sidecar (invalid JSON" in str(loaded.sidecar_problem)
 
 
 def test_pending_free_is_not_allocated_but_reported_apart() -> None:

@@ -432,10 +432,10 @@ def test_model_stats_counts_trainable_and_dtypes() -> None:
     model[1].half()
     stats = model_stats(model)
     assert stats is not None
-    assert stats["parameters_total"] == 16 + 4 + 8
-    assert stats["parameters_trainable"] == 4 + 8
-    assert stats["parameter_bytes_by_dtype"] == {"torch.float16": 16, "torch.float32": 80}
-    assert stats["buffer_bytes_total"] > 0
+    assert stats.parameters_total == 16 + 4 + 8
+    assert stats.parameters_trainable == 4 + 8
+    assert stats.parameter_bytes_by_dtype == {"torch.float16": 16, "torch.float32": 80}
+    assert stats.buffer_bytes_total is not None and stats.buffer_bytes_total > 0
 
 
 # ------------------------------------------------------------------------- CLI helpers

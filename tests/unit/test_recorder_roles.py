@@ -27,6 +27,7 @@ from memlens.recorder import record
 from memlens.recorder.module_scopes import ModuleScopes
 from memlens.recorder.roles import RoleRecorder, find_model, model_state
 from memlens.recorder.sidecar import sidecar_path
+from memlens.sidecar import sidecar_from_builtins
 
 
 def lifetimes(rows: list[tuple[int, int, int]], events: int) -> Lifetimes:
@@ -60,22 +61,21 @@ def test_a_block_noted_twice_takes_the_stronger_role() -> None:
     assert category.tolist() == [PARAMETERS]
 
 
-def test_sidecar_notes_map_time_to_rows_and_skip_what_is_malformed() -> None:
+def test_sidecar_notes_map_time_to_rows() -> None:
+    """(A malformed record makes the sidecar's reader refuse it: tests/unit/test_sidecar.py.)"""
     time_us = np.array([10, 20, 30, 40], dtype=np.int64)
-    sidecar = {"tensor_roles": {"version": 1, "records": [
+    sidecar = sidecar_from_builtins({"memlens_sidecar_version": 2, "tensor_roles": {"version": 1, "records": [
         {"time_us": 25, "at": "step#0.end", "device": 0, "parameters": [100, 512, 200, 512]},
         {"time_us": None, "at": "dump", "device": 0, "graph": [300, 512]},
         {"time_us": 5, "at": "step#0.start", "device": 0, "gradients": [400, 64]},
         {"time_us": 25, "at": "x", "device": 1, "parameters": [500, 512]},  # another device
-        {"time_us": "soon", "device": 0, "parameters": [600, 1]},  # malformed: skipped
-        "not a record",
-    ]}}
-    roles = recorded_roles(sidecar, 0, time_us)
+    ]}})
+    roles = recorded_roles(sidecar.tensor_roles, 0, time_us)
     assert roles is not None
     assert roles.address.tolist() == [100, 200, 300, 400]
     assert roles.row.tolist() == [1, 1, 3, -1]  # the last row at or before; the dump: the end
     assert roles.category.tolist() == [PARAMETERS, PARAMETERS, ACTIVATIONS, GRADIENTS]
-    assert recorded_roles({}, 0, time_us) is None  # a snapshot from elsewhere
+    assert recorded_roles(None, 0, time_us) is None  # a snapshot from elsewhere
 
 
 def test_role_recorder_notes_each_storage_once() -> None:

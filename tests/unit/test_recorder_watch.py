@@ -33,7 +33,7 @@ def test_watch_after_start_fills_the_sidecar(tmp_path: Path) -> None:
                 optimizer.zero_grad()
     sidecar = json.loads(sidecar_path(tmp_path / "snapshot.pickle").read_text())
     assert sidecar["model"]["parameters_total"] == sum(p.numel() for p in model.parameters())
-    assert sidecar["optimizer"] == {"class": "SGD", "param_groups": 1}
+    assert sidecar["optimizer"] == {"class": "SGD", "param_groups": 1, "momentum": 0.9, "state_dtype": "torch.float32"}
 
 
 def test_watch_holds_no_strong_reference(tmp_path: Path) -> None:

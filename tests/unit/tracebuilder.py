@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from memlens.sidecar import sidecar_from_builtins
 from memlens.snapshot.model import Snapshot
 from memlens.snapshot.reader import parse
 
@@ -184,8 +185,8 @@ class TraceBuilder:
 
     def snapshot(self, sidecar: dict[str, Any] | None = None) -> Snapshot:
         snap = parse(self.raw())
-        if sidecar:
-            snap.sidecar = sidecar
+        if sidecar:  # as the reader would have read it beside the file (older layouts migrated)
+            snap.sidecar = sidecar_from_builtins(sidecar)
         return snap
 
 
