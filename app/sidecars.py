@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from memlens.errors import MemlensError, one_line
-from memlens.snapshot.reader import SIDECAR_MAX_BYTES, SIDECAR_SUFFIX, sidecar_name
+from memlens.sidecar import SIDECAR_MAX_BYTES, SIDECAR_SUFFIX, SidecarError, sidecar_from_builtins, sidecar_name
 from memlens.units import format_bytes
 
 JSON_SUFFIX = ".json"
@@ -67,4 +67,8 @@ def read_uploaded_sidecar(path: str, name: str) -> dict[str, Any]:
         raise SidecarRefused(f"{name}: not a sidecar (JSON nested too deeply)") from None
     if not isinstance(data, dict) or not isinstance(data.get("memlens_sidecar_version"), int):
         raise SidecarRefused(f"{name}: not a memlens sidecar (no memlens_sidecar_version)")
+    try:  # the one reader the loader will use: what it refuses, the upload list says now
+        sidecar_from_builtins(data, name)
+    except SidecarError as exc:
+        raise SidecarRefused(one_line(str(exc))) from None
     return data

@@ -33,7 +33,7 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import ClientDisconnected
 
 from memlens.errors import MemlensError, one_line
-from memlens.snapshot.reader import SIDECAR_MAX_BYTES, SIDECAR_SUFFIX
+from memlens.sidecar import SIDECAR_MAX_BYTES, SIDECAR_SUFFIX
 from memlens.units import GiB, KiB, format_bytes
 from memlens_app.archive import ArchiveRefused, run_folder_entries, unpack
 from memlens_app.library import Library, Source

@@ -174,7 +174,7 @@ def test_a_sidecar_that_cannot_be_used_gets_one_line_saying_why(served: tuple[An
 
 
 def test_a_sidecar_larger_than_a_sidecar_may_be_is_refused_before_it_is_read(served: tuple[Any, Library]) -> None:
-    from memlens.snapshot.reader import SIDECAR_MAX_BYTES
+    from memlens.sidecar import SIDECAR_MAX_BYTES
 
     client, _ = served
     status, answer = post(client, "big.memlens.json", b" " * (SIDECAR_MAX_BYTES + 1))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memlens.snapshot.reader import SIDECAR_MAX_BYTES
+from memlens.sidecar import SIDECAR_MAX_BYTES
 from memlens_app import archive as archive_module
 from memlens_app.archive import ArchiveRefused, run_folder_entries, unpack
 from memlens_app.sidecars import SidecarRefused, expected_sidecar, paired_path, read_uploaded_sidecar
