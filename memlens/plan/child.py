@@ -1,0 +1,109 @@
+"""One configuration of a plan, predicted in a process of its own.
+
+``run_in_child`` (or ``python -m memlens.plan.child JOB.json``): installs the configuration's levers, runs the script
+under predict (as ``memlens predict`` does: the same session, the same snapshot and sidecar),
+counts the run's floating-point operations (``torch.utils.flop_counter``: what checkpointing
+recomputes shows there), and writes ``plan_result.json`` next to the snapshot. A fresh process
+per configuration: predict needs a process whose autograd engine has not started, and the
+levers patch classes for the whole process.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from memlens.plan.configurations import ChildJob, ChildResult
+
+RESULT_NAME = "plan_result.json"
+SNAPSHOT_NAME = "predicted.pickle"
+
+
+def run_job(job: ChildJob) -> ChildResult:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from memlens.cli.predict import predicted_report, predicted_sidecar, run_command, split_command
+    from memlens.plan.apply import LeverHooks
+    from memlens.predict.session import PredictSession, run_in_session
+    from memlens.recorder.sidecar import sidecar_path, write_json, write_snapshot
+
+    kind, target, argv = split_command(tuple(job.command))
+    out = Path(job.out_dir)
+    hooks = LeverHooks(tuple(job.levers))
+    hooks.install()
+    counter = FlopCounterMode(display=False)
+    session = PredictSession(gpu=job.gpu, capacity=job.capacity, reserve_outside=job.reserve_outside, stacks=job.stacks)
+
+    def body() -> Any:
+        with counter:
+            return run_command(kind, target, argv)
+
+    try:
+        result = run_in_session(session, body, capture_errors=True)
+    finally:
+        hooks.uninstall()
+    predicted = out / SNAPSHOT_NAME
+    write_snapshot(predicted, result.snapshot or {})
+    write_json(sidecar_path(predicted), predicted_sidecar(session, result))
+    result.value = None
+    predicted_report(predicted, result)  # the peaks triage will read from the file
+    problem = None
+    if not result.fits:
+        if result.oom:
+            from memlens.cli.predict import oom_line
+
+            problem = oom_line(result)
+        else:
+            problem = result.error or result.stop_reason or result.interrupted
+    trainable = (result.model or {}).get("parameters_trainable")
+    return ChildResult(
+        peak_allocated_bytes=result.peak_allocated_bytes,
+        peak_reserved_bytes=result.peak_reserved_bytes,
+        capacity_bytes=result.capacity_bytes,
+        fits=result.fits,
+        oom=result.oom,
+        problem=problem,
+        snapshot=str(predicted.resolve()),
+        notes=hooks.final_notes(),
+        flops=int(counter.get_total_flops()),
+        trainable_parameters=trainable,
+        model=result.model,
+        optimizer=result.optimizer,
+        seconds=round(result.seconds, 3),
+    )
+
+
+def run_in_child(job_path: str, log_path: str, alloc_conf: str) -> None:
+    """A child process's entry (``multiprocessing``): the script's output to ``log_path``, the
+    allocator levers in ``PYTORCH_CUDA_ALLOC_CONF``, then the job."""
+    import os
+
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    if alloc_conf:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
+    main(["child", job_path])
+
+
+def main(argv: list[str]) -> int:
+    from memlens.files import write_atomic
+
+    job_path = Path(argv[1])
+    job = msgspec.json.decode(job_path.read_bytes(), type=ChildJob)
+    try:
+        outcome = run_job(job)
+    except Exception as exc:  # a lever that cannot apply, a script that cannot start: one line
+        from memlens.errors import one_line
+
+        outcome = ChildResult(problem=one_line(f"{type(exc).__name__}: {exc}"))
+    write_atomic(Path(job.out_dir) / RESULT_NAME, msgspec.json.encode(outcome))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
