@@ -58,7 +58,8 @@ class PlanConfig(msgspec.Struct):
     """One configuration's prediction. ``flops_change``: the run's floating-point operations
     relative to the baseline at the same values (+0.33: a third more compute, recomputation),
     None without such a baseline; ``offload_bytes_per_step``: what crosses PCIe each optimizer
-    step; ``problem``: why it did not complete (out of memory, the script's error)."""
+    step; ``held_bytes``: parameters, gradients and optimizer state held at the end (per rank);
+    ``problem``: why it did not complete (out of memory, the script's error)."""
 
     levers: list[str]
     values: dict[str, int | str]
@@ -71,6 +72,7 @@ class PlanConfig(msgspec.Struct):
     flops_change: float | None = None
     offload_bytes_per_step: int | None = None
     trainable_parameters: int | None = None
+    held_bytes: dict[str, int] = {}
     notes: dict[str, Any] = {}
 
 
@@ -207,6 +209,14 @@ class _Runner:
         return msgspec.json.decode(result_path.read_bytes(), type=ChildResult)
 
 
+def predict_configurations(options: PlanOptions, configurations: list[Configuration]) -> list[PlanConfig]:
+    """Each configuration predicted (in parallel, as ``plan`` does), scored against the baseline
+    at the same values when one is among them; into ``options.out`` (a new folder)."""
+    _, capacity = _device(options)
+    runner = _Runner(options, _fresh_out(Path(options.out)), capacity)
+    return _scored(runner.run_all(configurations))
+
+
 def _search_all(
     runner: _Runner, configurations: list[Configuration], searched: tuple[str, int, int]
 ) -> list[tuple[Configuration, ChildResult]]:
@@ -262,6 +272,7 @@ def _scored(results: list[tuple[Configuration, ChildResult]]) -> list[PlanConfig
                 flops_change=change,
                 offload_bytes_per_step=_offload_bytes(configuration.levers, child),
                 trainable_parameters=child.trainable_parameters,
+                held_bytes=child.held_bytes,
                 notes=child.notes,
             )
         )

@@ -2,8 +2,8 @@
 
 ``run_in_child`` (or ``python -m memlens.plan.child JOB.json``): installs the configuration's levers, runs the script
 under predict (as ``memlens predict`` does: the same session, the same snapshot and sidecar),
-counts the run's floating-point operations (``torch.utils.flop_counter``: what checkpointing
-recomputes shows there), and writes ``plan_result.json`` next to the snapshot. A fresh process
+counts the run's floating-point operations (``torch.utils.flop_counter``'s formulas: what
+checkpointing recomputes shows there), and writes ``plan_result.json`` next to the snapshot. A fresh process
 per configuration: predict needs a process whose autograd engine has not started, and the
 levers patch classes for the whole process.
 """
@@ -22,9 +22,31 @@ RESULT_NAME = "plan_result.json"
 SNAPSHOT_NAME = "predicted.pickle"
 
 
-def run_job(job: ChildJob) -> ChildResult:
-    from torch.utils.flop_counter import FlopCounterMode
+class FlopCount:
+    """Counts the run's floating-point operations with ``torch.utils.flop_counter``'s formulas
+    (matmuls, convolutions, attention). Not ``FlopCounterMode`` itself: its module tracker
+    keeps what checkpointing frees alive, so a checkpointed run would be predicted too large."""
 
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils.flop_counter import flop_registry
+
+        counter = self
+        self.total = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                formula = flop_registry.get(func._overloadpacket)
+                if formula is not None:
+                    counter.total += int(formula(*args, **kwargs, out_val=out))
+                return out
+
+        self.mode = Mode()
+
+
+def run_job(job: ChildJob) -> ChildResult:
     from memlens.cli.predict import predicted_report, predicted_sidecar, run_command, split_command
     from memlens.plan.apply import LeverHooks
     from memlens.predict.session import PredictSession, run_in_session
@@ -34,11 +56,11 @@ def run_job(job: ChildJob) -> ChildResult:
     out = Path(job.out_dir)
     hooks = LeverHooks(tuple(job.levers))
     hooks.install()
-    counter = FlopCounterMode(display=False)
+    counter = FlopCount()
     session = PredictSession(gpu=job.gpu, capacity=job.capacity, reserve_outside=job.reserve_outside, stacks=job.stacks)
 
     def body() -> Any:
-        with counter:
+        with counter.mode:
             return run_command(kind, target, argv)
 
     try:
@@ -48,6 +70,7 @@ def run_job(job: ChildJob) -> ChildResult:
     predicted = out / SNAPSHOT_NAME
     write_snapshot(predicted, result.snapshot or {})
     write_json(sidecar_path(predicted), predicted_sidecar(session, result))
+    held = held_bytes()
     result.value = None
     predicted_report(predicted, result)  # the peaks triage will read from the file
     problem = None
@@ -68,7 +91,8 @@ def run_job(job: ChildJob) -> ChildResult:
         problem=problem,
         snapshot=str(predicted.resolve()),
         notes=hooks.final_notes(),
-        flops=int(counter.get_total_flops()),
+        held_bytes=held,
+        flops=counter.total,
         trainable_parameters=trainable,
         model=result.model,
         optimizer=result.optimizer,
@@ -88,6 +112,41 @@ def run_in_child(job_path: str, log_path: str, alloc_conf: str) -> None:
     if alloc_conf:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
     main(["child", job_path])
+
+
+def held_bytes() -> dict[str, int]:
+    """What the simulated GPU holds at the end of the run (after the last step), by role: every
+    live parameter, its gradient, and every optimizer's state; each storage counted once, a
+    sharded (``DTensor``) value by its local shard."""
+    import gc
+
+    import torch
+
+    from memlens.predict.session import live_cuda_parameters
+
+    seen: set[int] = set()
+
+    def size(tensor: Any) -> int:
+        if not isinstance(tensor, torch.Tensor):
+            return 0
+        local = getattr(tensor, "_local_tensor", None)
+        tensor = local if local is not None else tensor
+        if tensor.device.type != "cuda":
+            return 0
+        storage = tensor.untyped_storage()
+        if storage._cdata in seen:
+            return 0
+        seen.add(storage._cdata)
+        return int(storage.nbytes())
+
+    parameters = live_cuda_parameters()
+    held = {"parameters": sum(size(p) for p in parameters)}
+    held["gradients"] = sum(size(p.grad) for p in parameters if p.grad is not None)
+    optimizers = [obj for obj in gc.get_objects() if issubclass(type(obj), torch.optim.Optimizer)]
+    held["optimizer_state"] = sum(
+        size(value) for optimizer in optimizers for state in optimizer.state.values() for value in state.values()
+    )
+    return held
 
 
 def main(argv: list[str]) -> int:

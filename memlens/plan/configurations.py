@@ -54,6 +54,7 @@ class ChildResult(msgspec.Struct):
     problem: str | None = None
     snapshot: str | None = None
     notes: dict[str, Any] = {}
+    held_bytes: dict[str, int] = {}
     flops: int | None = None
     trainable_parameters: int | None = None
     model: dict[str, Any] | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import torch.utils._python_dispatch
 import torch.utils.flop_counter  # noqa: F401
 from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -1,0 +1,222 @@
+"""``memlens plan``: levers applied from outside the script predict what the same lever written by
+hand predicts; ``--max`` is exact; ``--json`` has the issue's shape; bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from memlens.ops.plan import PlanOptions, plan, predict_configurations
+from memlens.plan.configurations import Configuration
+from memlens.plan.levers import parse_spec
+from tests.conftest import REPO_ROOT
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+# A small transformer-shaped model whose script can checkpoint its blocks or add LoRA adapters
+# by hand (MODE), the way a user would write them.
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    class HandLora(nn.Module):
+        def __init__(self, base, rank):
+            super().__init__()
+            self.base_layer = base
+            self.lora_A = nn.Linear(base.in_features, rank, bias=False)
+            self.lora_B = nn.Linear(rank, base.out_features, bias=False)
+            self.scaling = 8 / rank
+        def forward(self, x):
+            return self.base_layer(x) + self.lora_B(self.lora_A(x)) * self.scaling
+
+    class Block(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.norm = nn.LayerNorm(d)
+            self.q = nn.Linear(d, d)
+            self.v = nn.Linear(d, d)
+            self.up = nn.Linear(d, 4 * d)
+            self.down = nn.Linear(4 * d, d)
+        def forward(self, x):
+            h = self.norm(x)
+            x = x + self.q(h) * torch.sigmoid(self.v(h))
+            return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+    class Model(nn.Module):
+        def __init__(self, d=128, n=4):
+            super().__init__()
+            self.embed = nn.Linear(32, d)
+            self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+            self.head = nn.Linear(d, 10)
+        def forward(self, x, hand_ckpt=False):
+            x = self.embed(x)
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=False) if hand_ckpt else block(x)
+            return self.head(x)
+
+    mode, batch = sys.argv[1], int(sys.argv[2])
+    model = Model()
+    if mode == "lora":
+        for block in model.blocks:
+            block.q, block.v = HandLora(block.q, 4), HandLora(block.v, 4)
+        for name, p in model.named_parameters():
+            p.requires_grad_("lora_" in name)
+    model = model.cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+    for _ in range(2):
+        x = torch.randn(batch, 64, 32, device="cuda")
+        model(x, hand_ckpt=mode == "ckpt").pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    """
+)
+
+
+def _script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def _close(a: int, b: int, tolerance: float) -> bool:
+    return abs(a - b) <= tolerance * max(a, b)
+
+
+def test_levers_from_outside_predict_what_the_script_written_by_hand_predicts(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    options = PlanOptions(command=["python", str(script), "{MODE}", "64"], out=str(tmp_path / "out"))
+    by_hand = [Configuration(values={"MODE": mode}) for mode in ("plain", "ckpt", "lora")]
+    from_outside = [
+        Configuration(levers=parse_spec("ckpt"), values={"MODE": "plain"}),
+        Configuration(levers=parse_spec("lora=4+lora-targets=q,v"), values={"MODE": "plain"}),
+    ]
+    plain, hand_ckpt, hand_lora, ckpt, lora = predict_configurations(options, by_hand + from_outside)
+    for config in (plain, hand_ckpt, hand_lora, ckpt, lora):
+        assert config.fits, config.problem
+    assert hand_ckpt.peak_allocated_bytes < plain.peak_allocated_bytes  # the lever does something here
+    assert _close(ckpt.peak_allocated_bytes, hand_ckpt.peak_allocated_bytes, 0.01), (ckpt, hand_ckpt)
+    assert _close(lora.peak_allocated_bytes, hand_lora.peak_allocated_bytes, 0.03), (lora, hand_lora)
+    assert lora.trainable_parameters == hand_lora.trainable_parameters == 4 * 2 * (4 * 128 + 4 * 128)
+    blocks = ckpt.notes["blocks"]
+    assert (blocks["path"], blocks["class"], blocks["count"]) == ("blocks", "Block", 4)
+    # Checkpointing recomputes the blocks' forward: more floating-point work than the plain run.
+    assert ckpt.flops is not None and plain.flops is not None and ckpt.flops > plain.flops
+
+
+def test_optimizer_state_as_bitsandbytes_and_torch_lay_it_out(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    options = PlanOptions(command=["python", str(script), "plain", "2"], out=str(tmp_path / "out"))
+    configurations = [Configuration(levers=parse_spec(spec)) for spec in ("optim=adamw8bit", "optim=sgd", "qlora=4")]
+    configurations.insert(0, Configuration())
+    plain, eight_bit, sgd, qlora = predict_configurations(options, configurations)
+    import torch
+
+    torch.manual_seed(0)
+    sizes = [p.numel() for p in _model_parameters(script)]
+
+    def rounded(size: int) -> int:  # the caching allocator's 512-byte blocks
+        return -(-size // 512) * 512
+
+    # AdamW: two fp32 states per parameter (and a step count each, on the GPU: capturable-free
+    # foreach keeps it on the CPU).
+    assert plain.held_bytes["optimizer_state"] == sum(2 * rounded(4 * n) for n in sizes) or plain.held_bytes[
+        "optimizer_state"
+    ] >= sum(2 * 4 * n for n in sizes)
+    expected = 2 * 256 * 4  # the two shared 256-entry quantization maps
+    for n in sizes:
+        if n >= 4096:
+            expected += 2 * n + 2 * 4 * -(-n // 256)
+        else:
+            expected += 2 * 4 * n
+    assert eight_bit.held_bytes["optimizer_state"] == expected
+    assert sgd.held_bytes["optimizer_state"] == sum(4 * n for n in sizes)  # one momentum buffer
+    # QLoRA: the blocks' Linear weights at half a byte a value, with their constants.
+    assert qlora.notes["qlora"]["quantized_parameters"] == 4 * (2 * 128 * 128 + 2 * 4 * 128 * 128)
+    assert qlora.held_bytes["parameters"] < plain.held_bytes["parameters"] / 3
+
+
+def _model_parameters(script: Path) -> list[object]:
+    namespace: dict[str, object] = {}
+    source = SCRIPT.split("mode, batch")[0]
+    exec(compile(source, str(script), "exec"), namespace)
+    model = namespace["Model"]()  # type: ignore[operator]
+    return list(model.parameters())
+
+
+def test_max_is_exact(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    result = plan(PlanOptions(command=["python", str(script), "plain", "{B}"], capacity="64MiB", max="B=1..64",
+                              out=str(tmp_path / "out")))  # fmt: skip
+    best = result.max["B"]
+    assert best is not None and 1 <= best < 64
+    outcomes = {config.values["B"]: config.fits for config in result.configs}
+    assert outcomes[best] is True and outcomes[best + 1] is False
+    assert all(fits == (value <= best) for value, fits in outcomes.items())  # type: ignore[operator]
+    assert result.recommended is not None and result.configs[result.recommended].values == {"B": best}
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.run([sys.executable, "-m", "memlens", "plan", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=500)  # fmt: skip
+
+
+def test_json_shape_and_the_snapshots_open_in_triage(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    completed = run_cli("--json", "--capacity", "40MiB", "--try", "ckpt", "--try", "expandable", "--vary", "B=2,16",
+                        "--out", "out", "--", "python", str(script), "plain", "{B}", cwd=tmp_path)  # fmt: skip
+    assert completed.returncode in (0, 1), completed.stderr[-3000:]
+    payload = json.loads(completed.stdout)
+    assert set(payload) >= {"configs", "recommended", "max"}
+    assert len(payload["configs"]) == 6 and payload["configs"][0]["levers"] == []
+    for config in payload["configs"]:
+        assert set(config) >= {"levers", "values", "peak_allocated_bytes", "peak_reserved_bytes", "fits", "snapshot"}
+        assert Path(config["snapshot"]).is_file()
+        assert Path(config["snapshot"].replace(".pickle", ".memlens.json")).is_file()
+    assert [c["values"] for c in payload["configs"][:2]] == [{"B": 2}, {"B": 16}]
+    assert payload["max"] == {}
+    fitting = [i for i, c in enumerate(payload["configs"]) if c["fits"]]
+    assert (payload["recommended"] is None) == (not fitting)
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    triage = subprocess.run([sys.executable, "-m", "memlens", "triage", "--json", payload["configs"][1]["snapshot"]],
+                            env=env, capture_output=True, text=True, timeout=200)  # fmt: skip
+    assert triage.returncode == 0, triage.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--try", "ckpt+sac"], "ckpt and sac cannot be combined"),
+        (["--try", "flash"], "unknown lever 'flash'"),
+        (["--vary", "B=1,2"], r"has no \{B\}"),
+        (["--max", "B=8..2"], "LO is above HI"),
+        (["--gpu", "nosuchgpu"], "nosuchgpu"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    script = _script(tmp_path)
+    completed = run_cli(*args, "--", "python", str(script), "plain", "2", cwd=tmp_path)
+    assert completed.returncode == 2, completed.stderr
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("memlens: error:"), completed.stderr
+    import re
+
+    assert re.search(message, lines[0]), lines[0]
+
+
+def test_out_is_never_written_over(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "theirs.txt").write_text("x")
+    completed = run_cli("--out", "out", "--", "python", str(script), "plain", "2", cwd=tmp_path)
+    assert completed.returncode == 2 and "not empty" in completed.stderr
+    assert (tmp_path / "out" / "theirs.txt").read_text() == "x"
