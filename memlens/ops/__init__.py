@@ -12,4 +12,6 @@ Modules, by question:
 - ``vocab``: finding kinds and aliases, device capacities.
 - ``budget``: the theoretical budget, from options and the recorder's sidecar, and its
   reconciliation with a measured report.
+- ``plan``: what fits, and the cheapest change that makes it fit: the script predicted once per
+  configuration of levers (``memlens plan``).
 """
