@@ -73,6 +73,7 @@ class PlanConfig(msgspec.Struct):
     offload_bytes_per_step: int | None = None
     trainable_parameters: int | None = None
     held_bytes: dict[str, int] = {}
+    seconds: float = 0.0
     notes: dict[str, Any] = {}
 
 
@@ -273,6 +274,7 @@ def _scored(results: list[tuple[Configuration, ChildResult]]) -> list[PlanConfig
                 offload_bytes_per_step=_offload_bytes(configuration.levers, child),
                 trainable_parameters=child.trainable_parameters,
                 held_bytes=child.held_bytes,
+                seconds=child.seconds,
                 notes=child.notes,
             )
         )

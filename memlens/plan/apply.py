@@ -13,6 +13,7 @@ which the plan shows next to the figures and turns into the code change it recom
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 from collections.abc import Callable, Iterable
@@ -486,9 +487,27 @@ def _replacing_optimizer(original: type, optimizer: str | None, offload: str | N
     return type(original.__name__, (original,), {"__new__": __new__, "__module__": original.__module__})
 
 
+# Set by the child to a context in which a value read from the simulated GPU (``.item()``) is a
+# placeholder: Adafactor reads parameter and update norms to scale its step, values that change
+# no tensor's size.
+PLACEHOLDER_VALUES: list[Callable[[], contextlib.AbstractContextManager[None]]] = []
+
+
+def _adafactor_class() -> type:
+    """``torch.optim.Adafactor`` whose step may read its norms as placeholders (their values
+    scale the update; no size depends on them)."""
+    base: type = _ORIGINALS.get("Adafactor") or torch.optim.Adafactor
+
+    def step(self: Any, closure: Callable[[], Any] | None = None) -> Any:
+        with PLACEHOLDER_VALUES[0]() if PLACEHOLDER_VALUES else contextlib.nullcontext():
+            return base.step(self, closure)
+
+    return type("Adafactor", (base,), {"step": step})
+
+
 def _class_for(optimizer: str) -> Callable[..., torch.optim.Optimizer]:
     if optimizer == "adafactor":
-        return functools.partial(_ORIGINALS.get("Adafactor") or torch.optim.Adafactor)
+        return _adafactor_class()
     if optimizer == "sgd":
         return functools.partial(_ORIGINALS.get("SGD") or torch.optim.SGD, momentum=0.9)
     if optimizer in ("adamw8bit", "paged-adamw8bit"):

@@ -10,7 +10,9 @@ levers patch classes for the whole process.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +50,7 @@ class FlopCount:
 
 def run_job(job: ChildJob) -> ChildResult:
     from memlens.cli.predict import predicted_report, predicted_sidecar, run_command, split_command
-    from memlens.plan.apply import LeverHooks
+    from memlens.plan.apply import PLACEHOLDER_VALUES, LeverHooks
     from memlens.predict.session import PredictSession, run_in_session
     from memlens.recorder.sidecar import sidecar_path, write_json, write_snapshot
 
@@ -58,6 +60,16 @@ def run_job(job: ChildJob) -> ChildResult:
     hooks.install()
     counter = FlopCount()
     session = PredictSession(gpu=job.gpu, capacity=job.capacity, reserve_outside=job.reserve_outside, stacks=job.stacks)
+
+    @contextlib.contextmanager
+    def placeholder_values() -> Iterator[None]:
+        before, session.placeholder_values = session.placeholder_values, True
+        try:
+            yield
+        finally:
+            session.placeholder_values = before
+
+    PLACEHOLDER_VALUES[:] = [placeholder_values]
 
     def body() -> Any:
         with counter.mode:
