@@ -11,7 +11,6 @@ and the cheapest configuration that fits with the change that makes it so.
 from __future__ import annotations
 
 import multiprocessing
-import multiprocessing.context
 import os
 import threading
 import time
@@ -328,7 +327,7 @@ def max_per_lever_set(result: PlanResult, name: str) -> list[tuple[list[str], in
     return [(list(key), value) for key, value in found.items()]
 
 
-def _process_context() -> multiprocessing.context.BaseContext:
+def _process_context() -> Any:
     """Children forked from a server that has imported torch, the predictor and the fake-tensor
     machinery once (seconds per child otherwise); each configuration still gets a fresh process."""
     if "forkserver" not in multiprocessing.get_all_start_methods():

@@ -224,7 +224,7 @@ def checkpoint_forward(block: nn.Module, selective: bool) -> None:
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
         return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
 
-    block.forward = checkpointed  # type: ignore[method-assign]
+    block.forward = checkpointed
 
 
 # ---------------------------------------------------------------------- LoRA
@@ -233,7 +233,7 @@ class LoraLinear(nn.Module):
     ``base(x) + lora_B(lora_A(x)) * alpha / r``, the adapters on the base weight's device, in its
     dtype for fp32 and in fp32 for a 16-bit base (peft's ``autocast_adapter_dtype``)."""
 
-    def __init__(self, base: nn.Module, rank: int, adapter_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, base: Any, rank: int, adapter_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         weight = base.weight
         in_features, out_features = base.in_features, base.out_features
@@ -431,7 +431,7 @@ class CpuOffloadedOptimizer(torch.optim.Optimizer):
     script's optimizer there, and copies the parameters back in place. The GPU keeps the
     parameters and gradients; the CPU holds fp32 state (fake tensors here: no CPU memory used)."""
 
-    def __init__(self, params: Iterable[Any], inner_class: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(self, params: Iterable[Any], inner_class: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         params = list(params)
         super().__init__(params, {"lr": _user_lr(args, kwargs, 1e-3)})
         self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -467,7 +467,7 @@ def _replacing_optimizer(original: type, optimizer: str | None, offload: str | N
         replaced: torch.optim.Optimizer
         notes["optimizer_replaced"] = original.__name__
         if offload == "optimizer":
-            inner_class: type = original
+            inner_class: Callable[..., Any] = original
             inner_args, inner_kwargs = args, kwargs
             if optimizer:
                 inner_class, inner_args, inner_kwargs = _class_for(optimizer), (), {"lr": lr}
@@ -496,7 +496,7 @@ PLACEHOLDER_VALUES: list[Callable[[], contextlib.AbstractContextManager[None]]] 
 def _adafactor_class() -> type:
     """``torch.optim.Adafactor`` whose step may read its norms as placeholders (their values
     scale the update; no size depends on them)."""
-    base: type = _ORIGINALS.get("Adafactor") or torch.optim.Adafactor
+    base: Any = _ORIGINALS.get("Adafactor") or torch.optim.Adafactor
 
     def step(self: Any, closure: Callable[[], Any] | None = None) -> Any:
         with PLACEHOLDER_VALUES[0]() if PLACEHOLDER_VALUES else contextlib.nullcontext():

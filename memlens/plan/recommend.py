@@ -7,6 +7,7 @@ optimizer replaced), so the lines can be pasted into the script.
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 from memlens.plan.configurations import ChildResult, Configuration
 from memlens.plan.levers import Lever
@@ -32,11 +33,11 @@ def change_for(configuration: Configuration, child: ChildResult, command: list[s
     return "\n".join([*parts, f"run: {launch}"])
 
 
-def _optimizer_name(notes: dict[str, object]) -> str:
+def _optimizer_name(notes: dict[str, Any]) -> str:
     return str(notes.get("optimizer_replaced") or "AdamW")
 
 
-def _lever_change(lever: Lever, levers: tuple[Lever, ...], notes: dict[str, object]) -> str | None:
+def _lever_change(lever: Lever, levers: tuple[Lever, ...], notes: dict[str, Any]) -> str | None:
     blocks = notes.get("blocks") if isinstance(notes.get("blocks"), dict) else None
     block_class = str(blocks["class"]) if blocks else "Block"
     block_path = str(blocks["path"]) if blocks else "layers"
