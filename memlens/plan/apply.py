@@ -431,7 +431,9 @@ class CpuOffloadedOptimizer(torch.optim.Optimizer):
     script's optimizer there, and copies the parameters back in place. The GPU keeps the
     parameters and gradients; the CPU holds fp32 state (fake tensors here: no CPU memory used)."""
 
-    def __init__(self, params: Iterable[Any], inner_class: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self, params: Iterable[Any], inner_class: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         params = list(params)
         super().__init__(params, {"lr": _user_lr(args, kwargs, 1e-3)})
         self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
