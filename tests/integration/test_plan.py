@@ -115,9 +115,9 @@ def test_levers_from_outside_predict_what_the_script_written_by_hand_predicts(tm
 def test_optimizer_state_as_bitsandbytes_and_torch_lay_it_out(tmp_path: Path) -> None:
     script = _script(tmp_path)
     options = PlanOptions(command=["python", str(script), "plain", "2"], out=str(tmp_path / "out"))
-    configurations = [Configuration(levers=parse_spec(spec)) for spec in ("optim=adamw8bit", "optim=sgd", "qlora=4")]
-    configurations.insert(0, Configuration())
-    plain, eight_bit, sgd, qlora = predict_configurations(options, configurations)
+    specs = ("optim=adamw8bit", "optim=sgd", "qlora=4", "offload=optimizer", "optim=paged-adamw8bit")
+    configurations = [Configuration(), *(Configuration(levers=parse_spec(spec)) for spec in specs)]
+    plain, eight_bit, sgd, qlora, offload, paged = predict_configurations(options, configurations)
     sizes = [p.numel() for p in _model_parameters(script)]
     # AdamW: two fp32 states per parameter (its step counts stay on the CPU).
     assert plain.held_bytes["optimizer_state"] == sum(2 * 4 * n for n in sizes)
@@ -133,6 +133,14 @@ def test_optimizer_state_as_bitsandbytes_and_torch_lay_it_out(tmp_path: Path) ->
     # QLoRA: the blocks' Linear weights at half a byte a value, with their constants.
     assert qlora.notes["qlora"]["quantized_parameters"] == 4 * (2 * 128 * 128 + 2 * 4 * 128 * 128)
     assert qlora.held_bytes["parameters"] < plain.held_bytes["parameters"] / 3
+    # Offloaded: no optimizer state on the GPU; each step sends the gradients out and the
+    # parameters back.
+    assert offload.fits and offload.held_bytes["optimizer_state"] == 0
+    assert offload.offload_bytes_per_step == 2 * 4 * sum(sizes)
+    # Paged: the states of tensors of 100k values or more live outside PyTorch's allocator.
+    paged_sizes = [n for n in sizes if n >= 100_000]
+    assert paged.notes["paged_optimizer_bytes"] == sum(2 * n for n in paged_sizes)
+    assert paged.held_bytes["optimizer_state"] == expected - sum(2 * n for n in paged_sizes)
 
 
 def _model_parameters(script: Path) -> list[object]:
