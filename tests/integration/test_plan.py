@@ -56,7 +56,7 @@ SCRIPT = textwrap.dedent(
             super().__init__()
             self.embed = nn.Linear(32, d)
             self.blocks = nn.ModuleList(Block(d) for _ in range(n))
-            self.head = nn.Linear(d, 10)
+            self.head = nn.Linear(d, 1000)  # 128k values: paged by a paged optimizer
         def forward(self, x, hand_ckpt=False):
             x = self.embed(x)
             for block in self.blocks:
@@ -139,6 +139,7 @@ def test_optimizer_state_as_bitsandbytes_and_torch_lay_it_out(tmp_path: Path) ->
     assert offload.offload_bytes_per_step == 2 * 4 * sum(sizes)
     # Paged: the states of tensors of 100k values or more live outside PyTorch's allocator.
     paged_sizes = [n for n in sizes if n >= 100_000]
+    assert paged_sizes
     assert paged.notes["paged_optimizer_bytes"] == sum(2 * n for n in paged_sizes)
     assert paged.held_bytes["optimizer_state"] == expected - sum(2 * n for n in paged_sizes)
 
