@@ -148,6 +148,7 @@ def plan(
     gpu: str | None = None,
     capacity: int | str | None = None,
     reserve_outside: int | str = 0,
+    world_size: int = 1,
     tries: Sequence[str] = (),
     vary: Sequence[str] = (),
     maximum: str | None = None,
@@ -162,8 +163,8 @@ def plan(
     from memlens.plan import plan as _plan
 
     return _plan(
-        command, gpu=gpu, capacity=capacity, reserve_outside=reserve_outside, tries=tries, vary=vary,
-        maximum=maximum, out=out, jobs=jobs, stacks=stacks, timeout_s=timeout_s,
+        command, gpu=gpu, capacity=capacity, reserve_outside=reserve_outside, world_size=world_size,
+        tries=tries, vary=vary, maximum=maximum, out=out, jobs=jobs, stacks=stacks, timeout_s=timeout_s,
     )  # fmt: skip
 
 

@@ -3,7 +3,9 @@
 Each configuration (the baseline first, then each --try SPEC, at each --vary value) runs under
 predict in its own process, as many at once as there are CPUs. A SPEC is levers joined by '+',
 each NAME or NAME=VALUE: ckpt, sac, lora=R, lora-targets=q,v, qlora=R,
-optim=adamw8bit|paged-adamw8bit|adafactor|sgd, offload=optimizer, expandable, max-split=MB.
+optim=adamw8bit|paged-adamw8bit|adafactor|sgd, offload=optimizer, fsdp, expandable, max-split=MB.
+--world-size N predicts one rank of N (the script's torch.distributed runs on a fake process
+group, so DDP and FSDP2 scripts run in one process); fsdp shards each block and the root.
 --vary B=1,2,4 substitutes {B} in the command; --max B=1..256 finds the largest value that fits
 (bisection: the answer fits, the next value does not). Every configuration's snapshot is
 written under --out (open it with memlens triage).
@@ -27,6 +29,12 @@ from memlens.units import format_bytes
 @click.option("--gpu", default=None, help=GPU_NAMES_HELP)
 @click.option("--capacity", default=None, help="Device memory, e.g. 24GiB (overrides the GPU's).")
 @click.option("--reserve-outside", default="0", help="Memory outside PyTorch's allocator (CUDA context, NCCL).")
+@click.option(
+    "--world-size",
+    type=click.IntRange(min=1),
+    default=1,
+    help="Predict one rank of N under a simulated (fake) process group: torch.distributed scripts, fsdp.",
+)
 @click.option("--try", "tries", multiple=True, metavar="SPEC", help="A configuration: levers joined by '+'.")
 @click.option("--vary", multiple=True, metavar="NAME=V1,V2", help="Substitute each value for {NAME} in the command.")
 @click.option("--max", "maximum", default=None, metavar="NAME=LO..HI", help="The largest {NAME} that fits.")
@@ -39,6 +47,7 @@ def plan(
     gpu: str | None,
     capacity: str | None,
     reserve_outside: str,
+    world_size: int,
     tries: tuple[str, ...],
     vary: tuple[str, ...],
     maximum: str | None,
@@ -52,8 +61,8 @@ def plan(
     from memlens.ops.plan import plan as run_plan
 
     options = PlanOptions(
-        command=list(command), gpu=gpu, capacity=capacity, reserve_outside=reserve_outside, tries=list(tries),
-        vary=list(vary), max=maximum, out=out_dir, jobs=jobs, stacks=stacks,
+        command=list(command), gpu=gpu, capacity=capacity, reserve_outside=reserve_outside, world_size=world_size,
+        tries=list(tries), vary=list(vary), max=maximum, out=out_dir, jobs=jobs, stacks=stacks,
     )  # fmt: skip
     result = run_plan(options)
     if as_json:
@@ -101,7 +110,9 @@ def render(result: object) -> str:
                      format_bytes(config.peak_reserved_bytes), fits, _cost(config), trainable))  # fmt: skip
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = [
-        f"memlens plan on a simulated {result.gpu} ({format_bytes(result.capacity_bytes)} for PyTorch per rank)",
+        f"memlens plan on a simulated {result.gpu} ({format_bytes(result.capacity_bytes)} for PyTorch per rank"
+        + (f", rank 0 of {result.world_size}" if result.world_size > 1 else "")
+        + ")",
         "  ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)).rstrip(),
     ]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]

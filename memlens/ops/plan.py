@@ -44,6 +44,7 @@ class PlanOptions(msgspec.Struct, frozen=True):
     gpu: str | None = None
     capacity: int | str | None = None
     reserve_outside: int | str = 0
+    world_size: int = 1
     tries: list[str] = []
     vary: list[str] = []
     max: str | None = None
@@ -83,6 +84,7 @@ class PlanResult(msgspec.Struct):
     change: str | None
     gpu: str
     capacity_bytes: int
+    world_size: int
     out: str
     seconds: float
 
@@ -99,6 +101,8 @@ def plan(options: PlanOptions) -> PlanResult:
     if not command:
         raise MemlensUsageError("nothing to run: give the command after --, e.g. -- python train.py")
     check_placeholders(command, names)
+    if options.world_size < 1:
+        raise MemlensUsageError(f"--world-size {options.world_size}: must be 1 or more")
     gpu_name, capacity = _device(options)
     out = _fresh_out(Path(options.out))
     runner = _Runner(options, out, capacity)
@@ -120,6 +124,7 @@ def plan(options: PlanOptions) -> PlanResult:
         change=change,
         gpu=gpu_name,
         capacity_bytes=capacity,
+        world_size=options.world_size,
         out=str(out.resolve()),
         seconds=round(time.perf_counter() - started, 3),
     )
@@ -185,6 +190,7 @@ class _Runner:
             out_dir=str(folder),
             gpu=self.options.gpu,
             capacity=self.capacity,
+            world_size=self.options.world_size,
             stacks=self.options.stacks,
         )
         job_path = folder / "job.json"

@@ -23,6 +23,7 @@ def plan(
     gpu: str | None = None,
     capacity: int | str | None = None,
     reserve_outside: int | str = 0,
+    world_size: int = 1,
     tries: Sequence[str] = (),
     vary: Sequence[str] = (),
     maximum: str | None = None,
@@ -40,8 +41,8 @@ def plan(
     from memlens.ops.plan import plan as _plan
 
     options = PlanOptions(
-        command=list(command), gpu=gpu, capacity=capacity, reserve_outside=reserve_outside, tries=list(tries),
-        vary=list(vary), max=maximum, out=out, jobs=jobs, stacks=stacks, timeout_s=timeout_s,
+        command=list(command), gpu=gpu, capacity=capacity, reserve_outside=reserve_outside, world_size=world_size,
+        tries=list(tries), vary=list(vary), max=maximum, out=out, jobs=jobs, stacks=stacks, timeout_s=timeout_s,
     )  # fmt: skip
     return _plan(options)
 

@@ -66,7 +66,9 @@ class LeverHooks:
         self._applied: list[nn.Module] = []
         self._saved: list[tuple[Any, str, Any]] = []
         self._forward_hook: Any = None
-        self.module_levers = [lever for lever in levers if lever.name in ("ckpt", "sac", "lora", "qlora")]
+        self.module_levers = [lever for lever in levers if lever.name in ("ckpt", "sac", "lora", "qlora", "fsdp")]
+        self.world_size = 1
+        self._pending_shard: tuple[nn.Module, list[nn.Module]] | None = None
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -115,7 +117,12 @@ class LeverHooks:
                 to_cuda = True
             if to_cuda:
                 hooks.offer(module, "to(cuda)")
-            return original(module, *args, **kwargs)
+            moved_module = original(module, *args, **kwargs)
+            pending = hooks._pending_shard
+            if pending is not None and pending[0] is module:
+                hooks._pending_shard = None
+                shard_fully(*pending, hooks.world_size, hooks.notes)
+            return moved_module
 
         return moved
 
@@ -129,7 +136,14 @@ class LeverHooks:
                 from memlens.recorder.roles import find_model
 
                 model = find_model(optimizer)
+                before = dict(model.named_parameters()) if model is not None else {}
                 if model is not None and hooks.offer(model, "optimizer"):
+                    # Sharding replaced the parameters (FSDP2's DTensors): the optimizer takes
+                    # the new ones, as when it is built after fully_shard.
+                    after = dict(model.named_parameters())
+                    replacement = {id(p): after.get(name, p) for name, p in before.items()}
+                    for group in optimizer.param_groups:
+                        group["params"] = [replacement.get(id(p), p) for p in group["params"]]
                     adapters = [p for p in model.parameters() if p.requires_grad]
                     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
                     fresh = [p for p in adapters if id(p) not in held]
@@ -181,6 +195,11 @@ class LeverHooks:
         if value_of(self.levers, "sac") is not None:
             for block in blocks:
                 checkpoint_forward(block, selective=True)
+        if value_of(self.levers, "fsdp") is not None:
+            if at == "to(cuda)":  # FSDP2 shards parameters already on the device: after the move
+                self._pending_shard = (module, blocks)
+            else:
+                shard_fully(module, blocks, self.world_size, self.notes)
         return True
 
 
@@ -201,6 +220,80 @@ def largest_module_list(model: nn.Module) -> tuple[str, list[nn.Module]] | None:
             if best is None or size > best[0]:
                 best = (size, name, list(module))
     return None if best is None else (best[1], best[2])
+
+
+# ---------------------------------------------------------------------- distributed
+def install_fake_distributed(world_size: int) -> Callable[[], None]:
+    """This process as rank 0 of ``world_size`` under PyTorch's fake process group
+    (``torch.testing._internal.distributed.fake_pg``: collectives return at once, outputs
+    sized as the real ones): the script's ``init_process_group`` joins it whatever backend it
+    names, the launcher's variables are set. Returns the undo."""
+    import os
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    saved: list[tuple[Any, str, Any]] = []
+    environment = {"WORLD_SIZE": str(world_size), "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(world_size),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}  # fmt: skip
+    previous_environment = {key: os.environ.get(key) for key in environment}
+    os.environ.update(environment)
+    original_init = c10d.init_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        for key in ("backend", "init_method", "store", "world_size", "rank", "device_id"):
+            kwargs.pop(key, None)
+        original_init("fake", store=FakeStore(), rank=0, world_size=world_size, **kwargs)
+
+    original_mesh_init = DeviceMesh.__init__
+
+    def real_rank_map(value: Any) -> Any:
+        # init_device_mesh builds its identity rank map with torch.arange: inside predict that is
+        # a fake (value-less) CPU tensor, and the mesh reads the rank's coordinates from it.
+        if isinstance(value, FakeTensor):
+            return torch.arange(value.numel(), dtype=value.dtype).view(tuple(value.shape))
+        return value
+
+    @functools.wraps(original_mesh_init)
+    def mesh_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        with unset_fake_temporarily():
+            args = tuple(real_rank_map(a) for a in args)
+            kwargs = {key: real_rank_map(value) for key, value in kwargs.items()}
+            original_mesh_init(self, *args, **kwargs)
+
+    for owner, name, value in ((dist, "init_process_group", init_process_group),
+                               (c10d, "init_process_group", init_process_group),
+                               (DeviceMesh, "__init__", mesh_init)):  # fmt: skip
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def undo() -> None:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+        for key, value in previous_environment.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    return undo
+
+
+def shard_fully(model: nn.Module, blocks: list[nn.Module], world_size: int, notes: dict[str, Any]) -> None:
+    """FSDP2: ``fully_shard`` each block, then the root, over all ``world_size`` ranks (the
+    fake process group's)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    if not dist.is_initialized():
+        dist.init_process_group("fake", world_size=world_size)
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model)
+    notes["fsdp"] = {"world_size": dist.get_world_size(), "units": len(blocks) + 1}
 
 
 # ---------------------------------------------------------------------- checkpointing

@@ -56,7 +56,15 @@ def run_job(job: ChildJob) -> ChildResult:
 
     kind, target, argv = split_command(tuple(job.command))
     out = Path(job.out_dir)
+    from memlens.plan.apply import install_fake_distributed
+
     hooks = LeverHooks(tuple(job.levers))
+    hooks.world_size = job.world_size
+    undo_distributed = (
+        install_fake_distributed(job.world_size)
+        if job.world_size > 1 or any(lever.name == "fsdp" for lever in job.levers)
+        else None
+    )
     hooks.install()
     counter = FlopCount()
     session = PredictSession(gpu=job.gpu, capacity=job.capacity, reserve_outside=job.reserve_outside, stacks=job.stacks)
@@ -79,6 +87,8 @@ def run_job(job: ChildJob) -> ChildResult:
         result = run_in_session(session, body, capture_errors=True)
     finally:
         hooks.uninstall()
+        if undo_distributed is not None:
+            undo_distributed()
     predicted = out / SNAPSHOT_NAME
     write_snapshot(predicted, result.snapshot or {})
     write_json(sidecar_path(predicted), predicted_sidecar(session, result))

@@ -55,6 +55,7 @@ LEVERS: dict[str, LeverInfo] = {
             1,
         ),
         LeverInfo("sac", "", "selective activation checkpointing of the blocks: matmuls and attention saved", 2),
+        LeverInfo("fsdp", "", "FSDP2 fully_shard of each block and the root over --world-size ranks", 3),
         LeverInfo("ckpt", "", "non-reentrant activation checkpointing of each block of the largest nn.ModuleList", 4),
         LeverInfo("lora", "int", "LoRA adapters of rank R (peft where installed), everything else frozen", 5),
         LeverInfo(

@@ -220,3 +220,67 @@ def test_out_is_never_written_over(tmp_path: Path) -> None:
     completed = run_cli("--out", "out", "--", "python", str(script), "plain", "2", cwd=tmp_path)
     assert completed.returncode == 2 and "not empty" in completed.stderr
     assert (tmp_path / "out" / "theirs.txt").read_text() == "x"
+
+
+FSDP_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    class Block(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(x)))
+
+    class Model(nn.Module):
+        def __init__(self, d=256, n=4):
+            super().__init__()
+            self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    own = sys.argv[1] == "own"
+    if own:  # as a torchrun script does: its own process group and fully_shard
+        dist.init_process_group("nccl")
+    model = Model().cuda()
+    if own:
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for _ in range(2):
+        model(torch.randn(8, 256, device="cuda")).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    assert dist.get_world_size() == 8
+    """
+)
+
+
+def test_fsdp_at_world_size_n_holds_the_sharded_state(tmp_path: Path) -> None:
+    """One rank of 8, from one process, under the fake process group: after the steps each rank
+    holds 4P/N of parameters and 8P/N of AdamW state (12P/N), whether the script shards itself
+    or ``fsdp`` is applied from outside; both predict the same peak."""
+    script = tmp_path / "train_fsdp.py"
+    script.write_text(FSDP_SCRIPT)
+    options = PlanOptions(command=["python", str(script), "{M}"], world_size=8, out=str(tmp_path / "out"))
+    configurations = [
+        Configuration(values={"M": "own"}),
+        Configuration(levers=parse_spec("fsdp"), values={"M": "plain"}),
+    ]
+    own, lever = predict_configurations(options, configurations)
+    parameters = 4 * (256 * 1024 * 2 + 1024 + 256)
+    for config in (own, lever):
+        assert config.fits, config.problem
+        held = config.held_bytes
+        assert _close(held["parameters"], 4 * parameters // 8, 0.03), held
+        assert _close(held["parameters"] + held["optimizer_state"], 12 * parameters // 8, 0.03), held
+    assert lever.notes["fsdp"] == {"world_size": 8, "units": 5}
+    assert _close(own.peak_allocated_bytes, lever.peak_allocated_bytes, 0.01), (own, lever)
