@@ -284,3 +284,37 @@ def test_fsdp_at_world_size_n_holds_the_sharded_state(tmp_path: Path) -> None:
         assert _close(held["parameters"] + held["optimizer_state"], 12 * parameters // 8, 0.03), held
     assert lever.notes["fsdp"] == {"world_size": 8, "units": 5}
     assert _close(own.peak_allocated_bytes, lever.peak_allocated_bytes, 0.01), (own, lever)
+    # PyTorch's FSDPMemTracker on the same model, sharded the same way over 8 fake ranks on the
+    # CPU (where it runs without a GPU): the same sharded parameters and optimizer state (its
+    # state also counts AdamW's step counts, which stay on the CPU in a CUDA run: 4 bytes each).
+    tracked = json.loads(subprocess.run([sys.executable, "-c", MEMTRACKER], capture_output=True, text=True,
+                                        timeout=300, check=True).stdout)  # fmt: skip
+    steps = 4 * 4 * 4  # one 4-byte count per parameter tensor: 4 blocks of 4
+    assert own.held_bytes["parameters"] == lever.held_bytes["parameters"] == tracked["SHARDED_PARAM"]
+    assert own.held_bytes["optimizer_state"] == lever.held_bytes["optimizer_state"] == tracked["OPT"] - steps
+
+
+MEMTRACKER = FSDP_SCRIPT.split("own = sys.argv")[0] + textwrap.dedent(
+    """
+    import json
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+    mesh = init_device_mesh("cpu", (8,))
+    model = Model()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters())
+    tracker = FSDPMemTracker(model, optimizer)
+    with tracker:
+        for _ in range(2):
+            model(torch.randn(8, 256)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    stats = tracker.get_tracker_snapshot()[torch.device("cpu")]
+    print(json.dumps({str(key).rsplit(".", 1)[-1]: value for key, value in stats.items()}))
+    """
+)
