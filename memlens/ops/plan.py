@@ -288,13 +288,17 @@ def _scored(results: list[tuple[Configuration, ChildResult]]) -> list[PlanConfig
 
 def _offload_bytes(levers: tuple[Lever, ...], child: ChildResult) -> int | None:
     """Bytes over PCIe per optimizer step: offloading the optimizer sends every gradient to the
-    CPU and every updated parameter back; a paged optimizer moves at most its paged state."""
-    if any(lever.name == "offload" for lever in levers) and child.model:
+    CPU and every updated parameter back; offloading the parameters also brings them in twice
+    (forward, backward); a paged optimizer moves at most its paged state."""
+    offload = next((lever.value for lever in levers if lever.name == "offload"), None)
+    if offload and child.model:
         parameter_bytes = int(child.model.get("parameter_bytes_total") or 0)
         total = int(child.model.get("parameters_total") or 0)
         trainable = int(child.model.get("parameters_trainable") or 0)
         trained_bytes = parameter_bytes * trainable // total if total else 0
-        return 2 * trained_bytes
+        # params (FSDP2's CPU offload): the parameters come in for the forward and again for the
+        # backward, the gradients go out.
+        return (3 if offload == "params" else 2) * trained_bytes
     paged = child.notes.get("paged_optimizer_bytes")
     return int(paged) if paged else None
 

@@ -66,7 +66,10 @@ class LeverHooks:
         self._applied: list[nn.Module] = []
         self._saved: list[tuple[Any, str, Any]] = []
         self._forward_hook: Any = None
-        self.module_levers = [lever for lever in levers if lever.name in ("ckpt", "sac", "lora", "qlora", "fsdp")]
+        self.offload_params = value_of(levers, "offload") == "params"
+        self.module_levers = [
+            lever for lever in levers if lever.name in ("ckpt", "sac", "lora", "qlora", "fsdp") or self.offload_params
+        ]
         self.world_size = 1
         self._pending_shard: tuple[nn.Module, list[nn.Module]] | None = None
 
@@ -78,6 +81,7 @@ class LeverHooks:
             self._forward_hook = nn.modules.module.register_module_forward_pre_hook(self._on_forward)
         optimizer = value_of(self.levers, "optim")
         offload = value_of(self.levers, "offload")
+        offload = offload if offload == "optimizer" else None  # params: FSDP2's CPU offload
         if optimizer or offload or self.module_levers:
             self._patch(torch.optim.Optimizer, "__init__", self._on_optimizer_init(torch.optim.Optimizer.__init__))
         if optimizer or offload:
@@ -121,7 +125,7 @@ class LeverHooks:
             pending = hooks._pending_shard
             if pending is not None and pending[0] is module:
                 hooks._pending_shard = None
-                shard_fully(*pending, hooks.world_size, hooks.notes)
+                shard_fully(*pending, hooks.world_size, hooks.notes, offload=hooks.offload_params)
             return moved_module
 
         return moved
@@ -195,11 +199,11 @@ class LeverHooks:
         if value_of(self.levers, "sac") is not None:
             for block in blocks:
                 checkpoint_forward(block, selective=True)
-        if value_of(self.levers, "fsdp") is not None:
+        if value_of(self.levers, "fsdp") is not None or self.offload_params:
             if at == "to(cuda)":  # FSDP2 shards parameters already on the device: after the move
                 self._pending_shard = (module, blocks)
             else:
-                shard_fully(module, blocks, self.world_size, self.notes)
+                shard_fully(module, blocks, self.world_size, self.notes, offload=self.offload_params)
         return True
 
 
@@ -282,18 +286,23 @@ def install_fake_distributed(world_size: int) -> Callable[[], None]:
     return undo
 
 
-def shard_fully(model: nn.Module, blocks: list[nn.Module], world_size: int, notes: dict[str, Any]) -> None:
+def shard_fully(
+    model: nn.Module, blocks: list[nn.Module], world_size: int, notes: dict[str, Any], offload: bool = False
+) -> None:
     """FSDP2: ``fully_shard`` each block, then the root, over all ``world_size`` ranks (the
-    fake process group's)."""
+    fake process group's); ``offload``: with ``CPUOffloadPolicy`` (the shards, their gradients
+    and the optimizer step on the CPU; each block's parameters brought to the GPU for its
+    forward and backward)."""
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     if not dist.is_initialized():
         dist.init_process_group("fake", world_size=world_size)
+    extra: dict[str, Any] = {"offload_policy": CPUOffloadPolicy(pin_memory=False)} if offload else {}
     for block in blocks:
-        fully_shard(block)
-    fully_shard(model)
-    notes["fsdp"] = {"world_size": dist.get_world_size(), "units": len(blocks) + 1}
+        fully_shard(block, **extra)
+    fully_shard(model, **extra)
+    notes["fsdp"] = {"world_size": dist.get_world_size(), "units": len(blocks) + 1, "cpu_offload": offload}
 
 
 # ---------------------------------------------------------------------- checkpointing

@@ -62,7 +62,7 @@ def run_job(job: ChildJob) -> ChildResult:
     hooks.world_size = job.world_size
     undo_distributed = (
         install_fake_distributed(job.world_size)
-        if job.world_size > 1 or any(lever.name == "fsdp" for lever in job.levers)
+        if job.world_size > 1 or any(lever.text() in ("fsdp", "offload=params") for lever in job.levers)
         else None
     )
     hooks.install()

@@ -14,7 +14,7 @@ import msgspec
 from memlens.errors import MemlensUsageError
 
 OPTIMIZERS = ("adamw8bit", "paged-adamw8bit", "adafactor", "sgd")
-OFFLOADS = ("optimizer",)
+OFFLOADS = ("optimizer", "params")
 
 
 class Lever(msgspec.Struct, frozen=True):
@@ -67,7 +67,7 @@ LEVERS: dict[str, LeverInfo] = {
         LeverInfo(
             "offload",
             "|".join(OFFLOADS),
-            "optimizer state and step on the CPU (ZeRO-Offload / torchao CPUOffloadOptimizer)",
+            "optimizer: its state and step on the CPU (ZeRO-Offload); params: FSDP2 CPUOffloadPolicy",
             7,
         ),
     )

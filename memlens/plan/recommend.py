@@ -97,6 +97,20 @@ def _lever_change(lever: Lever, levers: tuple[Lever, ...], notes: dict[str, Any]
             "adafactor": "optimizer = torch.optim.Adafactor(model.parameters(), lr=...)",
             "sgd": "optimizer = torch.optim.SGD(model.parameters(), lr=..., momentum=0.9)",
         }.get(value or "")
+    if name == "fsdp" or (name == "offload" and value == "params"):
+        if name == "offload" and any(other.name == "fsdp" for other in levers):
+            return None  # said by the fsdp lever
+        offload = any(other.text() == "offload=params" for other in levers)
+        policy = ", offload_policy=CPUOffloadPolicy()" if offload else ""
+        imports = "CPUOffloadPolicy, fully_shard" if offload else "fully_shard"
+        world = (notes.get("fsdp") or {}).get("world_size", 1)
+        return (
+            f"from torch.distributed.fsdp import {imports}\n"
+            f"for block in model.{block_path}:\n"
+            f"    fully_shard(block{policy})\n"
+            f"fully_shard(model{policy})  # after model.cuda(), before building the optimizer\n"
+            f"# launch: torchrun --nproc-per-node {world} ..."
+        )
     if name == "offload":
         inner = f"torch.optim.{_optimizer_name(notes)}"
         for other in levers:

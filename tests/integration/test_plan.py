@@ -274,15 +274,19 @@ def test_fsdp_at_world_size_n_holds_the_sharded_state(tmp_path: Path) -> None:
     configurations = [
         Configuration(values={"M": "own"}),
         Configuration(levers=parse_spec("fsdp"), values={"M": "plain"}),
+        Configuration(levers=parse_spec("fsdp+offload=params"), values={"M": "plain"}),
     ]
-    own, lever = predict_configurations(options, configurations)
+    own, lever, offloaded = predict_configurations(options, configurations)
+    # With FSDP2's CPU offload the shards and the optimizer state stay on the CPU.
+    assert offloaded.fits and offloaded.held_bytes == {"parameters": 0, "gradients": 0, "optimizer_state": 0}
+    assert offloaded.peak_allocated_bytes < lever.peak_allocated_bytes
     parameters = 4 * (256 * 1024 * 2 + 1024 + 256)
     for config in (own, lever):
         assert config.fits, config.problem
         held = config.held_bytes
         assert _close(held["parameters"], 4 * parameters // 8, 0.03), held
         assert _close(held["parameters"] + held["optimizer_state"], 12 * parameters // 8, 0.03), held
-    assert lever.notes["fsdp"] == {"world_size": 8, "units": 5}
+    assert lever.notes["fsdp"] == {"world_size": 8, "units": 5, "cpu_offload": False}
     assert _close(own.peak_allocated_bytes, lever.peak_allocated_bytes, 0.01), (own, lever)
     # PyTorch's FSDPMemTracker on the same model, sharded the same way over 8 fake ranks on the
     # CPU (where it runs without a GPU): the same sharded parameters and optimizer state (its
