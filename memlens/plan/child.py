@@ -103,6 +103,10 @@ def run_job(job: ChildJob) -> ChildResult:
             problem = oom_line(result)
         else:
             problem = result.error or result.stop_reason or result.interrupted
+        if problem is not None:
+            from memlens.errors import one_line
+
+            problem = one_line(problem)  # a table row: the script's exception can span lines
     trainable = (result.model or {}).get("parameters_trainable")
     return ChildResult(
         peak_allocated_bytes=result.peak_allocated_bytes,
