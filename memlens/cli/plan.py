@@ -3,7 +3,8 @@
 Each configuration (the baseline first, then each --try SPEC, at each --vary value) runs under
 predict in its own process, as many at once as there are CPUs. A SPEC is levers joined by '+',
 each NAME or NAME=VALUE: ckpt, sac, lora=R, lora-targets=q,v, qlora=R,
-optim=adamw8bit|paged-adamw8bit|adafactor|sgd, offload=optimizer, fsdp, expandable, max-split=MB.
+optim=adamw8bit|paged-adamw8bit|adafactor|sgd, offload=optimizer|params, fsdp, expandable,
+max-split=MB.
 --world-size N predicts one rank of N (the script's torch.distributed runs on a fake process
 group, so DDP and FSDP2 scripts run in one process); fsdp shards each block and the root.
 --vary B=1,2,4 substitutes {B} in the command; --max B=1..256 finds the largest value that fits
