@@ -6,7 +6,8 @@ each NAME or NAME=VALUE: ckpt, sac, lora=R, lora-targets=q,v, qlora=R,
 optim=adamw8bit|paged-adamw8bit|adafactor|sgd, offload=optimizer|params, fsdp, expandable,
 max-split=MB.
 --world-size N predicts one rank of N (the script's torch.distributed runs on a fake process
-group, so DDP and FSDP2 scripts run in one process); fsdp shards each block and the root.
+group, so an FSDP2 script runs in one process; DDP does not yet); fsdp shards each block and
+the root.
 --vary B=1,2,4 substitutes {B} in the command; --max B=1..256 finds the largest value that fits
 (bisection: the answer fits, the next value does not). Every configuration's snapshot is
 written under --out (open it with memlens triage).
