@@ -91,7 +91,10 @@ def run_job(job: ChildJob) -> ChildResult:
             undo_distributed()
     predicted = out / SNAPSHOT_NAME
     write_snapshot(predicted, result.snapshot or {})
-    write_json(sidecar_path(predicted), predicted_sidecar(session, result))
+    sidecar = predicted_sidecar(session, result)
+    if isinstance(sidecar, dict) and job.world_size > 1:
+        sidecar["world_size"] = job.world_size  # rank 0 of N: what triage and fleet read
+    write_json(sidecar_path(predicted), sidecar)
     held = held_bytes()
     result.value = None
     predicted_report(predicted, result)  # the peaks triage will read from the file

@@ -287,6 +287,8 @@ def test_fsdp_at_world_size_n_holds_the_sharded_state(tmp_path: Path) -> None:
         assert _close(held["parameters"], 4 * parameters // 8, 0.03), held
         assert _close(held["parameters"] + held["optimizer_state"], 12 * parameters // 8, 0.03), held
     assert lever.notes["fsdp"] == {"world_size": 8, "units": 5, "cpu_offload": False}
+    sidecar = json.loads(Path(str(lever.snapshot).replace(".pickle", ".memlens.json")).read_text())
+    assert (sidecar["rank"], sidecar["world_size"]) == (0, 8)
     assert _close(own.peak_allocated_bytes, lever.peak_allocated_bytes, 0.01), (own, lever)
     # PyTorch's FSDPMemTracker on the same model, sharded the same way over 8 fake ranks on the
     # CPU (where it runs without a GPU): the same sharded parameters and optimizer state (its
