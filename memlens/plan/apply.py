@@ -159,6 +159,9 @@ class LeverHooks:
     def _on_forward(self, module: nn.Module, args: Any) -> None:
         if not self._applied:
             self.offer(module, "forward")
+        if self._applied and self._forward_hook is not None:  # found: no hook on every call after
+            self._forward_hook.remove()
+            self._forward_hook = None
 
     def offer(self, module: nn.Module, at: str) -> bool:
         """Apply the module levers to ``module`` if it is the model (it holds an nn.ModuleList)

@@ -26,7 +26,15 @@ SCRIPT = textwrap.dedent(
     import sys
     import torch
     from torch import nn
-    from torch.utils.checkpoint import checkpoint
+    from functools import partial
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    SAVE = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+            aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in SAVE else CheckpointPolicy.PREFER_RECOMPUTE
 
     class HandLora(nn.Module):
         def __init__(self, base, rank):
@@ -57,10 +65,16 @@ SCRIPT = textwrap.dedent(
             self.embed = nn.Linear(32, d)
             self.blocks = nn.ModuleList(Block(d) for _ in range(n))
             self.head = nn.Linear(d, 1000)  # 128k values: paged by a paged optimizer
-        def forward(self, x, hand_ckpt=False):
+        def forward(self, x, mode="plain"):
             x = self.embed(x)
             for block in self.blocks:
-                x = checkpoint(block, x, use_reentrant=False) if hand_ckpt else block(x)
+                if mode == "ckpt":
+                    x = checkpoint(block, x, use_reentrant=False)
+                elif mode == "sac":
+                    x = checkpoint(block, x, use_reentrant=False,
+                                   context_fn=partial(create_selective_checkpoint_contexts, policy))
+                else:
+                    x = block(x)
             return self.head(x)
 
     mode, batch = sys.argv[1], int(sys.argv[2])
@@ -74,7 +88,7 @@ SCRIPT = textwrap.dedent(
     optimizer = torch.optim.AdamW(model.parameters())
     for _ in range(2):
         x = torch.randn(batch, 64, 32, device="cuda")
-        model(x, hand_ckpt=mode == "ckpt").pow(2).mean().backward()
+        model(x, mode=mode).pow(2).mean().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     """
@@ -94,17 +108,20 @@ def _close(a: int, b: int, tolerance: float) -> bool:
 def test_levers_from_outside_predict_what_the_script_written_by_hand_predicts(tmp_path: Path) -> None:
     script = _script(tmp_path)
     options = PlanOptions(command=["python", str(script), "{MODE}", "64"], out=str(tmp_path / "out"))
-    by_hand = [Configuration(values={"MODE": mode}) for mode in ("plain", "ckpt", "lora")]
+    by_hand = [Configuration(values={"MODE": mode}) for mode in ("plain", "ckpt", "lora", "sac")]
     from_outside = [
         Configuration(levers=parse_spec("ckpt"), values={"MODE": "plain"}),
         Configuration(levers=parse_spec("lora=4+lora-targets=q,v"), values={"MODE": "plain"}),
+        Configuration(levers=parse_spec("sac"), values={"MODE": "plain"}),
     ]
-    plain, hand_ckpt, hand_lora, ckpt, lora = predict_configurations(options, by_hand + from_outside)
-    for config in (plain, hand_ckpt, hand_lora, ckpt, lora):
+    plain, hand_ckpt, hand_lora, hand_sac, ckpt, lora, sac = predict_configurations(options, by_hand + from_outside)
+    for config in (plain, hand_ckpt, hand_lora, hand_sac, ckpt, lora, sac):
         assert config.fits, config.problem
     assert hand_ckpt.peak_allocated_bytes < plain.peak_allocated_bytes  # the lever does something here
     assert _close(ckpt.peak_allocated_bytes, hand_ckpt.peak_allocated_bytes, 0.01), (ckpt, hand_ckpt)
     assert _close(lora.peak_allocated_bytes, hand_lora.peak_allocated_bytes, 0.03), (lora, hand_lora)
+    assert hand_sac.peak_allocated_bytes != plain.peak_allocated_bytes
+    assert _close(sac.peak_allocated_bytes, hand_sac.peak_allocated_bytes, 0.01), (sac, hand_sac)
     assert lora.trainable_parameters == hand_lora.trainable_parameters == 4 * 2 * (4 * 128 + 4 * 128)
     blocks = ckpt.notes["blocks"]
     assert (blocks["path"], blocks["class"], blocks["count"]) == ("blocks", "Block", 4)
