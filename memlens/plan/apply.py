@@ -91,6 +91,20 @@ class LeverHooks:
                     _ORIGINALS[name] = original
                     self._patch(torch.optim, name, _replacing_optimizer(original, optimizer, offload, self.notes))
 
+    def unapplied(self) -> list[str]:
+        """The levers asked for that found nothing to act on: the run is then not what its
+        label says, and is reported so (never shown as if the lever had been pulled)."""
+        missing = []
+        if self.module_levers and not self._applied:
+            names = sorted({lever.text() for lever in self.module_levers})
+            missing.append(
+                f"{'+'.join(names)}: the model holds no nn.ModuleList of blocks (these levers act on its largest)"
+            )
+        replaced_optimizer = value_of(self.levers, "optim") or value_of(self.levers, "offload") == "optimizer"
+        if replaced_optimizer and "optimizer_replaced" not in self.notes:
+            missing.append("optim/offload: the script built no torch.optim optimizer to replace")
+        return missing
+
     def final_notes(self) -> dict[str, Any]:
         """``notes``, with the bytes paged optimizers keep outside PyTorch's allocator."""
         if _PAGED:

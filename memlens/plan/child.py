@@ -110,12 +110,17 @@ def run_job(job: ChildJob) -> ChildResult:
             from memlens.errors import one_line
 
             problem = one_line(problem)  # a table row: the script's exception can span lines
+    fits = result.fits
+    unapplied = hooks.unapplied()
+    if unapplied:
+        fits = False
+        problem = "not applied: " + "; ".join(unapplied) + (f" (and: {problem})" if problem else "")
     trainable = (result.model or {}).get("parameters_trainable")
     return ChildResult(
         peak_allocated_bytes=result.peak_allocated_bytes,
         peak_reserved_bytes=result.peak_reserved_bytes,
         capacity_bytes=result.capacity_bytes,
-        fits=result.fits,
+        fits=fits,
         oom=result.oom,
         problem=problem,
         snapshot=str(predicted.resolve()),

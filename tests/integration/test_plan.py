@@ -230,6 +230,21 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], messa
     assert re.search(message, lines[0]), lines[0]
 
 
+def test_a_lever_with_nothing_to_act_on_is_reported_not_pretended(tmp_path: Path) -> None:
+    script = tmp_path / "flat.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)).cuda()
+        model(torch.randn(4, 64, device="cuda")).sum().backward()
+    """))  # fmt: skip
+    result = plan(PlanOptions(command=["python", str(script)], tries=["ckpt", "optim=sgd"], out=str(tmp_path / "out")))
+    baseline, ckpt, sgd = result.configs
+    assert baseline.fits and not ckpt.fits and not sgd.fits
+    assert "not applied: ckpt: the model holds no nn.ModuleList" in (ckpt.problem or "")
+    assert "no torch.optim optimizer" in (sgd.problem or "")
+    assert result.recommended == 0
+
+
 def test_out_is_never_written_over(tmp_path: Path) -> None:
     script = _script(tmp_path)
     (tmp_path / "out").mkdir()
