@@ -62,7 +62,6 @@ class LeverHooks:
     def __init__(self, levers: tuple[Lever, ...]) -> None:
         self.levers = levers
         self.notes: dict[str, Any] = {}
-        self.problems: list[str] = []
         self._applied: list[nn.Module] = []
         self._saved: list[tuple[Any, str, Any]] = []
         self._forward_hook: Any = None
