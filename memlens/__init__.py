@@ -2,10 +2,10 @@
 
 The public face, nothing else: ``load`` a snapshot, ``analyze`` it, compute a ``budget``,
 ``record`` a training loop, ``whatif`` replay it through the allocator simulator, ``predict``
-a CUDA run's memory on a machine without a GPU. Heavy
-modules (torch, dash) are imported only when the function that needs them is called.
+a CUDA run's memory on a machine without a GPU, ``plan`` the cheapest change that makes it
+fit. Heavy modules (torch, dash) are imported only when the function that needs them is called.
 
-The four entry points take the same explicit, typed keyword arguments as the functions they call
+The entry points take the same explicit, typed keyword arguments as the functions they call
 (an IDE and ``mypy --strict`` see them; a misspelt option is a ``TypeError`` at the call), and
 import those functions' modules only when called. The subpackages (``memlens.budget``,
 ``memlens.allocator``, ...) are attributes after a bare ``import memlens`` too, imported on first
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from memlens.allocator.replay import Observer, WhatIfResult
     from memlens.allocator.settings import AllocatorSettings
     from memlens.analysis.report import Report
+    from memlens.ops.plan import PlanResult
     from memlens.predict.session import PredictResult
     from memlens.recorder.session import Backend, Recorder
 
@@ -141,6 +142,32 @@ def predict(
     )
 
 
+def plan(
+    command: Sequence[str],
+    *,
+    gpu: str | None = None,
+    capacity: int | str | None = None,
+    reserve_outside: int | str = 0,
+    world_size: int = 1,
+    tries: Sequence[str] = (),
+    vary: Sequence[str] = (),
+    maximum: str | None = None,
+    out: str = "memlens_plan",
+    jobs: int | None = None,
+    stacks: bool = False,
+    timeout_s: float = 900.0,
+) -> PlanResult:
+    """What fits, and the cheapest change that makes it fit: see ``memlens.plan.plan``.
+
+    ``import memlens.plan`` replaces this function with the (callable) subpackage."""
+    from memlens.plan import plan as _plan
+
+    return _plan(
+        command, gpu=gpu, capacity=capacity, reserve_outside=reserve_outside, world_size=world_size,
+        tries=tries, vary=vary, maximum=maximum, out=out, jobs=jobs, stacks=stacks, timeout_s=timeout_s,
+    )  # fmt: skip
+
+
 def whatif(
     snapshot_or_path: Snapshot | str | Path,
     settings: AllocatorSettings | None = None,
@@ -183,6 +210,7 @@ __all__ = [
     "analyze",
     "budget",
     "load",
+    "plan",
     "predict",
     "record",
     "whatif",

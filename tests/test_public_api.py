@@ -20,6 +20,7 @@ FRONT_DOOR = {
     "record": "memlens.recorder.session",
     "whatif": "memlens.allocator.replay",
     "predict": "memlens.predict.session",
+    "plan": "memlens.plan",
 }
 
 

@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "budget": ("memlens.cli.budget:budget", "Theoretical training memory: weights, grads, optimizer, activations."),
     "whatif": ("memlens.cli.whatif:whatif", "Replay a snapshot through the allocator simulator with other settings."),
     "predict": ("memlens.cli.predict:predict", "Run a script on the CPU against a simulated GPU: peak memory, OOM."),
+    "plan": ("memlens.cli.plan:plan", "What fits, and the cheapest change that makes it fit (predicted)."),
     "record": ("memlens.cli.record:record", "Run a training script unmodified and record its memory."),
     "serve": ("memlens.cli.serve:serve", "Start the web dashboard (upload snapshots, see findings)."),
     "demo": ("memlens.cli.demo:demo", "Triage the bundled sample snapshots (the README's first command)."),

@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from memlens.cli.common import BYTE_SIZE, help_text, json_text
-from memlens.ops.predict import SIGNAL_WORDS
+from memlens.ops.predict import SIGNAL_WORDS, oom_line
 from memlens.predict.gpus import GPU_NAMES_HELP
 from memlens.units import format_bytes
 
@@ -117,19 +117,3 @@ def render(result: Any) -> str:
     lines.append("  not counted: the CUDA context, NCCL and cuBLAS handles outside the allocator (--reserve-outside)")
     lines += [f"  snapshot: {path}" for path in result.snapshots]
     return "\n".join(lines)
-
-
-def oom_line(result: Any) -> str:
-    """``OUT OF MEMORY at train.py:12: aten.mm.default asked for 64.00 MiB``; in the backward
-    pass, the line that called backward and the forward line whose gradient was computed."""
-    request = ""
-    if result.oom_op or result.oom_requested_bytes is not None:
-        asked = f" asked for {format_bytes(result.oom_requested_bytes)}" if result.oom_requested_bytes else ""
-        request = f": {result.oom_op or 'an allocation'}{asked}"
-    if result.oom_in_backward:
-        gradient = f" of {result.oom_forward_at}" if result.oom_forward_at else " (forward line not known)"
-        return (
-            f"OUT OF MEMORY in the backward pass called at {result.oom_at or '?'}{request}, "
-            f"computing the gradient{gradient}"
-        )
-    return f"OUT OF MEMORY at {result.oom_at or 'an allocation outside your code'}{request}"

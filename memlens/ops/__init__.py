@@ -26,4 +26,6 @@ Modules, by question:
 - ``diff``: two files compared: peaks, categories, stacks and one source file's lines.
 - ``whatif``: a recorded run replayed with other allocator settings or another capacity.
 - ``predict``: a script run against a simulated GPU, written and triaged as a recorded run.
+- ``plan``: what fits, and the cheapest change that makes it fit: the script predicted once per
+  configuration of levers (``memlens plan``).
 """

@@ -21,13 +21,14 @@ import msgspec
 
 from memlens.errors import MemlensUsageError
 from memlens.recorder.sidecar import build_sidecar, sidecar_path, write_sidecar, write_snapshot
+from memlens.units import format_bytes
 
 if TYPE_CHECKING:
     from memlens.analysis.report import Report
     from memlens.predict.session import PredictResult, PredictSession
     from memlens.sidecar import Sidecar
 
-__all__ = ["SIGNAL_WORDS", "PredictOptions", "Prediction", "exit_status", "predict", "split_command"]
+__all__ = ["SIGNAL_WORDS", "PredictOptions", "Prediction", "exit_status", "oom_line", "predict", "split_command"]
 
 
 class PredictOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -259,3 +260,17 @@ def predicted_report(predicted: Path, result: PredictResult) -> Report | None:
     return report
 
 
+def oom_line(result: Any) -> str:
+    """``OUT OF MEMORY at train.py:12: aten.mm.default asked for 64.00 MiB``; in the backward
+    pass, the line that called backward and the forward line whose gradient was computed."""
+    request = ""
+    if result.oom_op or result.oom_requested_bytes is not None:
+        asked = f" asked for {format_bytes(result.oom_requested_bytes)}" if result.oom_requested_bytes else ""
+        request = f": {result.oom_op or 'an allocation'}{asked}"
+    if result.oom_in_backward:
+        gradient = f" of {result.oom_forward_at}" if result.oom_forward_at else " (forward line not known)"
+        return (
+            f"OUT OF MEMORY in the backward pass called at {result.oom_at or '?'}{request}, "
+            f"computing the gradient{gradient}"
+        )
+    return f"OUT OF MEMORY at {result.oom_at or 'an allocation outside your code'}{request}"

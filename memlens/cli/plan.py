@@ -1,0 +1,134 @@
+"""What fits, and the cheapest change that makes it fit: the script predicted once per configuration.
+
+Each configuration (the baseline first, then each --try SPEC, at each --vary value) runs under
+predict in its own process, as many at once as there are CPUs. A SPEC is levers joined by '+',
+each NAME or NAME=VALUE: ckpt, sac, lora=R, lora-targets=q,v, qlora=R,
+optim=adamw8bit|paged-adamw8bit|adafactor|sgd, offload=optimizer|params, fsdp, expandable,
+max-split=MB.
+--world-size N predicts one rank of N (the script's torch.distributed runs on a fake process
+group, so an FSDP2 script runs in one process; DDP does not yet); fsdp shards each block and
+the root.
+--vary B=1,2,4 substitutes {B} in the command; --max B=1..256 finds the largest value that fits
+(bisection: the answer fits, the next value does not). Every configuration's snapshot is
+written under --out (open it with memlens triage).
+
+Exit status: 0 a configuration fits (the recommendation is printed); 1 none fits; 2 a usage error.
+
+  memlens plan --gpu h100-80gb --try ckpt --try lora=16 --try optim=adamw8bit -- python train.py
+  memlens plan --capacity 24GiB --max B=1..256 --try ckpt -- python train.py --batch-size {B}
+"""
+
+from __future__ import annotations
+
+import click
+
+from memlens.cli.common import help_text, json_text
+from memlens.predict.gpus import GPU_NAMES_HELP
+from memlens.units import format_bytes
+
+
+@click.command(help=help_text(__doc__), context_settings={"ignore_unknown_options": True})
+@click.option("--gpu", default=None, help=GPU_NAMES_HELP)
+@click.option("--capacity", default=None, help="Device memory, e.g. 24GiB (overrides the GPU's).")
+@click.option("--reserve-outside", default="0", help="Memory outside PyTorch's allocator (CUDA context, NCCL).")
+@click.option(
+    "--world-size",
+    type=click.IntRange(min=1),
+    default=1,
+    help="Predict one rank of N under a simulated (fake) process group: torch.distributed scripts, fsdp.",
+)
+@click.option("--try", "tries", multiple=True, metavar="SPEC", help="A configuration: levers joined by '+'.")
+@click.option("--vary", multiple=True, metavar="NAME=V1,V2", help="Substitute each value for {NAME} in the command.")
+@click.option("--max", "maximum", default=None, metavar="NAME=LO..HI", help="The largest {NAME} that fits.")
+@click.option("--out", "out_dir", default="memlens_plan", help="A new folder for every configuration's snapshot.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Predictions at once (default: the CPUs).")
+@click.option("--stacks", is_flag=True, help="Capture Python stacks in the snapshots (slower).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def plan(
+    gpu: str | None,
+    capacity: str | None,
+    reserve_outside: str,
+    world_size: int,
+    tries: tuple[str, ...],
+    vary: tuple[str, ...],
+    maximum: str | None,
+    out_dir: str,
+    jobs: int | None,
+    stacks: bool,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    from memlens.ops.plan import PlanOptions
+    from memlens.ops.plan import plan as run_plan
+
+    options = PlanOptions(
+        command=list(command), gpu=gpu, capacity=capacity, reserve_outside=reserve_outside, world_size=world_size,
+        tries=list(tries), vary=list(vary), max=maximum, out=out_dir, jobs=jobs, stacks=stacks,
+    )  # fmt: skip
+    result = run_plan(options)
+    if as_json:
+        click.echo(json_text(json_payload(result)))
+    else:
+        click.echo(render(result))
+    if result.recommended is None:
+        raise click.exceptions.Exit(1)
+
+
+def json_payload(result: object) -> dict[str, object]:
+    import msgspec
+
+    payload = msgspec.to_builtins(result)
+    assert isinstance(payload, dict)
+    return payload
+
+
+def _cost(config: object) -> str:
+    from memlens.ops.plan import PlanConfig
+
+    assert isinstance(config, PlanConfig)
+    parts = []
+    if config.flops_change is not None and abs(config.flops_change) >= 0.005:
+        parts.append(f"{config.flops_change:+.0%} compute")
+    if config.offload_bytes_per_step:
+        parts.append(f"{format_bytes(config.offload_bytes_per_step)}/step over PCIe")
+    return ", ".join(parts) or "-"
+
+
+def render(result: object) -> str:
+    from memlens.ops.plan import PlanResult, max_per_lever_set
+
+    assert isinstance(result, PlanResult)
+    header = ("#", "configuration", "peak allocated", "peak reserved", "fits", "cost", "trainable")
+    rows = []
+    for index, config in enumerate(result.configs):
+        label = "+".join(config.levers) or "baseline"
+        if config.values:
+            label += " " + " ".join(f"{name}={value}" for name, value in config.values.items())
+        fits = "yes" if config.fits else ("OOM" if config.problem and "OUT OF MEMORY" in config.problem else "no")
+        trainable = f"{config.trainable_parameters:,}" if config.trainable_parameters is not None else "-"
+        mark = "*" if index == result.recommended else ""
+        rows.append((f"{index}{mark}", label, format_bytes(config.peak_allocated_bytes),
+                     format_bytes(config.peak_reserved_bytes), fits, _cost(config), trainable))  # fmt: skip
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        f"memlens plan on a simulated {result.gpu} ({format_bytes(result.capacity_bytes)} for PyTorch per rank"
+        + (f", rank 0 of {result.world_size}" if result.world_size > 1 else "")
+        + ")",
+        "  ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)).rstrip(),
+    ]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    problems = [(i, c.problem) for i, c in enumerate(result.configs) if c.problem and not c.fits]
+    lines += [f"  {index}: {problem}" for index, problem in problems if "OUT OF MEMORY" not in (problem or "")]
+    for name in result.max:
+        for levers, value in max_per_lever_set(result, name):
+            where = "+".join(levers) or "baseline"
+            said = f"{value}" if value is not None else "none (not even the lowest value fits)"
+            lines.append(f"largest {name} that fits, {where}: {said}")
+    if result.recommended is None:
+        lines.append("no configuration fits: try more levers (--try), a smaller --vary value, or a larger GPU")
+    else:
+        lines.append(f"recommended: #{result.recommended}, the cheapest configuration that fits:")
+        lines += [f"  {line}" for line in (result.change or "").splitlines()]
+    lines.append(f"snapshots under {result.out} (memlens triage FILE); {result.seconds:.1f} s")
+    return "\n".join(lines)

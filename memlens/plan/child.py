@@ -1,0 +1,202 @@
+"""One configuration of a plan, predicted in a process of its own.
+
+``run_in_child`` (or ``python -m memlens.plan.child JOB.json``): installs the configuration's levers, runs the script
+under predict (as ``memlens predict`` does: the same session, the same snapshot and sidecar),
+counts the run's floating-point operations (``torch.utils.flop_counter``'s formulas: what
+checkpointing recomputes shows there), and writes ``plan_result.json`` next to the snapshot. A fresh process
+per configuration: predict needs a process whose autograd engine has not started, and the
+levers patch classes for the whole process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from memlens.plan.configurations import ChildJob, ChildResult
+
+RESULT_NAME = "plan_result.json"
+SNAPSHOT_NAME = "predicted.pickle"
+
+
+class FlopCount:
+    """Counts the run's floating-point operations with ``torch.utils.flop_counter``'s formulas
+    (matmuls, convolutions, attention). Not ``FlopCounterMode`` itself: its module tracker
+    keeps what checkpointing frees alive, so a checkpointed run would be predicted too large."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils.flop_counter import flop_registry
+
+        counter = self
+        self.total = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                formula = flop_registry.get(func._overloadpacket)
+                if formula is not None:
+                    counter.total += int(formula(*args, **kwargs, out_val=out))
+                return out
+
+        self.mode = Mode()
+
+
+def run_job(job: ChildJob) -> ChildResult:
+    from memlens.ops.predict import predicted_report, predicted_sidecar, run_command, split_command
+    from memlens.plan.apply import PLACEHOLDER_VALUES, LeverHooks
+    from memlens.predict.session import PredictSession, run_in_session
+    from memlens.recorder.sidecar import sidecar_path, write_sidecar, write_snapshot
+
+    kind, target, argv = split_command(tuple(job.command))
+    out = Path(job.out_dir)
+    from memlens.plan.apply import install_fake_distributed
+
+    hooks = LeverHooks(tuple(job.levers))
+    hooks.world_size = job.world_size
+    undo_distributed = (
+        install_fake_distributed(job.world_size)
+        if job.world_size > 1 or any(lever.text() in ("fsdp", "offload=params") for lever in job.levers)
+        else None
+    )
+    hooks.install()
+    counter = FlopCount()
+    session = PredictSession(gpu=job.gpu, capacity=job.capacity, reserve_outside=job.reserve_outside, stacks=job.stacks)
+
+    @contextlib.contextmanager
+    def placeholder_values() -> Iterator[None]:
+        before, session.placeholder_values = session.placeholder_values, True
+        try:
+            yield
+        finally:
+            session.placeholder_values = before
+
+    PLACEHOLDER_VALUES[:] = [placeholder_values]
+
+    def body() -> Any:
+        with counter.mode:
+            return run_command(kind, target, argv)
+
+    try:
+        result = run_in_session(session, body, capture_errors=True)
+    finally:
+        hooks.uninstall()
+        if undo_distributed is not None:
+            undo_distributed()
+    predicted = out / SNAPSHOT_NAME
+    write_snapshot(predicted, result.snapshot or {})
+    sidecar = predicted_sidecar(session, result)
+    if job.world_size > 1:  # rank 0 of N: what triage and fleet read
+        sidecar = msgspec.structs.replace(sidecar, world_size=job.world_size)
+    write_sidecar(sidecar_path(predicted), sidecar)
+    held = held_bytes()
+    result.value = None
+    predicted_report(predicted, result)  # the peaks triage will read from the file
+    problem = None
+    if not result.fits:
+        if result.oom:
+            from memlens.ops.predict import oom_line
+
+            problem = oom_line(result)
+        else:
+            problem = result.error or result.stop_reason or result.interrupted
+        if problem is not None:
+            from memlens.errors import one_line
+
+            problem = one_line(problem)  # a table row: the script's exception can span lines
+    fits = result.fits
+    unapplied = hooks.unapplied()
+    if unapplied:
+        fits = False
+        problem = "not applied: " + "; ".join(unapplied) + (f" (and: {problem})" if problem else "")
+    trainable = (result.model or {}).get("parameters_trainable")
+    return ChildResult(
+        peak_allocated_bytes=result.peak_allocated_bytes,
+        peak_reserved_bytes=result.peak_reserved_bytes,
+        capacity_bytes=result.capacity_bytes,
+        fits=fits,
+        oom=result.oom,
+        problem=problem,
+        snapshot=str(predicted.resolve()),
+        notes=hooks.final_notes(),
+        held_bytes=held,
+        flops=counter.total,
+        trainable_parameters=trainable,
+        model=result.model,
+        optimizer=result.optimizer,
+        seconds=round(result.seconds, 3),
+    )
+
+
+def run_in_child(job_path: str, log_path: str, alloc_conf: str) -> None:
+    """A child process's entry (``multiprocessing``): the script's output to ``log_path``, the
+    allocator levers in ``PYTORCH_CUDA_ALLOC_CONF``, then the job."""
+    import os
+
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    if alloc_conf:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
+    main(["child", job_path])
+
+
+def held_bytes() -> dict[str, int]:
+    """What the simulated GPU holds at the end of the run (after the last step), by role: every
+    live parameter, its gradient, and every optimizer's state; each storage counted once, a
+    sharded (``DTensor``) value by its local shard."""
+    import gc
+
+    import torch
+
+    from memlens.predict.session import live_cuda_parameters
+
+    seen: set[int] = set()
+
+    def size(tensor: Any) -> int:
+        if not isinstance(tensor, torch.Tensor):
+            return 0
+        local = getattr(tensor, "_local_tensor", None)
+        tensor = local if local is not None else tensor
+        if tensor.device.type != "cuda":
+            return 0
+        storage = tensor.untyped_storage()
+        if storage._cdata in seen:
+            return 0
+        seen.add(storage._cdata)
+        return int(storage.nbytes())
+
+    parameters = live_cuda_parameters()
+    held = {"parameters": sum(size(p) for p in parameters)}
+    held["gradients"] = sum(size(p.grad) for p in parameters if p.grad is not None)
+    optimizers = [obj for obj in gc.get_objects() if issubclass(type(obj), torch.optim.Optimizer)]
+    held["optimizer_state"] = sum(
+        size(value) for optimizer in optimizers for state in optimizer.state.values() for value in state.values()
+    )
+    return held
+
+
+def main(argv: list[str]) -> int:
+    from memlens.files import write_atomic
+
+    job_path = Path(argv[1])
+    job = msgspec.json.decode(job_path.read_bytes(), type=ChildJob)
+    try:
+        outcome = run_job(job)
+    except Exception as exc:  # a lever that cannot apply, a script that cannot start: one line
+        from memlens.errors import one_line
+
+        outcome = ChildResult(problem=one_line(f"{type(exc).__name__}: {exc}"))
+    write_atomic(Path(job.out_dir) / RESULT_NAME, msgspec.json.encode(outcome))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

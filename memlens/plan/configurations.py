@@ -1,0 +1,97 @@
+"""The configurations a plan predicts, and what passes between the plan and each child.
+
+A configuration is a set of levers and the values substituted for the command's ``{NAME}``
+placeholders. The baseline (no lever) always comes first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any
+
+import msgspec
+
+from memlens.errors import MemlensUsageError
+from memlens.plan.levers import Lever
+
+
+class Configuration(msgspec.Struct, frozen=True):
+    levers: tuple[Lever, ...] = ()
+    values: dict[str, str] = {}
+
+    def label(self) -> str:
+        levers = "+".join(lever.text() for lever in self.levers) or "baseline"
+        values = " ".join(f"{name}={value}" for name, value in self.values.items())
+        return f"{levers} {values}".strip()
+
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9=.,+-]+", "_", self.label().replace(" ", "_"))
+
+
+class ChildJob(msgspec.Struct, frozen=True):
+    """What one child predicts: the command (placeholders substituted), the levers, the device."""
+
+    command: list[str]
+    levers: list[Lever]
+    out_dir: str
+    gpu: str | None = None
+    capacity: int | None = None
+    reserve_outside: int = 0
+    world_size: int = 1
+    stacks: bool = False
+
+
+class ChildResult(msgspec.Struct):
+    """What one child found. ``problem``: why the run did not complete (out of memory, the
+    script's error, a lever that could not apply), or None."""
+
+    peak_allocated_bytes: int = 0
+    peak_reserved_bytes: int = 0
+    capacity_bytes: int = 0
+    fits: bool = False
+    oom: bool = False
+    problem: str | None = None
+    snapshot: str | None = None
+    notes: dict[str, Any] = {}
+    held_bytes: dict[str, int] = {}
+    flops: int | None = None
+    trainable_parameters: int | None = None
+    model: dict[str, Any] | None = None
+    optimizer: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def substitute(command: list[str], values: dict[str, str]) -> list[str]:
+    """The command with each ``{NAME}`` replaced by its value."""
+    return [PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), word) for word in command]
+
+
+def check_placeholders(command: list[str], names: list[str]) -> None:
+    """Every varied name appears in the command as ``{NAME}``, and every ``{NAME}`` is varied."""
+    used = {match for word in command for match in PLACEHOLDER.findall(word)}
+    for name in names:
+        if name not in used:
+            raise MemlensUsageError(f"--vary/--max {name}: the command has no {{{name}}} to substitute")
+    unknown = sorted(used - set(names))
+    if unknown:
+        raise MemlensUsageError(f"the command says {{{unknown[0]}}} but no --vary or --max gives {unknown[0]}")
+
+
+def expand(lever_sets: list[tuple[Lever, ...]], vary: list[tuple[str, tuple[str, ...]]]) -> list[Configuration]:
+    """The baseline and each ``--try``, at every combination of the ``--vary`` values."""
+    sets = [(), *[levers for levers in lever_sets if levers]]
+    unique: list[tuple[Lever, ...]] = []
+    for levers in sets:
+        if levers not in unique:
+            unique.append(levers)
+    names = [name for name, _ in vary]
+    combos = list(itertools.product(*[values for _, values in vary])) if vary else [()]
+    return [
+        Configuration(levers=levers, values=dict(zip(names, combo, strict=True)))
+        for levers in unique
+        for combo in combos
+    ]
