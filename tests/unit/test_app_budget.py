@@ -81,14 +81,14 @@ def test_what_the_user_types_overrides_the_sidecar() -> None:
 
 
 def test_prefill_infers_from_parameter_bytes_and_says_so() -> None:
-    prefill = budget_prefill({}, parameter_bytes=400_000_000)
+    prefill = budget_prefill(None, parameter_bytes=400_000_000)
     assert prefill.params == "100000000" and prefill.inferred and prefill.value("precision") == "fp32"
     assert prefill.note.startswith("inferred")
     assert prefill.store()["inferred"] == "100000000"
 
 
 def test_nothing_known_fills_no_count() -> None:
-    prefill = budget_prefill({}, parameter_bytes=0)
+    prefill = budget_prefill(None, parameter_bytes=0)
     assert prefill.params is None and not prefill.inferred and prefill.note == ""
 
 

@@ -6,6 +6,7 @@ import json
 import pickle
 from pathlib import Path
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 
@@ -212,4 +213,4 @@ def test_the_dashboards_expandable_replay_is_memlens_whatif_expandable_segments(
     answer = whatif_job(memlens.load(path, cache=False), 0, None, 0)
     terminal = json.loads(CliRunner().invoke(cli, ["whatif", str(path), "--expandable-segments", "--json"]).output)
     assert terminal["simulated_settings"]["max_split_size"] == 24 * MiB
-    assert answer.expandable == terminal["simulated"]
+    assert msgspec.to_builtins(answer.expandable) == terminal["simulated"]
