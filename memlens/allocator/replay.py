@@ -33,10 +33,12 @@ from bisect import bisect_right, insort
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from memlens.allocator.engine import native_module, simulator_class
 from memlens.allocator.initial_state import InitialState, infer_initial_state
 from memlens.allocator.releases import ALLOCATOR, EMPTY_CACHE, Release, classify_releases
 from memlens.allocator.settings import AllocatorSettings
@@ -392,6 +394,10 @@ class _RecordedSegments:
         if self._sizes.pop(address, None) is not None:
             del self._starts[bisect_right(self._starts, address) - 1]
 
+    def items(self) -> list[tuple[int, int]]:
+        """(start, size) of the live segments, for the native replay to take over."""
+        return list(self._sizes.items())
+
     def base_of(self, address: int) -> int | None:
         index = bisect_right(self._starts, address) - 1
         if index < 0:
@@ -480,12 +486,15 @@ class _Replay:
 
     # ------------------------------------------------------------------ replay
     def run(self) -> dict[str, Any]:
-        sim = CachingAllocatorSimulator(
+        native = native_module()
+        simulator_type = simulator_class()
+        sim = simulator_type(
             self.settings,
             capacity=self.capacity,
             device=self.trace.device,
             record_history=False,
-            segment_addresses=self._segment_address,
+            # The native replay places segments itself, from the same hints (``_native.replay``).
+            segment_addresses=None if native is not None else self._segment_address,
         )
         self.initial_state = infer_initial_state(
             self.actions, self.addresses, self.sizes, self.streams, self.segments, self.recorded_settings
@@ -513,8 +522,10 @@ class _Replay:
                     "out of memory before the first event"
                 )
 
-        completes = self._completed_requests()
         empty_cache_at = self._release_actions()
+        if native is not None:
+            return self._run_native(native, sim, recorded_segments, mapping, over_capacity, empty_cache_at)
+        completes = self._completed_requests()
         peak_reserved = sim.reserved_bytes
         peak_event = -1
         # Block bytes, as the recorded figures (DeviceTrace.allocated) count them.
@@ -615,6 +626,67 @@ class _Replay:
             "oom_size_bytes": oom_size,
             "alloc_address_match": (matches / allocs) if allocs else None,
             "alloc_segment_offset_match": (same_place / placed) if placed else None,
+            "allocs_in_known_segment": placed,
+        }
+
+    def _run_native(
+        self,
+        native: ModuleType,
+        sim: CachingAllocatorSimulator,
+        recorded_segments: _RecordedSegments,
+        mapping: dict[int, int],
+        over_capacity: bool,
+        empty_cache_at: dict[int, bool],
+    ) -> dict[str, Any]:
+        """The loop of ``run`` in one native call over the trace's columns (same rules, same order)."""
+        trace = self.trace
+        actions = np.ascontiguousarray(trace.action, dtype=np.int64)
+        addresses = np.ascontiguousarray(trace.address, dtype=np.int64)
+        sizes = np.ascontiguousarray(trace.size, dtype=np.int64)
+        streams = np.ascontiguousarray(trace.stream, dtype=np.int64)
+        releases_at = np.zeros(len(actions), dtype=np.uint8)
+        for row, decided in empty_cache_at.items():
+            releases_at[row] = decided
+        hint_rows = actions == _SEGMENT_ALLOC
+        raw = native.replay(
+            sim,
+            actions,
+            addresses,
+            sizes,
+            streams,
+            native.completed_requests(actions, addresses),
+            releases_at,
+            np.ascontiguousarray(addresses[hint_rows]),
+            np.ascontiguousarray(sizes[hint_rows]),
+            self.use_recorded_addresses,
+            list(mapping),
+            recorded_segments.items(),
+            over_capacity,
+            self.observer,
+        )
+        for row in raw["fits"]:
+            self.notes.append(
+                f"the request that failed at event {row} ({format_bytes(int(sizes[row]))}) fits in the simulation"
+            )
+        oom_event = raw["oom_event"]
+        allocs, placed = raw["allocs"], raw["placed"]
+        return {
+            "events": raw["events"],
+            "peak_reserved_bytes": raw["peak_reserved_bytes"],
+            "peak_allocated_bytes": raw["peak_allocated_bytes"],
+            "fragmentation_at_peak_bytes": raw["fragmentation_at_peak_bytes"],
+            "peak_event": raw["peak_event"],
+            "final_reserved_bytes": raw["final_reserved_bytes"],
+            "segment_allocs": sim.segment_alloc_count,
+            "segment_frees": sim.segment_free_count,
+            "segment_maps": sim.segment_map_count,
+            "segment_unmaps": sim.segment_unmap_count,
+            "oom": oom_event is not None,
+            "oom_event": oom_event,
+            "oom_time_us": _time_at(self.trace, oom_event),
+            "oom_size_bytes": raw["oom_size_bytes"],
+            "alloc_address_match": (raw["matches"] / allocs) if allocs else None,
+            "alloc_segment_offset_match": (raw["same_place"] / placed) if placed else None,
             "allocs_in_known_segment": placed,
         }
 
