@@ -8,8 +8,9 @@ installs the ``app/`` folder as ``memlens_app`` with its assets, and the native 
 
 from __future__ import annotations
 
-import tomllib
 from typing import Any
+
+import tomllib
 
 from tests.conftest import REPO_ROOT
 

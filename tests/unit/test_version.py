@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 import memlens
 from memlens._version import UNKNOWN_VERSION, _version_without_tomllib, find_version
