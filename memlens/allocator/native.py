@@ -20,7 +20,7 @@ from memlens.errors import MemlensUsageError
 Frames = list[dict[str, Any]]
 
 
-class NativeCachingAllocatorSimulator(_native.Simulator):  # type: ignore[misc]
+class NativeCachingAllocatorSimulator(_native.Simulator):
     """``CachingAllocatorSimulator`` with its state and rules in C++ (see src/native/)."""
 
     def __init__(
