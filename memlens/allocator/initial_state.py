@@ -30,6 +30,8 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from memlens.allocator.settings import AllocatorSettings
 from memlens.allocator.simulator import K_SMALL_BUFFER, K_SMALL_SIZE, CachingAllocatorSimulator
 from memlens.snapshot.model import Action, Segment
@@ -98,7 +100,16 @@ def infer_initial_state(
     opened: set[int] = set()
     closed_before_opened: dict[int, InitialSegment] = {}
     maps_pages = False
-    for act, address, size, stream in zip(actions, addresses, sizes, streams, strict=True):
+    # Only segment rows decide this pass: numpy picks them out of the window (a Python scan of
+    # every row was a second's work on a 1M-row trace), and the loop reads those alone.
+    codes = np.asarray(actions, dtype=np.int64)
+    rows = np.flatnonzero(np.isin(codes, (_SEGMENT_ALLOC, _SEGMENT_FREE, *_SEGMENT_MAPS)))
+
+    def picked(column: Sequence[int]) -> list[int]:
+        return np.asarray(column, dtype=np.int64)[rows].tolist() if len(rows) else []
+
+    segment_rows = zip(picked(codes), picked(addresses), picked(sizes), picked(streams), strict=True)
+    for act, address, size, stream in segment_rows:
         if act == _SEGMENT_ALLOC:
             opened.add(address)
         elif act == _SEGMENT_FREE:

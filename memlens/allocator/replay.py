@@ -436,9 +436,12 @@ class _Replay:
         self.addresses: list[int] = np.asarray(trace.address).tolist()
         self.sizes: list[int] = np.asarray(trace.size).tolist()
         self.streams: list[int] = np.asarray(trace.stream).tolist()
-        self._hints: list[tuple[int, int]] = [
-            (a, s) for act, a, s in zip(self.actions, self.addresses, self.sizes, strict=True) if act == _SEGMENT_ALLOC
-        ]
+        # The recorded cudaMallocs (address, size), in order: the Python loop's placement hints
+        # (the native loop takes them as columns).
+        hint_rows = np.flatnonzero(np.asarray(trace.action) == _SEGMENT_ALLOC)
+        self._hints: list[tuple[int, int]] = list(
+            zip(np.asarray(trace.address)[hint_rows].tolist(), np.asarray(trace.size)[hint_rows].tolist(), strict=True)
+        )
         # The recorded segment a simulated cudaMalloc stands for, until the malloc that asked
         # for it returns and the simulated base is known.
         self._pending_pair: int | None = None
