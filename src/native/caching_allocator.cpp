@@ -98,10 +98,24 @@ CachingAllocator::CachingAllocator(Settings settings) : settings_(std::move(sett
 }
 
 CachingAllocator::~CachingAllocator() {
-  for (auto& entry : free_) delete entry.second;
-  for (auto& entry : unmapped_) delete entry.second;
-  for (auto& entry : active_) delete entry.second;
+  for (BlockPool* pool : {&small_, &large_}) {
+    for (auto& entry : pool->blocks) {
+      for (Block* block : entry.second) destroy_block(block);
+    }
+  }
+  for (auto& entry : unmapped_) destroy_block(entry.second);
+  for (auto& entry : active_) destroy_block(entry.second);
   for (ExpandableSegment* segment : expandable_segments_) delete segment;
+}
+
+Block* CachingAllocator::make_block(int64_t address, int64_t size, int64_t stream, bool is_small) {
+  void* memory = memory_.allocate(sizeof(Block), alignof(Block));
+  return new (memory) Block(address, size, stream, is_small);
+}
+
+void CachingAllocator::destroy_block(Block* block) {
+  block->~Block();
+  memory_.deallocate(block, sizeof(Block), alignof(Block));
 }
 
 // ================================================================== the public API
@@ -209,7 +223,14 @@ void CachingAllocator::restore_segment(int64_t address, int64_t total_size, int6
   }
   claim_span(address, total_size);
   BlockPool& pool = is_small ? small_ : large_;
-  std::vector<std::unique_ptr<Block>> pieces;
+  std::vector<Block*> pieces;
+  struct Pieces {  // pieces not yet handed to the indexes are returned if a live block does not fit
+    CachingAllocator& owner;
+    std::vector<Block*>& blocks;
+    ~Pieces() {
+      for (Block* piece : blocks) owner.destroy_block(piece);
+    }
+  } guard{*this, pieces};
   int64_t cursor = address;
   int64_t end = address + total_size;
   std::sort(live_blocks.begin(), live_blocks.end());
@@ -218,20 +239,21 @@ void CachingAllocator::restore_segment(int64_t address, int64_t total_size, int6
       throw UsageError("block " + hex(block_address) + "+" + std::to_string(size) + " does not fit segment " +
                        hex(address));
     }
-    if (block_address > cursor) pieces.push_back(std::make_unique<Block>(cursor, block_address - cursor, stream, is_small));
-    auto live = std::make_unique<Block>(block_address, size, stream, is_small);
+    if (block_address > cursor) pieces.push_back(make_block(cursor, block_address - cursor, stream, is_small));
+    Block* live = make_block(block_address, size, stream, is_small);
     live->allocated = true;
     live->requested_size = requested;
-    pieces.push_back(std::move(live));
+    pieces.push_back(live);
     cursor = block_address + size;
   }
-  if (cursor < end) pieces.push_back(std::make_unique<Block>(cursor, end - cursor, stream, is_small));
+  if (cursor < end) pieces.push_back(make_block(cursor, end - cursor, stream, is_small));
   for (size_t i = 0; i + 1 < pieces.size(); ++i) {
-    pieces[i]->next = pieces[i + 1].get();
-    pieces[i + 1]->prev = pieces[i].get();
+    pieces[i]->next = pieces[i + 1];
+    pieces[i + 1]->prev = pieces[i];
   }
-  for (auto& owned : pieces) {
-    Block* piece = owned.release();
+  std::vector<Block*> placed;
+  placed.swap(pieces);  // the indexes own them from here
+  for (Block* piece : placed) {
     if (piece->allocated) {
       active_[piece->address] = piece;
       allocated_bytes += piece->size;
@@ -247,12 +269,15 @@ void CachingAllocator::restore_segment(int64_t address, int64_t total_size, int6
 
 std::vector<Block*> CachingAllocator::segment_heads() const {
   std::vector<Block*> heads;
-  for (const auto* index : {&free_, &active_}) {
-    for (const auto& entry : *index) {
-      Block* block = entry.second;
-      if (block->prev == nullptr || !block->prev->mapped) heads.push_back(block);
+  auto consider = [&heads](Block* block) {
+    if (block->prev == nullptr || !block->prev->mapped) heads.push_back(block);
+  };
+  for (const BlockPool* pool : {&small_, &large_}) {
+    for (const auto& entry : pool->blocks) {
+      for (Block* block : entry.second) consider(block);
     }
   }
+  for (const auto& entry : active_) consider(entry.second);
   std::sort(heads.begin(), heads.end(), ByAddress());
   return heads;
 }
@@ -271,8 +296,11 @@ std::string CachingAllocator::check_invariants() const {
         if (found == active_.end() || found->second != block) return "active block not indexed";
         allocated += block->size;
       } else {
-        auto found = free_.find(block->address);
-        if (found == free_.end() || found->second != block) return "free block not indexed";
+        const BlockPool& pool = block->is_small ? small_ : large_;
+        auto found = pool.blocks.find(block->stream);
+        if (found == pool.blocks.end() || found->second.count(const_cast<Block*>(block)) != 1) {
+          return "free block not indexed";
+        }
         const Block* nxt = block->next;
         if (nxt != nullptr && nxt->mapped && !(nxt->allocated || nxt->pending)) {
           return "two free neighbours at " + hex(block->address);
@@ -285,7 +313,7 @@ std::string CachingAllocator::check_invariants() const {
   }
   if (reserved != reserved_bytes) return "reserved " + std::to_string(reserved) + " != " + std::to_string(reserved_bytes);
   if (allocated != allocated_bytes) return "allocated " + std::to_string(allocated) + " != " + std::to_string(allocated_bytes);
-  if (seen.size() != active_.size() + free_.size()) return "indexed blocks outside any segment";
+  if (seen.size() != active_.size() + free_count_) return "indexed blocks outside any segment";
   return "";
 }
 
@@ -318,19 +346,19 @@ void CachingAllocator::record(Action action, std::optional<int64_t> address, int
 // ------------------------------------------------------------------ the free index
 void CachingAllocator::insert_free(BlockPool& pool, Block* block) {
   block->gc_base = pool.free_calls;
-  free_[block->address] = block;
   pool.stream_blocks(block->stream).insert(block);
+  free_count_ += 1;
 }
 
 void CachingAllocator::remove_free(BlockPool& pool, Block* block) {
   auto found = pool.blocks.find(block->stream);
   check(found != pool.blocks.end() && found->second.erase(block) == 1, "remove_free of a block not cached");
-  free_.erase(block->address);
+  free_count_ -= 1;
 }
 
 void CachingAllocator::insert_unmapped(BlockPool& pool, Block* block) {
   unmapped_[block->address] = block;
-  pool.unmapped[block->stream].insert(block);
+  pool.stream_unmapped(block->stream).insert(block);
 }
 
 void CachingAllocator::remove_unmapped(BlockPool& pool, Block* block) {
@@ -373,7 +401,7 @@ Block* CachingAllocator::get_free_block(BlockPool& pool, int64_t size, int64_t s
   // ... and let an oversize request round up by at most kLargeBuffer.
   if (size >= max_split_ && block->size >= size + kLargeBuffer) return nullptr;
   blocks.erase(it);
-  free_.erase(block->address);
+  free_count_ -= 1;
   return block;
 }
 
@@ -389,7 +417,7 @@ int64_t CachingAllocator::alloc_found_block(BlockPool& pool, Block* block, int64
                                             int64_t stream, bool split, const Frames& frames) {
   if (split) {
     Block* remaining = block;
-    block = new Block(remaining->address, size, stream, remaining->is_small);
+    block = make_block(remaining->address, size, stream, remaining->is_small);
     block->expandable = remaining->expandable;
     block->prev = remaining->prev;
     if (block->prev != nullptr) block->prev->next = block;
@@ -446,7 +474,7 @@ int64_t CachingAllocator::try_merge_blocks(BlockPool& pool, Block* dst, Block* s
   }
   int64_t subsumed = src->size;
   dst->size += subsumed;
-  delete src;
+  destroy_block(src);
   return subsumed;
 }
 
@@ -458,7 +486,7 @@ Block* CachingAllocator::alloc_block(BlockPool& pool, int64_t size, int64_t allo
   if (settings_.expandable_segments) return try_allocate_expandable_block(pool, size, stream, frames);
   if (settings_.capacity && reserved_bytes + alloc_size > *settings_.capacity) return nullptr;
   int64_t address = new_segment_address(alloc_size);
-  Block* block = new Block(address, alloc_size, stream, pool.is_small);
+  Block* block = make_block(address, alloc_size, stream, pool.is_small);
   block->segment_frames = frames;
   add_span(address, alloc_size);
   reserved_bytes += alloc_size;
@@ -506,7 +534,7 @@ void CachingAllocator::release_block(BlockPool& pool, Block* block, const Frames
   reserved_bytes -= block->size;
   segment_free_count += 1;
   record(Action::segment_free, block->address, block->size, block->stream, either(frames, block->segment_frames));
-  delete block;
+  destroy_block(block);
 }
 
 // release_available_cached_blocks: free oversize cached blocks, only as many as the request needs.
@@ -634,7 +662,7 @@ Block* CachingAllocator::find_expandable_block(BlockPool& pool, int64_t size, in
   add_span(base, va_size);
   auto* segment = new ExpandableSegment{base, page, va_size, stream};
   expandable_segments_.push_back(segment);
-  Block* block = new Block(base, va_size, stream, pool.is_small);
+  Block* block = make_block(base, va_size, stream, pool.is_small);
   block->mapped = false;
   block->expandable = segment;
   insert_unmapped(pool, block);
@@ -652,7 +680,7 @@ bool CachingAllocator::map_block(BlockPool& pool, Block* block, int64_t size, co
   remove_unmapped(pool, block);
   block->mapped = true;
   if (mapped < block->size) {
-    Block* remaining = new Block(block->address + mapped, block->size - mapped, block->stream, block->is_small);
+    Block* remaining = make_block(block->address + mapped, block->size - mapped, block->stream, block->is_small);
     remaining->mapped = false;
     remaining->expandable = segment;
     remaining->prev = block;
@@ -688,7 +716,7 @@ void CachingAllocator::unmap_block(BlockPool& pool, Block* block, const Frames& 
   int64_t unmapped_size = end - begin;
   int64_t before = unmapped_address - block->address;
   if (before > 0) {
-    Block* before_free = new Block(block->address, before, block->stream, block->is_small);
+    Block* before_free = make_block(block->address, before, block->stream, block->is_small);
     before_free->expandable = segment;
     before_free->prev = block->prev;
     if (block->prev != nullptr) block->prev->next = before_free;
@@ -698,7 +726,7 @@ void CachingAllocator::unmap_block(BlockPool& pool, Block* block, const Frames& 
   }
   int64_t after = block->size - before - unmapped_size;
   if (after > 0) {
-    Block* after_free = new Block(unmapped_address + unmapped_size, after, block->stream, block->is_small);
+    Block* after_free = make_block(unmapped_address + unmapped_size, after, block->stream, block->is_small);
     after_free->expandable = segment;
     after_free->next = block->next;
     if (block->next != nullptr) block->next->prev = after_free;
@@ -723,7 +751,7 @@ void CachingAllocator::release_expandable_segment(BlockPool& pool, Block* block)
   remove_unmapped(pool, block);
   expandable_segments_.erase(std::find(expandable_segments_.begin(), expandable_segments_.end(), segment));
   drop_span(segment->base);
-  delete block;
+  destroy_block(block);
   delete segment;
 }
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory_resource>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -93,16 +94,19 @@ struct BySizeThenAddress {
 struct ByAddress {
   bool operator()(const Block* a, const Block* b) const { return a->address < b->address; }
 };
-using FreeBlocks = std::set<Block*, BySizeThenAddress>;
-using UnmappedBlocks = std::set<Block*, ByAddress>;
+// The sets' nodes come from the allocator's own pool (no malloc per cached block).
+using FreeBlocks = std::pmr::set<Block*, BySizeThenAddress>;
+using UnmappedBlocks = std::pmr::set<Block*, ByAddress>;
 
 struct BlockPool {  // BlockPool: cached (free, mapped) blocks per stream; unmapped ranges per stream
-  explicit BlockPool(bool small) : is_small(small) {}
+  BlockPool(bool small, std::pmr::memory_resource* memory_) : is_small(small), memory(memory_) {}
   bool is_small;
+  std::pmr::memory_resource* memory;
   std::map<int64_t, FreeBlocks> blocks;       // stream -> cached blocks, best fit first
   std::map<int64_t, UnmappedBlocks> unmapped;  // stream -> unmapped expandable blocks by address
   int64_t free_calls = 0;                     // get_free_blocks_call_count, the clock of garbage collection
-  FreeBlocks& stream_blocks(int64_t stream) { return blocks[stream]; }
+  FreeBlocks& stream_blocks(int64_t stream) { return blocks.try_emplace(stream, memory).first->second; }
+  UnmappedBlocks& stream_unmapped(int64_t stream) { return unmapped.try_emplace(stream, memory).first->second; }
 };
 
 enum class Action { alloc, free_requested, free_completed, segment_alloc, segment_free, segment_map, segment_unmap, oom };
@@ -204,12 +208,15 @@ class CachingAllocator {
   void release_expandable_segment(BlockPool& pool, Block* block);
 
   BlockPool& pool_of(const Block* block) { return block->is_small ? small_ : large_; }
+  Block* make_block(int64_t address, int64_t size, int64_t stream, bool is_small);
+  void destroy_block(Block* block);
 
   Settings settings_;
   int64_t max_split_;
-  BlockPool small_{true};
-  BlockPool large_{false};
-  std::unordered_map<int64_t, Block*> free_;      // cached mapped blocks by address
+  std::pmr::unsynchronized_pool_resource memory_;  // Blocks and set nodes; outlives the pools below
+  BlockPool small_{true, &memory_};
+  BlockPool large_{false, &memory_};
+  size_t free_count_ = 0;                         // cached mapped blocks (in the pools' sets)
   std::unordered_map<int64_t, Block*> unmapped_;  // unmapped expandable blocks by address
   std::unordered_map<int64_t, Block*> active_;    // allocated or pending-free blocks by address
   std::vector<ExpandableSegment*> expandable_segments_;
