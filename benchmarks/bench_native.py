@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -28,10 +29,15 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def timed(command: list[str], env: dict[str, str]) -> float:
+def timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one fresh process: the CPU figure (user + system, from the
+    children's rusage) is what the command costs when other work shares the machine."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - started
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def process_table(path: Path, runs: int, workdir: Path) -> None:
@@ -52,17 +58,20 @@ def process_table(path: Path, runs: int, workdir: Path) -> None:
     }
     timed([*triage, "--cache"], native_env)  # write each engine's cache once
     timed([*triage, "--cache"], python_env)
-    times: dict[str, list[float]] = {name: [] for name in rows}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
     for _ in range(runs):
         for name, (command, env) in rows.items():
             times[name].append(timed(command, env))
-    bare = statistics.median(times["pickle.load"])
+    bare_wall = statistics.median(w for w, _ in times["pickle.load"])
+    bare_cpu = statistics.median(c for _, c in times["pickle.load"])
     size = path.stat().st_size / 2**20
     print(f"\n{path.name}: {size:.1f} MiB, medians of {runs} fresh processes")
-    print("| | wall | / bare `pickle.load` |\n|---|---|---|")
+    print("| | wall | / bare `pickle.load` | CPU | / bare `pickle.load` |")
+    print("|---|---|---|---|---|")
     for name, values in times.items():
-        median = statistics.median(values)
-        print(f"| {name} | {median:.2f} s | {median / bare:.2f}x |")
+        wall = statistics.median(w for w, _ in values)
+        cpu = statistics.median(c for _, c in values)
+        print(f"| {name} | {wall:.2f} s | {wall / bare_wall:.2f}x | {cpu:.2f} s | {cpu / bare_cpu:.2f}x |")
 
 
 def simulator_alone(path: Path, runs: int) -> None:
