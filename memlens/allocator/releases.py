@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from memlens.allocator.settings import AllocatorSettings
 from memlens.snapshot.model import Action, Frame
@@ -46,6 +47,8 @@ EMPTY_CACHE = "empty_cache"
 ALLOCATOR = "allocator"
 UNKNOWN = "unknown"
 
+# A trace column: a list, or the trace's own numpy array (read where the runs are, not copied).
+Column = Sequence[int] | npt.NDArray[np.integer]
 _RELEASES = (int(Action.SEGMENT_FREE), int(Action.SEGMENT_UNMAP))
 _NEW_MEMORY = (int(Action.SEGMENT_ALLOC), int(Action.SEGMENT_MAP))
 _OOM = int(Action.OOM)
@@ -64,10 +67,10 @@ class Release:
 
 
 def classify_releases(
-    actions: Sequence[int],
-    sizes: Sequence[int],
-    stack_ids: Sequence[int],
-    reserved_after: Sequence[int],
+    actions: Column,
+    sizes: Column,
+    stack_ids: Column,
+    reserved_after: Column,
     reserved_before_window: int,
     frames_of: Callable[[int], list[Frame]],
     settings: AllocatorSettings,
@@ -97,7 +100,7 @@ def classify_releases(
     return releases
 
 
-def release_runs(actions: Sequence[int] | np.ndarray) -> list[tuple[int, int]]:
+def release_runs(actions: Column) -> list[tuple[int, int]]:
     """``[start, end)`` of every run of consecutive release rows, found by numpy in one pass
     (a Python scan of a 1M-row trace was most of a what-if's time outside the simulator)."""
     flags = np.isin(np.asarray(actions, dtype=np.int64), _RELEASES).astype(np.int8)
@@ -110,10 +113,10 @@ def release_runs(actions: Sequence[int] | np.ndarray) -> list[tuple[int, int]]:
 def _classify(
     start: int,
     end: int,
-    actions: Sequence[int],
-    sizes: Sequence[int],
-    stack_ids: Sequence[int],
-    reserved_after: Sequence[int],
+    actions: Column,
+    sizes: Column,
+    stack_ids: Column,
+    reserved_after: Column,
     reserved_before_window: int,
     through_empty_cache: Callable[[int], bool],
     settings: AllocatorSettings,

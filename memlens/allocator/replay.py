@@ -32,6 +32,7 @@ from __future__ import annotations
 from bisect import bisect_right, insort
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -352,12 +353,13 @@ def trace_releases(
     trace: DeviceTrace, stacks: StackTable | None, recorded_settings: AllocatorSettings, capacity: int | None
 ) -> list[Release]:
     """Every recorded release run of ``trace`` with its cause (``memlens.allocator.releases``)."""
-    actions = np.asarray(trace.action).tolist()
+    # The columns as they are: the runs are found by numpy and only their rows are read.
+    actions = np.asarray(trace.action)
     return classify_releases(
         actions,
-        np.asarray(trace.size).tolist(),
-        np.asarray(trace.stack_id).tolist() if len(trace.stack_id) else [-1] * len(actions),
-        np.asarray(trace.reserved).tolist() if len(trace.reserved) else [0] * len(actions),
+        np.asarray(trace.size),
+        np.asarray(trace.stack_id) if len(trace.stack_id) else np.full(len(actions), -1, dtype=np.int64),
+        np.asarray(trace.reserved) if len(trace.reserved) else np.zeros(len(actions), dtype=np.int64),
         int(trace.baseline_reserved),
         stacks.innermost if stacks is not None else (lambda _stack: []),
         recorded_settings,
@@ -432,10 +434,6 @@ class _Replay:
         self.seeded = False
         self.initial_state = InitialState()
         self.releases: list[Release] = []
-        self.actions: list[int] = np.asarray(trace.action).tolist()
-        self.addresses: list[int] = np.asarray(trace.address).tolist()
-        self.sizes: list[int] = np.asarray(trace.size).tolist()
-        self.streams: list[int] = np.asarray(trace.stream).tolist()
         # The recorded cudaMallocs (address, size), in order: the Python loop's placement hints
         # (the native loop takes them as columns).
         hint_rows = np.flatnonzero(np.asarray(trace.action) == _SEGMENT_ALLOC)
@@ -446,6 +444,23 @@ class _Replay:
         # for it returns and the simulated base is known.
         self._pending_pair: int | None = None
         self._paired: dict[int, int] = {}  # simulated segment base -> recorded segment base
+
+    # The columns as Python lists, for the Python loop (the native one reads the arrays).
+    @cached_property
+    def actions(self) -> list[int]:
+        return np.asarray(self.trace.action).tolist()
+
+    @cached_property
+    def addresses(self) -> list[int]:
+        return np.asarray(self.trace.address).tolist()
+
+    @cached_property
+    def sizes(self) -> list[int]:
+        return np.asarray(self.trace.size).tolist()
+
+    @cached_property
+    def streams(self) -> list[int]:
+        return np.asarray(self.trace.stream).tolist()
 
     # ------------------------------------------------------------------ address hints
     def _segment_address(self, size: int) -> int | None:
@@ -499,8 +514,10 @@ class _Replay:
             # The native replay places segments itself, from the same hints (``_native.replay``).
             segment_addresses=None if native is not None else self._segment_address,
         )
+        trace = self.trace
         self.initial_state = infer_initial_state(
-            self.actions, self.addresses, self.sizes, self.streams, self.segments, self.recorded_settings
+            np.asarray(trace.action), np.asarray(trace.address), np.asarray(trace.size), np.asarray(trace.stream),
+            self.segments, self.recorded_settings,
         )
         self.notes.extend(self.initial_state.notes)
         recorded_segments = _RecordedSegments(self.initial_state, self.segments)
