@@ -2,7 +2,8 @@
 
 Part 1, the issue's table (issue 23) on a 1M-entry snapshot tiled from a real trace
 (``benchmarks/tiled_snapshot.py``): bare ``pickle.load``, ``python -m torch.cuda._memory_viz
-stats``, and ``memlens triage`` first open (no cache) and cached, each on the native engine and
+stats``, ``memlens triage`` first open (no cache) and cached, and ``memlens whatif`` of the cached
+file, each on the native engine and
 on the Python one (``MEMLENS_PURE_PYTHON=1``); medians of ``--runs`` fresh processes, interleaved
 so machine noise hits all alike, each with its ratio to bare ``pickle.load``.
 
@@ -55,6 +56,10 @@ def process_table(path: Path, runs: int, workdir: Path) -> None:
         "memlens triage, first open (python)": ([*triage, "--no-cache"], python_env),
         "memlens triage, cached (native)": ([*triage, "--cache"], native_env),
         "memlens triage, cached (python)": ([*triage, "--cache"], python_env),
+        "memlens whatif --expandable-segments, cached (native)": (
+            [memlens, "whatif", str(path), "--expandable-segments"], native_env),
+        "memlens whatif --expandable-segments, cached (python)": (
+            [memlens, "whatif", str(path), "--expandable-segments"], python_env),
     }
     timed([*triage, "--cache"], native_env)  # write each engine's cache once
     timed([*triage, "--cache"], python_env)
