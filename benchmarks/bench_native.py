@@ -42,7 +42,9 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 
 def process_table(path: Path, runs: int, workdir: Path) -> None:
-    base = {k: v for k, v in os.environ.items() if k != "MEMLENS_PURE_PYTHON"}
+    # Bytecode caches written and used, as on a user's machine (an environment that sets
+    # PYTHONDONTWRITEBYTECODE recompiles every module at each start: half a second here).
+    base = {k: v for k, v in os.environ.items() if k not in ("MEMLENS_PURE_PYTHON", "PYTHONDONTWRITEBYTECODE")}
     native_env = dict(base, MEMLENS_CACHE_DIR=str(workdir / "cache-native"))
     python_env = dict(base, MEMLENS_CACHE_DIR=str(workdir / "cache-python"), MEMLENS_PURE_PYTHON="1")
     memlens = shutil.which("memlens") or "memlens"
@@ -61,8 +63,9 @@ def process_table(path: Path, runs: int, workdir: Path) -> None:
         "memlens whatif --expandable-segments, cached (python)": (
             [memlens, "whatif", str(path), "--expandable-segments"], python_env),
     }
-    timed([*triage, "--cache"], native_env)  # write each engine's cache once
+    timed([*triage, "--cache"], native_env)  # write each engine's cache (and the bytecode) once
     timed([*triage, "--cache"], python_env)
+    timed(rows["python -m torch.cuda._memory_viz stats"][0], native_env)
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
     for _ in range(runs):
         for name, (command, env) in rows.items():

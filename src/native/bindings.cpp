@@ -432,6 +432,11 @@ NB_MODULE(_native, m) {
       .def("is_allocated", [](Simulator& s, int64_t address) { return s.core().is_allocated(address); }, "address"_a)
       .def("cached_blocks", [](Simulator& s, bool small, int64_t stream) { return s.core().cached_blocks(small, stream); },
            "small"_a, "stream"_a)
+      .def("cached_summary",
+           [](Simulator& s, bool small, int64_t stream, bool pieces_only) {
+             return s.core().cached_summary(small, stream, pieces_only);
+           },
+           "small"_a, "stream"_a, "pieces_only"_a = false)
       .def("segment_base", [](Simulator& s, int64_t address) { return s.core().segment_base(address); }, "address"_a)
       .def("_restore_segment",
            [](Simulator& s, int64_t address, int64_t total_size, int64_t stream, std::optional<bool> is_small,

@@ -196,6 +196,23 @@ std::vector<std::pair<int64_t, bool>> CachingAllocator::cached_blocks(bool small
   return result;
 }
 
+std::tuple<int64_t, int64_t, int64_t, int64_t> CachingAllocator::cached_summary(bool small, int64_t stream,
+                                                                                bool pieces_only) const {
+  const BlockPool& pool = small ? small_ : large_;
+  int64_t total = 0, whole_bytes = 0, largest = 0, count = 0;
+  auto found = pool.blocks.find(stream);
+  if (found == pool.blocks.end()) return {0, 0, 0, 0};
+  for (const Block* block : found->second) {
+    bool whole = !block->is_split() && block->expandable == nullptr;
+    if (pieces_only && whole) continue;
+    total += block->size;
+    if (whole) whole_bytes += block->size;
+    largest = std::max(largest, block->size);
+    count += 1;
+  }
+  return {total, whole_bytes, largest, count};
+}
+
 std::optional<int64_t> CachingAllocator::segment_base(int64_t address) const {
   auto after = spans_.upper_bound(address);
   if (after == spans_.begin()) return std::nullopt;

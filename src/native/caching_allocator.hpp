@@ -21,6 +21,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -143,6 +144,8 @@ class CachingAllocator {
   void empty_cache(const Frames& frames) { release_cached_blocks(frames); }
   bool is_allocated(int64_t address) const { return active_.count(address) != 0; }
   std::vector<std::pair<int64_t, bool>> cached_blocks(bool small, int64_t stream) const;
+  // (free bytes, bytes in whole segments, largest block, blocks) of cached_blocks, in one pass.
+  std::tuple<int64_t, int64_t, int64_t, int64_t> cached_summary(bool small, int64_t stream, bool pieces_only) const;
   std::optional<int64_t> segment_base(int64_t address) const;
   int64_t device_free() const;
   void restore_segment(int64_t address, int64_t total_size, int64_t stream, std::optional<bool> is_small,

@@ -68,6 +68,8 @@ def _state(sim: Any) -> dict[str, Any]:
             sim.segment_unmap_count, sim.alloc_retries, sim.oom_count, sim.device_free_bytes,
         ],
         "blocks": list(sim.iter_blocks()),
+        "pools": [(sim.cached_blocks(small, stream), sim.cached_summary(small, stream, pieces))
+                  for small in (True, False) for stream in (0, 1, 2) for pieces in (False, True)],
         "trace": list(sim.trace),
     }
 
