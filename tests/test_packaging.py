@@ -1,34 +1,54 @@
-"""What a fresh install gets: every package of the source tree is listed in setup.cfg.
+"""What a fresh install gets: the packaging is declared once, in pyproject.toml.
 
-setup.cfg names its packages one by one (``memlens_app`` is the ``app/`` folder, which ``find:``
-cannot map); a new subpackage that is not listed works in an editable checkout and is missing
-from a wheel. This test is the guard.
+scikit-build-core builds the wheel: ``[project]`` holds the metadata (no setup.cfg: the backend
+reads none, and a second copy would drift), ``wheel.packages`` takes the ``memlens`` folder whole
+(every subpackage and data file, so a new subpackage cannot be missed), and CMakeLists.txt
+installs the ``app/`` folder as ``memlens_app`` with its assets, and the native core.
 """
 
 from __future__ import annotations
 
-import configparser
+from typing import Any
+
+import tomllib
 
 from tests.conftest import REPO_ROOT
 
 
-def _listed_packages() -> set[str]:
-    config = configparser.ConfigParser()
-    config.read(REPO_ROOT / "setup.cfg")
-    return {line.strip() for line in config["options"]["packages"].splitlines() if line.strip()}
+def _pyproject() -> dict[str, Any]:
+    with (REPO_ROOT / "pyproject.toml").open("rb") as handle:
+        return tomllib.load(handle)
 
 
-def _source_packages() -> set[str]:
-    found = set()
-    for top, name in (("memlens", "memlens"), ("app", "memlens_app")):
-        for init in sorted((REPO_ROOT / top).rglob("__init__.py")):
-            parts = init.parent.relative_to(REPO_ROOT / top).parts
-            found.add(".".join((name, *parts)))
-    return found
+def test_metadata_lives_in_pyproject_only() -> None:
+    data = _pyproject()
+    assert data["build-system"]["build-backend"] == "scikit_build_core.build"
+    requires = " ".join(data["build-system"]["requires"])
+    assert "scikit-build-core" in requires and "nanobind" in requires
+    project = data["project"]
+    assert project["name"] == "memlens" and project["version"]
+    assert project["scripts"]["memlens"] == "memlens.cli.main:main"
+    assert {"test", "mcp", "dask", "hf", "lightning", "accelerate"} <= set(project["optional-dependencies"])
+    assert not (REPO_ROOT / "setup.cfg").exists(), "metadata belongs in pyproject.toml's [project]"
+    assert not (REPO_ROOT / "setup.py").exists()
 
 
-def test_every_package_is_listed_in_setup_cfg() -> None:
-    source, listed = _source_packages(), _listed_packages()
-    assert {"memlens", "memlens.analysis", "memlens_app"} <= source  # the walk found the tree
-    assert source - listed == set(), "add these to [options] packages in setup.cfg"
-    assert listed - source == set(), "setup.cfg lists packages that do not exist"
+def test_wheel_takes_both_packages_whole() -> None:
+    assert _pyproject()["tool"]["scikit-build"]["wheel"]["packages"] == ["memlens"]
+    cmake = (REPO_ROOT / "CMakeLists.txt").read_text(encoding="utf-8")
+    assert "install(DIRECTORY app/ DESTINATION memlens_app" in cmake  # the app, assets included
+    assert "install(TARGETS _native LIBRARY DESTINATION memlens)" in cmake
+    assert (REPO_ROOT / "app" / "__init__.py").is_file() and (REPO_ROOT / "app" / "assets").is_dir()
+
+
+def test_installed_app_is_the_checkouts_app_folder() -> None:
+    import memlens_app
+    import memlens_app.main
+
+    assert memlens_app.main.ASSETS_DIR.is_dir()
+    assert any(memlens_app.main.ASSETS_DIR.iterdir())
+
+
+def test_release_wheels_are_configured() -> None:
+    cibuildwheel = _pyproject()["tool"]["cibuildwheel"]
+    assert cibuildwheel["build"] and "native" in cibuildwheel["test-command"]

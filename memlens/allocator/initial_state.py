@@ -30,6 +30,8 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from memlens.allocator.settings import AllocatorSettings
 from memlens.allocator.simulator import K_SMALL_BUFFER, K_SMALL_SIZE, CachingAllocatorSimulator
 from memlens.snapshot.model import Action, Segment
@@ -81,16 +83,17 @@ class InitialState:
 
 
 def infer_initial_state(
-    actions: Sequence[int],
-    addresses: Sequence[int],
-    sizes: Sequence[int],
-    streams: Sequence[int],
+    actions: Sequence[int] | np.ndarray,
+    addresses: Sequence[int] | np.ndarray,
+    sizes: Sequence[int] | np.ndarray,
+    streams: Sequence[int] | np.ndarray,
     final_segments: Sequence[Segment],
     recorded_settings: AllocatorSettings,
 ) -> InitialState:
     """The segments and live blocks that existed before the window's first event.
 
-    ``actions`` .. ``streams`` are the window's columns (``Action`` codes); ``final_segments``
+    ``actions`` .. ``streams`` are the window's columns (``Action`` codes; lists or int64
+    arrays); ``final_segments``
     the device's segments at the end; ``recorded_settings`` round the sizes of blocks known only
     from their free.
     """
@@ -98,7 +101,16 @@ def infer_initial_state(
     opened: set[int] = set()
     closed_before_opened: dict[int, InitialSegment] = {}
     maps_pages = False
-    for act, address, size, stream in zip(actions, addresses, sizes, streams, strict=True):
+    # Only segment rows decide this pass: numpy picks them out of the window (a Python scan of
+    # every row was a second's work on a 1M-row trace), and the loop reads those alone.
+    codes = np.asarray(actions, dtype=np.int64)
+    rows = np.flatnonzero(np.isin(codes, (_SEGMENT_ALLOC, _SEGMENT_FREE, *_SEGMENT_MAPS)))
+
+    def picked(column: Sequence[int] | np.ndarray) -> list[int]:
+        return np.asarray(column, dtype=np.int64)[rows].tolist() if len(rows) else []
+
+    segment_rows = zip(picked(codes), picked(addresses), picked(sizes), picked(streams), strict=True)
+    for act, address, size, stream in segment_rows:
         if act == _SEGMENT_ALLOC:
             opened.add(address)
         elif act == _SEGMENT_FREE:
@@ -126,6 +138,8 @@ def infer_initial_state(
         state.notes.append("expandable segments mapped during the window are rebuilt by the replay")
     if not initial:
         return state
+    # A seeded window: the per-address pass below reads every row (as Python ints).
+    actions, addresses, sizes = (c.tolist() if isinstance(c, np.ndarray) else c for c in (actions, addresses, sizes))
 
     # The first event of each address the window touches says whether it was live at the start:
     # an alloc means it was not (or was freed and reused before: then the final state decides

@@ -32,12 +32,15 @@ from __future__ import annotations
 from bisect import bisect_right, insort
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
 
+from memlens.allocator.engine import native_module, simulator_class
 from memlens.allocator.initial_state import InitialState, infer_initial_state
 from memlens.allocator.releases import ALLOCATOR, EMPTY_CACHE, Release, classify_releases
 from memlens.allocator.settings import AllocatorSettings, SnapshotAllocatorSettings
@@ -401,12 +404,13 @@ def trace_releases(
     trace: DeviceTrace, stacks: StackTable | None, recorded_settings: AllocatorSettings, capacity: int | None
 ) -> list[Release]:
     """Every recorded release run of ``trace`` with its cause (``memlens.allocator.releases``)."""
-    actions = np.asarray(trace.action).tolist()
+    # The columns as they are: the runs are found by numpy and only their rows are read.
+    actions = np.asarray(trace.action)
     return classify_releases(
         actions,
-        np.asarray(trace.size).tolist(),
-        np.asarray(trace.stack_id).tolist() if len(trace.stack_id) else [-1] * len(actions),
-        np.asarray(trace.reserved).tolist() if len(trace.reserved) else [0] * len(actions),
+        np.asarray(trace.size),
+        np.asarray(trace.stack_id) if len(trace.stack_id) else np.full(len(actions), -1, dtype=np.int64),
+        np.asarray(trace.reserved) if len(trace.reserved) else np.zeros(len(actions), dtype=np.int64),
         int(trace.baseline_reserved),
         stacks.innermost if stacks is not None else (lambda _stack: []),
         recorded_settings,
@@ -443,6 +447,10 @@ class _RecordedSegments:
         if self._sizes.pop(address, None) is not None:
             del self._starts[bisect_right(self._starts, address) - 1]
 
+    def items(self) -> list[tuple[int, int]]:
+        """(start, size) of the live segments, for the native replay to take over."""
+        return list(self._sizes.items())
+
     def base_of(self, address: int) -> int | None:
         index = bisect_right(self._starts, address) - 1
         if index < 0:
@@ -477,17 +485,33 @@ class _Replay:
         self.seeded = False
         self.initial_state = InitialState()
         self.releases: list[Release] = []
-        self.actions: list[int] = np.asarray(trace.action).tolist()
-        self.addresses: list[int] = np.asarray(trace.address).tolist()
-        self.sizes: list[int] = np.asarray(trace.size).tolist()
-        self.streams: list[int] = np.asarray(trace.stream).tolist()
-        self._hints: list[tuple[int, int]] = [
-            (a, s) for act, a, s in zip(self.actions, self.addresses, self.sizes, strict=True) if act == _SEGMENT_ALLOC
-        ]
+        # The recorded cudaMallocs (address, size), in order: the Python loop's placement hints
+        # (the native loop takes them as columns).
+        hint_rows = np.flatnonzero(np.asarray(trace.action) == _SEGMENT_ALLOC)
+        self._hints: list[tuple[int, int]] = list(
+            zip(np.asarray(trace.address)[hint_rows].tolist(), np.asarray(trace.size)[hint_rows].tolist(), strict=True)
+        )
         # The recorded segment a simulated cudaMalloc stands for, until the malloc that asked
         # for it returns and the simulated base is known.
         self._pending_pair: int | None = None
         self._paired: dict[int, int] = {}  # simulated segment base -> recorded segment base
+
+    # The columns as Python lists, for the Python loop (the native one reads the arrays).
+    @cached_property
+    def actions(self) -> list[int]:
+        return np.asarray(self.trace.action).tolist()
+
+    @cached_property
+    def addresses(self) -> list[int]:
+        return np.asarray(self.trace.address).tolist()
+
+    @cached_property
+    def sizes(self) -> list[int]:
+        return np.asarray(self.trace.size).tolist()
+
+    @cached_property
+    def streams(self) -> list[int]:
+        return np.asarray(self.trace.stream).tolist()
 
     # ------------------------------------------------------------------ address hints
     def _segment_address(self, size: int) -> int | None:
@@ -531,15 +555,20 @@ class _Replay:
 
     # ------------------------------------------------------------------ replay
     def run(self) -> SimulatedFigures:
-        sim = CachingAllocatorSimulator(
+        native = native_module()
+        simulator_type = simulator_class()
+        sim = simulator_type(
             self.settings,
             capacity=self.capacity,
             device=self.trace.device,
             record_history=False,
-            segment_addresses=self._segment_address,
+            # The native replay places segments itself, from the same hints (``_native.replay``).
+            segment_addresses=None if native is not None else self._segment_address,
         )
+        trace = self.trace
         self.initial_state = infer_initial_state(
-            self.actions, self.addresses, self.sizes, self.streams, self.segments, self.recorded_settings
+            np.asarray(trace.action), np.asarray(trace.address), np.asarray(trace.size), np.asarray(trace.stream),
+            self.segments, self.recorded_settings,
         )
         self.notes.extend(self.initial_state.notes)
         recorded_segments = _RecordedSegments(self.initial_state, self.segments)
@@ -564,8 +593,10 @@ class _Replay:
                     "out of memory before the first event"
                 )
 
-        completes = self._completed_requests()
         empty_cache_at = self._release_actions()
+        if native is not None:
+            return self._run_native(native, sim, recorded_segments, mapping, over_capacity, empty_cache_at)
+        completes = self._completed_requests()
         peak_reserved = sim.reserved_bytes
         peak_event = -1
         # Block bytes, as the recorded figures (DeviceTrace.allocated) count them.
@@ -666,6 +697,67 @@ class _Replay:
             oom_size_bytes=int(oom_size) if oom_size is not None else None,
             alloc_address_match=(matches / allocs) if allocs else None,
             alloc_segment_offset_match=(same_place / placed) if placed else None,
+            allocs_in_known_segment=placed,
+        )
+
+    def _run_native(
+        self,
+        native: ModuleType,
+        sim: CachingAllocatorSimulator,
+        recorded_segments: _RecordedSegments,
+        mapping: dict[int, int],
+        over_capacity: bool,
+        empty_cache_at: dict[int, bool],
+    ) -> SimulatedFigures:
+        """The loop of ``run`` in one native call over the trace's columns (same rules, same order)."""
+        trace = self.trace
+        actions = np.ascontiguousarray(trace.action, dtype=np.int64)
+        addresses = np.ascontiguousarray(trace.address, dtype=np.int64)
+        sizes = np.ascontiguousarray(trace.size, dtype=np.int64)
+        streams = np.ascontiguousarray(trace.stream, dtype=np.int64)
+        releases_at = np.zeros(len(actions), dtype=np.uint8)
+        for row, decided in empty_cache_at.items():
+            releases_at[row] = decided
+        hint_rows = actions == _SEGMENT_ALLOC
+        raw = native.replay(
+            sim,
+            actions,
+            addresses,
+            sizes,
+            streams,
+            native.completed_requests(actions, addresses),
+            releases_at,
+            np.ascontiguousarray(addresses[hint_rows]),
+            np.ascontiguousarray(sizes[hint_rows]),
+            self.use_recorded_addresses,
+            list(mapping),
+            recorded_segments.items(),
+            over_capacity,
+            self.observer,
+        )
+        for row in raw["fits"]:
+            self.notes.append(
+                f"the request that failed at event {row} ({format_bytes(int(sizes[row]))}) fits in the simulation"
+            )
+        oom_event = raw["oom_event"]
+        allocs, placed = raw["allocs"], raw["placed"]
+        return SimulatedFigures(
+            events=raw["events"],
+            peak_reserved_bytes=raw["peak_reserved_bytes"],
+            peak_allocated_bytes=raw["peak_allocated_bytes"],
+            fragmentation_at_peak_bytes=raw["fragmentation_at_peak_bytes"],
+            peak_event=raw["peak_event"],
+            final_reserved_bytes=raw["final_reserved_bytes"],
+            segment_allocs=sim.segment_alloc_count,
+            segment_frees=sim.segment_free_count,
+            segment_maps=sim.segment_map_count,
+            segment_unmaps=sim.segment_unmap_count,
+            oom=oom_event is not None,
+            oom_event=oom_event,
+            oom_time_us=_time_at(self.trace, oom_event),
+            oom_size_bytes=raw["oom_size_bytes"],
+            alloc_address_match=(raw["matches"] / allocs) if allocs else None,
+            alloc_segment_offset_match=(raw["same_place"] / placed) if placed else None,
             allocs_in_known_segment=placed,
         )
 

@@ -288,6 +288,17 @@ class CachingAllocatorSimulator:
         blocks = (self._free[key & _ADDRESS_MASK] for key in pool.keys.get(stream, ()))
         return [(b.size, not b.is_split and b.expandable is None) for b in blocks]
 
+    def cached_summary(self, small: bool, stream: int, pieces_only: bool = False) -> tuple[int, int, int, int]:
+        """``(free bytes, bytes in whole segments, largest block, blocks)`` of ``cached_blocks``
+        (``pieces_only``: without the whole segments, as after ``release_cached_blocks``): what
+        the fragmentation analysis sums at each cudaMalloc, in one call."""
+        blocks = self.cached_blocks(small, stream)
+        if pieces_only:
+            blocks = [(size, whole) for size, whole in blocks if not whole]
+        total = sum(size for size, _ in blocks)
+        whole_bytes = sum(size for size, whole in blocks if whole)
+        return total, whole_bytes, max((size for size, _ in blocks), default=0), len(blocks)
+
     def segment_base(self, address: int) -> int | None:
         """Start of the segment (cudaMalloc'd range or expandable reservation) holding ``address``:
         the replay compares where tensors land as (segment, offset), which does not depend on

@@ -97,11 +97,7 @@ def _pool_state(
     """``released``: as the pool is once the allocator has freed its whole cached segments
     (``release_cached_blocks``, before it raises out-of-memory): its pieces only."""
     small = request <= K_SMALL_SIZE
-    blocks = sim.cached_blocks(small, stream)
-    if released:
-        blocks = [(size, is_whole) for size, is_whole in blocks if not is_whole]
-    whole = sum(size for size, is_whole in blocks if is_whole)
-    total = sum(size for size, _ in blocks)
+    total, whole, largest, count = sim.cached_summary(small, stream, pieces_only=released)
     return PoolState(
         event=event,
         small_pool=small,
@@ -110,8 +106,8 @@ def _pool_state(
         free_bytes=total,
         free_in_pieces_bytes=total - whole,
         free_in_whole_segments_bytes=whole,
-        largest_free_block_bytes=max((size for size, _ in blocks), default=0),
-        free_blocks=len(blocks),
+        largest_free_block_bytes=largest,
+        free_blocks=count,
         new_segment_bytes=new_segment_bytes(request, sim.settings.expandable_segments),
     )
 

@@ -79,9 +79,21 @@ def _one_line_exit(ctx: click.Context, exc: BaseException) -> NoReturn:
     ctx.exit(line.exit_code)
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``memlens --version``: the version and the engine the allocator model runs on."""
+    if not value or ctx.resilient_parsing:
+        return
+    from memlens._version import __version__
+    from memlens.allocator.engine import engine_name
+
+    click.echo(f"memlens, version {__version__} (engine: {engine_name()})")
+    ctx.exit()
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
-@click.version_option(package_name="memlens")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version and the engine (native or python), then exit.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
     """memlens: find out where your PyTorch training run's GPU memory went."""

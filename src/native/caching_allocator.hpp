@@ -1,0 +1,233 @@
+// A C++17 model of PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp), the
+// native engine of memlens.allocator.
+//
+// The Python class memlens.allocator.simulator.CachingAllocatorSimulator is the reference model;
+// this file follows it (and through it DeviceCachingAllocator) function by function, under the
+// upstream names: round_size, get_allocation_size, get_free_block, should_split,
+// alloc_found_block, free_block, try_merge_blocks, alloc_block, release_block,
+// release_available_cached_blocks, release_cached_blocks, garbage_collect_cached_blocks and the
+// expandable-segment map/unmap. The differential tests (tests/unit/test_native_*.py) replay the
+// same traces through both and compare every block.
+//
+// Frames (the Python stack records a block carries) are held as Python objects: the simulator
+// never looks inside them, it only keeps them with the blocks and hands them to the recorder.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory_resource>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+
+namespace memlens {
+
+using Frames = nanobind::object;  // a Python list of frame dicts, None, or unset
+
+// Constants from CUDACachingAllocator.cpp.
+constexpr int64_t kMinBlockSize = 512;               // all sizes are rounded to at least 512 bytes
+constexpr int64_t kSmallSize = 1 << 20;              // largest "small" allocation is 1 MiB
+constexpr int64_t kSmallBuffer = 2 << 20;            // "small" allocations are packed in 2 MiB segments
+constexpr int64_t kLargeBuffer = 20 << 20;           // "large" allocations may be packed in 20 MiB segments
+constexpr int64_t kMinLargeAlloc = 10 << 20;         // allocations between 1 and 10 MiB may use kLargeBuffer
+constexpr int64_t kRoundLarge = 2 << 20;             // round up large allocations to 2 MiB
+constexpr int kRoundupIntervals = 16;                // roundup_power2_divisions intervals, from 1 MiB
+constexpr int kRoundupIntervalStartLog2 = 20;
+constexpr int64_t kDefaultBaseAddress = 0x7F0000000000LL;
+constexpr int64_t kSegmentAlignment = 2 << 20;
+constexpr int64_t kDefaultDeviceMemory = 80LL << 30;
+constexpr int64_t kDefaultStartTimeUs = 1700000000000000LL;
+// The largest request the native engine takes: far above any device, and small enough that every
+// rounding and address sum below stays inside int64.
+constexpr int64_t kMaxRequest = int64_t(1) << 60;
+
+// A usage error (memlens.errors.MemlensUsageError on the Python side), message as the Python model's.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// malloc could not be satisfied within the capacity after freeing cached blocks (SimulatedOOM).
+struct OutOfMemory : std::exception {
+  int64_t requested, rounded, device_free, allocated, reserved;
+  OutOfMemory(int64_t requested_, int64_t rounded_, int64_t device_free_, int64_t allocated_, int64_t reserved_)
+      : requested(requested_), rounded(rounded_), device_free(device_free_), allocated(allocated_), reserved(reserved_) {}
+  const char* what() const noexcept override { return "simulated CUDA out of memory"; }
+};
+
+std::string hex(int64_t value);  // Python's f"{value:#x}"
+
+struct ExpandableSegment {  // a reserved virtual address range whose pages are mapped on demand
+  int64_t base, page_size, size, stream;
+};
+
+struct Block {  // one Block: allocated, pending free, cached, or (expandable) unmapped
+  int64_t address, size, stream;
+  bool is_small;
+  int64_t requested_size = 0;
+  bool allocated = false;
+  bool pending = false;  // freed by the caller, not yet reusable (free_requested only)
+  bool mapped = true;
+  ExpandableSegment* expandable = nullptr;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  Frames frames;
+  Frames segment_frames;
+  int64_t gc_base = 0;
+
+  Block(int64_t address_, int64_t size_, int64_t stream_, bool is_small_)
+      : address(address_), size(size_), stream(stream_), is_small(is_small_) {}
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+};
+
+// BlockComparatorSize within one (pool, stream): by size, ties to the lower address.
+struct BySizeThenAddress {
+  bool operator()(const Block* a, const Block* b) const {
+    return a->size != b->size ? a->size < b->size : a->address < b->address;
+  }
+};
+struct ByAddress {
+  bool operator()(const Block* a, const Block* b) const { return a->address < b->address; }
+};
+// The sets' nodes come from the allocator's own pool (no malloc per cached block).
+using FreeBlocks = std::pmr::set<Block*, BySizeThenAddress>;
+using UnmappedBlocks = std::pmr::set<Block*, ByAddress>;
+
+struct BlockPool {  // BlockPool: cached (free, mapped) blocks per stream; unmapped ranges per stream
+  BlockPool(bool small, std::pmr::memory_resource* memory_) : is_small(small), memory(memory_) {}
+  bool is_small;
+  std::pmr::memory_resource* memory;
+  std::map<int64_t, FreeBlocks> blocks;       // stream -> cached blocks, best fit first
+  std::map<int64_t, UnmappedBlocks> unmapped;  // stream -> unmapped expandable blocks by address
+  int64_t free_calls = 0;                     // get_free_blocks_call_count, the clock of garbage collection
+  FreeBlocks& stream_blocks(int64_t stream) { return blocks.try_emplace(stream, memory).first->second; }
+  UnmappedBlocks& stream_unmapped(int64_t stream) { return unmapped.try_emplace(stream, memory).first->second; }
+};
+
+enum class Action { alloc, free_requested, free_completed, segment_alloc, segment_free, segment_map, segment_unmap, oom };
+const char* action_name(Action action);
+
+struct Settings {
+  std::optional<int64_t> max_split_size;  // unset = SIZE_MAX
+  std::vector<int64_t> divisions;         // roundup_power2_divisions per interval
+  bool expandable_segments = false;
+  std::optional<int64_t> capacity;        // memory cudaMalloc may hand out
+  std::optional<int64_t> allowed;         // set_fraction's limit (memory_fraction * capacity)
+  int64_t gc_threshold_bytes = 0;         // garbage_collection_threshold * allowed
+  bool gc_enabled = false;
+};
+
+// One recorded trace entry; device_free only for oom (which has no address).
+using Recorder = std::function<void(Action, std::optional<int64_t> address, int64_t size, int64_t stream,
+                                    const Frames& frames, int64_t device_free)>;
+using SegmentAddresses = std::function<std::optional<int64_t>(int64_t size)>;
+
+class CachingAllocator {
+ public:
+  explicit CachingAllocator(Settings settings);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // ------------------------------------------------------------------ the public API
+  int64_t round_size(int64_t size) const;
+  int64_t malloc(int64_t size, int64_t stream, const Frames& frames);
+  void free(int64_t address, const Frames& frames);
+  void request_free(int64_t address, const Frames& frames);
+  void complete_free(int64_t address, const Frames& frames);
+  void empty_cache(const Frames& frames) { release_cached_blocks(frames); }
+  bool is_allocated(int64_t address) const { return active_.count(address) != 0; }
+  std::vector<std::pair<int64_t, bool>> cached_blocks(bool small, int64_t stream) const;
+  // (free bytes, bytes in whole segments, largest block, blocks) of cached_blocks, in one pass.
+  std::tuple<int64_t, int64_t, int64_t, int64_t> cached_summary(bool small, int64_t stream, bool pieces_only) const;
+  std::optional<int64_t> segment_base(int64_t address) const;
+  int64_t device_free() const;
+  void restore_segment(int64_t address, int64_t total_size, int64_t stream, std::optional<bool> is_small,
+                       std::vector<std::tuple<int64_t, int64_t, int64_t>> live_blocks);
+  std::vector<Block*> segment_heads() const;
+  std::string check_invariants() const;  // empty when consistent, else what is wrong
+
+  const Settings& settings() const { return settings_; }
+
+  bool record_history = true;
+  Recorder recorder;
+  SegmentAddresses segment_addresses;
+
+  int64_t reserved_bytes = 0;
+  int64_t allocated_bytes = 0;  // rounded sizes of active blocks (pending frees included)
+  int64_t requested_bytes = 0;  // requested sizes of active blocks (pending frees included)
+  int64_t peak_reserved_bytes = 0;
+  int64_t peak_allocated_bytes = 0;
+  int64_t segment_alloc_count = 0;
+  int64_t segment_free_count = 0;
+  int64_t segment_map_count = 0;
+  int64_t segment_unmap_count = 0;
+  int64_t alloc_retries = 0;
+  int64_t oom_count = 0;
+
+ private:
+  int divisions_for(int64_t size) const;
+  Block* take_active(int64_t address);
+  void mark_freed(Block* block, const Frames& frames);
+  void record(Action action, std::optional<int64_t> address, int64_t size, int64_t stream, const Frames& frames,
+              int64_t device_free = 0);
+
+  // the free index
+  void insert_free(BlockPool& pool, Block* block);
+  void remove_free(BlockPool& pool, Block* block);
+  void insert_unmapped(BlockPool& pool, Block* block);
+  void remove_unmapped(BlockPool& pool, Block* block);
+
+  Block* get_free_block(BlockPool& pool, int64_t size, int64_t stream);
+  bool should_split(const Block* block, int64_t size) const;
+  int64_t alloc_found_block(BlockPool& pool, Block* block, int64_t size, int64_t requested, int64_t stream,
+                            bool split, const Frames& frames);
+  void free_block(Block* block, const Frames& frames);
+  int64_t try_merge_blocks(BlockPool& pool, Block* dst, Block* src);
+
+  // cudaMalloc / cudaFree
+  Block* alloc_block(BlockPool& pool, int64_t size, int64_t alloc_size, int64_t stream, const Frames& frames);
+  int64_t new_segment_address(int64_t size);
+  bool overlaps(int64_t address, int64_t size) const;
+  void add_span(int64_t address, int64_t size) { spans_[address] = size; }
+  void drop_span(int64_t address) { spans_.erase(address); }
+  void claim_span(int64_t address, int64_t size);
+  void release_block(BlockPool& pool, Block* block, const Frames& frames);
+  bool release_available_cached_blocks(BlockPool& pool, int64_t size, int64_t stream, const Frames& frames);
+  void release_cached_blocks(const Frames& frames);
+  void garbage_collect_cached_blocks(const Frames& frames);
+
+  // expandable segments
+  Block* try_allocate_expandable_block(BlockPool& pool, int64_t size, int64_t stream, const Frames& frames);
+  Block* find_expandable_block(BlockPool& pool, int64_t size, int64_t stream);
+  bool map_block(BlockPool& pool, Block* block, int64_t size, const Frames& frames);
+  void unmap_block(BlockPool& pool, Block* block, const Frames& frames);
+  void release_expandable_segment(BlockPool& pool, Block* block);
+
+  BlockPool& pool_of(const Block* block) { return block->is_small ? small_ : large_; }
+  Block* make_block(int64_t address, int64_t size, int64_t stream, bool is_small);
+  void destroy_block(Block* block);
+
+  Settings settings_;
+  int64_t max_split_;
+  std::pmr::unsynchronized_pool_resource memory_;  // Blocks and set nodes; outlives the pools below
+  BlockPool small_{true, &memory_};
+  BlockPool large_{false, &memory_};
+  size_t free_count_ = 0;                         // cached mapped blocks (in the pools' sets)
+  std::unordered_map<int64_t, Block*> unmapped_;  // unmapped expandable blocks by address
+  std::unordered_map<int64_t, Block*> active_;    // allocated or pending-free blocks by address
+  std::vector<ExpandableSegment*> expandable_segments_;
+  int64_t next_address_ = kDefaultBaseAddress;
+  std::map<int64_t, int64_t> spans_;  // live cudaMalloc ranges and VA reservations: start -> size
+};
+
+int64_t get_allocation_size(int64_t size);
+int64_t roundup_power2_next_division(int64_t size, int64_t divisions);
+
+}  // namespace memlens
