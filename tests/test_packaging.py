@@ -1,13 +1,14 @@
 """What a fresh install gets: the packaging is declared once, in pyproject.toml.
 
-scikit-build-core builds the wheel: ``[project]`` holds the metadata (no setup.cfg: the backend
-reads none, and a second copy would drift), ``wheel.packages`` takes the ``memlens`` folder whole
+scikit-build-core builds the wheel: ``[project]`` holds the metadata (setup.cfg keeps only the
+type checker's configuration: the backend reads none of it, and a second copy would drift), ``wheel.packages`` takes the ``memlens`` folder whole
 (every subpackage and data file, so a new subpackage cannot be missed), and CMakeLists.txt
 installs the ``app/`` folder as ``memlens_app`` with its assets, and the native core.
 """
 
 from __future__ import annotations
 
+import configparser
 from typing import Any
 
 import tomllib
@@ -29,7 +30,11 @@ def test_metadata_lives_in_pyproject_only() -> None:
     assert project["name"] == "memlens" and project["version"]
     assert project["scripts"]["memlens"] == "memlens.cli.main:main"
     assert {"test", "mcp", "dask", "hf", "lightning", "accelerate"} <= set(project["optional-dependencies"])
-    assert not (REPO_ROOT / "setup.cfg").exists(), "metadata belongs in pyproject.toml's [project]"
+
+    setup_cfg = configparser.ConfigParser()
+    setup_cfg.read(REPO_ROOT / "setup.cfg", encoding="utf-8")
+    assert setup_cfg.sections() and all(section.startswith("mypy") for section in setup_cfg.sections()), (
+        "metadata belongs in pyproject.toml's [project]; setup.cfg holds the type checker's configuration only")
     assert not (REPO_ROOT / "setup.py").exists()
 
 

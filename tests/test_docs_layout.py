@@ -1,4 +1,4 @@
-"""The README's "Layout" section matches the tree: a newcomer's map that cannot drift.
+"""The architecture page's "Layout" section (docs/architecture.md) matches the tree: a newcomer's map that cannot drift.
 
 Each folder of the repository, each subpackage of ``memlens/`` and ``app/``, and each module in
 them is named in the section's block (a module by its name without ``.py``, inside its folder's
@@ -16,7 +16,7 @@ ENTRY = re.compile(r"^( {0,4})([A-Za-z0-9_.]+/)")  # a name at the left; deeper 
 
 
 def layout_block() -> list[str]:
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    text = (REPO_ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
     return section.split("```", 2)[1].splitlines()[1:]
 
@@ -54,7 +54,7 @@ def test_every_folder_package_and_module_is_on_the_map() -> None:
     block = entries(layout_block())
     assert "memlens/" in block and "app/" in block  # the parser found the map
     missing = sorted(d for d in tracked_dirs() if d not in block)
-    assert not missing, f"README Layout lacks {missing}"
+    assert not missing, f"docs/architecture.md Layout lacks {missing}"
     for top in ("memlens", "app"):
         for folder in sorted(p for p in (REPO_ROOT / top).rglob("*") if (p / "__init__.py").is_file()):
             key = folder.relative_to(REPO_ROOT).as_posix() + "/"
@@ -62,7 +62,7 @@ def test_every_folder_package_and_module_is_on_the_map() -> None:
                 # The package's own modules are listed among its folders' entries.
                 text = " ".join(v for k, v in block.items() if k.startswith(f"{top}/"))
             else:
-                assert key in block, f"README Layout lacks {key}"
+                assert key in block, f"docs/architecture.md Layout lacks {key}"
                 text = block[key]
             for module in sorted(folder.glob("*.py")):
                 if module.stem in ("__init__", "__main__"):
