@@ -52,6 +52,11 @@ def modules(packages: dict[str, Path]) -> dict[str, Path]:
             if parts[-1] == "__init__":
                 parts.pop()
             found[".".join(parts)] = path
+        # A compiled extension (memlens._native) is a leaf module, known by its type stub: an
+        # import of it is an edge to it, not to its package.
+        for stub in sorted(folder.rglob("*.pyi")):
+            parts = [package, *stub.relative_to(folder).with_suffix("").parts]
+            found.setdefault(".".join(parts), stub)
     return found
 
 

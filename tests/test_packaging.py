@@ -1,9 +1,10 @@
 """What a fresh install gets: the packaging is declared once, in pyproject.toml.
 
 scikit-build-core builds the wheel: ``[project]`` holds the metadata (setup.cfg keeps only the
-type checker's configuration: the backend reads none of it, and a second copy would drift), ``wheel.packages`` takes the ``memlens`` folder whole
-(every subpackage and data file, so a new subpackage cannot be missed), and CMakeLists.txt
-installs the ``app/`` folder as ``memlens_app`` with its assets, and the native core.
+type checker's configuration: the backend reads none of it, and a second copy would drift),
+``wheel.packages`` takes the ``memlens`` folder whole (every subpackage and data file, so a new
+subpackage cannot be missed), and CMakeLists.txt installs the ``app/`` folder as ``memlens_app``
+with its assets, and the native core.
 """
 
 from __future__ import annotations

@@ -123,11 +123,12 @@ def test_the_dashboard_budget_form_shows_impossible_numbers_as_an_alert() -> Non
     import memlens
     from memlens_app.panels.budget import BudgetForm, budget_panel
 
-    device = memlens.analyze(SAMPLE).device()
+    report = memlens.analyze(SAMPLE)
+    device = report.device().device
     for field, value in [("heads", 0), ("heads", "1e400"), ("hidden", HUGE), ("batch", math.nan),
                          ("seq", "a{4294967295}"), ("params", "inf"), ("capacity", "1e400")]:
         form = BudgetForm(params="124M", hidden=768, layers=12, heads=12, vocab=50257, seq=128)
-        _, verdict = budget_panel(device, BudgetForm(**{**form.__dict__, field: value}))
+        verdict = budget_panel(report, device, BudgetForm(**{**form.__dict__, field: value})).verdict
         assert verdict is not None and "alert" in str(verdict), (field, value)
 
 
