@@ -6,8 +6,8 @@ each NAME or NAME=VALUE: ckpt, sac, lora=R, lora-targets=q,v, qlora=R,
 optim=adamw8bit|paged-adamw8bit|adafactor|sgd, offload=optimizer|params, fsdp, expandable,
 max-split=MB.
 --world-size N predicts one rank of N (the script's torch.distributed runs on a fake process
-group, so an FSDP2 script runs in one process; DDP does not yet); fsdp shards each block and
-the root.
+group, so an FSDP2 or DDP script runs in one process; DDP's gradient buckets are counted, its
+find_unused_parameters and static_graph are not supported); fsdp shards each block and the root.
 --vary B=1,2,4 substitutes {B} in the command; --max B=1..256 finds the largest value that fits
 (bisection: the answer fits, the next value does not). Every configuration's snapshot is
 written under --out (open it with memlens triage).
@@ -35,7 +35,7 @@ from memlens.units import format_bytes
     "--world-size",
     type=click.IntRange(min=1),
     default=1,
-    help="Predict one rank of N under a simulated (fake) process group: torch.distributed scripts, fsdp.",
+    help="Predict one rank of N under a simulated (fake) process group: FSDP2 and DDP scripts, fsdp.",
 )
 @click.option("--try", "tries", multiple=True, metavar="SPEC", help="A configuration: levers joined by '+'.")
 @click.option("--vary", multiple=True, metavar="NAME=V1,V2", help="Substitute each value for {NAME} in the command.")

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from memlens.errors import MemlensUsageError
+from memlens.plan.ddp import install_ddp_support
 from memlens.plan.levers import Lever, value_of
 
 # The ops selective checkpointing keeps (the expensive ones, as torchtitan's policy does):
@@ -247,7 +248,9 @@ def install_fake_distributed(world_size: int) -> Callable[[], None]:
     """This process as rank 0 of ``world_size`` under PyTorch's fake process group
     (``torch.testing._internal.distributed.fake_pg``: collectives return at once, outputs
     sized as the real ones): the script's ``init_process_group`` joins it whatever backend it
-    names, the launcher's variables are set. Returns the undo."""
+    names, the launcher's variables are set; DDP's reducer gets what it needs of one rank
+    (``memlens.plan.ddp``: its ``collective_op_hook`` goes in the session's ``op_hooks``).
+    Returns the undo."""
     import os
 
     import torch.distributed as dist
@@ -289,8 +292,10 @@ def install_fake_distributed(world_size: int) -> Callable[[], None]:
                                (DeviceMesh, "__init__", mesh_init)):  # fmt: skip
         saved.append((owner, name, getattr(owner, name)))
         setattr(owner, name, value)
+    undo_ddp = install_ddp_support()
 
     def undo() -> None:
+        undo_ddp()
         for owner, name, value in reversed(saved):
             setattr(owner, name, value)
         for key, value in previous_environment.items():

@@ -68,6 +68,10 @@ def run_job(job: ChildJob) -> ChildResult:
     hooks.install()
     counter = FlopCount()
     session = PredictSession(gpu=job.gpu, capacity=job.capacity, reserve_outside=job.reserve_outside, stacks=job.stacks)
+    if undo_distributed is not None:
+        from memlens.plan.ddp import collective_op_hook
+
+        session.op_hooks.append(collective_op_hook)
 
     @contextlib.contextmanager
     def placeholder_values() -> Iterator[None]:

@@ -209,6 +209,9 @@ class PredictSession:
         self._mode: PredictMode | None = None
         self._saved: list[tuple[Any, str, Any]] = []
         self._thread = threading.get_ident()
+        # Asked first about every op (``func, args, kwargs``); what one returns other than
+        # NotImplemented is the op's result (the plan's simulated process group: ``memlens.plan.ddp``).
+        self.op_hooks: list[Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = []
 
     # ------------------------------------------------------------------ enter / exit
     def __enter__(self) -> PredictSession:
@@ -323,6 +326,10 @@ class PredictSession:
 
     # ------------------------------------------------------------------ op hook
     def _op_hook(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        for hook in self.op_hooks:
+            replaced = hook(func, args, kwargs)
+            if replaced is not NotImplemented:
+                return replaced
         if func is torch.ops.aten._local_scalar_dense.default and self.placeholder_values:
             return self._placeholder(args[0])
         if threading.get_ident() != self._thread and (

@@ -356,3 +356,79 @@ MEMTRACKER = FSDP_SCRIPT.split("own = sys.argv")[0] + textwrap.dedent(
     print(json.dumps({str(key).rsplit(".", 1)[-1]: value for key, value in stats.items()}))
     """
 )
+
+
+DDP_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    class Block(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(x)))
+
+    class Model(nn.Module):
+        def __init__(self, d=512, n=6):
+            super().__init__()
+            self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    mode = sys.argv[1]
+    if mode != "plain":  # as a torchrun script does
+        dist.init_process_group("nccl")
+        torch.cuda.set_device(dist.get_rank())
+    model = Model().cuda()
+    if mode == "ddp":
+        model = DDP(model, device_ids=[0])
+    elif mode == "view":
+        model = DDP(model, device_ids=[0], gradient_as_bucket_view=True)
+    elif mode == "hook":  # a comm hook of the user's: reads its allreduce's future, fp16 copies
+        model = DDP(model, device_ids=[0], bucket_cap_mb=5)
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif mode == "unused":
+        model = DDP(model, device_ids=[0], find_unused_parameters=True)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for _ in range(3):  # the buckets are rebuilt in the order gradients come, before the second step
+        model(torch.randn(8, 512, device="cuda")).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    assert mode == "plain" or dist.get_world_size() == 4
+    """
+)
+
+
+def test_ddp_at_world_size_n_holds_its_gradient_buckets(tmp_path: Path) -> None:
+    """A DDP script as one rank of 4 (``memlens plan --world-size 4``): DDP's reducer runs as it
+    does on a GPU, and its gradient buckets (a copy of every gradient, one flat tensor per bucket)
+    are what the DDP run holds over the same script without DDP; with ``gradient_as_bucket_view``
+    the gradients are the buckets (no more than without DDP). A comm hook of the user's reads its
+    collective's future. The options the reducer cannot run without a GPU say so in one line."""
+    script = tmp_path / "train_ddp.py"
+    script.write_text(DDP_SCRIPT)
+    completed = run_cli("--json", "--world-size", "4", "--capacity", "8GiB", "--vary", "M=plain,ddp,view,hook,unused",
+                        "--out", "out", "--", "python", str(script), "{M}", cwd=tmp_path)  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    configs = {config["values"]["M"]: config for config in json.loads(completed.stdout)["configs"]}
+    for mode in ("plain", "ddp", "view", "hook"):
+        assert configs[mode]["fits"], (mode, configs[mode]["problem"])
+    gradient_bytes = 4 * 6 * (512 * 2048 * 2 + 2048 + 512)  # fp32: the parameters' bytes
+    plain = configs["plain"]["peak_allocated_bytes"]
+    for mode in ("ddp", "hook"):
+        buckets = configs[mode]["peak_allocated_bytes"] - plain
+        assert _close(buckets, gradient_bytes, 0.02), (mode, buckets, gradient_bytes)
+    assert _close(configs["view"]["peak_allocated_bytes"], plain, 0.01), (configs["view"], plain)
+    unused = configs["unused"]
+    assert not unused["fits"] and "find_unused_parameters=True is not supported" in unused["problem"]
+    assert "INTERNAL ASSERT" not in unused["problem"]
+    sidecar = json.loads(Path(str(configs["ddp"]["snapshot"]).replace(".pickle", ".memlens.json")).read_text())
+    assert (sidecar["rank"], sidecar["world_size"]) == (0, 4)
