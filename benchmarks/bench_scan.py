@@ -32,19 +32,22 @@ REAL = Path(os.environ.get("MEMLENS_REAL_SNAPSHOTS") or REPO.parent / "shared" /
 
 # The child: the scanner turned off by hand (MEMLENS_PURE_PYTHON would switch the allocator too).
 CHILD = r"""
-import sys, time
+import resource, sys, time
 mode, scanner, path = sys.argv[1], sys.argv[2], sys.argv[3]
+def report(start, cpu):
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(time.perf_counter() - start, time.process_time() - cpu, rss)
 if mode == "pickle":
     import pickle
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     with open(path, "rb") as handle:
         pickle.load(handle)
-    print(time.perf_counter() - start)
+    report(start, cpu)
     raise SystemExit
 import memlens.snapshot.native_scan as native_scan
 if scanner == "python":
     native_scan._native_scan = None
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 if mode == "load":
     import memlens
     memlens.load(path, cache=False)
@@ -56,7 +59,7 @@ else:
             main(["triage", path, "--no-cache", "--no-color", "--width", "100"])
         except SystemExit as exc:
             assert not exc.code, exc.code
-print(time.perf_counter() - start)
+report(start, cpu)
 """
 
 
@@ -95,10 +98,12 @@ def tiled(raw: dict[str, Any], events: int) -> dict[str, Any]:
     return {**raw, "device_traces": [out if d == device else t for d, t in enumerate(traces)]}
 
 
-def timed(mode: str, scanner: str, path: str, env: dict[str, str]) -> float:
+def timed(mode: str, scanner: str, path: str, env: dict[str, str]) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak RSS bytes) of one fresh process."""
     result = subprocess.run([sys.executable, "-c", CHILD, mode, scanner, path], capture_output=True, text=True,
                             env=env, check=True)
-    return float(result.stdout.strip().splitlines()[-1])
+    wall, cpu, rss = map(float, result.stdout.strip().splitlines()[-1].split())
+    return wall, cpu, rss
 
 
 def main() -> None:
@@ -118,24 +123,27 @@ def main() -> None:
     env = dict(os.environ, MEMLENS_CACHE_DIR=os.path.join(workdir, "cache"))
     env.pop("MEMLENS_PURE_PYTHON", None)
     rows = [("pickle", "-"), ("load", "native"), ("load", "python"), ("triage", "native"), ("triage", "python")]
-    times: dict[tuple[str, str], list[float]] = {row: [] for row in rows}
+    times: dict[tuple[str, str], list[tuple[float, float, float]]] = {row: [] for row in rows}
     started = time.perf_counter()
     for _ in range(args.runs):  # interleaved, so machine noise hits all alike
         for mode, scanner in rows:
             times[(mode, scanner)].append(timed(mode, scanner, path, env))
+    # Best of N by wall time; CPU seconds too, as the wall time of a busy machine's runs is noise.
     best = {row: min(values) for row, values in times.items()}
-    bare = best[("pickle", "-")]
+    bare, bare_cpu, _rss = best[("pickle", "-")]
+    size = os.path.getsize(path)
     print(f"best of {args.runs}, fresh processes ({time.perf_counter() - started:.0f} s in all)")
-    print(f"{'':36} {'seconds':>8} {'/ pickle.load':>14} {'native / python':>16}")
+    print(f"{'':36} {'wall s':>7} {'x pickle':>9} {'CPU s':>7} {'x pickle':>9} {'native/py':>10} "
+          f"{'peak RSS':>9} {'x file':>7}")
     labels = {("pickle", "-"): "bare pickle.load",
               ("load", "native"): "memlens.load, native scanner", ("load", "python"): "memlens.load, Python reader",
               ("triage", "native"): "memlens triage first open, native",
               ("triage", "python"): "memlens triage first open, Python"}
     for row in rows:
-        ratio = ""
-        if row[1] == "native":
-            ratio = f"{best[row] / best[(row[0], 'python')]:15.2f}x"
-        print(f"{labels[row]:36} {best[row]:8.2f} {best[row] / bare:13.2f}x {ratio:>16}")
+        wall, cpu, rss = best[row]
+        ratio = f"{cpu / best[(row[0], 'python')][1]:9.2f}x" if row[1] == "native" else ""
+        print(f"{labels[row]:36} {wall:7.2f} {wall / bare:8.2f}x {cpu:7.2f} {cpu / bare_cpu:8.2f}x {ratio:>10} "
+              f"{rss / 2**20:7.0f}Mi {rss / size:6.1f}x")
 
 
 if __name__ == "__main__":

@@ -580,6 +580,9 @@ Extraction extract_traces(const Arena& arena) {
     if (key.kind == Kind::Str && arena.text(key) == "device_traces") traces = &root.items.at(k + 1);
   }
   if (traces == nullptr || traces->kind != Kind::List) return extraction;
+  // The columns replace the entries lists in the Python objects: only where nothing else (an
+  // unknown key, the root holding itself) can reach them, else the copy of that other key differs.
+  if (root.refs != 1 || arena.container(*traces).refs != 1) return extraction;
   extraction.has_traces_list = true;
   extraction.traces_list = *traces;
   const Container& devices = arena.container(*traces);

@@ -113,6 +113,14 @@ DECLINED = {
     "global": pickle.dumps({"segments": [], "device_traces": [], "x": os.getcwd}, protocol=4),
     "truncated": dumps(snapshot())[:-40],
 }
+SHARED_TRACES: list[Any] = [[entry("alloc", 0, 512)]]
+SELF_HOLDING: dict[str, Any] = snapshot()
+SELF_HOLDING["itself"] = SELF_HOLDING
+DECLINED.update({
+    # Another key reaches the traces: they go the Python way, so that key's copy holds the entries.
+    "traces under another key too": dumps(snapshot(device_traces=SHARED_TRACES, copy=SHARED_TRACES)),
+    "root holds itself": dumps(SELF_HOLDING),
+})
 READ = {
     "shared entry": dumps(snapshot(device_traces=[[SHARED_ENTRY, SHARED_ENTRY]])),  # that device: Python
     "uint64 stream and addr": dumps(snapshot(device_traces=[[entry("alloc", (1 << 64) - 512, 512,
