@@ -81,9 +81,13 @@ class Machine {
  private:
   [[noreturn]] static void decline(std::string reason) { throw Declined{std::move(reason)}; }
 
-  // The next n bytes exist (pos_ + n <= size_, computed without overflow).
+  // The next n bytes exist (pos_ + n <= size_, computed without overflow), and do not run past
+  // the end of the frame they start in: CPython's unpickler, reading a file, holds a frame in a
+  // buffer and reads what runs past its end afresh from the file, dropping the frame's rest
+  // (pickle.loads of the same bytes would not); PyTorch's pickler never writes such a stream.
   void need(size_t n) const {
     if (n > size_ - pos_) decline("truncated");
+    if (pos_ < frame_end_ && n > frame_end_ - pos_) decline("an opcode across a frame's end");
   }
   uint8_t byte() {
     need(1);
@@ -255,6 +259,8 @@ class Machine {
       case 0x95: {  // FRAME: CPython reads the whole frame first, so it must be there
         const uint64_t length = little(8);
         if (length > size_ - pos_) decline("truncated frame");
+        need(static_cast<size_t>(length));  // a frame inside a frame must end within it
+        if (pos_ + length > frame_end_) frame_end_ = pos_ + static_cast<size_t>(length);
         break;
       }
       case '.':
@@ -380,6 +386,7 @@ class Machine {
   const uint8_t* data_;
   size_t size_;
   size_t pos_ = 0;
+  size_t frame_end_ = 0;  // where the last frame read ends (reads that start before it stay in it)
   Arena arena_;
   std::vector<Value> stack_;
   std::vector<size_t> marks_;

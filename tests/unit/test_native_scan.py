@@ -13,6 +13,7 @@ import pickle
 import resource
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from memlens.errors import MemlensFormatError
 from memlens.snapshot import native_scan
 from tests.conftest import real_snapshot_paths
 from tests.hostile_files import dumps, entry, snapshot
+from tests.unit.test_hostile_scan import opcode_streams
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((REPO / "sample_snapshots").glob("*.pickle"))
@@ -235,3 +237,56 @@ def test_every_hostile_file_gets_the_same_answer_on_both_paths(tmp_path: Path) -
             paths.append(str(_write(tmp_path, build(), f"{safe}.pickle")))
     native, python = _load_all(paths, False), _load_all(paths, True)
     assert native == python
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(opcode_streams(), st.binary(max_size=64).map(lambda b: b"\x80\x04" + b)))
+def test_random_opcode_streams_read_the_same_on_both_paths(data: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random opcodes through the scanner and its conversion to Python objects (the part the
+    libFuzzer harness does not reach): no crash, and the Python path's answer."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "random.pickle"
+        path.write_bytes(data)
+        assert outcome(path, False, monkeypatch) == outcome(path, True, monkeypatch)
+
+
+_BASE = dumps(snapshot(device_traces=[[entry("alloc", 0, 512, user_metadata="m"), entry("oom", 0, 1 << 30)]]))
+
+
+def test_a_frame_shorter_than_its_opcodes_gets_the_python_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the mutation test below: a FRAME claiming 524 bytes of a 746-byte pickle. Reading a
+    file, CPython's unpickler drops the frame's rest at its end (pickle.loads of the bytes would
+    not): the scanner must decline such a stream, not read it as pickle.loads does."""
+    data = bytearray(_BASE)
+    assert data[2] == 0x95  # FRAME, then its 8-byte length
+    data[3] = 12  # the length's low byte: 0x2df becomes 0x20c, ending the frame inside an opcode
+    assert not natively_read(bytes(data), monkeypatch)
+    path = _write(tmp_path, bytes(data))
+    assert outcome(path, False, monkeypatch) == outcome(path, True, monkeypatch)
+
+
+@st.composite
+def mutated_snapshots(draw: st.DrawFn) -> bytes:
+    """A small valid snapshot with a few bytes changed, inserted or cut: most still unpickle."""
+    data = bytearray(_BASE)
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(data) - 1))
+        kind = draw(st.sampled_from(["flip", "insert", "cut"]))
+        if kind == "flip":
+            data[at] = draw(st.integers(0, 255))
+        elif kind == "insert":
+            data[at:at] = draw(st.binary(min_size=1, max_size=4))
+        else:
+            del data[at:at + draw(st.integers(1, 8))]
+    return bytes(data)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=mutated_snapshots())
+def test_mutated_snapshots_read_the_same_on_both_paths(data: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "mutated.pickle"
+        path.write_bytes(data)
+        assert outcome(path, False, monkeypatch) == outcome(path, True, monkeypatch)
