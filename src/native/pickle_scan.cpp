@@ -264,6 +264,9 @@ class Machine {
         break;
       }
       case '.':
+        // The Python path hands the unpickler nothing after STOP, so a frame that runs on past it
+        // cannot be read whole there: "truncated". Declined, so that is the answer here too.
+        if (pos_ < frame_end_) decline("a STOP inside a frame");
         note(Token::Other);
         return true;
       case '}': push(new_container(Kind::Dict)); break;

@@ -267,6 +267,18 @@ def test_a_frame_shorter_than_its_opcodes_gets_the_python_answer(
     assert outcome(path, False, monkeypatch) == outcome(path, True, monkeypatch)
 
 
+def test_a_stop_inside_a_frame_gets_the_python_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by mutating snapshots: a STOP with its frame running on past it. The Python path hands
+    the unpickler nothing after STOP, so the frame cannot be read whole: "truncated" there, where
+    pickle.loads (and the scanner, before) returned the value on the stack."""
+    body = dumps(snapshot())[11:-1] + b"."  # the frame's opcodes, STOP included
+    data = b"\x80\x04\x95" + (len(body) + 2).to_bytes(8, "little") + body + b"N."
+    assert not natively_read(data, monkeypatch)
+    path = _write(tmp_path, data)
+    assert outcome(path, True, monkeypatch) == outcome(path, False, monkeypatch)
+    assert "ends early" in outcome(path, True, monkeypatch)[1]
+
+
 @st.composite
 def mutated_snapshots(draw: st.DrawFn) -> bytes:
     """A small valid snapshot with a few bytes changed, inserted or cut: most still unpickle."""
