@@ -406,13 +406,28 @@ class Machine {
 class Distinct {
  public:
   explicit Distinct(const Arena& arena) : arena_(arena) {}
+  // By content; the string object is looked up first (rows share memoised strings, and the
+  // last one met is most often the next one's), its text hashed only once per object.
   int32_t text(const Value& value, std::vector<Value>& table) {
-    const std::string_view key = arena_.text(value);
-    auto found = by_text_.find(key);
-    if (found != by_text_.end()) return found->second;
-    table.push_back(value);
-    const int32_t id = static_cast<int32_t>(table.size() - 1);
-    by_text_.emplace(key, id);
+    if (value.num == last_string_) return last_id_;
+    int32_t id = 0;
+    auto known = by_string_.find(value.num);
+    if (known != by_string_.end()) {
+      id = known->second;
+    } else {
+      const std::string_view key = arena_.text(value);
+      auto found = by_text_.find(key);
+      if (found != by_text_.end()) {
+        id = found->second;
+      } else {
+        table.push_back(value);
+        id = static_cast<int32_t>(table.size() - 1);
+        by_text_.emplace(key, id);
+      }
+      by_string_.emplace(value.num, id);
+    }
+    last_string_ = value.num;
+    last_id_ = id;
     return id;
   }
   int32_t none(std::vector<Value>& table) {
@@ -423,19 +438,26 @@ class Distinct {
     return none_;
   }
   int32_t identity(const Value& value, std::vector<Value>& table) {
+    if (value.num == last_container_) return last_container_id_;
+    last_container_ = value.num;
     auto found = by_index_.find(value.num);
-    if (found != by_index_.end()) return found->second;
+    if (found != by_index_.end()) return last_container_id_ = found->second;
     table.push_back(value);
     const int32_t id = static_cast<int32_t>(table.size() - 1);
     by_index_.emplace(value.num, id);
-    return id;
+    return last_container_id_ = id;
   }
 
  private:
   const Arena& arena_;
   std::unordered_map<std::string_view, int32_t> by_text_;
+  std::unordered_map<int64_t, int32_t> by_string_;
+  int64_t last_string_ = -1;
+  int32_t last_id_ = -1;
   std::unordered_map<int64_t, int32_t> by_index_;
   int32_t none_ = -1;
+  int64_t last_container_ = -1;
+  int32_t last_container_id_ = -1;
 };
 
 constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
