@@ -7,6 +7,7 @@
 // (memlens.snapshot.reader._parse_native_trace turns them into a DeviceTrace).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 
 #include <cstring>
 #include <unordered_map>
