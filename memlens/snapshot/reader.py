@@ -40,7 +40,7 @@ from memlens.allocator.settings import AllocatorSettings
 from memlens.errors import MemlensFormatError, MemlensUsageError
 from memlens.files import FileRefused, OpenedFile, open_regular
 from memlens.sidecar import sidecar_beside
-from memlens.snapshot import scan
+from memlens.snapshot import native_scan, scan
 from memlens.snapshot.curves import CurveOverflow, build_curves
 from memlens.snapshot.formats import BARE_LIST_FORMAT, GZIP_MAGIC, ZIP_MAGIC, guess_format, looks_like_pickle, sniff
 from memlens.snapshot.model import (
@@ -297,6 +297,37 @@ def _read_raw(opened: OpenedFile, on_read: Callable[[float], None] | None = None
         return _unpickle(handle, source, total=size)
 
 
+def _read_raw_native(opened: OpenedFile, content: list[int], max_content_bytes: int | None = None) -> Any:
+    """The raw snapshot as the native scanner reads it (``memlens.snapshot.native_scan``), its
+    plain traces as columns; None when the scanner is off or declines the file: then the Python
+    path (``_read_raw``) reads it, and its answer or one-line error is the reference."""
+    if native_scan.scanner() is None:
+        return None
+    with opened.reader() as handle:
+        head = handle.read(4)
+        handle.seek(0)
+        if head.startswith(GZIP_MAGIC):
+            limit = max(GZIP_MIN_LIMIT, GZIP_MAX_RATIO * opened.size)
+            if max_content_bytes is not None:
+                limit = min(limit, max_content_bytes)
+            try:
+                with gzip.GzipFile(fileobj=handle) as unzipped:
+                    # One byte past the limit tells a stream that would inflate further.
+                    data = unzipped.read(limit + 1)
+            except (OSError, EOFError, gzip.BadGzipFile, MemoryError):
+                return None
+            if len(data) > limit:
+                return None  # the Python path refuses it with its message
+        elif looks_like_pickle(head):
+            data = handle.read()
+        else:
+            return None
+    raw, _declined = native_scan.scan(data)
+    if raw is not None:
+        content.append(len(data))
+    return raw
+
+
 def _start_piped_vetting(
     opened: OpenedFile, size: int, on_read: Callable[[float], None] | None,
 ) -> PipedVetting | None:
@@ -357,7 +388,10 @@ def _load(opened: OpenedFile, cache: bool | None, progress: Callable[[str, float
 
         with _gc_paused():
             content: list[int] = []
-            raw = _read_raw(opened, on_read, content, max_content_bytes)
+            raw = _read_raw_native(opened, content, max_content_bytes)
+            if raw is None:  # declined (or off): the Python path reads it, and says what is wrong
+                content.clear()
+                raw = _read_raw(opened, on_read, content, max_content_bytes)
             if progress:
                 progress("building timeline", READ_SHARE)
             snapshot = parse(raw, source=source, text_budget=max(MIN_TEXT_BUDGET, 2 * content[0]))
@@ -427,6 +461,19 @@ class _Interner:
         self._keep_alive.append(frames)
         return sid
 
+    def distinct_stacks(self, distinct: list[Any], check: Checker) -> list[int]:
+        """The stack id of each distinct frames object, interned in this order (what ``stacks``
+        does for the distinct objects of its rows, in their order of first appearance)."""
+        known = self._stack_by_list_id
+        ids = []
+        for frames in distinct:
+            key = id(frames)
+            if key not in known:
+                known[key] = self.stack(frames, check)
+                self._keep_alive.append(frames)
+            ids.append(known[key])
+        return ids
+
     def stacks(self, frame_lists: list[Any], check: Checker) -> np.ndarray:
         """Stack ids for many entries: each distinct list object is interned once, the rest is C."""
         known = self._stack_by_list_id
@@ -484,6 +531,9 @@ def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT
         segments_by_device.setdefault(seg.device, []).append(seg)
     devices: dict[int, DeviceTrace] = {}
     for device, entries in enumerate(raw_traces):
+        if isinstance(entries, native_scan.NativeTrace):  # read as columns by the native scanner
+            devices[device] = _parse_native_trace(device, entries, check, interner)
+            continue
         entries = check.list_(entries, f"device_traces[{device}]")
         if entries or device in segments_by_device:
             check.walk(entries, f"device_traces[{device}]")
@@ -510,7 +560,8 @@ def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT
         annotations=annotations,
         allocator_settings=settings,
         extra=extra,
-        format_guess=BARE_LIST_FORMAT if bare_list else guess_format(raw, raw_segments, raw_traces),
+        format_guess=BARE_LIST_FORMAT if bare_list else guess_format(raw, raw_segments, [
+            [t.first_entry] if isinstance(t, native_scan.NativeTrace) else t for t in raw_traces]),
     )
 
 
@@ -819,6 +870,55 @@ def _parse_trace(device: int, entries: list[Any], check: Checker, interner: _Int
         has_time=has_time,
         curve_warnings=notes,
     )
+
+
+def _parse_native_trace(device: int, trace: native_scan.NativeTrace, check: Checker,
+                        interner: _Interner) -> DeviceTrace:
+    """``_parse_trace`` for a trace the native scanner read as columns: the scanner checked the
+    types and bounds of the integer fields (it declines a file where one is off, so their errors
+    are the Python path's); what is left is done here as ``_parse_trace`` does it, in its order:
+    the action codes, the unknown sizes and times, the stacks interned (frames checked and texts
+    cut by the same checker, in the same order), the metadata strings."""
+    codes = np.array([ACTION_CODES.get(name, int(Action.OTHER)) for name in trace.actions], dtype=np.int8)
+    action = codes[trace.action_local]
+    notes, times_known = _unknown_sizes_and_times(trace.size, trace.time_us, action == int(Action.OOM))
+    stack_ids = np.array(interner.distinct_stacks(trace.frames, check), dtype=np.int32)
+    no_strings: tuple[np.ndarray, list[str]] = (np.full(len(trace), -1, dtype=np.int32), [])
+    return DeviceTrace(
+        device=device,
+        action=action,
+        address=trace.address,
+        size=trace.size,
+        stream=trace.stream,
+        time_us=trace.time_us,
+        stack_id=stack_ids[trace.frames_local],
+        device_free=trace.device_free,
+        metadata_id=_intern_distinct(trace.metadata, trace.metadata_local) if trace.has_user_metadata
+        else no_strings[0],
+        context_id=_intern_distinct(trace.context, trace.context_local) if trace.has_compile_context
+        else no_strings[0],  # one array for both, as _parse_trace has it
+        user_metadata=_distinct_names(trace.metadata) if trace.has_user_metadata else [],
+        compile_context=_distinct_names(trace.context) if trace.has_compile_context else [],
+        has_time=trace.has_time and times_known,
+        curve_warnings=notes,
+    )
+
+
+def _distinct_names(distinct: list[str | None]) -> list[str]:
+    """The table ``_intern_strings`` keeps of distinct strings: "" / "N/A" / None left out, cut."""
+    return [shorten(value) for value in distinct if value and value != "N/A"]
+
+
+def _intern_distinct(distinct: list[str | None], local: np.ndarray) -> np.ndarray:
+    """``_intern_strings``'s ids from the distinct values and each row's index into them."""
+    ids, next_id = [], 0
+    for value in distinct:
+        if not value or value == "N/A":
+            ids.append(-1)
+        else:
+            ids.append(next_id)
+            next_id += 1
+    return np.array(ids, dtype=np.int32)[local] if len(local) else np.zeros(0, dtype=np.int32)
 
 
 def _unknown_sizes_and_times(

@@ -179,12 +179,15 @@ def test_a_global_is_named_even_when_its_arguments_are_refused(tmp_path: Path, p
 
 @pytest.fixture
 def always_parallel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Vet every plain file in a child process, whatever its size and the CPU count."""
+    """Vet every plain file in a child process, whatever its size and the CPU count (on the
+    Python path: the native scanner reads a file it accepts without vetting processes)."""
+    monkeypatch.setenv("MEMLENS_PURE_PYTHON", "1")
     monkeypatch.setattr(scan, "parallel_vetting_pays", lambda size: True)
 
 
 @pytest.mark.parametrize("path", real_snapshots()[:4], ids=lambda p: p.name[:40])
 def test_a_child_process_vets_to_the_same_snapshot(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMLENS_PURE_PYTHON", "1")  # the Python path's vetting, in process and piped
     in_process = memlens.load(path, cache=False)
     monkeypatch.setattr(scan, "parallel_vetting_pays", lambda size: True)
     fractions: list[float] = []

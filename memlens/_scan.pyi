@@ -1,0 +1,6 @@
+# Types of the native snapshot scanner (src/native/scan_bindings.cpp), for mypy; its Python face
+# is memlens.snapshot.native_scan.
+from typing import Any
+
+def scan(data: bytes) -> tuple[bool, Any]:
+    """(False, reason) when the scanner declines the file, else (True, (raw, traces))."""

@@ -1,0 +1,83 @@
+"""The native snapshot scanner (``memlens._scan``, C++17: src/native/pickle_scan.cpp), as the reader uses it.
+
+One pass over the pickle's opcodes builds the snapshot's small part (segments, settings,
+annotations) as the plain Python objects the restricted unpickler would build, and fills each
+device trace's columns and interning tables directly, never making the millions of per-entry dicts.
+It runs only the opcodes memory snapshots use and enforces the Python vetting's limits
+(``memlens.snapshot.scan``); anything else -- a refusal, a truncation, protocol 0 text, a trace
+entry that is not plain -- makes it decline, and the reader reads that file on the Python path,
+whose answer or one-line error is the reference. So both paths give the same answer for every
+file; the native one only gives it sooner.
+
+``MEMLENS_PURE_PYTHON=1`` (as for the allocator engine) or an extension that does not import
+keeps every file on the Python path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from memlens.allocator.engine import pure_python_requested
+
+_native_scan: ModuleType | None
+try:
+    from memlens import _scan as _native_scan
+except ImportError:  # not built (a checkout run without pip install): the Python path reads every file
+    _native_scan = None
+
+
+def scanner() -> ModuleType | None:
+    """``memlens._scan``, or None when the Python path reads snapshots (asked for, or not built)."""
+    return None if pure_python_requested() else _native_scan
+
+
+@dataclass(slots=True)
+class NativeTrace:
+    """One device's entries as the scanner read them: columns, and the distinct values the reader
+    interns (in order of first appearance, so ids are what the Python path gives)."""
+
+    device: int
+    has_time: bool
+    action_local: np.ndarray  # into ``actions``
+    actions: list[str]
+    address: np.ndarray
+    size: np.ndarray
+    stream: np.ndarray
+    time_us: np.ndarray
+    device_free: np.ndarray  # 0 but on OOM rows
+    frames_local: np.ndarray  # into ``frames``
+    frames: list[Any]  # each distinct frames object (None, or a list of frame dicts)
+    has_user_metadata: bool
+    metadata_local: np.ndarray
+    metadata: list[str | None]
+    has_compile_context: bool
+    context_local: np.ndarray
+    context: list[str | None]
+    first_entry: dict[str, Any]  # for the format guess
+
+    def __len__(self) -> int:
+        return len(self.action_local)
+
+
+def scan(data: bytes) -> tuple[Any, str | None]:
+    """``(raw, None)``: the raw snapshot, its natively read traces as ``NativeTrace`` in
+    ``raw["device_traces"]``; or ``(None, reason)`` when the scanner declines (or is off)."""
+    module = scanner()
+    if module is None:
+        return None, "the native scanner is off"
+    ok, result = module.scan(data)
+    if not ok:
+        return None, str(result)
+    raw, traces = result
+    if traces:
+        listed = raw["device_traces"]
+        for fields in traces:
+            listed[fields["device"]] = NativeTrace(**fields)
+    return raw, None
+
+
+__all__ = ["NativeTrace", "scan", "scanner"]

@@ -1,0 +1,634 @@
+// The snapshot scanner (see pickle_scan.hpp): CPython's unpickler semantics for the opcodes a memory
+// snapshot uses, the Python vetting's limits, and the trace columns.
+#include "pickle_scan.hpp"
+
+#include <array>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <stdexcept>
+#include <string_view>
+#include <unordered_map>
+
+namespace memlens::scan {
+
+std::string_view Arena::text(const Value& value) const {
+  const StrRef& ref = strings.at(static_cast<size_t>(value.num));
+  if (ref.offset > size || ref.length > size - ref.offset) return {};
+  return std::string_view(reinterpret_cast<const char*>(data) + ref.offset, ref.length);
+}
+
+namespace {
+
+struct Declined {
+  std::string reason;
+};
+
+// UTF-8 as Python's pickle decodes it ('surrogatepass': encoded surrogates are accepted).
+bool valid_utf8(const uint8_t* text, size_t length) {
+  size_t i = 0;
+  while (i < length) {
+    const uint8_t lead = text[i];
+    size_t extra = 0;
+    uint32_t point = 0;
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    } else if (lead >= 0xC2 && lead <= 0xDF) {
+      extra = 1;
+      point = lead & 0x1F;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      extra = 2;
+      point = lead & 0x0F;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      extra = 3;
+      point = lead & 0x07;
+    } else {
+      return false;
+    }
+    if (extra > length - i - 1) return false;
+    for (size_t k = 1; k <= extra; ++k) {
+      const uint8_t next = text[i + k];
+      if ((next & 0xC0) != 0x80) return false;
+      point = (point << 6) | (next & 0x3F);
+    }
+    if ((extra == 2 && point < 0x800) || (extra == 3 && (point < 0x10000 || point > 0x10FFFF))) return false;
+    i += extra + 1;
+  }
+  return true;
+}
+
+// What an opcode was, for the tuple rule: a tuple's items must be the scalar opcodes just before it.
+enum class Token : uint8_t { Other, SmallItem, WideItem, Mark };
+
+class Machine {
+ public:
+  Machine(const uint8_t* data, size_t size) : data_(data), size_(size) {
+    arena_.data = data;
+    arena_.size = size;
+  }
+
+  Arena run() {
+    while (true) {
+      const size_t at = pos_;
+      const uint8_t op = byte();
+      if (step(op, at)) break;
+    }
+    arena_.root = pop();
+    return std::move(arena_);
+  }
+
+ private:
+  [[noreturn]] static void decline(std::string reason) { throw Declined{std::move(reason)}; }
+
+  // The next n bytes exist (pos_ + n <= size_, computed without overflow), and do not run past
+  // the end of the frame they start in: CPython's unpickler, reading a file, holds a frame in a
+  // buffer and reads what runs past its end afresh from the file, dropping the frame's rest
+  // (pickle.loads of the same bytes would not); PyTorch's pickler never writes such a stream.
+  void need(size_t n) const {
+    if (n > size_ - pos_) decline("truncated");
+    if (pos_ < frame_end_ && n > frame_end_ - pos_) decline("an opcode across a frame's end");
+  }
+  uint8_t byte() {
+    need(1);
+    return data_[pos_++];
+  }
+  uint64_t little(size_t width) {
+    need(width);
+    uint64_t value = 0;
+    for (size_t k = 0; k < width; ++k) value |= static_cast<uint64_t>(data_[pos_ + k]) << (8 * k);
+    pos_ += width;
+    return value;
+  }
+
+  size_t fence() const { return marks_.empty() ? 0 : marks_.back(); }
+  void push(Value value) { stack_.push_back(value); }
+  Value pop() {
+    if (stack_.size() <= fence()) decline("stack underflow");
+    Value value = stack_.back();
+    stack_.pop_back();
+    return value;
+  }
+  size_t pop_mark() {
+    if (marks_.empty()) decline("no mark");
+    const size_t mark = marks_.back();
+    marks_.pop_back();
+    if (mark > stack_.size()) decline("bad mark");
+    return mark;
+  }
+  Value& top_above_fence(size_t depth) {  // stack_[size - 1 - depth], which must be above the fence
+    if (stack_.size() < fence() + depth + 1) decline("stack underflow");
+    return stack_.at(stack_.size() - 1 - depth);
+  }
+
+  Value new_container(Kind kind, std::vector<Value> items = {}) {
+    if (arena_.containers.size() >= std::numeric_limits<uint32_t>::max()) decline("too many containers");
+    arena_.containers.push_back(Container{kind, 1, std::move(items)});
+    return Value{kind, static_cast<int64_t>(arena_.containers.size() - 1)};
+  }
+  Container& container_of(const Value& value, Kind kind) {
+    if (value.kind != kind) decline("wrong container");
+    return arena_.containers.at(static_cast<size_t>(value.num));
+  }
+
+  void note(Token token) {
+    history_[history_at_ % history_.size()] = token;
+    ++history_at_;
+  }
+  // The token `back` opcodes before the current one (1 = just before), Other before the stream.
+  Token before(size_t back) const {
+    if (back > history_at_ || back > history_.size()) return Token::Other;
+    return history_[(history_at_ - back) % history_.size()];
+  }
+  // A tuple of `items` opcodes just before it: all scalars the vetting allows, and counted when wide.
+  void check_tuple(size_t items) {
+    bool wide = false;
+    for (size_t back = 1; back <= items; ++back) {
+      const Token token = before(back);
+      if (token == Token::WideItem) {
+        wide = true;
+      } else if (token != Token::SmallItem) {
+        decline("a tuple of other values");
+      }
+    }
+    if (wide && ++wide_tuples_ > kMaxWideTuples) decline("too many wide tuples");
+  }
+  size_t tuple_items_before_mark() const {
+    for (size_t back = 1; back <= static_cast<size_t>(kMaxTupleItems) + 1; ++back) {
+      if (before(back) == Token::Mark) return back - 1;
+    }
+    decline("a tuple of other values");
+  }
+
+  void push_string(size_t length) {
+    need(length);
+    if (!valid_utf8(data_ + pos_, length)) decline("not UTF-8");
+    arena_.strings.push_back(StrRef{pos_, length});
+    pos_ += length;
+    push(Value{Kind::Str, static_cast<int64_t>(arena_.strings.size() - 1)});
+  }
+
+  // LONG1: n bytes of little-endian two's complement. Token kind as the vetting's regex reads it.
+  void push_long1(size_t at) {
+    const size_t length = byte();
+    need(length);
+    const uint8_t* digits = data_ + pos_;
+    bool uint64_max = length == 9 && digits[8] == 0x00;
+    for (size_t k = 0; uint64_max && k < 8; ++k) uint64_max = digits[k] == 0xFF;
+    Token token = Token::Other;
+    if (length < 5) {
+      token = Token::SmallItem;
+    } else if (length <= 7 || (length == 8 && (digits[7] <= 0x1F || digits[7] >= 0xE0)) || uint64_max) {
+      token = Token::WideItem;
+    } else if (++large_ints_ > kMaxLargeInts) {
+      decline("too many large integers");
+    }
+    Value value{Kind::Int, 0};
+    if (length > 0) {
+      uint64_t low = 0;
+      for (size_t k = 0; k < length && k < 8; ++k) low |= static_cast<uint64_t>(digits[k]) << (8 * k);
+      const bool negative = (digits[length - 1] & 0x80) != 0;
+      if (length < 8) {
+        if (negative) low |= ~uint64_t{0} << (8 * length);
+        value.num = static_cast<int64_t>(low);
+      } else {
+        // Beyond 8 bytes, the rest must be the sign's extension: then the value fits 64 bits.
+        for (size_t k = 8; k < length; ++k) {
+          if (digits[k] != (negative ? 0xFF : 0x00)) decline("an integer beyond 64 bits");
+        }
+        const bool top_bit = (low >> 63) != 0;
+        if (negative && !top_bit) decline("an integer beyond 64 bits");
+        if (!negative && top_bit) {
+          if (length == 8) decline("bad LONG1");  // impossible: 8 bytes with the top bit set are negative
+          value.kind = Kind::UInt64;
+        }
+        value.num = static_cast<int64_t>(low);
+      }
+    }
+    (void)at;
+    pos_ += length;
+    push(value);
+    note(token);
+  }
+
+  void memo_put(uint64_t index) {
+    if (stack_.size() <= fence()) decline("stack underflow");
+    if (index >= memo_.size()) {
+      if (index - memo_.size() > kMaxMemoGap) decline("a far memo index");
+      memo_.resize(static_cast<size_t>(index) + 1);
+      present_.resize(static_cast<size_t>(index) + 1, 0);
+    }
+    if (!present_.at(index)) ++memo_len_;
+    present_.at(index) = 1;
+    memo_.at(index) = stack_.back();
+  }
+  void memo_get(uint64_t index) {
+    if (index >= memo_.size() || !present_.at(index)) decline("a memo index never put");
+    Value value = memo_.at(index);
+    if (value.kind == Kind::List || value.kind == Kind::Dict || value.kind == Kind::Tuple) {
+      Container& target = arena_.containers.at(static_cast<size_t>(value.num));
+      if (target.refs < std::numeric_limits<uint32_t>::max()) ++target.refs;
+    }
+    push(value);
+  }
+
+  void set_items(Value& dict_value, size_t from) {
+    if ((stack_.size() - from) % 2 != 0) decline("odd SETITEMS");
+    Container& dict = container_of(dict_value, Kind::Dict);
+    for (size_t k = from; k < stack_.size(); k += 2) {
+      const Kind key = stack_.at(k).kind;
+      if (key == Kind::List || key == Kind::Dict) decline("an unhashable key");
+    }
+    dict.items.insert(dict.items.end(), stack_.begin() + static_cast<std::ptrdiff_t>(from), stack_.end());
+    stack_.resize(from);
+  }
+  std::vector<Value> take_from(size_t from) {
+    std::vector<Value> items(stack_.begin() + static_cast<std::ptrdiff_t>(from), stack_.end());
+    stack_.resize(from);
+    return items;
+  }
+
+  // One opcode; true at STOP.
+  bool step(uint8_t op, size_t at) {
+    Token token = Token::Other;
+    switch (op) {
+      case 0x80: {  // PROTO
+        if (byte() > 5) decline("unsupported protocol");
+        break;
+      }
+      case 0x95: {  // FRAME: CPython reads the whole frame first, so it must be there
+        const uint64_t length = little(8);
+        if (length > size_ - pos_) decline("truncated frame");
+        need(static_cast<size_t>(length));  // a frame inside a frame must end within it
+        if (pos_ + length > frame_end_) frame_end_ = pos_ + static_cast<size_t>(length);
+        break;
+      }
+      case '.':
+        // The Python path hands the unpickler nothing after STOP, so a frame that runs on past it
+        // cannot be read whole there: "truncated". Declined, so that is the answer here too.
+        if (pos_ < frame_end_) decline("a STOP inside a frame");
+        note(Token::Other);
+        return true;
+      case '}': push(new_container(Kind::Dict)); break;
+      case ']': push(new_container(Kind::List)); break;
+      case ')': push(new_container(Kind::Tuple)); break;
+      case '(':
+        marks_.push_back(stack_.size());
+        token = Token::Mark;
+        break;
+      case 'N': push(Value{Kind::None, 0}); token = Token::SmallItem; break;
+      case 0x88: push(Value{Kind::Bool, 1}); token = Token::SmallItem; break;
+      case 0x89: push(Value{Kind::Bool, 0}); token = Token::SmallItem; break;
+      case 'J': {
+        const uint64_t bits = little(4);
+        push(Value{Kind::Int, static_cast<int32_t>(static_cast<uint32_t>(bits))});
+        token = Token::SmallItem;
+        break;
+      }
+      case 'K': push(Value{Kind::Int, static_cast<int64_t>(little(1))}); token = Token::SmallItem; break;
+      case 'M': push(Value{Kind::Int, static_cast<int64_t>(little(2))}); token = Token::SmallItem; break;
+      case 0x8A: push_long1(at); return false;  // LONG1 notes its own token
+      case 'G': {  // BINFLOAT: big-endian double
+        need(8);
+        uint64_t bits = 0;
+        for (size_t k = 0; k < 8; ++k) bits = (bits << 8) | data_[pos_ + k];
+        pos_ += 8;
+        push(Value{Kind::Float, static_cast<int64_t>(bits)});
+        break;
+      }
+      case 0x8C: push_string(static_cast<size_t>(little(1))); break;  // SHORT_BINUNICODE
+      case 'X': push_string(static_cast<size_t>(little(4))); break;  // BINUNICODE
+      case 0x8D: {  // BINUNICODE8
+        const uint64_t length = little(8);
+        if (length > size_ - pos_) decline("truncated");
+        push_string(static_cast<size_t>(length));
+        break;
+      }
+      case 0x94: memo_put(memo_len_); break;  // MEMOIZE
+      case 'q': memo_put(little(1)); break;  // BINPUT
+      case 'r': {  // LONG_BINPUT: the vetting refuses an index past the bytes before it
+        const uint64_t index = little(4);
+        if (index > at) decline("a memo index past the bytes read");
+        memo_put(index);
+        break;
+      }
+      case 'h': memo_get(little(1)); break;
+      case 'j': memo_get(little(4)); break;
+      case '0': {  // POP: pops a mark if one is on top (CPython's rule)
+        if (!marks_.empty() && marks_.back() == stack_.size()) {
+          marks_.pop_back();
+        } else {
+          pop();
+        }
+        break;
+      }
+      case '1': {  // POP_MARK
+        const size_t mark = pop_mark();
+        stack_.resize(mark);
+        break;
+      }
+      case 'a': {  // APPEND
+        Value item = top_above_fence(0);
+        Container& list = container_of(top_above_fence(1), Kind::List);
+        list.items.push_back(item);
+        stack_.pop_back();
+        break;
+      }
+      case 'e': {  // APPENDS
+        const size_t mark = pop_mark();
+        if (mark < fence() + 1) decline("stack underflow");
+        Container& list = container_of(stack_.at(mark - 1), Kind::List);
+        std::vector<Value> items = take_from(mark);
+        list.items.insert(list.items.end(), items.begin(), items.end());
+        break;
+      }
+      case 's': {  // SETITEM
+        if (stack_.size() < fence() + 3) decline("stack underflow");
+        set_items(stack_.at(stack_.size() - 3), stack_.size() - 2);
+        break;
+      }
+      case 'u': {  // SETITEMS
+        const size_t mark = pop_mark();
+        if (mark < fence() + 1) decline("stack underflow");
+        set_items(stack_.at(mark - 1), mark);
+        break;
+      }
+      case 'l': push(new_container(Kind::List, take_from(pop_mark()))); break;
+      case 'd': {
+        const size_t mark = pop_mark();
+        if ((stack_.size() - mark) % 2 != 0) decline("odd DICT");
+        for (size_t k = mark; k < stack_.size(); k += 2) {
+          const Kind key = stack_.at(k).kind;
+          if (key == Kind::List || key == Kind::Dict) decline("an unhashable key");
+        }
+        push(new_container(Kind::Dict, take_from(mark)));
+        break;
+      }
+      case 't': {
+        const size_t items = tuple_items_before_mark();
+        const size_t mark = pop_mark();
+        if (stack_.size() - mark != items) decline("a tuple of other values");
+        check_tuple(items);
+        push(new_container(Kind::Tuple, take_from(mark)));
+        break;
+      }
+      case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+        const size_t items = static_cast<size_t>(op - 0x84);
+        check_tuple(items);
+        if (stack_.size() < fence() + items) decline("stack underflow");
+        push(new_container(Kind::Tuple, take_from(stack_.size() - items)));
+        break;
+      }
+      default:
+        decline("opcode " + std::to_string(op));
+    }
+    note(token);
+    return false;
+  }
+
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+  size_t frame_end_ = 0;  // where the last frame read ends (reads that start before it stay in it)
+  Arena arena_;
+  std::vector<Value> stack_;
+  std::vector<size_t> marks_;
+  std::vector<Value> memo_;
+  std::vector<uint8_t> present_;
+  uint64_t memo_len_ = 0;
+  std::array<Token, 16> history_{};
+  size_t history_at_ = 0;
+  int64_t large_ints_ = 0;
+  int64_t wide_tuples_ = 0;
+};
+
+// Interning by content (strings) or by identity (frames lists), in order of first appearance.
+class Distinct {
+ public:
+  explicit Distinct(const Arena& arena) : arena_(arena) {}
+  // By content; the string object is looked up first (rows share memoised strings, and the
+  // last one met is most often the next one's), its text hashed only once per object.
+  int32_t text(const Value& value, std::vector<Value>& table) {
+    if (value.num == last_string_) return last_id_;
+    int32_t id = 0;
+    auto known = by_string_.find(value.num);
+    if (known != by_string_.end()) {
+      id = known->second;
+    } else {
+      const std::string_view key = arena_.text(value);
+      auto found = by_text_.find(key);
+      if (found != by_text_.end()) {
+        id = found->second;
+      } else {
+        table.push_back(value);
+        id = static_cast<int32_t>(table.size() - 1);
+        by_text_.emplace(key, id);
+      }
+      by_string_.emplace(value.num, id);
+    }
+    last_string_ = value.num;
+    last_id_ = id;
+    return id;
+  }
+  int32_t none(std::vector<Value>& table) {
+    if (none_ < 0) {
+      table.push_back(Value{Kind::None, 0});
+      none_ = static_cast<int32_t>(table.size() - 1);
+    }
+    return none_;
+  }
+  int32_t identity(const Value& value, std::vector<Value>& table) {
+    if (value.num == last_container_) return last_container_id_;
+    last_container_ = value.num;
+    auto found = by_index_.find(value.num);
+    if (found != by_index_.end()) return last_container_id_ = found->second;
+    table.push_back(value);
+    const int32_t id = static_cast<int32_t>(table.size() - 1);
+    by_index_.emplace(value.num, id);
+    return last_container_id_ = id;
+  }
+
+ private:
+  const Arena& arena_;
+  std::unordered_map<std::string_view, int32_t> by_text_;
+  std::unordered_map<int64_t, int32_t> by_string_;
+  int64_t last_string_ = -1;
+  int32_t last_id_ = -1;
+  std::unordered_map<int64_t, int32_t> by_index_;
+  int32_t none_ = -1;
+  int64_t last_container_ = -1;
+  int32_t last_container_id_ = -1;
+};
+
+constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
+
+// The fields of one entry the reader reads (the last of a repeated key wins, as in a dict).
+struct EntryFields {
+  const Value* action = nullptr;
+  const Value* addr = nullptr;
+  const Value* size = nullptr;
+  const Value* stream = nullptr;
+  const Value* time_us = nullptr;
+  const Value* frames = nullptr;
+  const Value* device_free = nullptr;
+  const Value* user_metadata = nullptr;
+  const Value* compile_context = nullptr;
+};
+
+EntryFields fields_of(const Arena& arena, const Container& entry) {
+  EntryFields fields;
+  const size_t pairs = entry.items.size() / 2;
+  for (size_t k = 0; k < pairs; ++k) {
+    const Value& key = entry.items.at(2 * k);
+    if (key.kind != Kind::Str) continue;
+    const Value* value = &entry.items.at(2 * k + 1);
+    const std::string_view name = arena.text(key);
+    if (name == "action") fields.action = value;
+    else if (name == "addr") fields.addr = value;
+    else if (name == "size") fields.size = value;
+    else if (name == "stream") fields.stream = value;
+    else if (name == "time_us") fields.time_us = value;
+    else if (name == "frames") fields.frames = value;
+    else if (name == "device_free") fields.device_free = value;
+    else if (name == "user_metadata") fields.user_metadata = value;
+    else if (name == "compile_context") fields.compile_context = value;
+  }
+  return fields;
+}
+
+// An integer field: missing is 0; a 64-bit value keeps its bits; anything else declines.
+bool int_field(const Value* value, bool allow_uint64, int64_t low, int64_t& out) {
+  if (value == nullptr) {
+    out = 0;
+    return true;
+  }
+  if (value->kind == Kind::Int && value->num >= low) {
+    out = value->num;
+    return true;
+  }
+  if (value->kind == Kind::UInt64 && allow_uint64) {
+    out = value->num;
+    return true;
+  }
+  return false;
+}
+
+bool text_or_none(Distinct& distinct, const Value* value, std::vector<Value>& table, std::vector<int32_t>& local) {
+  if (value == nullptr || value->kind == Kind::None) {
+    local.push_back(distinct.none(table));
+    return true;
+  }
+  if (value->kind != Kind::Str) return false;
+  local.push_back(distinct.text(*value, table));
+  return true;
+}
+
+// Columns of one device's entries, or false when anything is not plain (the Python path reads it).
+bool columns_of(const Arena& arena, const Container& entries, TraceColumns& out) {
+  const size_t rows = entries.items.size();
+  out.rows = rows;
+  for (auto* column : {&out.addr, &out.size, &out.stream, &out.time_us, &out.device_free}) column->reserve(rows);
+  out.action_local.reserve(rows);
+  out.frames_local.reserve(rows);
+  Distinct actions(arena), frames(arena), metadata(arena), context(arena);
+  std::vector<int32_t> metadata_local, context_local;
+  for (size_t row = 0; row < rows; ++row) {
+    const Value& item = entries.items.at(row);
+    if (item.kind != Kind::Dict) return false;
+    const Container& entry = arena.container(item);
+    if (entry.refs != 1) return false;  // met elsewhere too: the Python checker counts such sharing
+    const EntryFields f = fields_of(arena, entry);
+    if (row == 0) {
+      out.first_entry = item;
+      out.has_time = f.time_us != nullptr;
+    }
+    if (f.action == nullptr || f.action->kind != Kind::Str) return false;
+    out.action_local.push_back(actions.text(*f.action, out.actions));
+    int64_t addr = 0, size = 0, stream = 0, time_us = 0;
+    if (!int_field(f.addr, true, kInt64Min, addr) || !int_field(f.size, true, 0, size) ||
+        !int_field(f.stream, true, kInt64Min, stream) || !int_field(f.time_us, false, kInt64Min, time_us)) {
+      return false;
+    }
+    out.addr.push_back(addr);
+    out.size.push_back(size);
+    out.stream.push_back(stream);
+    out.time_us.push_back(time_us);
+    int64_t device_free = 0;
+    if (arena.text(*f.action) == "oom" && f.device_free != nullptr && f.device_free->kind != Kind::None) {
+      // A size_t, refused when negative, read as unknown past PLAUSIBLE_BYTES: the Python path does both.
+      if (f.device_free->kind != Kind::Int || f.device_free->num < 0 || f.device_free->num > kPlausibleBytes) {
+        return false;
+      }
+      device_free = f.device_free->num;
+    }
+    out.device_free.push_back(device_free);
+    if (f.frames == nullptr || f.frames->kind == Kind::None) {
+      out.frames_local.push_back(frames.none(out.frames));
+    } else if (f.frames->kind == Kind::List) {
+      out.frames_local.push_back(frames.identity(*f.frames, out.frames));
+    } else {
+      return false;
+    }
+    out.has_user_metadata |= f.user_metadata != nullptr;
+    out.has_compile_context |= f.compile_context != nullptr;
+    if (!text_or_none(metadata, f.user_metadata, out.metadata, metadata_local) ||
+        !text_or_none(context, f.compile_context, out.context, context_local)) {
+      return false;
+    }
+  }
+  if (out.has_user_metadata) out.metadata_local = std::move(metadata_local);
+  else out.metadata.clear();
+  if (out.has_compile_context) out.context_local = std::move(context_local);
+  else out.context.clear();
+  return true;
+}
+
+}  // namespace
+
+ScanResult scan_pickle(const uint8_t* data, size_t size) {
+  ScanResult result;
+  try {
+    result.arena = Machine(data, size).run();
+    result.ok = true;
+  } catch (const Declined& declined) {
+    result.reason = declined.reason;
+  } catch (const std::bad_alloc&) {
+    result.reason = "out of memory";
+  } catch (const std::out_of_range&) {
+    result.reason = "out of range";  // an at() that failed: a bug, but never a wrong answer
+  } catch (const std::length_error&) {
+    result.reason = "too large";
+  }
+  return result;
+}
+
+Extraction extract_traces(const Arena& arena) {
+  Extraction extraction;
+  if (arena.root.kind != Kind::Dict) return extraction;
+  const Container& root = arena.container(arena.root);
+  const Value* traces = nullptr;
+  for (size_t k = 0; k + 1 < root.items.size(); k += 2) {
+    const Value& key = root.items.at(k);
+    if (key.kind == Kind::Str && arena.text(key) == "device_traces") traces = &root.items.at(k + 1);
+  }
+  if (traces == nullptr || traces->kind != Kind::List) return extraction;
+  // The columns replace the entries lists in the Python objects: only where nothing else (an
+  // unknown key, the root holding itself) can reach them, else the copy of that other key differs.
+  if (root.refs != 1 || arena.container(*traces).refs != 1) return extraction;
+  extraction.has_traces_list = true;
+  extraction.traces_list = *traces;
+  const Container& devices = arena.container(*traces);
+  if (devices.items.size() > kMaxDevices) return extraction;  // the Python path refuses it
+  for (size_t device = 0; device < devices.items.size(); ++device) {
+    const Value& entries = devices.items.at(device);
+    if (entries.kind != Kind::List) continue;
+    const Container& list = arena.container(entries);
+    if (list.refs != 1 || list.items.empty()) continue;
+    TraceColumns columns;
+    columns.device = device;
+    if (columns_of(arena, list, columns)) extraction.traces.push_back(std::move(columns));
+  }
+  return extraction;
+}
+
+}  // namespace memlens::scan

@@ -1,0 +1,175 @@
+// memlens._scan: the snapshot scanner (pickle_scan.hpp) for Python.
+//
+// scan(data) -> (False, reason) when the scanner declines (the caller reads the file on the Python
+// path), or (True, (raw, traces)): raw is the snapshot as plain Python objects, exactly what the
+// restricted unpickler would build (memoised objects shared as the pickle shares them), except that
+// each device_traces[d] read as columns is None there; traces holds those devices' columns
+// (memlens.snapshot.reader._parse_native_trace turns them into a DeviceTrace).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <cstring>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "pickle_scan.hpp"
+
+namespace nb = nanobind;
+
+namespace memlens::scan {
+namespace {
+
+// Real snapshots nest about six deep; deeper structures go the Python way (which bounds them).
+constexpr int kMaxDepth = 200;
+
+struct TooDeep {};
+
+class Converter {
+ public:
+  Converter(const Arena& arena, std::unordered_set<int64_t> skipped) : arena_(arena), skipped_(std::move(skipped)) {}
+
+  nb::object value(const Value& value, int depth = 0) {
+    switch (value.kind) {
+      case Kind::None: return nb::none();
+      case Kind::Bool: return nb::bool_(value.num != 0);
+      case Kind::Int: return nb::steal(PyLong_FromLongLong(value.num));
+      case Kind::UInt64: return nb::steal(PyLong_FromUnsignedLongLong(static_cast<uint64_t>(value.num)));
+      case Kind::Float: {
+        double number = 0;
+        std::memcpy(&number, &value.num, sizeof number);
+        return nb::steal(PyFloat_FromDouble(number));
+      }
+      case Kind::Str: return text(value);
+      default: return container(value, depth);
+    }
+  }
+
+ private:
+  nb::object text(const Value& value) {
+    auto found = strings_.find(value.num);
+    if (found != strings_.end()) return found->second;
+    const std::string_view bytes = arena_.text(value);
+    PyObject* made = PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "surrogatepass");
+    if (made == nullptr) throw nb::python_error();
+    nb::object object = nb::steal(made);
+    strings_.emplace(value.num, object);
+    return object;
+  }
+
+  nb::object container(const Value& value, int depth) {
+    auto found = containers_.find(value.num);
+    if (found != containers_.end()) return found->second;
+    if (depth > kMaxDepth) throw TooDeep{};
+    const Container& source = arena_.container(value);
+    if (source.kind == Kind::Tuple) {  // tuples hold scalars only (the scanner's tuple rule)
+      nb::object tuple = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(source.items.size())));
+      for (size_t k = 0; k < source.items.size(); ++k) {
+        PyTuple_SET_ITEM(tuple.ptr(), static_cast<Py_ssize_t>(k), this->value(source.items.at(k), depth + 1).release().ptr());
+      }
+      containers_.emplace(value.num, tuple);
+      return tuple;
+    }
+    if (source.kind == Kind::List) {
+      nb::list list;
+      containers_.emplace(value.num, list);  // before the items: a list may hold itself
+      for (const Value& item : source.items) {
+        if ((item.kind == Kind::List) && skipped_.count(item.num)) {
+          list.append(nb::none());
+        } else {
+          list.append(this->value(item, depth + 1));
+        }
+      }
+      return std::move(list);
+    }
+    nb::dict dict;
+    containers_.emplace(value.num, dict);
+    for (size_t k = 0; k + 1 < source.items.size(); k += 2) {
+      nb::object key = this->value(source.items.at(k), depth + 1);
+      nb::object item = this->value(source.items.at(k + 1), depth + 1);
+      if (PyDict_SetItem(dict.ptr(), key.ptr(), item.ptr()) != 0) throw nb::python_error();
+    }
+    return std::move(dict);
+  }
+
+  const Arena& arena_;
+  std::unordered_set<int64_t> skipped_;
+  std::unordered_map<int64_t, nb::object> strings_;
+  std::unordered_map<int64_t, nb::object> containers_;
+};
+
+template <typename T>
+nb::object column(std::vector<T>&& values) {
+  auto* owned = new std::vector<T>(std::move(values));
+  nb::capsule owner(owned, [](void* pointer) noexcept { delete static_cast<std::vector<T>*>(pointer); });
+  const size_t shape[1] = {owned->size()};
+  return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(owned->data(), 1, shape, owner));
+}
+
+nb::list values(Converter& converter, const std::vector<Value>& items) {
+  nb::list out;
+  for (const Value& item : items) out.append(converter.value(item));
+  return out;
+}
+
+nb::object scan(nb::bytes data) {
+  const auto* bytes = static_cast<const uint8_t*>(data.data());
+  ScanResult result;
+  Extraction extraction;
+  {
+    nb::gil_scoped_release released;  // the opcodes and columns need no Python
+    result = scan_pickle(bytes, data.size());
+    if (result.ok) extraction = extract_traces(result.arena);
+  }
+  if (!result.ok) return nb::make_tuple(false, result.reason);
+  std::unordered_set<int64_t> skipped;
+  if (extraction.has_traces_list) {
+    const Container& devices = result.arena.container(extraction.traces_list);
+    for (const TraceColumns& trace : extraction.traces) skipped.insert(devices.items.at(trace.device).num);
+  }
+  try {
+    Converter converter(result.arena, std::move(skipped));
+    nb::object raw = converter.value(result.arena.root);
+    nb::list traces;
+    for (TraceColumns& trace : extraction.traces) {
+      nb::dict fields;
+      fields["device"] = trace.device;
+      fields["has_time"] = trace.has_time;
+      fields["action_local"] = column(std::move(trace.action_local));
+      fields["actions"] = values(converter, trace.actions);
+      fields["address"] = column(std::move(trace.addr));
+      fields["size"] = column(std::move(trace.size));
+      fields["stream"] = column(std::move(trace.stream));
+      fields["time_us"] = column(std::move(trace.time_us));
+      fields["device_free"] = column(std::move(trace.device_free));
+      fields["frames_local"] = column(std::move(trace.frames_local));
+      fields["frames"] = values(converter, trace.frames);
+      fields["has_user_metadata"] = trace.has_user_metadata;
+      fields["metadata_local"] = column(std::move(trace.metadata_local));
+      fields["metadata"] = values(converter, trace.metadata);
+      fields["has_compile_context"] = trace.has_compile_context;
+      fields["context_local"] = column(std::move(trace.context_local));
+      fields["context"] = values(converter, trace.context);
+      fields["first_entry"] = converter.value(trace.first_entry);
+      traces.append(fields);
+    }
+    return nb::make_tuple(true, nb::make_tuple(raw, traces));
+  } catch (const TooDeep&) {
+    return nb::make_tuple(false, "nested too deeply");
+  } catch (nb::python_error& error) {
+    // A value CPython would not build either (a string that is no UTF-8, an unhashable key):
+    // the Python path says what.
+    error.restore();
+    PyErr_Clear();
+    return nb::make_tuple(false, "a value Python refuses");
+  }
+}
+
+}  // namespace
+}  // namespace memlens::scan
+
+NB_MODULE(_scan, m) {
+  m.doc() = "memlens's native snapshot scanner (see src/native/pickle_scan.hpp)";
+  m.def("scan", &memlens::scan::scan, nb::arg("data"),
+        "Scan a snapshot pickle: (False, reason) when declined, else (True, (raw, traces)).");
+}

@@ -1,0 +1,304 @@
+"""The native snapshot scanner (memlens._scan) against the Python path: the same Snapshot, to the
+byte of every column, for every sample and real snapshot (plain and gzipped), for generated
+snapshots of every field type, and the same one-line refusal for every hostile file."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import json
+import os
+import pickle
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import memlens
+from memlens.errors import MemlensFormatError
+from memlens.snapshot import native_scan
+from tests.conftest import real_snapshot_paths
+from tests.hostile_files import dumps, entry, snapshot
+from tests.unit.test_hostile_scan import opcode_streams
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = sorted((REPO / "sample_snapshots").glob("*.pickle"))
+
+pytestmark = pytest.mark.skipif(
+    native_scan._native_scan is None,
+    reason="memlens._scan is not built (pip install -e . with a C++17 compiler builds it)",
+)
+
+
+def fingerprint(value: Any) -> Any:
+    """Everything a Snapshot holds, as comparable plain values (arrays by dtype, shape and bytes)."""
+    if isinstance(value, np.ndarray):
+        return ("array", str(value.dtype), value.shape, value.tobytes())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__name__,
+                tuple((f.name, fingerprint(getattr(value, f.name))) for f in dataclasses.fields(value)))
+    if isinstance(value, dict):
+        return ("dict", tuple((fingerprint(k), fingerprint(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, tuple(fingerprint(v) for v in value))
+    return (type(value).__name__, value)
+
+
+def outcome(path: Path | str, pure_python: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The loaded snapshot's fingerprint, or the one-line error, on one path."""
+    if pure_python:
+        monkeypatch.setenv("MEMLENS_PURE_PYTHON", "1")
+    else:
+        monkeypatch.delenv("MEMLENS_PURE_PYTHON", raising=False)
+    try:
+        return fingerprint(memlens.load(path, cache=False))
+    except MemlensFormatError as exc:
+        return ("error", str(exc))
+
+
+def natively_read(data: bytes, monkeypatch: pytest.MonkeyPatch) -> bool:
+    monkeypatch.delenv("MEMLENS_PURE_PYTHON", raising=False)
+    raw, _reason = native_scan.scan(data)
+    return raw is not None and any(isinstance(t, native_scan.NativeTrace) for t in raw.get("device_traces") or [])
+
+
+@pytest.mark.parametrize("path", [*SAMPLES, *real_snapshot_paths()], ids=lambda p: p.name)
+def test_samples_and_real_snapshots_read_natively_to_the_same_snapshot(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = path.read_bytes()
+    monkeypatch.delenv("MEMLENS_PURE_PYTHON", raising=False)
+    raw, reason = native_scan.scan(data)
+    assert raw is not None, f"the scanner declined a file PyTorch wrote ({reason})"
+    traces = raw.get("device_traces") or [] if isinstance(raw, dict) else []
+    assert all(isinstance(t, native_scan.NativeTrace) for t in traces if t), "a trace went the Python way"
+    expected = outcome(path, True, monkeypatch)
+    assert outcome(path, False, monkeypatch) == expected
+    zipped = tmp_path / (path.name + ".gz")
+    zipped.write_bytes(gzip.compress(data, compresslevel=1))
+    assert outcome(zipped, False, monkeypatch) == outcome(zipped, True, monkeypatch)
+
+
+def test_pure_python_turns_the_scanner_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMLENS_PURE_PYTHON", "1")
+    assert native_scan.scanner() is None
+    assert native_scan.scan(SAMPLES[0].read_bytes()) == (None, "the native scanner is off")
+
+
+def _write(tmp_path: Path, data: bytes, name: str = "case.pickle") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+# Files the scanner must decline (the Python path's answer stands), and files it reads itself.
+SHARED_ENTRY = entry("alloc", 0x7000_0000, 512)
+DECLINED = {
+    "protocol 0": pickle.dumps(snapshot(), protocol=0),
+    "bool addr": dumps(snapshot(device_traces=[[entry("alloc", True, 512)]])),
+    "float size": dumps(snapshot(device_traces=[[entry("alloc", 0, 512.0)]])),
+    "negative size": dumps(snapshot(device_traces=[[entry("alloc", 0, -1)]])),
+    "time past int64": dumps(snapshot(device_traces=[[entry("alloc", 0, 512, time_us=1 << 63)]])),
+    "addr past 2**64": dumps(snapshot(device_traces=[[entry("alloc", 1 << 64, 512)]])),
+    "no action": dumps(snapshot(device_traces=[[{"addr": 0, "size": 1}]])),
+    "frames text": dumps(snapshot(device_traces=[[entry("alloc", 0, 512, frames="main")]])),
+    "metadata int": dumps(snapshot(device_traces=[[entry("alloc", 0, 512, user_metadata=3)]])),
+    "oom free negative": dumps(snapshot(device_traces=[[entry("oom", 0, 512, device_free=-5)]])),
+    "global": pickle.dumps({"segments": [], "device_traces": [], "x": os.getcwd}, protocol=4),
+    "truncated": dumps(snapshot())[:-40],
+}
+SHARED_TRACES: list[Any] = [[entry("alloc", 0, 512)]]
+SELF_HOLDING: dict[str, Any] = snapshot()
+SELF_HOLDING["itself"] = SELF_HOLDING
+DECLINED.update({
+    # Another key reaches the traces: they go the Python way, so that key's copy holds the entries.
+    "traces under another key too": dumps(snapshot(device_traces=SHARED_TRACES, copy=SHARED_TRACES)),
+    "root holds itself": dumps(SELF_HOLDING),
+})
+READ = {
+    "shared entry": dumps(snapshot(device_traces=[[SHARED_ENTRY, SHARED_ENTRY]])),  # that device: Python
+    "uint64 stream and addr": dumps(snapshot(device_traces=[[entry("alloc", (1 << 64) - 512, 512,
+                                                                   stream=(1 << 64) - 1)]])),
+    "metadata and context": dumps(snapshot(device_traces=[[
+        entry("alloc", 0, 512, user_metadata="step 1", compile_context="N/A"),
+        entry("alloc", 512, 512, user_metadata="", compile_context="region"),
+        entry("free_completed", 512, 512, user_metadata=None),
+        entry("oom", 0, 1 << 30, device_free=1 << 20)]])),
+    "no time": dumps(snapshot(device_traces=[[{"action": "alloc", "addr": 0, "size": 512, "stream": 0}]])),
+    "bytes after stop": dumps(snapshot()) + b"\x00garbage",
+    "bare list": dumps(snapshot()["segments"]),
+    "two devices, one empty": dumps(snapshot(device_traces=[[entry("alloc", 0, 512)], []])),
+    "long frame text": dumps(snapshot(device_traces=[[entry("alloc", 0, 512, frames=[
+        {"filename": "x" * 5000, "line": (1 << 64) - 1, "name": "n" * 300}])]])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DECLINED))
+def test_what_the_scanner_declines_gets_the_python_answer(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = DECLINED[name]
+    assert not natively_read(data, monkeypatch)
+    path = _write(tmp_path, data)
+    assert outcome(path, False, monkeypatch) == outcome(path, True, monkeypatch)
+
+
+@pytest.mark.parametrize("name", sorted(READ))
+def test_what_the_scanner_reads_is_what_python_reads(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = _write(tmp_path, READ[name])
+    assert outcome(path, False, monkeypatch) == outcome(path, True, monkeypatch)
+
+
+_INTS = st.one_of(st.integers(-(1 << 64), 1 << 65), st.sampled_from([0, 1, 512, (1 << 63) - 1, (1 << 64) - 1]))
+_FIELD_VALUES = st.one_of(_INTS, st.none(), st.booleans(), st.floats(allow_nan=False), st.text(max_size=8))
+_FRAME = st.fixed_dictionaries({"filename": st.text(max_size=5), "line": _INTS, "name": st.text(max_size=5)})
+_ENTRY = st.fixed_dictionaries(
+    {"action": st.sampled_from(["alloc", "free_requested", "free_completed", "segment_alloc", "oom", "other"])},
+    optional={
+        "addr": _INTS, "size": st.one_of(st.integers(0, 1 << 20), _FIELD_VALUES), "stream": _INTS,
+        "time_us": st.one_of(st.integers(1, 1 << 40), _FIELD_VALUES), "device_free": _FIELD_VALUES,
+        "frames": st.one_of(st.none(), st.lists(_FRAME, max_size=3)),
+        "user_metadata": st.one_of(st.none(), st.sampled_from(["", "N/A", "a", "b"]), _FIELD_VALUES),
+        "compile_context": st.one_of(st.none(), st.sampled_from(["N/A", "c"])),
+        "extra": _FIELD_VALUES,
+    },
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(traces=st.lists(st.lists(_ENTRY, max_size=6), max_size=3), protocol=st.integers(2, 5),
+       share_frames=st.booleans())
+def test_generated_traces_read_the_same_on_both_paths(
+    traces: list[list[dict[str, Any]]], protocol: int, share_frames: bool, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if share_frames:  # one frames list shared by every entry that has frames, as PyTorch's memo does
+        shared = next((e["frames"] for t in traces for e in t if e.get("frames")), None)
+        for trace in traces:
+            for item in trace:
+                if item.get("frames") and shared is not None:
+                    item["frames"] = shared
+    path = _write(tmp_path, pickle.dumps(snapshot(device_traces=traces), protocol=protocol))
+    assert outcome(path, False, monkeypatch) == outcome(path, True, monkeypatch)
+
+
+# ------------------------------------------------------------------ the hostile corpus, both paths
+
+MEMORY_LIMIT = 2 << 30
+_LOAD_ALL = """
+import hashlib, json, sys
+import memlens
+from memlens.errors import MemlensError
+from tests.unit.test_native_scan import fingerprint
+out = {}
+for path in sys.argv[1:]:
+    try:
+        out[path] = "loaded " + hashlib.sha256(repr(fingerprint(memlens.load(path, cache=False))).encode()).hexdigest()
+    except MemlensError as exc:
+        out[path] = "refused " + str(exc)
+    except MemoryError:
+        out[path] = "MemoryError"
+print(json.dumps(out))
+"""
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def _load_all(paths: list[str], pure_python: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "MEMLENS_PURE_PYTHON"}
+    if pure_python:
+        env["MEMLENS_PURE_PYTHON"] = "1"
+    result = subprocess.run([sys.executable, "-c", _LOAD_ALL, *paths], capture_output=True, text=True, cwd=REPO,
+                            env=env, preexec_fn=_limit_memory, timeout=900, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_every_hostile_file_gets_the_same_answer_on_both_paths(tmp_path: Path) -> None:
+    from tests.hostile_files import CORPUS
+
+    paths = []
+    for attack, builds in CORPUS.items():
+        for name, build in builds.items():
+            safe = hashlib.sha1(f"{attack}/{name}".encode()).hexdigest()[:12]
+            paths.append(str(_write(tmp_path, build(), f"{safe}.pickle")))
+    native, python = _load_all(paths, False), _load_all(paths, True)
+    assert native == python
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(opcode_streams(), st.binary(max_size=64).map(lambda b: b"\x80\x04" + b)))
+def test_random_opcode_streams_read_the_same_on_both_paths(data: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random opcodes through the scanner and its conversion to Python objects (the part the
+    libFuzzer harness does not reach): no crash, and the Python path's answer."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "random.pickle"
+        path.write_bytes(data)
+        assert outcome(path, False, monkeypatch) == outcome(path, True, monkeypatch)
+
+
+_BASE = dumps(snapshot(device_traces=[[entry("alloc", 0, 512, user_metadata="m"), entry("oom", 0, 1 << 30)]]))
+
+
+def test_a_frame_shorter_than_its_opcodes_gets_the_python_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the mutation test below: a FRAME claiming 524 bytes of a 746-byte pickle. Reading a
+    file, CPython's unpickler drops the frame's rest at its end (pickle.loads of the bytes would
+    not): the scanner must decline such a stream, not read it as pickle.loads does."""
+    data = bytearray(_BASE)
+    assert data[2] == 0x95  # FRAME, then its 8-byte length
+    data[3] = 12  # the length's low byte: 0x2df becomes 0x20c, ending the frame inside an opcode
+    assert not natively_read(bytes(data), monkeypatch)
+    path = _write(tmp_path, bytes(data))
+    assert outcome(path, False, monkeypatch) == outcome(path, True, monkeypatch)
+
+
+def test_a_stop_inside_a_frame_gets_the_python_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by mutating snapshots: a STOP with its frame running on past it. The Python path hands
+    the unpickler nothing after STOP, so the frame cannot be read whole: "truncated" there, where
+    pickle.loads (and the scanner, before) returned the value on the stack."""
+    body = dumps(snapshot())[11:-1] + b"."  # the frame's opcodes, STOP included
+    data = b"\x80\x04\x95" + (len(body) + 2).to_bytes(8, "little") + body + b"N."
+    assert not natively_read(data, monkeypatch)
+    path = _write(tmp_path, data)
+    assert outcome(path, True, monkeypatch) == outcome(path, False, monkeypatch)
+    assert "ends early" in outcome(path, True, monkeypatch)[1]
+
+
+@st.composite
+def mutated_snapshots(draw: st.DrawFn) -> bytes:
+    """A small valid snapshot with a few bytes changed, inserted or cut: most still unpickle."""
+    data = bytearray(_BASE)
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(data) - 1))
+        kind = draw(st.sampled_from(["flip", "insert", "cut"]))
+        if kind == "flip":
+            data[at] = draw(st.integers(0, 255))
+        elif kind == "insert":
+            data[at:at] = draw(st.binary(min_size=1, max_size=4))
+        else:
+            del data[at:at + draw(st.integers(1, 8))]
+    return bytes(data)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=mutated_snapshots())
+def test_mutated_snapshots_read_the_same_on_both_paths(data: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "mutated.pickle"
+        path.write_bytes(data)
+        assert outcome(path, False, monkeypatch) == outcome(path, True, monkeypatch)
