@@ -33,6 +33,10 @@ def module_names(package_dir: Path) -> dict[str, Path]:
         if parts[-1] == "__init__":
             parts.pop()
         modules[".".join(parts)] = path
+    # A compiled extension (memlens._native, memlens._scan) is a leaf module, known by its stub.
+    for stub in sorted(package_dir.rglob("*.pyi")):
+        parts = list(stub.relative_to(package_dir.parent).with_suffix("").parts)
+        modules.setdefault(".".join(parts), stub)
     return modules
 
 
