@@ -43,6 +43,7 @@ import msgspec
 
 from memlens.errors import MemlensFormatError
 from memlens.files import FileRefused, OpenedFile, open_regular
+from memlens.snapshot.holder_types import LeakHolders, read_leak_holders
 
 SIDECAR_VERSION = 2
 SIDECAR_SUFFIX = ".memlens.json"
@@ -212,9 +213,10 @@ class Sidecar(_Part):
     recorder: RecorderSettings | None = None
     tensor_roles: TensorRoles | None = None
     outside_pytorch: list[OutsideReading] | None = None
-    # The objects the recorder found holding a leak's tensors (``memlens.recorder.holders``);
-    # read, entry by entry, by ``memlens.analysis.leak.read_holders``.
-    leak_holders: dict[Text, Any] | None = None
+    # The objects the recorder found holding a leak's tensors (``memlens.recorder.holders``).
+    # Read by ``read_leak_holders`` (one holder of the wrong shape is skipped, not the sidecar):
+    # see ``sidecar_from_builtins``.
+    leak_holders: LeakHolders | None = None
 
     @property
     def capacity_bytes(self) -> int | None:
@@ -261,12 +263,22 @@ def sidecar_from_builtins(raw: Any, source: str = "<sidecar>") -> Sidecar:
         raise SidecarError(source, f"not a memlens sidecar: memlens_sidecar_version {version}")
     if version == 1:
         raw = _from_version_1(raw)
+    # The holders are read on their own, tolerantly: a holder that does not fit is dropped, and
+    # the rest of the sidecar (the budget's shapes, the steps) still counts. A section that is not
+    # an object at all is a file that is not a sidecar, as for every other part.
+    holders = raw.get("leak_holders")
+    if holders is not None and not isinstance(holders, dict):
+        raise SidecarError(source, f"not a memlens sidecar: leak_holders is a JSON {_json_kind(holders)}, "
+                                   "not an object - at `$.leak_holders`")
     try:
-        return msgspec.convert(raw, Sidecar)
+        sidecar = msgspec.convert({k: v for k, v in raw.items() if k != "leak_holders"}, Sidecar)
     except msgspec.ValidationError as exc:
         raise SidecarError(source, f"not a memlens sidecar: {exc}") from None
     except RecursionError:
         raise SidecarError(source, "not a memlens sidecar: nested too deeply") from None
+    if holders is None:
+        return sidecar
+    return msgspec.structs.replace(sidecar, leak_holders=read_leak_holders(holders))
 
 
 def read_sidecar_file(path: str | os.PathLike[str] | OpenedFile) -> Sidecar:

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -74,7 +74,7 @@ from memlens.analysis.settings import (
     LEAK_SHORT_RUN_STEPS,
     LEAK_WARMUP_STEPS,
 )
-from memlens.snapshot.holder_types import Holder, StoreLine, read_leak_holders
+from memlens.snapshot.holder_types import Holder, LeakHolders, StoreLine
 from memlens.snapshot.model import Frame
 from memlens.units import format_bytes
 
@@ -352,10 +352,11 @@ class HolderMatch:
         return self.named[0].where if len(self.named) == 1 else None
 
 
-def read_holders(section: dict[str, Any] | None) -> list[HolderMatch]:
-    """The holders the recorder found at the dump (the sidecar's ``leak_holders``, read by the
-    one reader of ``memlens.snapshot.holder_types``), not yet matched to a leak."""
-    holders = read_leak_holders(section).holders
+def read_holders(section: LeakHolders | None) -> list[HolderMatch]:
+    """The holders the recorder found at the dump (the sidecar's ``leak_holders``, already read
+    by the one reader of ``memlens.snapshot.holder_types`` with the sidecar), not yet matched to
+    a leak."""
+    holders = section.holders if section is not None else []
     return [HolderMatch(holder, holder.addresses) for holder in holders]
 
 

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from memlens.analysis.lenses.lines import FileDiffRecord
+from memlens.compare import SnapshotDiffRecord
 from memlens.errors import MemlensUsageError
 
 if TYPE_CHECKING:
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
     from memlens.files import OpenedFile
     from memlens.ops.triage import Progress
 
-__all__ = ["DiffAnswer", "DiffOptions", "diff", "diff_analyses"]
+__all__ = ["DiffAnswer", "DiffAnswerRecord", "DiffOptions", "diff", "diff_analyses"]
 
 MAX_TOP = 100
 
@@ -46,11 +48,20 @@ class DiffAnswer:
     snapshots: SnapshotDiff
     file: FileDiff | None = None
 
+    def record(self) -> DiffAnswerRecord:
+        """The answer as its JSON form's struct (``memlens diff --json``, the MCP diff tool)."""
+        compared = self.snapshots.record()
+        fields = {name: getattr(compared, name) for name in compared.__struct_fields__}
+        return DiffAnswerRecord(**fields, file=self.file.record() if self.file is not None else None)
+
     def to_json(self) -> dict[str, Any]:
-        payload = self.snapshots.to_json()
-        if self.file is not None:
-            payload["file"] = self.file.to_json()
-        return payload
+        return msgspec.to_builtins(self.record())
+
+
+class DiffAnswerRecord(SnapshotDiffRecord, frozen=True, omit_defaults=True):
+    """``SnapshotDiffRecord`` and, when a file was asked for, its lines (no ``file`` key otherwise)."""
+
+    file: FileDiffRecord | None = None
 
 
 def diff(before: str | OpenedFile, after: str | OpenedFile, options: DiffOptions | None = None,

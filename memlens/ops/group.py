@@ -19,20 +19,26 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from memlens.analysis.lenses.groups import GroupBreakdown, group_live
+from memlens.analysis.lenses.groups import GroupBreakdown, GroupBreakdownRecord, group_live
 from memlens.analysis.lenses.inputs import lens_inputs_of
 from memlens.analysis.lenses.labels import GROUP_BYS
-from memlens.analysis.lenses.lines import FileBreakdown, file_lines
+from memlens.analysis.lenses.lines import FileBreakdown, FileBreakdownRecord, file_lines
 from memlens.analysis.lenses.moments import MomentSpec, resolve_moment
 from memlens.analysis.lenses.rules import Rule
-from memlens.analysis.lenses.stages import StageRuns, StageSummary, annotation_stages, summarize_stages
+from memlens.analysis.lenses.stages import (
+    StageRecord,
+    StageRuns,
+    StageSummary,
+    annotation_stages,
+    summarize_stages,
+)
 from memlens.errors import MemlensUsageError
 
 if TYPE_CHECKING:
     from memlens.analysis.analysis import Analysis
 
-__all__ = ["GROUP_BYS", "GroupOptions", "GroupResult", "LinesOptions", "LinesResult", "StagesResult", "group",
-           "lines", "stages"]
+__all__ = ["GROUP_BYS", "GroupOptions", "GroupResult", "GroupResultRecord", "LinesOptions", "LinesResult",
+           "LinesResultRecord", "StagesResult", "StagesResultRecord", "group", "lines", "stages"]
 
 
 class GroupOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,8 +59,18 @@ class GroupResult(msgspec.Struct, frozen=True):
     start_us: int | None  # the first row's time, to print "+1.234 s"
     groups: GroupBreakdown
 
+    def record(self) -> GroupResultRecord:
+        """The answer as its JSON form's struct (``memlens group --json``, the MCP group_by tool)."""
+        return GroupResultRecord(self.source, self.device, self.groups.record())
+
     def to_json(self) -> dict[str, Any]:
-        return {"source": self.source, "device": self.device, "groups": self.groups.to_json()}
+        return msgspec.to_builtins(self.record())
+
+
+class GroupResultRecord(msgspec.Struct, frozen=True):
+    source: str
+    device: int
+    groups: GroupBreakdownRecord
 
 
 class StagesResult(msgspec.Struct, frozen=True):
@@ -65,9 +81,23 @@ class StagesResult(msgspec.Struct, frozen=True):
     by_name: list[StageSummary]
     runs: StageRuns
 
+    def record(self) -> StagesResultRecord:
+        """The answer as its JSON form's struct (``memlens stages --json``)."""
+        return StagesResultRecord(self.source, self.device, StagesRecord(list(self.by_name), self.runs.records()))
+
     def to_json(self) -> dict[str, Any]:
-        return {"source": self.source, "device": self.device,
-                "stages": {"by_name": [s.to_json() for s in self.by_name], "runs": self.runs.to_json()}}
+        return msgspec.to_builtins(self.record())
+
+
+class StagesRecord(msgspec.Struct, frozen=True):
+    by_name: list[StageSummary]  # most added first
+    runs: list[StageRecord]  # oldest first
+
+
+class StagesResultRecord(msgspec.Struct, frozen=True):
+    source: str
+    device: int
+    stages: StagesRecord
 
 
 class LinesOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,8 +116,18 @@ class LinesResult(msgspec.Struct, frozen=True):
     start_us: int | None
     file: FileBreakdown
 
+    def record(self) -> LinesResultRecord:
+        """The answer as its JSON form's struct (``memlens lines --json``)."""
+        return LinesResultRecord(self.source, self.device, self.file.record())
+
     def to_json(self) -> dict[str, Any]:
-        return {"source": self.source, "device": self.device, "file": self.file.to_json()}
+        return msgspec.to_builtins(self.record())
+
+
+class LinesResultRecord(msgspec.Struct, frozen=True):
+    source: str
+    device: int
+    file: FileBreakdownRecord
 
 
 def group(analysis: Analysis, options: GroupOptions) -> GroupResult:

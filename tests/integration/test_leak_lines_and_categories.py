@@ -144,11 +144,11 @@ def test_every_block_the_holder_keeps_is_counted(out: Path, pattern: str) -> Non
     report = recorded(out, pattern)
     leak = the_leak(report)
     assert report.sidecar is not None and report.sidecar.leak_holders is not None
-    holder = next(h for h in report.sidecar.leak_holders["holders"] if h["holder"] == leak.evidence["held_by"])
-    assert holder["blocks_total"] == STEPS  # one tensor a step, the first step's included
+    holder = next(h for h in report.sidecar.leak_holders.holders if h.holder == leak.evidence["held_by"])
+    assert holder.blocks_total == STEPS  # one tensor a step, the first step's included
     assert leak.evidence["held_by_blocks"] == leak.evidence["leak_blocks_at_dump"] == STEPS
     assert f"{STEPS} of the {STEPS} leaked blocks alive at the dump" in leak.summary
-    assert leak.evidence["held_by_bytes"] == holder["bytes"] == leak.bytes
+    assert leak.evidence["held_by_bytes"] == holder.bytes == leak.bytes
 
 
 @pytest.mark.timeout(900)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 
 from memlens.cli.main import cli
 from memlens.errors import MemlensUsageError
 from memlens.mcp_server import Tools
-from memlens.ops.diff import DiffOptions, diff
+from memlens.ops.diff import DiffAnswerRecord, DiffOptions, diff
 from memlens.ops.whatif import WhatIfOptions
 from tests.conftest import SAMPLE_SNAPSHOTS_DIR
 
@@ -31,6 +32,19 @@ def test_diff_with_a_file_is_one_answer() -> None:
     assert cli_json("diff", RANK0, RANK1, "--top", "5", "--file", "train_tiny.py", "--json") == answer
     assert Tools().diff(RANK0, RANK1, top=5, file="train_tiny.py") == answer
     assert "file" not in Tools().diff(RANK0, RANK1, top=5)
+
+
+def test_the_diffs_json_decodes_back_into_its_type() -> None:
+    """With and without a file: one struct's encoding (no ``file`` key when none was asked for)."""
+    for options in (DiffOptions(top=5, file="train_tiny.py"), DiffOptions(top=5)):
+        answer = diff(RANK0, RANK1, options)
+        record = answer.record()
+        assert msgspec.json.decode(json.dumps(answer.to_json()), type=DiffAnswerRecord) == record
+        assert ("file" in answer.to_json()) == (options.file is not None)
+    # A file in only one of the snapshots: that side is null, and still decodes.
+    one_sided = diff(LEAK, RANK1, DiffOptions(file="train_tiny.py")).record()
+    assert one_sided.file is not None
+    assert msgspec.json.decode(msgspec.json.encode(one_sided), type=DiffAnswerRecord) == one_sided
 
 
 def test_whatif_is_one_answer() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import msgspec
 import pytest
 
 from memlens.analysis import analyze_snapshot
@@ -14,7 +16,16 @@ from memlens.analysis.lenses.moments import Row, StepNumber, Time, Window, resol
 from memlens.analysis.lenses.rules import parse_rules
 from memlens.analysis.lenses.stages import annotation_stages, summarize_stages
 from memlens.errors import MemlensUsageError
-from memlens.ops.group import GroupOptions, LinesOptions, group, lines, stages
+from memlens.ops.group import (
+    GroupOptions,
+    GroupResultRecord,
+    LinesOptions,
+    LinesResultRecord,
+    StagesResultRecord,
+    group,
+    lines,
+    stages,
+)
 from memlens.ops.moments import moment_from_text, parse_point, parse_window
 from tests.unit.tracebuilder import MODEL, MiB, training_run
 
@@ -138,6 +149,19 @@ def test_stages_and_lines_are_the_engines(analysis: Any) -> None:
     assert at_step.to_json()["file"]["moment"]["how"] == "step"
     with pytest.raises(MemlensUsageError, match="no frame of any recorded stack"):
         lines(analysis, LinesOptions(path="nosuch.py"))
+
+
+def test_each_lens_results_json_decodes_back_into_its_type(analysis: Any) -> None:
+    """The JSON is the encoding of one struct, so a reader gets the same typed value back."""
+    answers = [(group(analysis, GroupOptions(by="annotation", moment=spec)), GroupResultRecord)
+               for spec in (None, StepNumber(1), Window(Row(10), Row(40)))]
+    answers += [(stages(analysis), StagesResultRecord),
+                (lines(analysis, LinesOptions(path="model.py", moment=StepNumber(1))), LinesResultRecord)]
+    for result, record_type in answers:
+        record = result.record()
+        assert isinstance(record, record_type)
+        assert msgspec.json.decode(json.dumps(result.to_json()), type=record_type) == record
+        assert msgspec.json.decode(msgspec.json.encode(record)) == result.to_json()
 
 
 # --------------------------------------------------------------------------- the MCP tool

@@ -258,3 +258,27 @@ def test_free_form_parts_may_not_nest_deeply() -> None:
     with pytest.raises(SidecarError, match="nested more than 32 levels"):
         read_sidecar(b'{"memlens_sidecar_version": 2, "leak_holders": {"x": ' + deep + b"}}", "run.memlens.json")
     assert read_sidecar(b'{"allocator_settings": {"x": ' + b"[" * 20 + b"]" * 20 + b"}}", "x").allocator_settings
+
+
+def test_leak_holders_are_typed_and_one_bad_holder_is_skipped_not_the_sidecar() -> None:
+    """The sidecar's ``leak_holders`` is the recorder's ``LeakHolders``; a holder of the wrong
+    shape is dropped on the way in and the rest of the sidecar (and the other holders) read."""
+    from memlens.snapshot.holder_types import Holder, LeakHolders
+
+    good = {"holder": "list `kept` (global in train.py)", "blocks": [[4096, 512]], "bytes": 512}
+    data = json.dumps({"memlens_sidecar_version": 2, "reason": "exit",
+                       "leak_holders": {"holders": [good, {"holder": 3}], "complete": True}}).encode()
+    sidecar = read_sidecar(data, "run.memlens.json")
+    assert sidecar.reason == "exit"
+    assert isinstance(sidecar.leak_holders, LeakHolders)
+    assert sidecar.leak_holders.holders == [Holder(good["holder"], blocks=((4096, 512),), bytes=512)]
+    assert sidecar.leak_holders.complete is False  # what was read is not the whole search
+    assert read_sidecar(b'{"memlens_sidecar_version": 2, "leak_holders": {"holders": "x"}}', "x").leak_holders \
+        == LeakHolders(complete=False)
+    assert read_sidecar(b'{"memlens_sidecar_version": 2}', "x").leak_holders is None
+    # A well-formed section reads as it is, and encodes back to the same section.
+    whole = {"holders": [good], "complete": True, "holders_total": 1}
+    typed = read_sidecar(json.dumps({"memlens_sidecar_version": 2, "leak_holders": whole}).encode(), "x")
+    assert typed.leak_holders == msgspec.convert(whole, LeakHolders)
+    again = read_sidecar(encode_sidecar(typed), "x")
+    assert again.leak_holders == typed.leak_holders

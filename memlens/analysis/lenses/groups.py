@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from memlens.analysis.lenses.inputs import LensInputs, allocated_at, exact_bincount, time_of
 from memlens.analysis.lenses.labels import UNACCOUNTED, Labels, labels_for
-from memlens.analysis.lenses.moments import Moment, event_text, whole_peak
+from memlens.analysis.lenses.moments import Moment, MomentRecord, event_text, whole_peak
 from memlens.analysis.lenses.rules import Rule
 
 
@@ -26,9 +27,16 @@ class Group:
     bytes: int
     blocks: int
 
-    def to_json(self, total: int) -> dict[str, Any]:
-        return {"name": self.name, "bytes": self.bytes, "share": self.bytes / total if total else 0.0,
-                "blocks": self.blocks}
+    def record(self, total: int) -> GroupRecord:
+        """The group as its JSON form's struct, with its share of ``total`` bytes."""
+        return GroupRecord(self.name, self.bytes, self.bytes / total if total else 0.0, self.blocks)
+
+
+class GroupRecord(msgspec.Struct, frozen=True):
+    name: str
+    bytes: int
+    share: float  # of the bytes allocated at the moment (0.0 when none were)
+    blocks: int
 
 
 @dataclass(frozen=True)
@@ -42,14 +50,21 @@ class GroupBreakdown:
     allocated_bytes: int
     groups: list[Group]
 
+    def record(self) -> GroupBreakdownRecord:
+        """The breakdown as its JSON form's struct (``memlens group --json``, the MCP group_by tool)."""
+        return GroupBreakdownRecord(self.group_by, self.device, self.moment.record(self.time_us),
+                                    self.allocated_bytes, [g.record(self.allocated_bytes) for g in self.groups])
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "group_by": self.group_by,
-            "device": self.device,
-            "moment": self.moment.to_json(self.time_us),
-            "allocated_bytes": self.allocated_bytes,
-            "groups": [g.to_json(self.allocated_bytes) for g in self.groups],
-        }
+        return msgspec.to_builtins(self.record())
+
+
+class GroupBreakdownRecord(msgspec.Struct, frozen=True):
+    group_by: str
+    device: int
+    moment: MomentRecord
+    allocated_bytes: int
+    groups: list[GroupRecord]
 
 
 def group_labels_at(inputs: LensInputs, labels: Labels, event: int | None, group_by: str,

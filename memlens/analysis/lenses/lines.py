@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from memlens.analysis.lenses.inputs import I64, LensInputs, allocated_at, exact_bincount, time_of
-from memlens.analysis.lenses.moments import Moment, whole_peak
+from memlens.analysis.lenses.moments import Moment, MomentRecord, whole_peak
 from memlens.analysis.live import BEFORE_FIRST_ROW, LiveIndex
 from memlens.analysis.stacks import StackFacts, is_python_frame
 from memlens.errors import MemlensUsageError
@@ -35,15 +36,13 @@ def file_matches(filename: str, path: str) -> bool:
     return name == wanted or name.endswith("/" + wanted.lstrip("/"))
 
 
-@dataclass(frozen=True)
-class LineBytes:
+class LineBytes(msgspec.Struct, frozen=True):
+    """Bytes held by one line of the file (its JSON form as it is)."""
+
     line: int
     function: str  # the frame's function at that line
     bytes: int
     blocks: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"line": self.line, "function": self.function, "bytes": self.bytes, "blocks": self.blocks}
 
 
 @dataclass(frozen=True)
@@ -70,15 +69,27 @@ class FileBreakdown:
     def elsewhere_bytes(self) -> int:
         return self.allocated_bytes - self.file_bytes
 
+    def record(self) -> FileBreakdownRecord:
+        """The breakdown as its JSON form's struct (``memlens lines --json``)."""
+        return FileBreakdownRecord(self.path, list(self.files), self.device, self.moment.record(self.time_us),
+                                   self.allocated_bytes, self.file_bytes, self.elsewhere_bytes,
+                                   self.file_peak_event, self.file_peak_bytes, list(self.lines))
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path, "files": list(self.files), "device": self.device,
-            "moment": self.moment.to_json(self.time_us),
-            "allocated_bytes": self.allocated_bytes, "file_bytes": self.file_bytes,
-            "elsewhere_bytes": self.elsewhere_bytes,
-            "file_peak_event": self.file_peak_event, "file_peak_bytes": self.file_peak_bytes,
-            "lines": [line.to_json() for line in self.lines],
-        }
+        return msgspec.to_builtins(self.record())
+
+
+class FileBreakdownRecord(msgspec.Struct, frozen=True):
+    path: str
+    files: list[str]
+    device: int
+    moment: MomentRecord
+    allocated_bytes: int
+    file_bytes: int
+    elsewhere_bytes: int
+    file_peak_event: int | None
+    file_peak_bytes: int
+    lines: list[LineBytes]
 
 
 @dataclass(frozen=True)
@@ -171,9 +182,16 @@ class LineChange:
     def delta_bytes(self) -> int:
         return self.after_bytes - self.before_bytes
 
-    def to_json(self) -> dict[str, Any]:
-        return {"line": self.line, "function": self.function, "before": self.before_bytes,
-                "after": self.after_bytes, "delta": self.delta_bytes}
+    def record(self) -> LineChangeRecord:
+        return LineChangeRecord(self.line, self.function, self.before_bytes, self.after_bytes, self.delta_bytes)
+
+
+class LineChangeRecord(msgspec.Struct, frozen=True):
+    line: int
+    function: str
+    before: int
+    after: int
+    delta: int
 
 
 @dataclass(frozen=True)
@@ -185,18 +203,45 @@ class FileDiff:
     after: FileBreakdown | None
     lines: list[LineChange] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        def side(b: FileBreakdown | None) -> dict[str, Any] | None:
-            if b is None:
-                return None
-            return {"files": list(b.files), "event": b.moment.event, "moment": b.moment.text,
-                    "allocated_bytes": b.allocated_bytes, "file_bytes": b.file_bytes}
-
+    def record(self) -> FileDiffRecord:
+        """The diff as its JSON form's struct (``memlens diff --file --json``, the MCP diff tool)."""
         before = self.before.file_bytes if self.before else 0
         after = self.after.file_bytes if self.after else 0
-        return {"path": self.path, "before": side(self.before), "after": side(self.after),
-                "file_bytes": {"before": before, "after": after, "delta": after - before},
-                "lines": [c.to_json() for c in self.lines]}
+        return FileDiffRecord(self.path, FileDiffSide.of(self.before), FileDiffSide.of(self.after),
+                              FileBytesChange(before, after, after - before), [c.record() for c in self.lines])
+
+    def to_json(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self.record())
+
+
+class FileDiffSide(msgspec.Struct, frozen=True):
+    """One snapshot's side of a ``FileDiff``: where the file matched and what it held then."""
+
+    files: list[str]
+    event: int | None
+    moment: str  # the moment's text ("the peak")
+    allocated_bytes: int
+    file_bytes: int
+
+    @classmethod
+    def of(cls, side: FileBreakdown | None) -> FileDiffSide | None:
+        if side is None:
+            return None
+        return cls(list(side.files), side.moment.event, side.moment.text, side.allocated_bytes, side.file_bytes)
+
+
+class FileBytesChange(msgspec.Struct, frozen=True):
+    before: int
+    after: int
+    delta: int
+
+
+class FileDiffRecord(msgspec.Struct, frozen=True):
+    path: str
+    before: FileDiffSide | None  # None: the file is in no stack of that snapshot
+    after: FileDiffSide | None
+    file_bytes: FileBytesChange
+    lines: list[LineChangeRecord]
 
 
 def diff_file_lines(before: LensInputs, after: LensInputs, path: str, before_moment: Moment | None = None,

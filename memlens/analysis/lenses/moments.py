@@ -12,7 +12,7 @@ the errors here name the moment, never the option that gave it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import msgspec
 import numpy as np
@@ -87,9 +87,19 @@ class Moment:
     text: str  # as people read it: "the peak", "event 1,234", "the peak of step 3", ...
     window: tuple[int, int] | None = None  # [first, last] rows searched for a peak
 
-    def to_json(self, time_us: int | None) -> dict[str, Any]:
-        return {"event": self.event, "how": self.how, "text": self.text,
-                "window": list(self.window) if self.window else None, "time_us": time_us}
+    def record(self, time_us: int | None) -> MomentRecord:
+        """The moment as its JSON form's struct, with the row's time (``time_of``)."""
+        return MomentRecord(self.event, self.how, self.text, list(self.window) if self.window else None, time_us)
+
+
+class MomentRecord(msgspec.Struct, frozen=True):
+    """A resolved moment in the lens results' JSON (``Moment.record``)."""
+
+    event: int | None
+    how: str
+    text: str
+    window: list[int] | None  # [first, last] (a list: what to_builtins gives is what JSON reads back)
+    time_us: int | None
 
 
 def event_text(event: int | None) -> str:

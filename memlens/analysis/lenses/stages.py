@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -39,11 +39,26 @@ class Stage:
     def added_bytes(self) -> int:
         return self.bytes_at_end - self.bytes_at_start
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "start_us": self.start_us, "end_us": self.end_us,
-                "start_event": self.start_event, "end_event": self.end_event,
-                "bytes_at_start": self.bytes_at_start, "bytes_at_end": self.bytes_at_end,
-                "added_bytes": self.added_bytes, "peak_bytes": self.peak_bytes, "peak_event": self.peak_event}
+    def record(self) -> StageRecord:
+        """The run as its JSON form's struct (``memlens stages --json``)."""
+        return StageRecord(self.name, self.start_us, self.end_us, self.start_event, self.end_event,
+                           self.bytes_at_start, self.bytes_at_end, self.added_bytes, self.peak_bytes,
+                           self.peak_event)
+
+
+class StageRecord(msgspec.Struct, frozen=True):
+    """One run of a scope in the JSON (``Stage`` with its ``added_bytes``)."""
+
+    name: str
+    start_us: int
+    end_us: int
+    start_event: int
+    end_event: int
+    bytes_at_start: int
+    bytes_at_end: int
+    added_bytes: int
+    peak_bytes: int
+    peak_event: int
 
 
 @dataclass(frozen=True)
@@ -73,8 +88,8 @@ class StageRuns:
     def __iter__(self) -> Iterator[Stage]:
         return (self[i] for i in range(len(self)))
 
-    def to_json(self) -> list[dict[str, Any]]:
-        return [stage.to_json() for stage in self]
+    def records(self) -> list[StageRecord]:
+        return [stage.record() for stage in self]
 
     @classmethod
     def empty(cls) -> StageRuns:
@@ -82,19 +97,14 @@ class StageRuns:
         return cls((), none, none, none, none, none, none, none, none, none)
 
 
-@dataclass(frozen=True)
-class StageSummary:
-    """Every run of one scope name together."""
+class StageSummary(msgspec.Struct, frozen=True):
+    """Every run of one scope name together (its JSON form as it is)."""
 
     name: str
     runs: int
     added_bytes: int  # summed over the runs
     max_added_bytes: int
     peak_bytes: int  # the highest peak inside any run
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "runs": self.runs, "added_bytes": self.added_bytes,
-                "max_added_bytes": self.max_added_bytes, "peak_bytes": self.peak_bytes}
 
 
 def _levels(trace: DeviceTrace, rows: I64) -> I64:
