@@ -35,11 +35,8 @@ class NativeCachingAllocatorSimulator(_native.Simulator):
         settings = settings or AllocatorSettings()
         if capacity is not None and capacity <= 0:
             raise MemlensUsageError(f"capacity must be positive, got {capacity}")
-        # set_fraction in PyTorch: a limit below the device total, or GC that needs one (the
-        # Python model's rule, computed here once so both engines round it the same way).
-        allowed: int | None = None
-        if capacity is not None and (settings.memory_fraction < 1.0 or settings.garbage_collection_threshold > 0):
-            allowed = int(settings.memory_fraction * capacity)
+        # The limit both engines compute the same way (AllocatorSettings.allowed_bytes).
+        allowed = settings.allowed_bytes(capacity)
         gc_enabled = allowed is not None and settings.garbage_collection_threshold > 0
         gc_threshold = int(settings.garbage_collection_threshold * allowed) if allowed is not None else 0
         self.settings = settings

@@ -680,13 +680,25 @@ class _Replay:
                     f"the request that failed at event {i} ({format_bytes(int(sizes[i]))}) fits in the simulation"
                 )
                 sim.free(trial)  # the recorded program never got it: keep the rest of the replay aligned
+        return self._figures(
+            sim, events=oom_event if oom_event is not None else len(actions), peak_reserved=peak_reserved,
+            peak_allocated=peak_allocated, fragmentation=fragmentation, peak_event=peak_event,
+            final_reserved=sim.reserved_bytes, oom_event=oom_event,
+            oom_size=int(oom_size) if oom_size is not None else None,
+            matches=matches, allocs=allocs, same_place=same_place, placed=placed,
+        )
+
+    def _figures(self, sim: Any, *, events: int, peak_reserved: int, peak_allocated: int, fragmentation: int,
+                 peak_event: int, final_reserved: int, oom_event: int | None, oom_size: int | None,
+                 matches: int, allocs: int, same_place: int, placed: int) -> SimulatedFigures:
+        """The replay's figures, as both engines' loops end them."""
         return SimulatedFigures(
-            events=oom_event if oom_event is not None else len(actions),
+            events=events,
             peak_reserved_bytes=peak_reserved,
             peak_allocated_bytes=peak_allocated,
             fragmentation_at_peak_bytes=fragmentation,
             peak_event=peak_event,
-            final_reserved_bytes=sim.reserved_bytes,
+            final_reserved_bytes=final_reserved,
             segment_allocs=sim.segment_alloc_count,
             segment_frees=sim.segment_free_count,
             segment_maps=sim.segment_map_count,
@@ -694,7 +706,7 @@ class _Replay:
             oom=oom_event is not None,
             oom_event=oom_event,
             oom_time_us=_time_at(self.trace, oom_event),
-            oom_size_bytes=int(oom_size) if oom_size is not None else None,
+            oom_size_bytes=oom_size,
             alloc_address_match=(matches / allocs) if allocs else None,
             alloc_segment_offset_match=(same_place / placed) if placed else None,
             allocs_in_known_segment=placed,
@@ -741,24 +753,12 @@ class _Replay:
             )
         oom_event = raw["oom_event"]
         allocs, placed = raw["allocs"], raw["placed"]
-        return SimulatedFigures(
-            events=raw["events"],
-            peak_reserved_bytes=raw["peak_reserved_bytes"],
-            peak_allocated_bytes=raw["peak_allocated_bytes"],
-            fragmentation_at_peak_bytes=raw["fragmentation_at_peak_bytes"],
-            peak_event=raw["peak_event"],
-            final_reserved_bytes=raw["final_reserved_bytes"],
-            segment_allocs=sim.segment_alloc_count,
-            segment_frees=sim.segment_free_count,
-            segment_maps=sim.segment_map_count,
-            segment_unmaps=sim.segment_unmap_count,
-            oom=oom_event is not None,
-            oom_event=oom_event,
-            oom_time_us=_time_at(self.trace, oom_event),
-            oom_size_bytes=raw["oom_size_bytes"],
-            alloc_address_match=(raw["matches"] / allocs) if allocs else None,
-            alloc_segment_offset_match=(raw["same_place"] / placed) if placed else None,
-            allocs_in_known_segment=placed,
+        return self._figures(
+            sim, events=raw["events"], peak_reserved=raw["peak_reserved_bytes"],
+            peak_allocated=raw["peak_allocated_bytes"], fragmentation=raw["fragmentation_at_peak_bytes"],
+            peak_event=raw["peak_event"], final_reserved=raw["final_reserved_bytes"], oom_event=oom_event,
+            oom_size=raw["oom_size_bytes"], matches=raw["matches"], allocs=allocs, same_place=raw["same_place"],
+            placed=placed,
         )
 
     def _completed_requests(self) -> set[int]:

@@ -107,6 +107,13 @@ class AllocatorSettings:
             raise MemlensUsageError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
         object.__setattr__(self, "divisions", _normalise_divisions(self.roundup_power2_divisions))
 
+    def allowed_bytes(self, capacity: int | None) -> int | None:
+        """``set_fraction`` in PyTorch: the limit the allocator keeps to below the device total
+        (a fraction under 1, or garbage collection, which needs one); None without a limit."""
+        if capacity is not None and (self.memory_fraction < 1.0 or self.garbage_collection_threshold > 0):
+            return int(self.memory_fraction * capacity)
+        return None
+
     @property
     def max_split_size_or_max(self) -> int:
         """The value the allocator compares against: SIZE_MAX when unset."""

@@ -182,12 +182,7 @@ class CachingAllocatorSimulator:
         self._max_split = self.settings.max_split_size_or_max
         self._divisions = self.settings.divisions
         self._expandable = self.settings.expandable_segments
-        # set_fraction in PyTorch: a limit below the device total, or GC that needs one.
-        self._allowed: int | None = None
-        if capacity is not None and (
-            self.settings.memory_fraction < 1.0 or self.settings.garbage_collection_threshold > 0
-        ):
-            self._allowed = int(self.settings.memory_fraction * capacity)
+        self._allowed = self.settings.allowed_bytes(capacity)
         self._gc_enabled = self._allowed is not None and self.settings.garbage_collection_threshold > 0
 
         self._small = _Pool(is_small=True)
