@@ -115,7 +115,7 @@ def moment_of(at: str | None, window: str | None, step: int | None) -> MomentSpe
     return moment_from_text(at, window, step, names=("--at", "--window", "--step"))
 
 
-def _each(paths: Sequence[str], device: int | None, cache: bool | None, answer: Callable[[Any], Result],
+def _each(paths: Sequence[str], cache: bool | None, answer: Callable[[Any], Result],
           as_json: bool, width: int | None, color: bool | None, render: Callable[[Console, Result], None]) -> None:
     """Answer the question for each file, then print every answer (one JSON object, or a list of
     them under ``snapshots`` for several files)."""
@@ -168,7 +168,7 @@ def group(snapshots: tuple[str, ...], by: str | None, rules_path: str | None, at
         raise MemlensUsageError(f"--rules goes with --by rules, not --by {by}")
     options = GroupOptions(by=by or ("rules" if rules_path else "category"), moment=moment_of(at, window, step),
                            rules=load_rules_option(rules_path), device=device)
-    _each(snapshots, device, cache, lambda analysis: group_of(analysis, options), as_json, width, color,
+    _each(snapshots, cache, lambda analysis: group_of(analysis, options), as_json, width, color,
           render_group)
 
 
@@ -179,7 +179,7 @@ def stages(snapshots: tuple[str, ...], device: int | None, as_json: bool, cache:
            color: bool | None) -> None:
     from memlens.ops.group import stages as stages_of
 
-    _each(snapshots, device, cache, lambda analysis: stages_of(analysis, device), as_json, width, color,
+    _each(snapshots, cache, lambda analysis: stages_of(analysis, device), as_json, width, color,
           render_stages)
 
 
@@ -194,7 +194,7 @@ def lines(snapshot: str, source_file: str, at: str | None, window: str | None, s
     from memlens.ops.group import lines as lines_of
 
     options = LinesOptions(path=source_file, moment=moment_of(at, window, step), device=device)
-    _each([snapshot], device, cache, lambda analysis: lines_of(analysis, options), as_json, width, color,
+    _each([snapshot], cache, lambda analysis: lines_of(analysis, options), as_json, width, color,
           render_lines)
 
 
