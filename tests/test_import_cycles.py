@@ -25,18 +25,20 @@ from tests.conftest import REPO_ROOT
 PACKAGE = "memlens"
 
 
-def module_names(package_dir: Path) -> dict[str, Path]:
-    """Every module of the package by dotted name (a package by its ``__init__.py``)."""
+def module_names(package_dir: Path, package: str | None = None) -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its ``__init__.py``); ``package``:
+    the name it installs as, when that is not its folder's (``app/`` is ``memlens_app``)."""
+    package = package or package_dir.name
     modules: dict[str, Path] = {}
     for path in sorted(package_dir.rglob("*.py")):
-        parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
+        parts = [package, *path.relative_to(package_dir).with_suffix("").parts]
         if parts[-1] == "__init__":
             parts.pop()
         modules[".".join(parts)] = path
-    # A compiled extension (memlens._native, memlens._scan) is a leaf module, known by its stub.
+    # A compiled extension (memlens._native, memlens._scan) is a leaf module, known by its type
+    # stub: an import of it is an edge to it, not to its package.
     for stub in sorted(package_dir.rglob("*.pyi")):
-        parts = list(stub.relative_to(package_dir.parent).with_suffix("").parts)
-        modules.setdefault(".".join(parts), stub)
+        modules.setdefault(".".join([package, *stub.relative_to(package_dir).with_suffix("").parts]), stub)
     return modules
 
 

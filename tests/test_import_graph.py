@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.test_import_cycles import _resolve_relative, find_cycle
+from tests.test_import_cycles import _resolve_relative, find_cycle, module_names
 
 # Installed package name -> its folder in the repository (setup.cfg's package_dir).
 PACKAGES = {"memlens": REPO_ROOT / "memlens", "memlens_app": REPO_ROOT / "app"}
@@ -47,16 +47,7 @@ def modules(packages: dict[str, Path]) -> dict[str, Path]:
     """Every module by dotted name (a package by its ``__init__.py``), over several packages."""
     found: dict[str, Path] = {}
     for package, folder in packages.items():
-        for path in sorted(folder.rglob("*.py")):
-            parts = [package, *path.relative_to(folder).with_suffix("").parts]
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
-        # A compiled extension (memlens._native) is a leaf module, known by its type stub: an
-        # import of it is an edge to it, not to its package.
-        for stub in sorted(folder.rglob("*.pyi")):
-            parts = [package, *stub.relative_to(folder).with_suffix("").parts]
-            found.setdefault(".".join(parts), stub)
+        found |= module_names(folder, package)
     return found
 
 
