@@ -18,12 +18,9 @@ import importlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from memlens._version import __version__
 from memlens.errors import MemlensError, MemlensFormatError, MemlensOutOfMemory, MemlensUsageError
-from memlens.snapshot import Snapshot, load
 
 if TYPE_CHECKING:
     # What the lazy attributes below are, for mypy and IDEs; at run time ``__getattr__`` imports them.
@@ -39,11 +36,16 @@ if TYPE_CHECKING:
     from memlens.ops.plan import PlanResult
     from memlens.predict.session import PredictResult
     from memlens.recorder.session import Backend, Recorder
+    from memlens.snapshot import Snapshot as Snapshot
+    from memlens.snapshot import load as load
 
 # Subpackages a user reaches as ``memlens.<name>`` without importing them first. ``predict`` is
 # not here: it is the function below until ``import memlens.predict`` replaces it with the
 # (callable) subpackage.
 _LAZY_SUBMODULES = frozenset({"allocator", "analysis", "budget", "recorder", "reporters", "units"})
+# Names from ``memlens.snapshot`` (numpy and the columnar model) imported on first use too, so that
+# ``import memlens.<anything>`` costs no numpy: a cached ``memlens triage`` never needs it.
+_LAZY_SNAPSHOT_NAMES = frozenset({"Snapshot", "load"})
 
 # The recorder's defaults (memlens.recorder.session / .stacks), repeated so that the signature
 # below is complete without importing the recorder; tests/test_public_api.py keeps them equal.
@@ -189,15 +191,24 @@ def whatif(
     )
 
 
-def __getattr__(name: str) -> ModuleType:
-    """``memlens.budget`` (and the other subpackages) after a bare ``import memlens``."""
+def __getattr__(name: str) -> Any:
+    """``memlens.budget`` (and the other subpackages) after a bare ``import memlens``; ``load``
+    and ``Snapshot`` from ``memlens.snapshot``."""
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")  # also binds it in this module
+    if name == "__version__":  # read from the package metadata: 30 ms that most commands never need
+        from memlens._version import __version__
+
+        return __version__
+    if name in _LAZY_SNAPSHOT_NAMES:
+        value = getattr(importlib.import_module(f"{__name__}.snapshot"), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _LAZY_SUBMODULES)
+    return sorted(set(globals()) | _LAZY_SUBMODULES | _LAZY_SNAPSHOT_NAMES | {"__version__"})
 
 
 __all__ = [

@@ -22,10 +22,11 @@ import errno
 import fcntl
 import os
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from memlens.errors import MemlensFormatError
 
 
 @contextlib.contextmanager
@@ -49,6 +50,8 @@ def atomic_stream(path: Path, temp_prefix: str | None = None, buffering: int = -
     path = _write_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     prefix = temp_prefix if temp_prefix is not None else f".{path.name}.{os.getpid()}."
+    import tempfile  # here: its imports (shutil, random) are 8 ms that reading never needs
+
     fd, temp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; these files are the user's to share
@@ -235,6 +238,24 @@ class OpenedFile:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def opened_snapshot(path: str | os.PathLike[str] | OpenedFile) -> Iterator[OpenedFile]:
+    """A snapshot file ``path`` opened once and checked (a regular file), or the caller's
+    ``OpenedFile`` as it is (left open: it is the caller's). Everything after reads this
+    descriptor, never the path again. A path that is no regular file: ``MemlensFormatError``."""
+    if isinstance(path, OpenedFile):
+        yield path
+        return
+    source = str(path)
+    try:
+        opened = open_regular(source)
+    except FileRefused as refused:
+        problem = {"a folder": "is a directory, not a snapshot file"}.get(refused.reason, refused.reason)
+        raise MemlensFormatError(source, problem) from None
+    with opened:
+        yield opened
 
 
 def open_regular(path: str | os.PathLike[str], *, follow_links: bool = True,

@@ -307,7 +307,21 @@ def sidecar_name(path: str) -> str:
 
 def sidecar_beside(path: str | OpenedFile) -> tuple[Sidecar | None, str | None]:
     """The sidecar of the snapshot at ``path`` and, when there is a file but it cannot be used,
-    why not in one line: ``(None, None)`` where there is none.
+    why not in one line: ``(None, None)`` where there is none (see ``sidecar_bytes_beside``)."""
+    name = sidecar_name(path.name if isinstance(path, OpenedFile) else os.fspath(path))
+    data, problem = sidecar_bytes_beside(path)
+    if data is None:
+        return None, problem
+    try:
+        return read_sidecar(data, name), None
+    except SidecarError as exc:
+        return None, str(exc)
+
+
+def sidecar_bytes_beside(path: str | OpenedFile) -> tuple[bytes | None, str | None]:
+    """The bytes of the snapshot's sidecar, or ``None`` with why it cannot be read in one line
+    (``None`` too where there is no sidecar): what ``sidecar_beside`` parses, and what names a
+    cached report (``memlens.report_cache``).
 
     Beside an ``OpenedFile`` it is opened as that file was (``sibling``: beneath the same folder
     descriptor, following no link, when the snapshot was opened beneath a root); only a regular
@@ -323,13 +337,9 @@ def sidecar_beside(path: str | OpenedFile) -> tuple[Sidecar | None, str | None]:
         return None, (None if refused.reason == "no such file" else f"{name}: {refused.reason}")
     try:
         with opened:
-            data = opened.read_bytes(SIDECAR_MAX_BYTES)
+            return opened.read_bytes(SIDECAR_MAX_BYTES), None
     except (FileRefused, OSError) as exc:
         return None, f"{name}: {getattr(exc, 'reason', None) or exc}"
-    try:
-        return read_sidecar(data, name), None
-    except SidecarError as exc:
-        return None, str(exc)
 
 
 def encode_sidecar(sidecar: Sidecar) -> bytes:

@@ -2,19 +2,48 @@
 
 ``CachingAllocatorSimulator`` is the engine this process runs on (``memlens.allocator.engine``):
 the native core when it is built, else the Python reference model, with one API.
+
+The names are imported on first use (PEP 562), so importing one small module of this package
+(``engine``, ``settings``) does not import the replay, the snapshot model and numpy.
 """
 
-from typing import TYPE_CHECKING
+from __future__ import annotations
 
-from memlens.allocator.engine import simulator_class
-from memlens.allocator.replay import WhatIfResult, recorded_figures, whatif
-from memlens.allocator.settings import AllocatorSettings
-from memlens.allocator.simulator import SimulatedOOM, get_allocation_size
+import importlib
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from memlens.allocator.simulator import CachingAllocatorSimulator
-else:
-    CachingAllocatorSimulator = simulator_class()
+    from memlens.allocator.replay import WhatIfResult as WhatIfResult
+    from memlens.allocator.replay import recorded_figures as recorded_figures
+    from memlens.allocator.replay import whatif as whatif
+    from memlens.allocator.settings import AllocatorSettings as AllocatorSettings
+    from memlens.allocator.simulator import CachingAllocatorSimulator as CachingAllocatorSimulator
+    from memlens.allocator.simulator import SimulatedOOM as SimulatedOOM
+    from memlens.allocator.simulator import get_allocation_size as get_allocation_size
+
+_HOMES = {
+    **dict.fromkeys(("WhatIfResult", "recorded_figures", "whatif"), "memlens.allocator.replay"),
+    "AllocatorSettings": "memlens.allocator.settings",
+    **dict.fromkeys(("SimulatedOOM", "get_allocation_size"), "memlens.allocator.simulator"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CachingAllocatorSimulator":
+        from memlens.allocator.engine import simulator_class
+
+        value: Any = simulator_class()
+    elif name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES) | {"CachingAllocatorSimulator"})
+
 
 __all__ = [
     "AllocatorSettings",

@@ -24,7 +24,7 @@ from memlens.cli.common import CAPACITY, COUNT, DEVICE, Whole, help_text, json_t
 from memlens.errors import MemlensUsageError
 from memlens.ops.budget import BudgetOptions
 from memlens.ops.triage import TriageOptions
-from memlens.ops.triage import triage as triage_file
+from memlens.ops.triage import begin as begin_triage
 from memlens.ops.vocab import parse_kinds
 from memlens.units import parse_count
 
@@ -73,8 +73,6 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
            hidden: int | None, layers: int | None, heads: int | None, vocab: int | None, batch: int | None,
            seq: int | None, checkpointing: str | None, config_path: str | None,
            cache: bool | None, top: int, full_stacks: bool, width: int | None, color: bool | None) -> None:
-    from memlens.reporters.terminal import make_console, render_triage
-
     if len(snapshots) > 1:  # one file's screen; ranks side by side are another question
         raise MemlensUsageError(f"triage reads one snapshot, not {len(snapshots):,}; for several (one per rank) "
                                 "use `memlens fleet`")
@@ -84,8 +82,12 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
                            config=config_path)
     options = TriageOptions(capacity=capacity, device=device, cache=cache, budget=budget)
     (path,) = snapshots
-    with progress_bar(path.rsplit("/", 1)[-1]) as update:
-        report = triage_file(path, options, progress=update)
+    with begin_triage(path, options) as pending:
+        # Imported while a cached file is hashed on another thread: the screen's first 30 ms.
+        from memlens.reporters.terminal import make_console, render_triage
+
+        with progress_bar(path.rsplit("/", 1)[-1]) as update:
+            report = pending.result(progress=update)
     if as_json:
         click.echo(json_text(report.to_json()))
     else:

@@ -187,9 +187,9 @@ def reconcile_budget(report: Report, device: int | None, options: BudgetOptions 
     """The budget next to the measurement: ``options`` first, the recorder's sidecar for the rest.
 
     ``None`` when neither says enough about the model for a budget."""
-    from memlens.budget import reconcile
-
     options = options_from_sidecar(options or BudgetOptions(), report.sidecar)
     if not options.describes_model:
         return None
+    from memlens.budget import reconcile  # only now: most triages have no budget to reconcile
+
     return reconcile(estimate_budget(options), report.device(device))

@@ -8,6 +8,7 @@ every face reads the same ratios and verdicts from the same field.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
     from memlens.budget.reconcile import ReconciledRow
     from memlens.files import OpenedFile
 
-__all__ = ["TriageOptions", "analyse", "budget_check", "triage", "triage_analysis"]
+__all__ = ["PendingTriage", "TriageOptions", "analyse", "begin", "budget_check", "triage", "triage_analysis",
+           "with_budget"]
 
 Progress = Callable[[str, float], None]
 
@@ -63,18 +65,60 @@ def analyse(source: str | OpenedFile, options: TriageOptions | None = None,
 
 def triage(source: str | OpenedFile, options: TriageOptions | None = None,
            progress: Progress | None = None) -> Report:
-    """The triage of one file: its report, each device with the budget beside it."""
-    options = options or TriageOptions()
-    return triage_analysis(analyse(source, options, progress), options)
+    """The triage of one file: its report, each device with the budget beside it.
+
+    A file triaged before (the same bytes, sidecar and capacity, on the same memlens) answers from
+    its cached report (``memlens.report_cache``): the scan and the analysis are skipped, and so are
+    the imports they need. ``options.cache`` decides as for the loader's copy: ``None`` caches
+    files of ``CACHE_MIN_BYTES`` or more, ``False`` neither reads nor writes."""
+    with begin(source, options) as pending:
+        return pending.result(progress)
+
+
+def begin(source: str | OpenedFile, options: TriageOptions | None = None) -> PendingTriage:
+    """``triage`` in two halves: the file opened (and, if cached, hashed on another thread) now,
+    the report at ``result()``. A face imports its renderer in between, while the file is hashed."""
+    return PendingTriage(source, options or TriageOptions())
+
+
+class PendingTriage(contextlib.AbstractContextManager["PendingTriage"]):
+    """A triage begun by ``begin``: a context manager that holds the opened file until it exits."""
+
+    def __init__(self, source: str | OpenedFile, options: TriageOptions) -> None:
+        from memlens.cache_folder import CACHE_MIN_BYTES
+        from memlens.files import opened_snapshot
+        from memlens.report_cache import ReportSlot
+
+        self.options = options
+        self._exits = contextlib.ExitStack()
+        self._opened = self._exits.enter_context(opened_snapshot(source))
+        wanted = options.cache if options.cache is not None else self._opened.size >= CACHE_MIN_BYTES
+        self._slot = ReportSlot.for_opened(self._opened, options.capacity) if wanted else None
+        if self._slot is not None:
+            self._exits.callback(self._slot.close)  # before the file: the hashing thread reads it
+
+    def result(self, progress: Progress | None = None) -> Report:
+        report = self._slot.read() if self._slot is not None else None
+        if report is None:
+            report = analyse(self._opened, self.options, progress).report
+            if self._slot is not None:
+                self._slot.write(report)
+        return with_budget(report, self.options)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._exits.close()
 
 
 def triage_analysis(analysis: Analysis, options: TriageOptions | None = None) -> Report:
-    """The triage of a file already analysed (a face that keeps analyses for the next question):
-    ``analysis.report`` with each device's budget set, the requested device checked."""
+    """The triage of a file already analysed (a face that keeps analyses for the next question)."""
+    return with_budget(analysis.report, options)
+
+
+def with_budget(report: Report, options: TriageOptions | None = None) -> Report:
+    """``report`` with each device's budget set, the requested device checked."""
     import dataclasses
 
     options = options or TriageOptions()
-    report = analysis.report
     report.device(options.device)  # an unknown device: one line naming the ones there are
     devices = {index: dataclasses.replace(device, budget=_budget_of(report, index, options.budget))
                for index, device in report.devices.items()}

@@ -7,6 +7,7 @@ pinned width in tests so the golden files compare line by line.
 
 from __future__ import annotations
 
+import bisect
 import io
 import os
 import re
@@ -14,7 +15,6 @@ import sys
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, cast
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -111,15 +111,26 @@ def when(device: DeviceReport, event: int | None, time_us: int | None = None) ->
     return text
 
 
-def sparkline(values: np.ndarray, low: float, top: float, width: int = SPARK_WIDTH) -> str:
-    """Max per bucket (a spike inside a bucket still shows), scaled from ``low`` to ``top``."""
-    if values.size == 0:
+def sparkline(values: Sequence[int], low: float, top: float, width: int = SPARK_WIDTH) -> str:
+    """Max per bucket (a spike inside a bucket still shows), scaled from ``low`` to ``top``.
+
+    Plain Python (a report's timeline is a few thousand points): the terminal renders a cached
+    report without importing numpy. The buckets split as ``numpy.array_split`` does: the first
+    ``len % buckets`` one longer."""
+    if not values:
         return ""
-    buckets = np.array_split(values, min(width, values.size))
-    highs = np.array([b.max() for b in buckets], dtype=float)
+    count = min(width, len(values))
+    size, longer = divmod(len(values), count)
     span = max(top - low, 1.0)
-    scaled = ((highs - low) / span * (len(SPARK_LEVELS) - 1)).round().astype(int)
-    return "".join(SPARK_LEVELS[i] for i in np.clip(scaled, 0, len(SPARK_LEVELS) - 1))
+    levels = len(SPARK_LEVELS) - 1
+    line = []
+    start = 0
+    for bucket in range(count):
+        end = start + size + (1 if bucket < longer else 0)
+        scaled = round((float(max(values[start:end])) - low) / span * levels)  # half to even, as numpy
+        line.append(SPARK_LEVELS[min(max(scaled, 0), levels)])
+        start = end
+    return "".join(line)
 
 
 def _indented(console: Console, text: Text | str, indent: int = 5) -> None:
@@ -196,11 +207,11 @@ def render_timeline(console: Console, report: Report, device: DeviceReport) -> N
         return
     # The report's timeline keeps every step's lowest and highest point and each bucket's, so
     # each row's maximum and the scale's ends are exact; the shape in between is sampled.
-    points = np.asarray(timeline.event, dtype=np.int64)
-    allocated = np.asarray(timeline.allocated, dtype=np.int64)
+    points = list(timeline.event)
+    allocated = list(timeline.allocated)
     # Scaled between the lowest and highest allocated level, not from zero: a baseline of
     # parameters would otherwise flatten every step's shape into the top rows.
-    low, top = float(allocated.min()), float(allocated.max())
+    low, top = float(min(allocated)), float(max(allocated))
     console.print(Text("\nTimeline", style="bold")
                   + Text(f"  allocated per step, ▁ = {format_bytes(low)}, █ = {format_bytes(top)}"))
     rows: list[tuple[str, int, int]] = []
@@ -221,7 +232,7 @@ def render_timeline(console: Console, report: Report, device: DeviceReport) -> N
         rows.append(("all", 0, timeline.events))
     width = max(MIN_SPARK_WIDTH, min(SPARK_WIDTH, console.width - TIMELINE_ROW_EXTRA))
     for label, start, end in rows:
-        first, last = np.searchsorted(points, [start, end])
+        first, last = bisect.bisect_left(points, start), bisect.bisect_left(points, end)
         if end <= start or last <= first:
             continue
         segment = allocated[first:last]
@@ -229,7 +240,7 @@ def render_timeline(console: Console, report: Report, device: DeviceReport) -> N
         marker = " ▲ peak" if peak is not None and start <= peak < end else ""
         console.print(
             f"  {label:>9} {sparkline(segment, low, top, width):<{width}} "
-            f"{format_bytes(int(segment.max())):>10} max{marker}"
+            f"{format_bytes(int(max(segment))):>10} max{marker}"
         )
     if device.steps and any(s.partial for s in device.steps):
         console.print(Text("  * partial step (the window cut it): not compared", style="dim"))

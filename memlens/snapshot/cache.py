@@ -48,11 +48,8 @@ import json
 import logging
 import math
 import os
-import re
-import secrets
 import struct
 import threading
-import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -60,8 +57,28 @@ from typing import IO, Any, cast
 
 import numpy as np
 
-from memlens.errors import MemlensUsageError
-from memlens.files import FileRefused, OpenedFile, open_regular, process_alive, trusted_file, trusted_folder
+from memlens import cache_folder
+
+# The folder's names, here too: tests and callers read them as ``memlens.snapshot.cache.X``.
+from memlens.cache_folder import CACHE_DIR_ENV as CACHE_DIR_ENV
+from memlens.cache_folder import CACHE_MAX_BYTES_ENV as CACHE_MAX_BYTES_ENV
+from memlens.cache_folder import CACHE_MIN_BYTES as CACHE_MIN_BYTES
+from memlens.cache_folder import (
+    ENTRY_VERSIONS,
+    OPEN_TO_READ,
+    CacheFolder,
+    file_identity,
+    fingerprint_fd,
+    hash_fd,
+    hash_file,
+    size_limit,
+)
+from memlens.cache_folder import FINGERPRINT_BYTES as FINGERPRINT_BYTES
+from memlens.cache_folder import KEY_BYTES as KEY_BYTES
+from memlens.cache_folder import KEY_NAME as KEY_NAME
+from memlens.cache_folder import STALE_TEMP_SECONDS as STALE_TEMP_SECONDS
+from memlens.cache_folder import cache_dir as cache_dir
+from memlens.files import FileRefused, OpenedFile, open_regular, trusted_file
 from memlens.snapshot.model import (
     BLOCK_STATES,
     Action,
@@ -73,33 +90,14 @@ from memlens.snapshot.model import (
     Snapshot,
     StackTable,
 )
-from memlens.units import parse_bytes
 
 log = logging.getLogger(__name__)
 
-# 3: allocated as memory_allocated counts it, pending frees apart; 4: strings cut at 4 KiB;
-# 5: allocated in block bytes (the block_size column), no longer requested bytes
-CACHE_VERSION = 5
-# Below this, parsing the pickle takes well under a second: not worth a file on disk.
-CACHE_MIN_BYTES = 8 << 20
-CACHE_DIR_ENV = "MEMLENS_CACHE_DIR"
-CACHE_MAX_BYTES_ENV = "MEMLENS_CACHE_MAX_BYTES"
-DEFAULT_MAX_BYTES = 2 << 30
-HASH_CHUNK = 1 << 20
-FINGERPRINT_BYTES = 64 << 10
-KEY_NAME = "key"
-KEY_BYTES = 32
-TEMP_PREFIX = ".tmp-"
-# A temporary file of a live writer is seconds old; one this old was left by a killed process.
-STALE_TEMP_SECONDS = 3600
+CACHE_VERSION = ENTRY_VERSIONS["v"]
 # Free-form values deeper or bigger than this are not cached (real settings are 1-2 levels deep).
 MAX_PLAIN_DEPTH = 32
 MAX_PLAIN_NODES = 100_000
 MAX_MEMBERS = 4096
-
-_ENTRY_RE = re.compile(r"^v(\d+)-([0-9a-f]{64})\.npz$")
-_TEMP_RE = re.compile(r"^\.tmp-(\d+)-[0-9a-f]+\.(?:npz|key)$")
-_LEGACY_ENTRY_RE = re.compile(r"\.[0-9a-f]{16}\.memlens-cache\.npz$")  # CACHE_VERSION 1 names
 
 _INT8, _INT32, _INT64, _UINT8 = (np.dtype(t) for t in (np.int8, np.int32, np.int64, np.uint8))
 _COLUMNS: dict[str, np.dtype[Any]] = {
@@ -113,14 +111,6 @@ _MAC = "__mac__"
 _ALLOWED_DTYPES = frozenset((_INT8, _INT32, _INT64, _UINT8))
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip local file header, 30 bytes
 _LOCAL_HEADER_MAGIC = b"PK\x03\x04"
-_OPEN_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-# Reading: also without blocking, since opening a FIFO planted as the key or an entry would wait
-# for a writer for ever; what is opened is then refused unless it is a regular file.
-_OPEN_TO_READ = os.O_RDONLY | _OPEN_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
-# The checks below need POSIX owners and descriptor-relative opens; elsewhere nothing is cached.
-_SUPPORTED = os.name == "posix" and bool(_OPEN_NOFOLLOW) and os.open in os.supports_dir_fd
-
-
 class _InvalidEntry(ValueError):
     """A cache entry that must not be used."""
 
@@ -132,30 +122,19 @@ class _NotCacheable(ValueError):
 # --------------------------------------------------------------------------- public API
 
 
-def cache_dir() -> Path:
-    """The one folder entries live in (it may not exist yet)."""
-    configured = os.environ.get(CACHE_DIR_ENV)
-    if configured:
-        return Path(configured)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    # The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "memlens"
-
-
 def entry_name(fingerprint: str) -> str:
-    return f"v{CACHE_VERSION}-{fingerprint}.npz"
+    return cache_folder.entry_name("v", fingerprint)
 
 
 def content_hash(source: str | os.PathLike[str]) -> str:
     """The SHA-256 of a file's bytes, read in 1 MiB chunks: what an entry must have been made from."""
-    return _hash_file(str(source))[0]
+    return hash_file(str(source))[0]
 
 
 def fingerprint(source: str | os.PathLike[str]) -> str:
     """What an entry is named by: the SHA-256 of the file's size, first and last 64 KiB."""
     with open(source, "rb", buffering=0) as handle:
-        return _fingerprint(handle.fileno(), os.fstat(handle.fileno()).st_size)
+        return fingerprint_fd(handle.fileno(), os.fstat(handle.fileno()).st_size)
 
 
 class CacheEntry:
@@ -204,12 +183,12 @@ class CacheEntry:
             return None
         try:
             st = os.fstat(fd)
-            quick = _fingerprint(fd, st.st_size)
+            quick = fingerprint_fd(fd, st.st_size)
         except OSError as error:
             os.close(fd)
             log.debug("memlens cache: cannot read %s: %s", opened.name, error)
             return None
-        return cls(opened.name, fd, quick, _identity(st))
+        return cls(opened.name, fd, quick, file_identity(st))
 
     def close(self) -> None:
         """Let go of the file (waits for the hashing thread, which reads it)."""
@@ -222,7 +201,7 @@ class CacheEntry:
     def _hash(self) -> None:
         digest: str | None = None
         try:
-            digest, identity = _hash_fd(self.fd)
+            digest, identity = hash_fd(self.fd)
             if identity != self.identity:  # changed since the fingerprint: no trustworthy digest
                 digest = None
         except Exception as error:  # the thread must always leave an answer (None: don't use the cache)
@@ -237,7 +216,7 @@ class CacheEntry:
         return self._digest[0] if self._digest else None
 
     def read(self) -> Snapshot | None:
-        folder = _CacheFolder.open(create=False)
+        folder = CacheFolder.open(create=False)
         if folder is None:
             return None
         with folder:
@@ -268,13 +247,13 @@ class CacheEntry:
     def _write(self, snapshot: Snapshot) -> Path | None:
         digest = self.content_hash
         try:
-            unchanged = self.fd >= 0 and _identity(os.fstat(self.fd)) == self.identity
+            unchanged = self.fd >= 0 and file_identity(os.fstat(self.fd)) == self.identity
         except OSError:
             unchanged = False
         if digest is None or not unchanged:
             log.debug("memlens cache: %s changed while it was read; not cached", self.source)
             return None
-        max_bytes = _max_bytes()
+        max_bytes = size_limit()
         if max_bytes <= 0:
             return None
         try:
@@ -282,7 +261,7 @@ class CacheEntry:
         except _NotCacheable as error:
             log.debug("memlens cache: %s not cached: %s", self.source, error)
             return None
-        folder = _CacheFolder.open(create=True)
+        folder = CacheFolder.open(create=True)
         if folder is None:
             return None
         with folder:
@@ -320,197 +299,10 @@ def write(source: str | os.PathLike[str], snapshot: Snapshot) -> Path | None:
 
 def prune(max_bytes: int | None = None) -> None:
     """Bring the cache folder under ``max_bytes`` (default: the configured limit)."""
-    folder = _CacheFolder.open(create=False)
+    folder = CacheFolder.open(create=False)
     if folder is not None:
         with folder:
-            folder.prune(_max_bytes() if max_bytes is None else max_bytes, keep=None)
-
-
-# --------------------------------------------------------------------------- the folder
-
-
-def _identity(st: os.stat_result) -> tuple[int, ...]:
-    # ctime changes on every write and rename and cannot be set by utime: with the inode it
-    # tells whether the file is still the one that was hashed.
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _fingerprint(fd: int, size: int) -> str:
-    digest = hashlib.sha256(f"{size}|".encode())
-    digest.update(os.pread(fd, FINGERPRINT_BYTES, 0))
-    if size > FINGERPRINT_BYTES:
-        digest.update(os.pread(fd, FINGERPRINT_BYTES, max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES)))
-    return digest.hexdigest()
-
-
-def _hash_file(source: str) -> tuple[str, tuple[int, ...]]:
-    with open(source, "rb", buffering=0) as handle:
-        return _hash_fd(handle.fileno())
-
-
-def _hash_fd(fd: int) -> tuple[str, tuple[int, ...]]:
-    """The SHA-256 of the file open as ``fd`` (read with ``pread``: its position is untouched)."""
-    identity = _identity(os.fstat(fd))
-    digest = hashlib.sha256()
-    chunk = bytearray(HASH_CHUNK)
-    view = memoryview(chunk)
-    offset = 0
-    while count := os.preadv(fd, [chunk], offset):
-        digest.update(view[:count])
-        offset += count
-    return digest.hexdigest(), identity
-
-
-def _max_bytes() -> int:
-    text = os.environ.get(CACHE_MAX_BYTES_ENV)
-    if not text:
-        return DEFAULT_MAX_BYTES
-    try:
-        return parse_bytes(text)
-    except MemlensUsageError:
-        log.debug("memlens cache: ignoring %s=%r", CACHE_MAX_BYTES_ENV, text)
-        return DEFAULT_MAX_BYTES
-
-
-class _CacheFolder:
-    """The cache folder, opened once and checked through its descriptor.
-
-    Every file inside is opened relative to that descriptor, so swapping the folder for another
-    after the check changes nothing.
-    """
-
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path = path
-        self.fd = fd
-
-    @classmethod
-    def open(cls, create: bool) -> _CacheFolder | None:
-        if not _SUPPORTED:
-            return None
-        try:
-            path = cache_dir()
-        except (RuntimeError, KeyError):  # no home directory to put it in
-            return None
-        if create:
-            try:
-                os.makedirs(path, mode=0o700, exist_ok=True)
-            except OSError as error:
-                log.debug("memlens cache: cannot create %s: %s", path, error)
-                return None
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            os.close(fd)
-            return None
-        if not trusted_folder(st):
-            log.debug("memlens cache: %s is not a folder owned by this user and private to it; not used", path)
-            os.close(fd)
-            return None
-        return cls(path, fd)
-
-    def __enter__(self) -> _CacheFolder:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        os.close(self.fd)
-
-    def _temp_name(self, suffix: str) -> str:
-        return f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}.{suffix}"
-
-    def write_atomically(self, name: str, fill: Any, suffix: str = "npz", replace: bool = True) -> bool:
-        """Write via a private temporary file renamed into place; no temporary survives a failure.
-
-        With ``replace=False`` an existing file wins (the temporary is linked, not renamed).
-        """
-        temp = self._temp_name(suffix)
-        try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_NOFOLLOW, 0o600, dir_fd=self.fd)
-            with os.fdopen(fd, "wb") as handle:
-                fill(handle)
-            if replace:
-                os.replace(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-            else:
-                try:
-                    os.link(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-                except FileExistsError:
-                    return False
-                except OSError:  # a file system without hard links: the last writer wins
-                    os.replace(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-            return True
-        except OSError as error:
-            log.debug("memlens cache: cannot write %s in %s: %s", name, self.path, error)
-            return False
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=self.fd)
-
-    def key(self, create: bool) -> bytes | None:
-        """This user's MAC key; with ``create``, made (or replaced, if unusable) when needed."""
-        for _ in range(3):  # another process may be creating it at the same moment
-            try:
-                fd = os.open(KEY_NAME, _OPEN_TO_READ, dir_fd=self.fd)
-            except FileNotFoundError:
-                if not create:
-                    return None
-                self.write_atomically(KEY_NAME, lambda h: h.write(secrets.token_bytes(KEY_BYTES)), "key",
-                                      replace=False)
-                continue
-            except OSError:  # a symlink or worse where the key should be
-                fd = -1
-            if fd >= 0:
-                with os.fdopen(fd, "rb") as handle:
-                    trusted = trusted_file(os.fstat(handle.fileno()), forbidden_bits=0o077)
-                    key = handle.read(KEY_BYTES + 1) if trusted else b""  # never read what is not a file
-                if trusted and len(key) == KEY_BYTES:
-                    return key
-            if not create:
-                return None
-            log.debug("memlens cache: replacing an unusable key in %s", self.path)
-            self.write_atomically(KEY_NAME, lambda h: h.write(secrets.token_bytes(KEY_BYTES)), "key")
-        return None
-
-    def prune(self, max_bytes: int, keep: str | None) -> None:
-        """Drop stale temporaries and old-format entries, then the least recently used entries
-        until the total is at most ``max_bytes`` (``keep`` goes last)."""
-        now = time.time()
-        current: list[tuple[bool, float, int, str]] = []
-        try:
-            listing = list(os.scandir(self.fd))
-        except OSError:
-            return
-        for item in listing:
-            try:
-                st = item.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            name = item.name
-            temp = _TEMP_RE.match(name)
-            entry = _ENTRY_RE.match(name)
-            if temp:
-                pid = int(temp.group(1))
-                # Our own temporaries (another thread may be writing one) go by age only.
-                stale = now - st.st_mtime > STALE_TEMP_SECONDS or not process_alive(pid)
-                if stale:
-                    self._remove(name)
-            elif _LEGACY_ENTRY_RE.search(name) or (entry and int(entry.group(1)) < CACHE_VERSION):
-                self._remove(name)
-            elif entry:
-                # Entries of a newer memlens sharing the folder count towards the limit too.
-                current.append((name == keep, st.st_mtime, st.st_size, name))
-        total = sum(size for _, _, size, _ in current)
-        for _, _, size, name in sorted(current):  # not-kept first, oldest first
-            if total <= max_bytes:
-                break
-            self._remove(name)
-            total -= size
-
-    def _remove(self, name: str) -> None:
-        with contextlib.suppress(OSError):
-            os.unlink(name, dir_fd=self.fd)
+            folder.prune(size_limit() if max_bytes is None else max_bytes, keep=None)
 
 
 # --------------------------------------------------------------------------- encoding
@@ -647,7 +439,7 @@ def _expect(condition: bool, problem: str) -> None:
 
 
 def _read_entry(folder_fd: int, name: str, key: bytes, digest: Callable[[], str | None], source: str) -> Snapshot:
-    fd = os.open(name, _OPEN_TO_READ, dir_fd=folder_fd)
+    fd = os.open(name, OPEN_TO_READ, dir_fd=folder_fd)
     with open(fd, "rb", buffering=0) as handle:
         st = os.fstat(fd)
         _expect(trusted_file(st), "not a regular file owned by this user and private to it")

@@ -38,7 +38,7 @@ import numpy as np
 
 from memlens.allocator.settings import AllocatorSettings
 from memlens.errors import MemlensFormatError, MemlensUsageError
-from memlens.files import FileRefused, OpenedFile, open_regular
+from memlens.files import OpenedFile, opened_snapshot
 from memlens.sidecar import sidecar_beside
 from memlens.snapshot import native_scan, scan
 from memlens.snapshot.curves import CurveOverflow, build_curves
@@ -165,25 +165,8 @@ def _gc_paused() -> Iterator[None]:
 
 def read_raw(path: str | os.PathLike[str] | OpenedFile) -> Any:
     """The snapshot object in ``path`` (plain Python values), loaded without running code."""
-    with _gc_paused(), _opened(path) as opened:
+    with _gc_paused(), opened_snapshot(path) as opened:
         return _read_raw(opened)
-
-
-@contextlib.contextmanager
-def _opened(path: str | os.PathLike[str] | OpenedFile) -> Iterator[OpenedFile]:
-    """``path`` opened once and checked (a regular file), or the caller's ``OpenedFile`` as it is
-    (left open: it is the caller's). Everything after reads this descriptor, never the path again."""
-    if isinstance(path, OpenedFile):
-        yield path
-        return
-    source = str(path)
-    try:
-        opened = open_regular(source)
-    except FileRefused as refused:
-        problem = {"a folder": "is a directory, not a snapshot file"}.get(refused.reason, refused.reason)
-        raise MemlensFormatError(source, problem) from None
-    with opened:
-        yield opened
 
 
 class _ProgressReader:
@@ -361,7 +344,7 @@ def load(
     ``max_content_bytes``: refuse more pickle than this, a gzip's inflated bytes counted as a plain
     file's (the dashboard passes its upload limit, so a small gzip is no way past it).
     """
-    with _opened(path) as opened:
+    with opened_snapshot(path) as opened:
         return _load(opened, cache, progress, max_content_bytes)
 
 

@@ -443,7 +443,7 @@ def test_a_failed_hash_means_no_cache(snapshot_file: Path, cache_home: Path, mon
         raise MemoryError
 
     memlens.load(snapshot_file, cache=True)
-    monkeypatch.setattr(cache, "_hash_fd", unreadable)
+    monkeypatch.setattr(cache, "hash_fd", unreadable)
     assert not memlens.load(snapshot_file, cache=True).from_cache
 
 

@@ -1,0 +1,267 @@
+"""The cache folder both caches share: where it is, who may use it, atomic writes, the MAC key,
+and pruning. It imports neither numpy nor the snapshot model, so that a cached ``memlens triage``
+(``memlens.report_cache``) reads its answer without them.
+
+Two kinds of entry live in it, each named ``<kind><format version>-<64 hex digits>.<ext>``:
+
+* ``v`` (``.npz``): a loaded snapshot's columns (``memlens.snapshot.cache``);
+* ``r`` (``.json``): a triage report (``memlens.report_cache``).
+
+The rules (see ``memlens.snapshot.cache`` for why each holds): one folder, ``$MEMLENS_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/memlens``, else ``~/.cache/memlens``, created 0700 and used only when it is
+owned by this user and no one else may write to it; every file opened relative to the folder's
+descriptor, following no link and never blocking; entries written to a temporary file and renamed
+into place; a random per-user MAC key (``key``, 0600); after each write, temporaries of dead
+writers and entries of older formats go, then the least recently used until the total is under
+``$MEMLENS_CACHE_MAX_BYTES`` (default 2 GiB; 0 turns caching off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from memlens.errors import MemlensUsageError
+from memlens.files import process_alive, trusted_file, trusted_folder
+from memlens.units import parse_bytes
+
+log = logging.getLogger("memlens.snapshot.cache")
+
+CACHE_DIR_ENV = "MEMLENS_CACHE_DIR"
+CACHE_MAX_BYTES_ENV = "MEMLENS_CACHE_MAX_BYTES"
+DEFAULT_MAX_BYTES = 2 << 30
+# Files this big or bigger are cached unless told otherwise: below it a parse and an analysis
+# take well under a second, not worth a file on disk.
+CACHE_MIN_BYTES = 8 << 20
+HASH_CHUNK = 1 << 20
+FINGERPRINT_BYTES = 64 << 10
+KEY_NAME = "key"
+KEY_BYTES = 32
+TEMP_PREFIX = ".tmp-"
+# A temporary file of a live writer is seconds old; one this old was left by a killed process.
+STALE_TEMP_SECONDS = 3600
+
+# Each kind's current format version; an entry of an older one is pruned. Snapshot copies:
+# 3: allocated as memory_allocated counts it, pending frees apart; 4: strings cut at 4 KiB;
+# 5: allocated in block bytes (the block_size column), no longer requested bytes.
+# Reports: 1: the first.
+ENTRY_VERSIONS = {"v": 5, "r": 1}
+ENTRY_RE = re.compile(r"^([vr])(\d+)-([0-9a-f]{64})\.(?:npz|json)$")
+_TEMP_RE = re.compile(r"^\.tmp-(\d+)-[0-9a-f]+\.(?:npz|json|key)$")
+_LEGACY_ENTRY_RE = re.compile(r"\.[0-9a-f]{16}\.memlens-cache\.npz$")  # snapshot format 1 names
+
+OPEN_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+# Reading: also without blocking, since opening a FIFO planted as the key or an entry would wait
+# for a writer for ever; what is opened is then refused unless it is a regular file.
+OPEN_TO_READ = os.O_RDONLY | OPEN_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+# The checks below need POSIX owners and descriptor-relative opens; elsewhere nothing is cached.
+SUPPORTED = os.name == "posix" and bool(OPEN_NOFOLLOW) and os.open in os.supports_dir_fd
+
+
+def entry_name(kind: str, digest: str) -> str:
+    """The file name of an entry of ``kind`` (``v`` or ``r``) named by ``digest`` (64 hex digits)."""
+    return f"{kind}{ENTRY_VERSIONS[kind]}-{digest}.{'npz' if kind == 'v' else 'json'}"
+
+
+def cache_dir() -> Path:
+    """The one folder entries live in (it may not exist yet)."""
+    configured = os.environ.get(CACHE_DIR_ENV)
+    if configured:
+        return Path(configured)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    # The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "memlens"
+
+
+
+def file_identity(st: os.stat_result) -> tuple[int, ...]:
+    # ctime changes on every write and rename and cannot be set by utime: with the inode it
+    # tells whether the file is still the one that was hashed.
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def fingerprint_fd(fd: int, size: int) -> str:
+    digest = hashlib.sha256(f"{size}|".encode())
+    digest.update(os.pread(fd, FINGERPRINT_BYTES, 0))
+    if size > FINGERPRINT_BYTES:
+        digest.update(os.pread(fd, FINGERPRINT_BYTES, max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES)))
+    return digest.hexdigest()
+
+
+def hash_file(source: str) -> tuple[str, tuple[int, ...]]:
+    with open(source, "rb", buffering=0) as handle:
+        return hash_fd(handle.fileno())
+
+
+def hash_fd(fd: int) -> tuple[str, tuple[int, ...]]:
+    """The SHA-256 of the file open as ``fd`` (read with ``pread``: its position is untouched)."""
+    identity = file_identity(os.fstat(fd))
+    digest = hashlib.sha256()
+    chunk = bytearray(HASH_CHUNK)
+    view = memoryview(chunk)
+    offset = 0
+    while count := os.preadv(fd, [chunk], offset):
+        digest.update(view[:count])
+        offset += count
+    return digest.hexdigest(), identity
+
+
+def size_limit() -> int:
+    """The folder's size limit: ``$MEMLENS_CACHE_MAX_BYTES``, else 2 GiB (0: nothing is cached)."""
+    text = os.environ.get(CACHE_MAX_BYTES_ENV)
+    if not text:
+        return DEFAULT_MAX_BYTES
+    try:
+        return parse_bytes(text)
+    except MemlensUsageError:
+        log.debug("memlens cache: ignoring %s=%r", CACHE_MAX_BYTES_ENV, text)
+        return DEFAULT_MAX_BYTES
+
+
+class CacheFolder:
+    """The cache folder, opened once and checked through its descriptor.
+
+    Every file inside is opened relative to that descriptor, so swapping the folder for another
+    after the check changes nothing.
+    """
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+
+    @classmethod
+    def open(cls, create: bool) -> CacheFolder | None:
+        if not SUPPORTED:
+            return None
+        try:
+            path = cache_dir()
+        except (RuntimeError, KeyError):  # no home directory to put it in
+            return None
+        if create:
+            try:
+                os.makedirs(path, mode=0o700, exist_ok=True)
+            except OSError as error:
+                log.debug("memlens cache: cannot create %s: %s", path, error)
+                return None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            return None
+        if not trusted_folder(st):
+            log.debug("memlens cache: %s is not a folder owned by this user and private to it; not used", path)
+            os.close(fd)
+            return None
+        return cls(path, fd)
+
+    def __enter__(self) -> CacheFolder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        os.close(self.fd)
+
+    def _temp_name(self, suffix: str) -> str:
+        return f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}.{suffix}"
+
+    def write_atomically(self, name: str, fill: Any, suffix: str = "npz", replace: bool = True) -> bool:
+        """Write via a private temporary file renamed into place; no temporary survives a failure.
+
+        With ``replace=False`` an existing file wins (the temporary is linked, not renamed).
+        """
+        temp = self._temp_name(suffix)
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | OPEN_NOFOLLOW, 0o600, dir_fd=self.fd)
+            with os.fdopen(fd, "wb") as handle:
+                fill(handle)
+            if replace:
+                os.replace(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            else:
+                try:
+                    os.link(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                except FileExistsError:
+                    return False
+                except OSError:  # a file system without hard links: the last writer wins
+                    os.replace(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            return True
+        except OSError as error:
+            log.debug("memlens cache: cannot write %s in %s: %s", name, self.path, error)
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=self.fd)
+
+    def key(self, create: bool) -> bytes | None:
+        """This user's MAC key; with ``create``, made (or replaced, if unusable) when needed."""
+        for _ in range(3):  # another process may be creating it at the same moment
+            try:
+                fd = os.open(KEY_NAME, OPEN_TO_READ, dir_fd=self.fd)
+            except FileNotFoundError:
+                if not create:
+                    return None
+                self.write_atomically(KEY_NAME, lambda h: h.write(secrets.token_bytes(KEY_BYTES)), "key",
+                                      replace=False)
+                continue
+            except OSError:  # a symlink or worse where the key should be
+                fd = -1
+            if fd >= 0:
+                with os.fdopen(fd, "rb") as handle:
+                    trusted = trusted_file(os.fstat(handle.fileno()), forbidden_bits=0o077)
+                    key = handle.read(KEY_BYTES + 1) if trusted else b""  # never read what is not a file
+                if trusted and len(key) == KEY_BYTES:
+                    return key
+            if not create:
+                return None
+            log.debug("memlens cache: replacing an unusable key in %s", self.path)
+            self.write_atomically(KEY_NAME, lambda h: h.write(secrets.token_bytes(KEY_BYTES)), "key")
+        return None
+
+    def prune(self, max_bytes: int, keep: str | None) -> None:
+        """Drop stale temporaries and old-format entries, then the least recently used entries
+        until the total is at most ``max_bytes`` (``keep`` goes last)."""
+        now = time.time()
+        current: list[tuple[bool, float, int, str]] = []
+        try:
+            listing = list(os.scandir(self.fd))
+        except OSError:
+            return
+        for item in listing:
+            try:
+                st = item.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            name = item.name
+            temp = _TEMP_RE.match(name)
+            entry = ENTRY_RE.match(name)
+            if temp:
+                pid = int(temp.group(1))
+                # Our own temporaries (another thread may be writing one) go by age only.
+                stale = now - st.st_mtime > STALE_TEMP_SECONDS or not process_alive(pid)
+                if stale:
+                    self._remove(name)
+            elif _LEGACY_ENTRY_RE.search(name) or (entry and int(entry.group(2)) < ENTRY_VERSIONS[entry.group(1)]):
+                self._remove(name)
+            elif entry:
+                # Entries of a newer memlens sharing the folder count towards the limit too.
+                current.append((name == keep, st.st_mtime, st.st_size, name))
+        total = sum(size for _, _, size, _ in current)
+        for _, _, size, name in sorted(current):  # not-kept first, oldest first
+            if total <= max_bytes:
+                break
+            self._remove(name)
+            total -= size
+
+    def _remove(self, name: str) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=self.fd)
