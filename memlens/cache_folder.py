@@ -50,9 +50,9 @@ STALE_TEMP_SECONDS = 3600
 
 # Each kind's current format version; an entry of an older one is pruned. Snapshot copies:
 # 3: allocated as memory_allocated counts it, pending frees apart; 4: strings cut at 4 KiB;
-# 5: allocated in block bytes (the block_size column), no longer requested bytes.
-# Reports: 1: the first.
-ENTRY_VERSIONS = {"v": 5, "r": 1}
+# 5: allocated in block bytes (the block_size column), no longer requested bytes; 6: the
+# segments' blocks as columns. Reports: 1: the first.
+ENTRY_VERSIONS = {"v": 6, "r": 1}
 ENTRY_RE = re.compile(r"^([vr])(\d+)-([0-9a-f]{64})\.(?:npz|json)$")
 _TEMP_RE = re.compile(r"^\.tmp-(\d+)-[0-9a-f]+\.(?:npz|json|key)$")
 _LEGACY_ENTRY_RE = re.compile(r"\.[0-9a-f]{16}\.memlens-cache\.npz$")  # snapshot format 1 names

@@ -106,6 +106,10 @@ _COLUMNS: dict[str, np.dtype[Any]] = {
     "allocated": _INT64, "reserved": _INT64,
 }
 _STACK_COLUMNS = {"stack_offsets": _INT64, "stack_frames": _INT32}
+# Every segment's blocks, one column per field, segment after segment (a million-event file has
+# tens of thousands: as columns they are checked in a few vectorised passes, not one at a time).
+_BLOCK_COLUMNS = {"segment_block_offsets": _INT64, "blocks_address": _INT64, "blocks_size": _INT64,
+                  "blocks_requested_size": _INT64, "blocks_state": _INT8, "blocks_stack_id": _INT32}
 _META = "__meta__"
 _MAC = "__mac__"
 _ALLOWED_DTYPES = frozenset((_INT8, _INT32, _INT64, _UINT8))
@@ -389,6 +393,7 @@ def _encode(snapshot: Snapshot, digest: str) -> dict[str, np.ndarray]:
     stacks = snapshot.stacks.stacks
     members["stack_offsets"] = np.cumsum([0] + [len(s) for s in stacks], dtype=np.int64)
     members["stack_frames"] = np.fromiter((f for s in stacks for f in s), dtype=np.int32)
+    members.update(_encode_blocks(snapshot.segments))
     for segment in snapshot.segments:
         _check_plain(list(segment.pool_id), "a segment pool id")
     _check_plain(snapshot.allocator_settings, "allocator_settings")
@@ -400,7 +405,7 @@ def _encode(snapshot: Snapshot, digest: str) -> dict[str, np.ndarray]:
         "frames": [[f.filename, f.line, f.name] for f in snapshot.stacks.frames],
         "segments": [
             [s.device, s.address, s.total_size, s.stream, s.segment_type, list(s.pool_id), s.is_expandable,
-             s.stack_id, [[b.address, b.size, b.requested_size, b.state, b.stack_id] for b in s.blocks]]
+             s.stack_id]
             for s in snapshot.segments
         ],
         "annotations": [[a.name, a.stage, a.device, a.time_us] for a in snapshot.annotations],
@@ -414,6 +419,22 @@ def _encode(snapshot: Snapshot, digest: str) -> dict[str, np.ndarray]:
         raise _NotCacheable(f"not representable as JSON: {error}") from None
     members[_META] = np.frombuffer(text.encode(), dtype=np.uint8)
     return members
+
+
+def _encode_blocks(segments: list[Segment]) -> dict[str, np.ndarray]:
+    blocks = [b for s in segments for b in s.blocks]
+    state_code = {state: code for code, state in enumerate(BLOCK_STATES)}
+    try:
+        return {
+            "segment_block_offsets": np.cumsum([0] + [len(s.blocks) for s in segments], dtype=np.int64),
+            "blocks_address": np.array([b.address for b in blocks], dtype=np.int64),
+            "blocks_size": np.array([b.size for b in blocks], dtype=np.int64),
+            "blocks_requested_size": np.array([b.requested_size for b in blocks], dtype=np.int64),
+            "blocks_state": np.array([state_code[b.state] for b in blocks], dtype=np.int8),
+            "blocks_stack_id": np.array([b.stack_id for b in blocks], dtype=np.int32),
+        }
+    except (OverflowError, KeyError) as error:  # a value past 64 bits, or a state the model lacks
+        raise _NotCacheable(f"a block that does not fit the columns: {error!r}") from None
 
 
 def _mac(key: bytes, members: dict[str, np.ndarray]) -> bytes:
@@ -573,20 +594,37 @@ def _decode_device(info: Any, members: dict[str, np.ndarray], stack_count: int) 
     return DeviceTrace(device=device, **fields)
 
 
-def _decode_segment(item: Any, devices: dict[int, DeviceTrace], stack_count: int) -> Segment:
-    _expect(type(item) is list and len(item) == 9, "a segment")
-    device, address, total_size, stream, segment_type, pool_id, is_expandable, stack_id, raw_blocks = item
+def _decode_blocks(members: dict[str, np.ndarray], segment_count: int, stack_count: int) -> list[list[Block]]:
+    """Each segment's blocks from the block columns, every value checked first."""
+    for name, dtype in _BLOCK_COLUMNS.items():
+        _expect(members[name].dtype == dtype and members[name].ndim == 1, f"{name}: dtype {members[name].dtype}")
+    offsets = members["segment_block_offsets"]
+    columns = [members[name] for name in _BLOCK_COLUMNS if name != "segment_block_offsets"]
+    count = columns[0].size
+    _expect(all(column.size == count for column in columns), "block columns of different lengths")
+    _expect(offsets.size == segment_count + 1 and int(offsets[0]) == 0 and int(offsets[-1]) == count,
+            "block offsets bounds")
+    _expect(bool((np.diff(offsets) >= 0).all()), "block offsets not monotonic")
+    address, size, requested, state, stack_id = columns
+    if count:
+        _expect(int(size.min()) >= 0 and int(requested.min()) >= 0, "negative block size")
+        _expect(int(state.min()) >= 0 and int(state.max()) < len(BLOCK_STATES), "block state out of range")
+        _expect(int(stack_id.min()) >= -1 and int(stack_id.max()) < stack_count, "block stack id out of range")
+    states = [BLOCK_STATES[code] for code in state.tolist()]
+    blocks = [Block(*fields) for fields in zip(address.tolist(), size.tolist(), requested.tolist(), states,
+                                               stack_id.tolist(), strict=True)]
+    starts = offsets.tolist()
+    return [blocks[a:b] for a, b in itertools.pairwise(starts)]
+
+
+def _decode_segment(item: Any, blocks: list[Block], devices: dict[int, DeviceTrace], stack_count: int) -> Segment:
+    _expect(type(item) is list and len(item) == 8, "a segment")
+    device, address, total_size, stream, segment_type, pool_id, is_expandable, stack_id = item
     _expect(_is_int(device) and device in devices, "segment device")
     _expect(_is_int(address) and _is_int(total_size) and total_size >= 0, "segment extent")  # addresses: 64 bits
     _expect(_is_int(stream) and type(segment_type) is str and type(pool_id) is list
             and type(is_expandable) is bool, "segment fields")
     _expect(_is_int(stack_id) and -1 <= stack_id < stack_count, "segment stack id")
-    _expect(type(raw_blocks) is list, "segment blocks")
-    blocks = []
-    for b in raw_blocks:
-        _expect(type(b) is list and len(b) == 5 and _is_int(b[0]) and all(_is_int(v) and v >= 0 for v in b[1:3])
-                and b[3] in BLOCK_STATES and _is_int(b[4]) and -1 <= b[4] < stack_count, "a block")
-        blocks.append(Block(b[0], b[1], b[2], b[3], b[4]))
     return Segment(device=device, address=address, total_size=total_size, stream=stream,
                    segment_type=segment_type, pool_id=tuple(pool_id), is_expandable=is_expandable,
                    stack_id=stack_id, blocks=blocks)
@@ -603,7 +641,7 @@ def _decode(members: dict[str, np.ndarray], digest: str, source: str) -> Snapsho
     raw_devices = meta["devices"]
     _expect(type(raw_devices) is list and len(raw_devices) > 0, "device list")
     device_numbers = [d.get("device") if type(d) is dict else None for d in raw_devices]
-    expected = {f"d{n}_{c}" for n in device_numbers for c in _COLUMNS} | set(_STACK_COLUMNS)
+    expected = {f"d{n}_{c}" for n in device_numbers for c in _COLUMNS} | set(_STACK_COLUMNS) | set(_BLOCK_COLUMNS)
     _expect(len(set(device_numbers)) == len(device_numbers), "duplicate devices")
     _expect(set(members) == expected, "members do not match the metadata")
     for name, dtype in _STACK_COLUMNS.items():
@@ -615,7 +653,9 @@ def _decode(members: dict[str, np.ndarray], digest: str, source: str) -> Snapsho
         devices[trace.device] = trace
     raw_segments, raw_annotations = meta["segments"], meta["annotations"]
     _expect(type(raw_segments) is list and type(raw_annotations) is list, "segments / annotations")
-    segments = [_decode_segment(item, devices, len(stacks)) for item in raw_segments]
+    blocks = _decode_blocks(members, len(raw_segments), len(stacks))
+    segments = [_decode_segment(item, segment_blocks, devices, len(stacks))
+                for item, segment_blocks in zip(raw_segments, blocks, strict=True)]
     annotations = []
     for a in raw_annotations:
         _expect(type(a) is list and len(a) == 4 and type(a[0]) is str and type(a[1]) is str

@@ -188,7 +188,25 @@ def out_of_range_frame(members: Members, meta: dict[str, Any]) -> None:
 
 
 def bad_block(members: Members, meta: dict[str, Any]) -> None:
-    meta["segments"][0][8][0][3] = "haunted"
+    set_value("blocks_state", 0, 3)(members, meta)  # past the three block states
+
+
+def negative_block_size(members: Members, meta: dict[str, Any]) -> None:
+    set_value("blocks_size", 0, -512)(members, meta)
+
+
+def block_stack_out_of_range(members: Members, meta: dict[str, Any]) -> None:
+    set_value("blocks_stack_id", 0, members["stack_offsets"].size + 10)(members, meta)
+
+
+def block_offsets_past_the_end(members: Members, meta: dict[str, Any]) -> None:
+    offsets = members["segment_block_offsets"].copy()
+    offsets[-1] += 1
+    members["segment_block_offsets"] = offsets
+
+
+def block_columns_of_different_lengths(members: Members, meta: dict[str, Any]) -> None:
+    members["blocks_requested_size"] = members["blocks_requested_size"][:-1]
 
 
 def segment_stack_out_of_range(members: Members, meta: dict[str, Any]) -> None:
@@ -221,7 +239,8 @@ def text_where_an_int_belongs(members: Members, meta: dict[str, Any]) -> None:
 
 MALFORMED = [out_of_range_stack_id, out_of_range_metadata_id, set_value("d0_action", 3, 42),
              set_value("d0_size", 3, -512), short_column, wrong_dtype, two_dimensional, decreasing_offsets,
-             offsets_past_the_end, out_of_range_frame, bad_block, segment_stack_out_of_range, other_bytes,
+             offsets_past_the_end, out_of_range_frame, bad_block, negative_block_size, block_stack_out_of_range,
+             block_offsets_past_the_end, block_columns_of_different_lengths, segment_stack_out_of_range, other_bytes,
              old_version, extra_member, missing_member, frames_not_a_list, text_where_an_int_belongs]
 
 
