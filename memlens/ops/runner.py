@@ -54,7 +54,7 @@ DEFAULT_TIMEOUT_S = 120.0
 # ``memlens`` console script (as __mp_main__), which imports it.
 # The reader's cache and numpy.ma are imported by every analysis: loaded once there, a child
 # starts analysing ~0.1 s sooner (most of a small rank's time in a fleet).
-DEFAULT_PRELOAD = ("memlens", "memlens.analysis", "memlens.snapshot.reader", "memlens.snapshot.cache", "numpy.ma",
+DEFAULT_PRELOAD = ("memlens", "memlens.analysis.run", "memlens.snapshot.reader", "memlens.snapshot.cache", "numpy.ma",
                    "memlens.ops.runner", "memlens.cli.main")
 _PR_SET_PDEATHSIG = 1
 # How long a killed child may take to be reaped before we stop waiting for it.

@@ -14,7 +14,7 @@ import torch.utils._python_dispatch
 import torch.utils.flop_counter  # noqa: F401
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-import memlens.analysis
+import memlens.analysis.run
 import memlens.ops.predict
 import memlens.plan.apply
 import memlens.predict.session  # noqa: F401
