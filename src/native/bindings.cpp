@@ -12,8 +12,6 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include <unordered_map>
-
 #include "caching_allocator.hpp"
 
 namespace nb = nanobind;
@@ -230,7 +228,7 @@ nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Co
 
   AddressHints hints(hint_addresses.data(), hint_sizes.data(), hint_addresses.shape(0));
   std::optional<int64_t> pending_pair;
-  std::unordered_map<int64_t, int64_t> paired;  // simulated segment base -> recorded segment base
+  AddressMap<int64_t> paired;  // simulated segment base -> recorded segment base
   HookGuard guard(sim);
   sim.segment_addresses = [&](int64_t size) -> std::optional<int64_t> {
     pending_pair.reset();
@@ -242,15 +240,14 @@ nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Co
   auto settle_pair = [&](int64_t sim_address) {
     if (!pending_pair) return;
     std::optional<int64_t> base = sim.segment_base(sim_address);
-    if (base) paired[*base] = *pending_pair;
+    if (base) paired.set(*base, *pending_pair);
     pending_pair.reset();
   };
 
   RecordedSegments recorded_segments;
   for (const auto& [address, size] : recorded_initial) recorded_segments.opened(address, size);
-  std::unordered_map<int64_t, int64_t> mapping;
-  mapping.reserve(1024);
-  for (int64_t address : seeded_live) mapping[address] = address;
+  AddressMap<int64_t> mapping;  // recorded address -> simulated address of the live blocks
+  for (int64_t address : seeded_live) mapping.set(address, address);
 
   const Frames none;
   int64_t peak_reserved = sim.reserved_bytes;
@@ -275,7 +272,7 @@ nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Co
         break;
       }
       settle_pair(sim_address);
-      mapping[address] = sim_address;
+      mapping.set(address, sim_address);
       allocs += 1;
       std::optional<int64_t> recorded_base = recorded_segments.base_of(address);
       if (recorded_base) {
@@ -286,8 +283,8 @@ nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Co
         } else {
           std::optional<int64_t> sim_base = sim.segment_base(sim_address);
           if (sim_base) {
-            auto pair = paired.find(*sim_base);
-            int64_t stands_for = pair != paired.end() ? pair->second : *sim_base;
+            const int64_t* pair = paired.find(*sim_base);
+            int64_t stands_for = pair != nullptr ? *pair : *sim_base;
             if (stands_for == *recorded_base && sim_address - *sim_base == address - *recorded_base) same_place += 1;
           }
         }
@@ -305,20 +302,20 @@ nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Co
         }
       }
     } else if (act == kFreeRequested) {
-      auto found = mapping.find(addresses[i]);
-      if (found != mapping.end() && found->second >= 0 && sim.is_allocated(found->second)) {
+      const int64_t* found = mapping.find(addresses[i]);
+      if (found != nullptr && *found >= 0 && sim.is_allocated(*found)) {
         if (completes[i]) {
-          sim.request_free(found->second, none);
+          sim.request_free(*found, none);
         } else {
-          sim.free(found->second, none);
-          mapping.erase(found);
+          sim.free(*found, none);
+          mapping.erase(addresses[i]);
         }
       }
     } else if (act == kFreeCompleted) {
-      auto found = mapping.find(addresses[i]);
-      if (found != mapping.end()) {
-        const int64_t sim_address = found->second;
-        mapping.erase(found);
+      const int64_t* found = mapping.find(addresses[i]);
+      if (found != nullptr) {
+        const int64_t sim_address = *found;
+        mapping.erase(addresses[i]);
         if (sim_address >= 0 && sim.is_allocated(sim_address)) sim.complete_free(sim_address, none);
       }
     } else if (act == kSegmentAlloc) {
@@ -370,15 +367,15 @@ nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> completed_requests(Column actions_i
   const int64_t* addresses = addresses_in.data();
   auto* mask = new uint8_t[n == 0 ? 1 : n]();
   nb::capsule owner(mask, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
-  std::unordered_map<int64_t, size_t> last_request;
+  AddressMap<size_t> last_request;
   for (size_t i = 0; i < n; ++i) {
     if (actions[i] == kFreeRequested) {
-      last_request[addresses[i]] = i;
+      last_request.set(addresses[i], i);
     } else if (actions[i] == kFreeCompleted) {
-      auto found = last_request.find(addresses[i]);
-      if (found != last_request.end()) {
-        mask[found->second] = 1;
-        last_request.erase(found);
+      const size_t* found = last_request.find(addresses[i]);
+      if (found != nullptr) {
+        mask[*found] = 1;
+        last_request.erase(addresses[i]);
       }
     } else if (actions[i] == kAlloc) {
       last_request.erase(addresses[i]);
