@@ -43,6 +43,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from memlens.allocator.engine import native_module
 from memlens.allocator.settings import AllocatorSettings
 from memlens.allocator.simulator import (
     K_LARGE_BUFFER,
@@ -90,13 +91,16 @@ def block_sizes(
     *,
     use_final_state: bool = True,
     sweep: bool = False,
+    native: bool | None = None,
 ) -> Int64Array:
     """The ``block_size`` column: block bytes on alloc/free rows, ``size`` on every other row.
 
     ``use_final_state=False`` leaves the blocks live at the dump as the layout gives them (the
     tests compare that with the state to show the layout rule is PyTorch's); ``sweep=True``
     measures the large-pool blocks with the reference pass in row order instead of the
-    vectorised one (the tests show both give the same blocks).
+    vectorised one (the tests show both give the same blocks). The large-pool blocks are
+    measured by the native core's copy of that pass (``memlens._native.sweep_large_blocks``)
+    where it is built; ``native=False`` keeps to the Python passes (the differential tests).
     """
     out = size.astype(np.int64, copy=True)
     memory_rows = np.flatnonzero((action == _ALLOC) | (action == _FREE_REQUESTED) | (action == _FREE_COMPLETED))
@@ -131,8 +135,10 @@ def block_sizes(
         large = out > K_SMALL_SIZE
         ghost_rows = rows[unowned_head & group_start & large[rows]]
         untouched = _untouched_live_blocks(addresses[group_start], segments)
-        if sweep or not _measure_large_blocks(out, action, address, large, release, segments, settings,
-                                              rows, group_start, ghost_rows, untouched):
+        measured = not sweep and native is not False and _native_sweep(
+            out, action, address, large, release, segments, settings, ghost_rows, untouched)
+        if not measured and (sweep or not _measure_large_blocks(out, action, address, large, release, segments,
+                                                                settings, rows, group_start, ghost_rows, untouched)):
             _sweep_large_blocks(out, action, address, large, release, segments, settings, ghost_rows, untouched)
 
     if use_final_state:
@@ -263,7 +269,7 @@ def _measure_large_blocks(
     keep &= np.where(when >= 0, ~((rounded < max_split) & (remaining > K_SMALL_SIZE)), remaining <= K_SMALL_SIZE)
     keep &= ~oversize | (remaining < K_LARGE_BUFFER)
     out[measured[keep]] = whole[keep]
-    _cut_overlaps(out, action, address, rows, group_start, release, measured[keep], rounded[keep])
+    _cut_overlaps(out, action, address, large, rows, group_start, release, measured[keep], rounded[keep])
     return True
 
 
@@ -303,16 +309,16 @@ def _segment_ends(
 
 
 def _cut_overlaps(
-    out: Int64Array, action: np.ndarray, address: Int64Array, rows: Int64Array, group_start: np.ndarray,
-    release: int, tailed: Int64Array, rounded: Int64Array,
+    out: Int64Array, action: np.ndarray, address: Int64Array, large: np.ndarray, rows: Int64Array,
+    group_start: np.ndarray, release: int, tailed: Int64Array, rounded: Int64Array,
 ) -> None:
-    """A block given a tail ends where a later alloc starts inside it while it lives: only a
-    history no allocator of PyTorch's rules wrote has one (as the sweep does, never below the
-    rounded request)."""
+    """A block given a tail ends where a later large-pool alloc starts inside it while it lives:
+    only a history no allocator of PyTorch's rules wrote has one (as the sweep does, which sees
+    the large pool only, never below the rounded request)."""
     if tailed.size == 0:
         return
     n = action.shape[0]
-    allocs = np.flatnonzero(action == _ALLOC)
+    allocs = np.flatnonzero(large & (action == _ALLOC))
     by_address = np.argsort(address[allocs], kind="stable")
     alloc_rows, alloc_addresses = allocs[by_address], address[allocs[by_address]]
     start = address[tailed]
@@ -360,6 +366,38 @@ def _untouched_live_blocks(touched: Int64Array, segments: Sequence[Segment]) -> 
     at = np.minimum(np.searchsorted(touched, candidates), max(touched.size - 1, 0))
     seen = (touched[at] == candidates) if touched.size else np.zeros(candidates.size, dtype=bool)
     return [int(a) for a in candidates[~seen]]
+
+
+def _native_sweep(
+    out: Int64Array,
+    action: np.ndarray,
+    address: Int64Array,
+    large: np.ndarray,
+    release: int,
+    segments: Sequence[Segment],
+    settings: AllocatorSettings,
+    ghost_rows: Int64Array,
+    untouched: list[int],
+) -> bool:
+    """``_sweep_large_blocks`` on the native core, in place in ``out``; False (nothing changed)
+    where the core is not built or declines (an address or size whose sums int64 cannot hold)."""
+    core = native_module()
+    if core is None or out.dtype != np.int64 or not out.flags.c_contiguous:
+        return False
+    max_split = min(settings.max_split_size_or_max, (1 << 63) - 1)  # unset: above every block either way
+    handled: bool = core.sweep_large_blocks(
+        out,
+        np.ascontiguousarray(action, dtype=np.int8),
+        np.ascontiguousarray(address, dtype=np.int64),
+        np.ascontiguousarray(large, dtype=np.bool_).view(np.uint8),
+        release,
+        np.array([s.address for s in segments], dtype=np.int64),
+        np.array([s.total_size for s in segments], dtype=np.int64),
+        max_split,
+        np.ascontiguousarray(ghost_rows, dtype=np.int64),
+        np.array(untouched, dtype=np.int64),
+    )
+    return handled
 
 
 def _sweep_large_blocks(

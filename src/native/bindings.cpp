@@ -12,6 +12,9 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <map>
+#include <set>
+
 #include "caching_allocator.hpp"
 
 namespace nb = nanobind;
@@ -384,6 +387,134 @@ nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> completed_requests(Column actions_i
   return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(mask, {n}, owner);
 }
 
+// ------------------------------------------------------------------ block sizes
+// memlens.snapshot.blocks._sweep_large_blocks, step for step: give every large-pool alloc (and
+// block freed before its alloc was seen) the tail ``should_split`` left on it, in place in ``out``.
+// Returns false, changing nothing, where an address or size lies outside the range whose sums
+// int64 holds (the Python pass, on unbounded integers, measures those).
+using Codes = nb::ndarray<const int8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Sizes = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+bool sweep_large_blocks(Sizes out_in, Codes action_in, Column address_in, Mask large_in, int64_t release,
+                        Column segment_addresses, Column segment_sizes, int64_t max_split, Column ghost_rows_in,
+                        Column untouched_in) {
+  constexpr int64_t kAddressLimit = int64_t(1) << 62, kSizeLimit = int64_t(1) << 60;
+  const size_t n = action_in.shape(0);
+  if (out_in.shape(0) != n || address_in.shape(0) != n || large_in.shape(0) != n ||
+      segment_addresses.shape(0) != segment_sizes.shape(0)) {
+    throw UsageError("block size columns differ in length");
+  }
+  int64_t* out = out_in.data();
+  const int8_t* action = action_in.data();
+  const int64_t* address = address_in.data();
+  const uint8_t* large = large_in.data();
+  const int64_t* ghost_rows = ghost_rows_in.data();
+  const size_t ghosts = ghost_rows_in.shape(0);
+  auto in_range = [&](int64_t addr, int64_t size) {
+    return 0 <= addr && addr <= kAddressLimit && 0 <= size && size <= kSizeLimit;
+  };
+  // The rows the pass reads, in order; the sizes as they were before it changed any.
+  std::vector<size_t> relevant;
+  bool any_large_alloc = false;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t act = action[i];
+    const bool large_alloc = large[i] && act == kAlloc;
+    if (large_alloc || (large[i] && act == release) || act == kSegmentAlloc || act == kSegmentFree) {
+      if (!in_range(address[i], out[i])) return false;
+      relevant.push_back(i);
+      any_large_alloc |= large_alloc;
+    }
+  }
+  for (size_t k = 0; k < ghosts; ++k) {
+    if (ghost_rows[k] < 0 || static_cast<size_t>(ghost_rows[k]) >= n) throw UsageError("ghost row out of range");
+    if (!in_range(address[ghost_rows[k]], out[ghost_rows[k]])) return false;
+  }
+  for (size_t k = 0; k < segment_addresses.shape(0); ++k) {
+    if (!in_range(segment_addresses.data()[k], segment_sizes.data()[k])) return false;
+  }
+  for (size_t k = 0; k < untouched_in.shape(0); ++k) {
+    if (!in_range(untouched_in.data()[k], 0)) return false;
+  }
+  if (!any_large_alloc && ghosts == 0) return true;
+  std::vector<int64_t> sizes(relevant.size());
+  for (size_t k = 0; k < relevant.size(); ++k) sizes[k] = out[relevant[k]];
+
+  // The segments when the window opened: those it closed without opening them first, and
+  // those still there at the end that it did not open.
+  AddressMap<int64_t> opened;
+  std::map<int64_t, int64_t> segments;  // start -> size: seg_starts and seg_size
+  for (size_t k = 0; k < relevant.size(); ++k) {
+    const int64_t act = action[relevant[k]], addr = address[relevant[k]];
+    if (act == kSegmentAlloc) {
+      opened.set(addr, sizes[k]);
+    } else if (act == kSegmentFree && !opened.erase(addr)) {
+      segments.try_emplace(addr, sizes[k]);
+    }
+  }
+  for (size_t k = 0; k < segment_addresses.shape(0); ++k) {
+    if (!opened.contains(segment_addresses.data()[k])) segments.try_emplace(segment_addresses.data()[k], segment_sizes.data()[k]);
+  }
+
+  std::set<int64_t> occupied(untouched_in.data(), untouched_in.data() + untouched_in.shape(0));
+  for (size_t k = 0; k < ghosts; ++k) occupied.insert(address[ghost_rows[k]]);
+  struct Held {
+    int64_t row = -1, rounded = 0;
+  };
+  AddressMap<Held> block_at;  // occupied start -> the row whose block starts there, its rounded size
+
+  // Where the free block starting at ``addr`` ends: the next occupied start or the segment's
+  // end; none when no known large-pool segment holds ``addr``.
+  auto boundary = [&](int64_t addr) -> std::optional<int64_t> {
+    auto segment = segments.upper_bound(addr);
+    if (segment == segments.begin()) return std::nullopt;
+    --segment;
+    const int64_t end = segment->first + segment->second;
+    if (addr >= end || segment->second <= kSmallBuffer) return std::nullopt;
+    auto after = occupied.upper_bound(addr);
+    return after != occupied.end() ? std::min(end, *after) : end;
+  };
+
+  // Blocks allocated before the window: a gap of 1 MiB or less after one is its kept tail.
+  for (size_t k = 0; k < ghosts; ++k) {
+    const int64_t row = ghost_rows[k], addr = address[row], rounded = out[row];
+    block_at.set(addr, Held{row, rounded});
+    std::optional<int64_t> end = boundary(addr);
+    if (end) {
+      const int64_t gap = *end - (addr + rounded);
+      if (0 < gap && gap <= kSmallSize) out[row] += gap;
+    }
+  }
+
+  for (size_t k = 0; k < relevant.size(); ++k) {
+    const int64_t row = static_cast<int64_t>(relevant[k]), act = action[row], addr = address[row];
+    const int64_t row_size = sizes[k];
+    if (act == kAlloc) {
+      std::optional<int64_t> end = boundary(addr);
+      if (end && *end - addr >= row_size) {
+        const int64_t remaining = *end - addr - row_size;
+        if (!(row_size < max_split && remaining > kSmallSize)) out[row] = *end - addr;  // should_split said no
+      }
+      auto at = occupied.lower_bound(addr);
+      if (at != occupied.begin()) {
+        const int64_t before = *std::prev(at);
+        if (const Held* earlier = block_at.find(before)) {
+          // A block inside another's tail: the earlier block ends where this one starts.
+          out[earlier->row] = std::min(out[earlier->row], std::max(addr - before, earlier->rounded));
+        }
+      }
+      occupied.insert(addr);
+      block_at.set(addr, Held{row, row_size});
+    } else if (act == release) {
+      if (occupied.erase(addr)) block_at.erase(addr);
+    } else if (act == kSegmentAlloc) {
+      segments[addr] = row_size;
+    } else if (act == kSegmentFree) {
+      segments.erase(addr);
+    }
+  }
+  return true;
+}
+
 }  // namespace
 }  // namespace memlens
 
@@ -461,4 +592,6 @@ NB_MODULE(_native, m) {
         "recorded_initial"_a, "over_capacity"_a, "observer"_a.none());
   m.def("completed_requests", &completed_requests, "actions"_a, "addresses"_a);
   m.def("get_allocation_size", &get_allocation_size, "size"_a);
+  m.def("sweep_large_blocks", &sweep_large_blocks, "out"_a, "action"_a, "address"_a, "large"_a, "release"_a,
+        "segment_addresses"_a, "segment_sizes"_a, "max_split"_a, "ghost_rows"_a, "untouched"_a);
 }

@@ -191,9 +191,10 @@ def test_every_alloc_row_gets_the_block_the_allocator_handed_out(
     snapshot = parse(raw)
     trace = snapshot.device(0)
     for use_final_state in (True, False):
-        for sweep in (False, True):  # the vectorised pass and the reference pass in row order
+        # the native core's pass (where built), the vectorised one and the reference in row order
+        for passes in ({}, {"native": False}, {"sweep": True}):
             measured = block_sizes(trace.action, trace.address, trace.size, snapshot.segments, allocator,
-                                   use_final_state=use_final_state, sweep=sweep)
+                                   use_final_state=use_final_state, **passes)
             assert measured[alloc_rows].tolist() == truth
     active_allocated = sum(b["size"] for s in raw["segments"] for b in s["blocks"]
                            if b["state"] == "active_allocated")
