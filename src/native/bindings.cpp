@@ -515,6 +515,28 @@ bool sweep_large_blocks(Sizes out_in, Codes action_in, Column address_in, Mask l
   return true;
 }
 
+// memlens.snapshot.curves._window_complete's test of the rows, in one pass: every address's first
+// alloc-or-free row is an alloc, and every block live at the dump was allocated in the window.
+// (The Python reference sorts every address to find each one's first row.)
+bool history_allocates_first(Codes action_in, Column address_in, int64_t free_action, Column live_in) {
+  const size_t n = action_in.shape(0);
+  if (address_in.shape(0) != n) throw UsageError("history columns differ in length");
+  const int8_t* action = action_in.data();
+  const int64_t* address = address_in.data();
+  AddressMap<bool> seen;  // addresses whose first row was an alloc
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t act = action[i];
+    if (act != kAlloc && act != free_action) continue;
+    if (seen.contains(address[i])) continue;
+    if (act != kAlloc) return false;  // freed before any alloc there: allocated before the window
+    seen.set(address[i], true);
+  }
+  for (size_t k = 0; k < live_in.shape(0); ++k) {
+    if (!seen.contains(live_in.data()[k])) return false;
+  }
+  return true;
+}
+
 }  // namespace
 }  // namespace memlens
 
@@ -592,6 +614,7 @@ NB_MODULE(_native, m) {
         "recorded_initial"_a, "over_capacity"_a, "observer"_a.none());
   m.def("completed_requests", &completed_requests, "actions"_a, "addresses"_a);
   m.def("get_allocation_size", &get_allocation_size, "size"_a);
+  m.def("history_allocates_first", &history_allocates_first, "action"_a, "address"_a, "free_action"_a, "live"_a);
   m.def("sweep_large_blocks", &sweep_large_blocks, "out"_a, "action"_a, "address"_a, "large"_a, "release"_a,
         "segment_addresses"_a, "segment_sizes"_a, "max_split"_a, "ghost_rows"_a, "untouched"_a);
 }
