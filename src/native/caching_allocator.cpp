@@ -41,8 +41,7 @@ bool allocatable(const Block* block) { return block != nullptr && !block->alloca
 
 // The first block of at least ``size`` bytes (bisect_left of ``size << 64`` in the Python model).
 FreeBlocks::iterator lower_bound_size(FreeBlocks& blocks, int64_t size) {
-  Block probe(INT64_MIN, size, 0, false);
-  return blocks.lower_bound(&probe);
+  return blocks.lower_bound(FreeEntry(size, INT64_MIN));
 }
 
 void check(bool condition, const char* what) {
@@ -410,7 +409,7 @@ Block* CachingAllocator::get_free_block(BlockPool& pool, int64_t size, int64_t s
     } else {
       // Expandable segments were switched off: only plain blocks qualify.
       ++it;
-      while (it != blocks.end() && (*it)->expandable != nullptr) ++it;
+      while (it != blocks.end() && it->block->expandable != nullptr) ++it;
       if (it == blocks.end()) return nullptr;
       block = *it;
     }

@@ -180,17 +180,27 @@ struct Block {  // one Block: allocated, pending free, cached, or (expandable) u
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
 
+// A cached block in its pool's set, its key held in the node: best fit compares sizes without
+// reading the Block (a cache miss per tree level otherwise). A block's size and address never
+// change while it is in the set (every change is made to a block taken out of it first).
+struct FreeEntry {
+  int64_t size, address;
+  Block* block;
+  FreeEntry(Block* block_) : size(block_->size), address(block_->address), block(block_) {}  // NOLINT: implicit
+  FreeEntry(int64_t size_, int64_t address_) : size(size_), address(address_), block(nullptr) {}
+  operator Block*() const { return block; }  // NOLINT: implicit, the set reads as a set of blocks
+};
 // BlockComparatorSize within one (pool, stream): by size, ties to the lower address.
 struct BySizeThenAddress {
-  bool operator()(const Block* a, const Block* b) const {
-    return a->size != b->size ? a->size < b->size : a->address < b->address;
+  bool operator()(const FreeEntry& a, const FreeEntry& b) const {
+    return a.size != b.size ? a.size < b.size : a.address < b.address;
   }
 };
 struct ByAddress {
   bool operator()(const Block* a, const Block* b) const { return a->address < b->address; }
 };
 // The sets' nodes come from the allocator's own pool (no malloc per cached block).
-using FreeBlocks = std::pmr::set<Block*, BySizeThenAddress>;
+using FreeBlocks = std::pmr::set<FreeEntry, BySizeThenAddress>;
 using UnmappedBlocks = std::pmr::set<Block*, ByAddress>;
 
 struct BlockPool {  // BlockPool: cached (free, mapped) blocks per stream; unmapped ranges per stream
