@@ -71,3 +71,18 @@ def replay(
 ) -> dict[str, Any]: ...
 def completed_requests(actions: npt.NDArray[np.int64], addresses: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]: ...
 def get_allocation_size(size: int) -> int: ...
+def sweep_large_blocks(
+    out: npt.NDArray[np.int64],
+    action: npt.NDArray[np.int8],
+    address: npt.NDArray[np.int64],
+    large: npt.NDArray[np.uint8],
+    release: int,
+    segment_addresses: npt.NDArray[np.int64],
+    segment_sizes: npt.NDArray[np.int64],
+    max_split: int,
+    ghost_rows: npt.NDArray[np.int64],
+    untouched: npt.NDArray[np.int64],
+) -> bool: ...
+def history_allocates_first(
+    action: npt.NDArray[np.int8], address: npt.NDArray[np.int64], free_action: int, live: npt.NDArray[np.int64]
+) -> bool: ...
