@@ -91,11 +91,12 @@ def build_lifetimes(trace: DeviceTrace, segments: list[Segment]) -> Lifetimes:
     ghost_free_rows = rows[free_pos[~preceded]]
 
     # Blocks live at dump time whose address the window never left allocated: ghosts too.
-    live_at_end = {int(a) for a in trace.address[alloc_event[free_event == n]]}
-    ghost_blocks = [
-        b for s in segments for b in s.blocks if b.is_allocated and b.address not in live_at_end
-    ]
-    block_address = np.array([b.address for b in ghost_blocks], dtype=np.int64)
+    allocated_blocks = [b for s in segments for b in s.blocks if b.is_allocated]
+    allocated_addresses = np.fromiter((b.address for b in allocated_blocks), dtype=np.int64,
+                                      count=len(allocated_blocks))
+    ghost = ~np.isin(allocated_addresses, trace.address[alloc_event[free_event == n]])
+    ghost_blocks = [allocated_blocks[i] for i in np.flatnonzero(ghost).tolist()]
+    block_address = allocated_addresses[ghost]
     block_size = np.array([b.size for b in ghost_blocks], dtype=np.int64)
     block_requested = np.array([b.requested_size for b in ghost_blocks], dtype=np.int64)
     block_stack = np.array([b.stack_id for b in ghost_blocks], dtype=np.int32)
