@@ -86,3 +86,8 @@ def sweep_large_blocks(
 def history_allocates_first(
     action: npt.NDArray[np.int8], address: npt.NDArray[np.int64], free_action: int, live: npt.NDArray[np.int64]
 ) -> bool: ...
+def group_memory_rows(
+    action: npt.NDArray[np.int8], address: npt.NDArray[np.int64], release: int
+) -> tuple[
+    npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]
+]: ...

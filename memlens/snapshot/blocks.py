@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -108,9 +109,57 @@ def block_sizes(
         return out
     out[memory_rows] = round_sizes(size[memory_rows], settings)
 
+    release = _FREE_COMPLETED if bool((action == _FREE_COMPLETED).any()) else _FREE_REQUESTED
+    core = native_module() if native is not False and not sweep else None
+    if core is not None:
+        grouped = _native_groups(core, action, address, release)
+        rows = group_start = None
+    else:
+        rows, group_start, grouped = _group_rows(action, address, memory_rows, release)
+    del memory_rows
+    if not uses_expandable_segments(settings, action, segments):
+        large = out > K_SMALL_SIZE
+        ghost_rows = grouped.ghost_heads[large[grouped.ghost_heads]]
+        untouched = _untouched_live_blocks(grouped.touched, segments)
+        measured = core is not None and _native_sweep(
+            out, action, address, large, release, segments, settings, ghost_rows, untouched)
+        if not measured and (sweep or rows is None or group_start is None or not _measure_large_blocks(
+                out, action, address, large, release, segments, settings, rows, group_start, ghost_rows, untouched)):
+            _sweep_large_blocks(out, action, address, large, release, segments, settings, ghost_rows, untouched)
+
+    if use_final_state and grouped.standing.size:
+        # The state knows the size of every block live at the dump: the last alloc at its
+        # address, when no release follows it there.
+        live_size = {b.address: b.size for s in segments for b in s.blocks if b.is_active}
+        for alloc_row in grouped.standing.tolist():
+            known = live_size.get(int(address[alloc_row]))
+            if known is not None:
+                out[alloc_row] = known
+
+    # Free rows carry their alloc's block; the rows of a block whose alloc is not in the window,
+    # the block measured at the first of them.
+    out[grouped.carry_rows] = out[grouped.carry_from]
+    return out
+
+
+class _Groups(NamedTuple):
+    """Each alloc/free row's place in its address's history (``_group_rows``)."""
+
+    carry_rows: Int64Array  # free rows that take another row's block ...
+    carry_from: Int64Array  # ... from this row: their alloc's, or the first free of a block without one
+    ghost_heads: Int64Array  # first rows of the addresses whose first row is a free, by address
+    touched: Int64Array  # every address a row touches, ascending
+    standing: Int64Array  # the last alloc at each address when no release follows it
+
+
+def _group_rows(
+    action: np.ndarray, address: Int64Array, memory_rows: Int64Array, release: int,
+) -> tuple[Int64Array, np.ndarray, _Groups]:
+    """The rows grouped by address (then row), vectorised: the rows so sorted, where each
+    address's group starts, and the ``_Groups``; ``memlens._native.group_memory_rows`` is its copy
+    in one pass in row order (``_native_groups``)."""
     # Group the rows by address (then row): each free belongs to the last alloc before it there.
     rows = memory_rows[np.argsort(address[memory_rows], kind="stable")]  # the rows are ascending already
-    del memory_rows
     addresses = address[rows]
     is_alloc = action[rows] == _ALLOC
     # Positions in int32 where they fit: a million-row trace keeps tens of megabytes fewer.
@@ -119,7 +168,6 @@ def block_sizes(
     group_start[1:] = addresses[1:] != addresses[:-1]
     first_of_group = np.maximum.accumulate(np.where(group_start, position, 0))
     owner = np.maximum.accumulate(np.where(is_alloc, position, -1))
-    release = _FREE_COMPLETED if bool((action == _FREE_COMPLETED).any()) else _FREE_REQUESTED
     released = np.maximum.accumulate(np.where(action[rows] == release, position, -1))
     released_before = np.concatenate([[-1], released[:-1]])
     # A row belongs to the last alloc before it at its address, unless that block was released
@@ -131,39 +179,31 @@ def block_sizes(
     after_release = np.zeros(rows.size, dtype=bool)
     after_release[1:] = (released[:-1] == position[:-1]) & ~group_start[1:]
     unowned_head = ~is_alloc & ~owned & (group_start | after_release)
-    if not uses_expandable_segments(settings, action, segments):
-        large = out > K_SMALL_SIZE
-        ghost_rows = rows[unowned_head & group_start & large[rows]]
-        untouched = _untouched_live_blocks(addresses[group_start], segments)
-        measured = not sweep and native is not False and _native_sweep(
-            out, action, address, large, release, segments, settings, ghost_rows, untouched)
-        if not measured and (sweep or not _measure_large_blocks(out, action, address, large, release, segments,
-                                                                settings, rows, group_start, ghost_rows, untouched)):
-            _sweep_large_blocks(out, action, address, large, release, segments, settings, ghost_rows, untouched)
 
-    if use_final_state:
-        # The state knows the size of every block live at the dump: the last alloc at its
-        # address, when no release follows it there.
-        last_of_group = np.ones(rows.size, dtype=bool)
-        last_of_group[:-1] = group_start[1:]
-        last_alloc = owner[last_of_group]
-        standing_alloc = (last_alloc >= first_of_group[last_of_group]) & (last_alloc > released[last_of_group])
-        standing = rows[last_alloc[standing_alloc]]
-        if standing.size:
-            live_size = {b.address: b.size for s in segments for b in s.blocks if b.is_active}
-            for alloc_row in standing.tolist():
-                known = live_size.get(int(address[alloc_row]))
-                if known is not None:
-                    out[alloc_row] = known
+    last_of_group = np.ones(rows.size, dtype=bool)
+    last_of_group[:-1] = group_start[1:]
+    last_alloc = owner[last_of_group]
+    standing_alloc = (last_alloc >= first_of_group[last_of_group]) & (last_alloc > released[last_of_group])
 
-    # Free rows carry their alloc's block; the rows of a block whose alloc is not in the window,
-    # the block measured at the first of them.
     free_positions = np.flatnonzero(owned & ~is_alloc)
-    out[rows[free_positions]] = out[rows[owner[free_positions]]]
     head = np.maximum.accumulate(np.where(unowned_head, position, 0))
     unowned = np.flatnonzero(~owned & ~is_alloc & ~unowned_head)
-    out[rows[unowned]] = out[rows[head[unowned]]]
-    return out
+    groups = _Groups(
+        carry_rows=np.concatenate([rows[free_positions], rows[unowned]]),
+        carry_from=np.concatenate([rows[owner[free_positions]], rows[head[unowned]]]),
+        ghost_heads=rows[unowned_head & group_start],
+        touched=addresses[group_start],
+        standing=rows[last_alloc[standing_alloc]],
+    )
+    return rows, group_start, groups
+
+
+def _native_groups(core: Any, action: np.ndarray, address: Int64Array, release: int) -> _Groups:
+    """``_group_rows``'s ``_Groups`` from the native core's pass (the ghost heads put in address order)."""
+    carry_rows, carry_from, ghost_heads, touched, standing = core.group_memory_rows(
+        np.ascontiguousarray(action, dtype=np.int8), np.ascontiguousarray(address, dtype=np.int64), release)
+    ghost_heads = ghost_heads[np.argsort(address[ghost_heads], kind="stable")]
+    return _Groups(carry_rows, carry_from, ghost_heads, touched, standing)
 
 
 # The vectorised measurement compares each alloc with every block start in the window after it;

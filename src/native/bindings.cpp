@@ -12,6 +12,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -515,6 +516,73 @@ bool sweep_large_blocks(Sizes out_in, Codes action_in, Column address_in, Mask l
   return true;
 }
 
+// memlens.snapshot.blocks._group_rows in one pass in row order (the Python one sorts the rows by
+// address): each alloc/free row's place in its address's history. Returns
+// (carry_rows, carry_from, ghost_heads, touched, standing):
+// * each free row that belongs to an alloc, with that alloc's row; each later free row of a block
+//   whose alloc the window lacks, with the first of them (its block is measured there);
+// * ghost_heads: the first rows of the addresses whose first row is a free (by row);
+// * touched: every address a row touches, ascending;
+// * standing: the last alloc at each address when no release follows it (by row).
+nb::tuple group_memory_rows(Codes action_in, Column address_in, int64_t release) {
+  const size_t n = action_in.shape(0);
+  if (address_in.shape(0) != n) throw UsageError("history columns differ in length");
+  const int8_t* action = action_in.data();
+  const int64_t* address = address_in.data();
+  struct History {
+    int64_t last_alloc = -1, last_release = -1, head = -1;
+    bool after_release = false;  // the previous row at the address released its block
+  };
+  AddressMap<History> histories;
+  std::vector<int64_t> carry_rows, carry_from, ghost_heads, touched;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t act = action[i];
+    if (act != kAlloc && act != kFreeRequested && act != kFreeCompleted) continue;
+    const int64_t row = static_cast<int64_t>(i), addr = address[i];
+    History* history = histories.find(addr);
+    const bool first = history == nullptr;
+    if (first) {
+      histories.set(addr, History{});
+      history = histories.find(addr);
+      touched.push_back(addr);
+    }
+    if (act == kAlloc) {
+      history->last_alloc = row;
+      history->after_release = false;
+      continue;
+    }
+    // Owned: the last alloc here came after the last release here (a ring buffer or a writer
+    // may have lost the alloc of the block this row frees).
+    if (history->last_alloc > history->last_release) {
+      carry_rows.push_back(row);
+      carry_from.push_back(history->last_alloc);
+    } else if (first || history->after_release) {
+      history->head = row;
+      if (first) ghost_heads.push_back(row);
+    } else {
+      // The row before this one here is a free without its alloc too, so a head precedes it.
+      if (history->head < 0) throw std::logic_error("block sizes: a free row without its block's first row");
+      carry_rows.push_back(row);
+      carry_from.push_back(history->head);
+    }
+    if (act == release) history->last_release = row;
+    history->after_release = act == release;
+  }
+  std::vector<int64_t> standing;
+  histories.for_each([&standing](int64_t, const History& history) {
+    if (history.last_alloc >= 0 && history.last_alloc > history.last_release) standing.push_back(history.last_alloc);
+  });
+  std::sort(standing.begin(), standing.end());
+  std::sort(touched.begin(), touched.end());
+  auto as_array = [](std::vector<int64_t>& values) {
+    auto* data = new std::vector<int64_t>(std::move(values));
+    nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
+    return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(data->data(), {data->size()}, owner);
+  };
+  return nb::make_tuple(as_array(carry_rows), as_array(carry_from), as_array(ghost_heads), as_array(touched),
+                        as_array(standing));
+}
+
 // memlens.snapshot.curves._window_complete's test of the rows, in one pass: every address's first
 // alloc-or-free row is an alloc, and every block live at the dump was allocated in the window.
 // (The Python reference sorts every address to find each one's first row.)
@@ -614,6 +682,7 @@ NB_MODULE(_native, m) {
         "recorded_initial"_a, "over_capacity"_a, "observer"_a.none());
   m.def("completed_requests", &completed_requests, "actions"_a, "addresses"_a);
   m.def("get_allocation_size", &get_allocation_size, "size"_a);
+  m.def("group_memory_rows", &group_memory_rows, "action"_a, "address"_a, "release"_a);
   m.def("history_allocates_first", &history_allocates_first, "action"_a, "address"_a, "free_action"_a, "live"_a);
   m.def("sweep_large_blocks", &sweep_large_blocks, "out"_a, "action"_a, "address"_a, "large"_a, "release"_a,
         "segment_addresses"_a, "segment_sizes"_a, "max_split"_a, "ghost_rows"_a, "untouched"_a);

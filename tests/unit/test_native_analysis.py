@@ -1,10 +1,12 @@
 """The native core's analysis passes against their Python references (differential tests).
 
-``memlens._native.sweep_large_blocks`` is ``memlens.snapshot.blocks._sweep_large_blocks`` in C++:
-the block-size column it gives must be the Python passes' (the reference sweep in row order and
-the vectorised one) on every sample and real snapshot, on random allocator runs cut at random
-rows (a window that opens mid-run), and on crafted histories; where an address lies beyond what
-its int64 sums hold it declines and the Python pass measures.
+``memlens._native.group_memory_rows`` and ``sweep_large_blocks`` are
+``memlens.snapshot.blocks._group_rows`` and ``_sweep_large_blocks`` in C++: the block-size column
+they give must be the Python passes' (the reference sweep in row order and the vectorised one) on
+every sample and real snapshot, on random allocator runs cut at random rows (a window that opens
+mid-run), and on crafted histories; where an address lies beyond what its int64 sums hold the
+sweep declines and the Python pass measures. ``history_allocates_first`` is
+``memlens.snapshot.curves._window_complete``'s test of the rows.
 """
 
 from __future__ import annotations
