@@ -55,7 +55,7 @@ class Simulator:
 
 def replay(
     simulator: Simulator,
-    actions: npt.NDArray[np.int64],
+    actions: npt.NDArray[np.int8],
     addresses: npt.NDArray[np.int64],
     sizes: npt.NDArray[np.int64],
     streams: npt.NDArray[np.int64],
@@ -69,7 +69,7 @@ def replay(
     over_capacity: bool,
     observer: Callable[[int, Any], None] | None,
 ) -> dict[str, Any]: ...
-def completed_requests(actions: npt.NDArray[np.int64], addresses: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]: ...
+def completed_requests(actions: npt.NDArray[np.int8], addresses: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]: ...
 def get_allocation_size(size: int) -> int: ...
 def sweep_large_blocks(
     out: npt.NDArray[np.int64],

@@ -26,6 +26,7 @@ namespace {
 
 using Column = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Mask = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Codes = nb::ndarray<const int8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;  // action codes
 
 // A frames argument as given: None and an omitted one are both "no frames" (Python's falsy None).
 Frames frames_of(const nb::handle& frames) { return frames.is_none() ? Frames() : nb::borrow(frames); }
@@ -211,7 +212,7 @@ struct HookGuard {
 };
 
 // _Replay.run's loop: the same decisions in the same order; returns the raw figures.
-nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Column sizes_in, Column streams_in,
+nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Column sizes_in, Column streams_in,
                 Mask completes_in, Mask empty_cache_in, Column hint_addresses, Column hint_sizes,
                 bool use_recorded_addresses, std::vector<int64_t> seeded_live,
                 std::vector<std::pair<int64_t, int64_t>> recorded_initial, bool over_capacity, nb::object observer) {
@@ -222,7 +223,7 @@ nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Co
       completes_in.shape(0) != n || empty_cache_in.shape(0) != n || hint_addresses.shape(0) != hint_sizes.shape(0)) {
     throw UsageError("replay columns differ in length");
   }
-  const int64_t* actions = actions_in.data();
+  const int8_t* actions = actions_in.data();
   const int64_t* addresses = addresses_in.data();
   const int64_t* sizes = sizes_in.data();
   const int64_t* streams = streams_in.data();
@@ -364,10 +365,10 @@ nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Co
 }
 
 // _Replay._completed_requests: the free_requested rows a later free_completed finishes.
-nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> completed_requests(Column actions_in, Column addresses_in) {
+nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> completed_requests(Codes actions_in, Column addresses_in) {
   const size_t n = actions_in.shape(0);
   if (addresses_in.shape(0) != n) throw UsageError("replay columns differ in length");
-  const int64_t* actions = actions_in.data();
+  const int8_t* actions = actions_in.data();
   const int64_t* addresses = addresses_in.data();
   auto* mask = new uint8_t[n == 0 ? 1 : n]();
   nb::capsule owner(mask, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
@@ -393,7 +394,6 @@ nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> completed_requests(Column actions_i
 // block freed before its alloc was seen) the tail ``should_split`` left on it, in place in ``out``.
 // Returns false, changing nothing, where an address or size lies outside the range whose sums
 // int64 holds (the Python pass, on unbounded integers, measures those).
-using Codes = nb::ndarray<const int8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Sizes = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 bool sweep_large_blocks(Sizes out_in, Codes action_in, Column address_in, Mask large_in, int64_t release,
