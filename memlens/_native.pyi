@@ -91,3 +91,6 @@ def group_memory_rows(
 ) -> tuple[
     npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]
 ]: ...
+def pair_lifetime_rows(
+    action: npt.NDArray[np.int8], address: npt.NDArray[np.int64], free_action: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from memlens.snapshot.model import Action, DeviceTrace, Segment
+from memlens.allocator.engine import native_module
+from memlens.snapshot.model import Action, DeviceTrace, Int64Array, Segment
 
 I64 = npt.NDArray[np.int64]
 
@@ -62,11 +63,15 @@ def free_action(trace: DeviceTrace) -> int:
     return int(Action.FREE_COMPLETED)
 
 
-def build_lifetimes(trace: DeviceTrace, segments: list[Segment]) -> Lifetimes:
+def _pair_rows(trace: DeviceTrace, ends: int) -> tuple[Int64Array, Int64Array, Int64Array]:
+    """The alloc rows and each one's end (the next alloc or ``ends`` row at its address, else the
+    trace's length), by (address, row), and the ``ends`` rows no alloc precedes at their address
+    (their blocks predate the window). ``memlens._native.pair_lifetime_rows`` is its copy in C++
+    (a counting sort by address instead of a lexsort)."""
     n = len(trace)
     action = trace.action
     is_alloc_row = action == Action.ALLOC
-    rows = np.flatnonzero(is_alloc_row | (action == free_action(trace))).astype(np.int64)
+    rows = np.flatnonzero(is_alloc_row | (action == ends)).astype(np.int64)
     addresses = trace.address[rows]
     order = np.lexsort((rows, addresses))
     rows = rows[order]
@@ -89,6 +94,19 @@ def build_lifetimes(trace: DeviceTrace, segments: list[Segment]) -> Lifetimes:
     prev = free_pos[has_prev] - 1
     preceded[has_prev] = same_as_next[prev] & is_alloc[prev]
     ghost_free_rows = rows[free_pos[~preceded]]
+    return alloc_event, free_event, ghost_free_rows
+
+
+def build_lifetimes(trace: DeviceTrace, segments: list[Segment], native: bool = True) -> Lifetimes:
+    """``native=False``: the rows paired by the Python reference (``_pair_rows``) on the native engine too."""
+    n = len(trace)
+    core = native_module() if native else None
+    if core is not None:
+        alloc_event, free_event, ghost_free_rows = core.pair_lifetime_rows(
+            np.ascontiguousarray(trace.action, dtype=np.int8), np.ascontiguousarray(trace.address, dtype=np.int64),
+            free_action(trace))
+    else:
+        alloc_event, free_event, ghost_free_rows = _pair_rows(trace, free_action(trace))
 
     # Blocks live at dump time whose address the window never left allocated: ghosts too.
     allocated_blocks = [b for s in segments for b in s.blocks if b.is_allocated]

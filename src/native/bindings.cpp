@@ -583,6 +583,77 @@ nb::tuple group_memory_rows(Codes action_in, Column address_in, int64_t release)
                         as_array(standing));
 }
 
+// memlens.analysis.lifetimes._pair_rows: the alloc and free rows ordered by (address, row), as
+// numpy's lexsort orders them, and each alloc's end: the next row at its address (n where none
+// follows). Returns (alloc_event, free_event, ghost_free_rows), in that order: the frees with no
+// alloc just before them at their address are the ghost rows (their blocks predate the window).
+// A counting sort by address: the distinct addresses are sorted, the rows of each keep row order.
+nb::tuple pair_lifetime_rows(Codes action_in, Column address_in, int64_t free_action) {
+  const size_t n = action_in.shape(0);
+  if (address_in.shape(0) != n) throw UsageError("history columns differ in length");
+  const int8_t* action = action_in.data();
+  const int64_t* address = address_in.data();
+  AddressMap<int64_t> group_of;  // address -> its group
+  std::vector<int64_t> group_address, group_rows;
+  std::vector<int32_t> row_group;
+  std::vector<int64_t> relevant;
+  for (size_t i = 0; i < n; ++i) {
+    if (action[i] != kAlloc && action[i] != free_action) continue;
+    const int64_t* found = group_of.find(address[i]);
+    int64_t group;
+    if (found == nullptr) {
+      group = static_cast<int64_t>(group_address.size());
+      group_of.set(address[i], group);
+      group_address.push_back(address[i]);
+      group_rows.push_back(0);
+    } else {
+      group = *found;
+    }
+    group_rows[group] += 1;
+    relevant.push_back(static_cast<int64_t>(i));
+    row_group.push_back(static_cast<int32_t>(group));
+  }
+  if (group_address.size() >= (size_t(1) << 31)) throw UsageError("too many addresses");
+  std::vector<int64_t> by_address(group_address.size());
+  for (size_t g = 0; g < by_address.size(); ++g) by_address[g] = static_cast<int64_t>(g);
+  std::sort(by_address.begin(), by_address.end(),
+            [&group_address](int64_t a, int64_t b) { return group_address[a] < group_address[b]; });
+  std::vector<int64_t> cursor(group_address.size());
+  int64_t offset = 0;
+  for (int64_t g : by_address) {
+    cursor[g] = offset;
+    offset += group_rows[g];
+  }
+  const size_t m = relevant.size();
+  std::vector<int64_t> sorted(m);
+  std::vector<int32_t> sorted_group(m);
+  for (size_t k = 0; k < m; ++k) {
+    const int64_t at = cursor[row_group[k]]++;
+    sorted[at] = relevant[k];
+    sorted_group[at] = row_group[k];
+  }
+  std::vector<int64_t> alloc_event, free_event, ghost_free_rows;
+  for (size_t k = 0; k < m; ++k) {
+    const int64_t row = sorted[k];
+    const bool same_as_next = k + 1 < m && sorted_group[k + 1] == sorted_group[k];
+    if (action[row] == kAlloc) {
+      alloc_event.push_back(row);
+      // The next row at the same address ends the lifetime; when it is another alloc (the
+      // ring buffer lost the free) the lifetime ends there, the best bound the trace gives.
+      free_event.push_back(same_as_next ? sorted[k + 1] : static_cast<int64_t>(n));
+    } else {
+      const bool preceded = k > 0 && sorted_group[k - 1] == sorted_group[k] && action[sorted[k - 1]] == kAlloc;
+      if (!preceded) ghost_free_rows.push_back(row);
+    }
+  }
+  auto as_array = [](std::vector<int64_t>& values) {
+    auto* data = new std::vector<int64_t>(std::move(values));
+    nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
+    return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(data->data(), {data->size()}, owner);
+  };
+  return nb::make_tuple(as_array(alloc_event), as_array(free_event), as_array(ghost_free_rows));
+}
+
 // memlens.snapshot.curves._window_complete's test of the rows, in one pass: every address's first
 // alloc-or-free row is an alloc, and every block live at the dump was allocated in the window.
 // (The Python reference sorts every address to find each one's first row.)
@@ -683,6 +754,7 @@ NB_MODULE(_native, m) {
   m.def("completed_requests", &completed_requests, "actions"_a, "addresses"_a);
   m.def("get_allocation_size", &get_allocation_size, "size"_a);
   m.def("group_memory_rows", &group_memory_rows, "action"_a, "address"_a, "release"_a);
+  m.def("pair_lifetime_rows", &pair_lifetime_rows, "action"_a, "address"_a, "free_action"_a);
   m.def("history_allocates_first", &history_allocates_first, "action"_a, "address"_a, "free_action"_a, "live"_a);
   m.def("sweep_large_blocks", &sweep_large_blocks, "out"_a, "action"_a, "address"_a, "large"_a, "release"_a,
         "segment_addresses"_a, "segment_sizes"_a, "max_split"_a, "ghost_rows"_a, "untouched"_a);

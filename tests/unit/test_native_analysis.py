@@ -6,7 +6,8 @@ they give must be the Python passes' (the reference sweep in row order and the v
 every sample and real snapshot, on random allocator runs cut at random rows (a window that opens
 mid-run), and on crafted histories; where an address lies beyond what its int64 sums hold the
 sweep declines and the Python pass measures. ``history_allocates_first`` is
-``memlens.snapshot.curves._window_complete``'s test of the rows.
+``memlens.snapshot.curves._window_complete``'s test of the rows, and ``pair_lifetime_rows``
+``memlens.analysis.lifetimes._pair_rows``.
 """
 
 from __future__ import annotations
@@ -158,3 +159,39 @@ def test_native_window_completeness_matches_python_on_windows(seed: int) -> None
         assert native == python
         answers.add(native)
     assert answers == {True, False}  # both answers reached
+
+
+def _lifetimes_agree(trace: Any, segments: list) -> None:
+    import dataclasses
+
+    from memlens.analysis.lifetimes import build_lifetimes
+
+    python, native = build_lifetimes(trace, segments, native=False), build_lifetimes(trace, segments)
+    for field in dataclasses.fields(python):
+        expected, got = getattr(python, field.name), getattr(native, field.name)
+        if isinstance(expected, np.ndarray):
+            assert got.dtype == expected.dtype and got.tolist() == expected.tolist(), field.name
+        else:
+            assert got == expected, field.name
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.name) for p in [*real_snapshot_paths(), *SAMPLES]])
+def test_native_lifetimes_match_python_on_every_snapshot(path: Path) -> None:
+    snapshot = load(path)
+    for trace in snapshot.devices.values():
+        _lifetimes_agree(trace, snapshot.segments_on(trace.device))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_native_lifetimes_match_python_on_windows(seed: int) -> None:
+    """Cut windows: frees whose alloc the window lost, allocs never freed, addresses reused."""
+    raw = _random_run(seed, None)
+    entries = raw["device_traces"][0]
+    for cut in (0, 1, len(entries) // 3, len(entries) - 5):
+        raw["device_traces"][0] = entries[cut:]
+        snapshot = parse(raw)
+        _lifetimes_agree(snapshot.device(0), snapshot.segments)
+    # A history that lost frees (two allocs in a row at one address) and only free_completed rows.
+    raw["device_traces"][0] = [e for e in entries if e["action"] != "free_requested"][::2]
+    snapshot = parse(raw)
+    _lifetimes_agree(snapshot.device(0), snapshot.segments)
