@@ -25,7 +25,9 @@ the snapshot is read (the cache stores the column):
   ``memlens.allocator`` would cost a Python step per row and hand out blocks of its own
   choosing wherever it strays from the recorded run, while the layout is what the recorded
   allocator did. The measurement is vectorised (``_measure_large_blocks``); a pass in row order
-  (``_sweep_large_blocks``) is its reference in the tests and its fallback.
+  (``_sweep_large_blocks``) is its reference in the tests and its fallback. Where the native
+  core is built, the rows are grouped by address and the reference pass runs there
+  (``memlens._native.group_memory_rows``, ``sweep_large_blocks``), held to both by the tests.
 * **Blocks live at the dump** take their size from the segments' blocks: the state is what
   PyTorch counted.
 * **Blocks allocated before the window** (a free with no alloc before it) have no alloc row to
@@ -99,9 +101,10 @@ def block_sizes(
     ``use_final_state=False`` leaves the blocks live at the dump as the layout gives them (the
     tests compare that with the state to show the layout rule is PyTorch's); ``sweep=True``
     measures the large-pool blocks with the reference pass in row order instead of the
-    vectorised one (the tests show both give the same blocks). The large-pool blocks are
-    measured by the native core's copy of that pass (``memlens._native.sweep_large_blocks``)
-    where it is built; ``native=False`` keeps to the Python passes (the differential tests).
+    vectorised one (the tests show both give the same blocks). Where the native core is built,
+    the rows are grouped (``_group_rows``) and the large-pool blocks measured by its copies of
+    those passes (``memlens._native.group_memory_rows``, ``sweep_large_blocks``);
+    ``native=False`` keeps to the Python passes (the differential tests).
     """
     out = size.astype(np.int64, copy=True)
     memory_rows = np.flatnonzero((action == _ALLOC) | (action == _FREE_REQUESTED) | (action == _FREE_COMPLETED))
