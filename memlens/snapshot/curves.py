@@ -122,12 +122,13 @@ def window_complete(trace: DeviceTrace, free_rows: np.ndarray, live_blocks: list
     On the native core one pass over the rows (``memlens._native.history_allocates_first``);
     ``_window_complete``, which sorts every address, is its reference (``native=False``)."""
     core = native_module() if native else None
-    if core is None:
+    # The native pass takes the free rows as an action code: those of one kind, as build_curves passes.
+    free_action = next((int(a) for a in (Action.FREE_REQUESTED, Action.FREE_COMPLETED)
+                        if np.array_equal(free_rows, trace.action == a)), None)
+    if core is None or free_action is None:
         return _window_complete(trace, free_rows, live_blocks)
     if trace.baseline_allocated != 0 or trace.baseline_reserved != 0:
         return False
-    free_action = int(Action.FREE_REQUESTED) if bool(free_rows[trace.action == Action.FREE_REQUESTED].any()) else (
-        int(Action.FREE_COMPLETED))
     live = np.array([b.address for b in live_blocks], dtype=np.int64)
     allocates_first: bool = core.history_allocates_first(
         np.ascontiguousarray(trace.action, dtype=np.int8), np.ascontiguousarray(trace.address, dtype=np.int64),
