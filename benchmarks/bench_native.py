@@ -100,7 +100,7 @@ def simulator_alone(path: Path, runs: int) -> None:
     snapshot = load(path)
     trace = snapshot.device(None)
     events = len(trace)
-    actions = np.ascontiguousarray(trace.action, dtype=np.int64)
+    actions = np.ascontiguousarray(trace.action, dtype=np.int8)
     addresses = np.ascontiguousarray(trace.address, dtype=np.int64)
     sizes = np.ascontiguousarray(trace.size, dtype=np.int64)
     streams = np.ascontiguousarray(trace.stream, dtype=np.int64)

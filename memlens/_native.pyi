@@ -55,7 +55,7 @@ class Simulator:
 
 def replay(
     simulator: Simulator,
-    actions: npt.NDArray[np.int64],
+    actions: npt.NDArray[np.int8],
     addresses: npt.NDArray[np.int64],
     sizes: npt.NDArray[np.int64],
     streams: npt.NDArray[np.int64],
@@ -69,5 +69,28 @@ def replay(
     over_capacity: bool,
     observer: Callable[[int, Any], None] | None,
 ) -> dict[str, Any]: ...
-def completed_requests(actions: npt.NDArray[np.int64], addresses: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]: ...
+def completed_requests(actions: npt.NDArray[np.int8], addresses: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]: ...
 def get_allocation_size(size: int) -> int: ...
+def sweep_large_blocks(
+    out: npt.NDArray[np.int64],
+    action: npt.NDArray[np.int8],
+    address: npt.NDArray[np.int64],
+    large: npt.NDArray[np.uint8],
+    release: int,
+    segment_addresses: npt.NDArray[np.int64],
+    segment_sizes: npt.NDArray[np.int64],
+    max_split: int,
+    ghost_rows: npt.NDArray[np.int64],
+    untouched: npt.NDArray[np.int64],
+) -> bool: ...
+def history_allocates_first(
+    action: npt.NDArray[np.int8], address: npt.NDArray[np.int64], free_action: int, live: npt.NDArray[np.int64]
+) -> bool: ...
+def group_memory_rows(
+    action: npt.NDArray[np.int8], address: npt.NDArray[np.int64], release: int
+) -> tuple[
+    npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]
+]: ...
+def pair_lifetime_rows(
+    action: npt.NDArray[np.int8], address: npt.NDArray[np.int64], free_action: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...

@@ -723,7 +723,7 @@ class _Replay:
     ) -> SimulatedFigures:
         """The loop of ``run`` in one native call over the trace's columns (same rules, same order)."""
         trace = self.trace
-        actions = np.ascontiguousarray(trace.action, dtype=np.int64)
+        actions = np.ascontiguousarray(trace.action, dtype=np.int8)
         addresses = np.ascontiguousarray(trace.address, dtype=np.int64)
         sizes = np.ascontiguousarray(trace.size, dtype=np.int64)
         streams = np.ascontiguousarray(trace.stream, dtype=np.int64)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from memlens.snapshot.model import Action, DeviceTrace, Segment
+from memlens.allocator.engine import native_module
+from memlens.snapshot.model import Action, DeviceTrace, Int64Array, Segment
 
 I64 = npt.NDArray[np.int64]
 
@@ -62,11 +63,15 @@ def free_action(trace: DeviceTrace) -> int:
     return int(Action.FREE_COMPLETED)
 
 
-def build_lifetimes(trace: DeviceTrace, segments: list[Segment]) -> Lifetimes:
+def _pair_rows(trace: DeviceTrace, ends: int) -> tuple[Int64Array, Int64Array, Int64Array]:
+    """The alloc rows and each one's end (the next alloc or ``ends`` row at its address, else the
+    trace's length), by (address, row), and the ``ends`` rows no alloc precedes at their address
+    (their blocks predate the window). ``memlens._native.pair_lifetime_rows`` is its copy in C++
+    (a counting sort by address instead of a lexsort)."""
     n = len(trace)
     action = trace.action
     is_alloc_row = action == Action.ALLOC
-    rows = np.flatnonzero(is_alloc_row | (action == free_action(trace))).astype(np.int64)
+    rows = np.flatnonzero(is_alloc_row | (action == ends)).astype(np.int64)
     addresses = trace.address[rows]
     order = np.lexsort((rows, addresses))
     rows = rows[order]
@@ -89,13 +94,27 @@ def build_lifetimes(trace: DeviceTrace, segments: list[Segment]) -> Lifetimes:
     prev = free_pos[has_prev] - 1
     preceded[has_prev] = same_as_next[prev] & is_alloc[prev]
     ghost_free_rows = rows[free_pos[~preceded]]
+    return alloc_event, free_event, ghost_free_rows
+
+
+def build_lifetimes(trace: DeviceTrace, segments: list[Segment], native: bool = True) -> Lifetimes:
+    """``native=False``: the rows paired by the Python reference (``_pair_rows``) on the native engine too."""
+    n = len(trace)
+    core = native_module() if native else None
+    if core is not None:
+        alloc_event, free_event, ghost_free_rows = core.pair_lifetime_rows(
+            np.ascontiguousarray(trace.action, dtype=np.int8), np.ascontiguousarray(trace.address, dtype=np.int64),
+            free_action(trace))
+    else:
+        alloc_event, free_event, ghost_free_rows = _pair_rows(trace, free_action(trace))
 
     # Blocks live at dump time whose address the window never left allocated: ghosts too.
-    live_at_end = {int(a) for a in trace.address[alloc_event[free_event == n]]}
-    ghost_blocks = [
-        b for s in segments for b in s.blocks if b.is_allocated and b.address not in live_at_end
-    ]
-    block_address = np.array([b.address for b in ghost_blocks], dtype=np.int64)
+    allocated_blocks = [b for s in segments for b in s.blocks if b.is_allocated]
+    allocated_addresses = np.fromiter((b.address for b in allocated_blocks), dtype=np.int64,
+                                      count=len(allocated_blocks))
+    ghost = ~np.isin(allocated_addresses, trace.address[alloc_event[free_event == n]])
+    ghost_blocks = [allocated_blocks[i] for i in np.flatnonzero(ghost).tolist()]
+    block_address = allocated_addresses[ghost]
     block_size = np.array([b.size for b in ghost_blocks], dtype=np.int64)
     block_requested = np.array([b.requested_size for b in ghost_blocks], dtype=np.int64)
     block_stack = np.array([b.stack_id for b in ghost_blocks], dtype=np.int32)

@@ -25,7 +25,9 @@ the snapshot is read (the cache stores the column):
   ``memlens.allocator`` would cost a Python step per row and hand out blocks of its own
   choosing wherever it strays from the recorded run, while the layout is what the recorded
   allocator did. The measurement is vectorised (``_measure_large_blocks``); a pass in row order
-  (``_sweep_large_blocks``) is its reference in the tests and its fallback.
+  (``_sweep_large_blocks``) is its reference in the tests and its fallback. Where the native
+  core is built, the rows are grouped by address and the reference pass runs there
+  (``memlens._native.group_memory_rows``, ``sweep_large_blocks``), held to both by the tests.
 * **Blocks live at the dump** take their size from the segments' blocks: the state is what
   PyTorch counted.
 * **Blocks allocated before the window** (a free with no alloc before it) have no alloc row to
@@ -40,9 +42,11 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from memlens.allocator.engine import native_module
 from memlens.allocator.settings import AllocatorSettings
 from memlens.allocator.simulator import (
     K_LARGE_BUFFER,
@@ -90,13 +94,17 @@ def block_sizes(
     *,
     use_final_state: bool = True,
     sweep: bool = False,
+    native: bool | None = None,
 ) -> Int64Array:
     """The ``block_size`` column: block bytes on alloc/free rows, ``size`` on every other row.
 
     ``use_final_state=False`` leaves the blocks live at the dump as the layout gives them (the
     tests compare that with the state to show the layout rule is PyTorch's); ``sweep=True``
     measures the large-pool blocks with the reference pass in row order instead of the
-    vectorised one (the tests show both give the same blocks).
+    vectorised one (the tests show both give the same blocks). Where the native core is built,
+    the rows are grouped (``_group_rows``) and the large-pool blocks measured by its copies of
+    those passes (``memlens._native.group_memory_rows``, ``sweep_large_blocks``);
+    ``native=False`` keeps to the Python passes (the differential tests).
     """
     out = size.astype(np.int64, copy=True)
     memory_rows = np.flatnonzero((action == _ALLOC) | (action == _FREE_REQUESTED) | (action == _FREE_COMPLETED))
@@ -104,9 +112,57 @@ def block_sizes(
         return out
     out[memory_rows] = round_sizes(size[memory_rows], settings)
 
+    release = _FREE_COMPLETED if bool((action == _FREE_COMPLETED).any()) else _FREE_REQUESTED
+    core = native_module() if native is not False and not sweep else None
+    if core is not None:
+        grouped = _native_groups(core, action, address, release)
+        rows = group_start = None
+    else:
+        rows, group_start, grouped = _group_rows(action, address, memory_rows, release)
+    del memory_rows
+    if not uses_expandable_segments(settings, action, segments):
+        large = out > K_SMALL_SIZE
+        ghost_rows = grouped.ghost_heads[large[grouped.ghost_heads]]
+        untouched = _untouched_live_blocks(grouped.touched, segments)
+        measured = core is not None and _native_sweep(
+            out, action, address, large, release, segments, settings, ghost_rows, untouched)
+        if not measured and (sweep or rows is None or group_start is None or not _measure_large_blocks(
+                out, action, address, large, release, segments, settings, rows, group_start, ghost_rows, untouched)):
+            _sweep_large_blocks(out, action, address, large, release, segments, settings, ghost_rows, untouched)
+
+    if use_final_state and grouped.standing.size:
+        # The state knows the size of every block live at the dump: the last alloc at its
+        # address, when no release follows it there.
+        live_size = {b.address: b.size for s in segments for b in s.blocks if b.is_active}
+        for alloc_row in grouped.standing.tolist():
+            known = live_size.get(int(address[alloc_row]))
+            if known is not None:
+                out[alloc_row] = known
+
+    # Free rows carry their alloc's block; the rows of a block whose alloc is not in the window,
+    # the block measured at the first of them.
+    out[grouped.carry_rows] = out[grouped.carry_from]
+    return out
+
+
+class _Groups(NamedTuple):
+    """Each alloc/free row's place in its address's history (``_group_rows``)."""
+
+    carry_rows: Int64Array  # free rows that take another row's block ...
+    carry_from: Int64Array  # ... from this row: their alloc's, or the first free of a block without one
+    ghost_heads: Int64Array  # first rows of the addresses whose first row is a free, by address
+    touched: Int64Array  # every address a row touches, ascending
+    standing: Int64Array  # the last alloc at each address when no release follows it
+
+
+def _group_rows(
+    action: np.ndarray, address: Int64Array, memory_rows: Int64Array, release: int,
+) -> tuple[Int64Array, np.ndarray, _Groups]:
+    """The rows grouped by address (then row), vectorised: the rows so sorted, where each
+    address's group starts, and the ``_Groups``; ``memlens._native.group_memory_rows`` is its copy
+    in one pass in row order (``_native_groups``)."""
     # Group the rows by address (then row): each free belongs to the last alloc before it there.
     rows = memory_rows[np.argsort(address[memory_rows], kind="stable")]  # the rows are ascending already
-    del memory_rows
     addresses = address[rows]
     is_alloc = action[rows] == _ALLOC
     # Positions in int32 where they fit: a million-row trace keeps tens of megabytes fewer.
@@ -115,7 +171,6 @@ def block_sizes(
     group_start[1:] = addresses[1:] != addresses[:-1]
     first_of_group = np.maximum.accumulate(np.where(group_start, position, 0))
     owner = np.maximum.accumulate(np.where(is_alloc, position, -1))
-    release = _FREE_COMPLETED if bool((action == _FREE_COMPLETED).any()) else _FREE_REQUESTED
     released = np.maximum.accumulate(np.where(action[rows] == release, position, -1))
     released_before = np.concatenate([[-1], released[:-1]])
     # A row belongs to the last alloc before it at its address, unless that block was released
@@ -127,37 +182,31 @@ def block_sizes(
     after_release = np.zeros(rows.size, dtype=bool)
     after_release[1:] = (released[:-1] == position[:-1]) & ~group_start[1:]
     unowned_head = ~is_alloc & ~owned & (group_start | after_release)
-    if not uses_expandable_segments(settings, action, segments):
-        large = out > K_SMALL_SIZE
-        ghost_rows = rows[unowned_head & group_start & large[rows]]
-        untouched = _untouched_live_blocks(addresses[group_start], segments)
-        if sweep or not _measure_large_blocks(out, action, address, large, release, segments, settings,
-                                              rows, group_start, ghost_rows, untouched):
-            _sweep_large_blocks(out, action, address, large, release, segments, settings, ghost_rows, untouched)
 
-    if use_final_state:
-        # The state knows the size of every block live at the dump: the last alloc at its
-        # address, when no release follows it there.
-        last_of_group = np.ones(rows.size, dtype=bool)
-        last_of_group[:-1] = group_start[1:]
-        last_alloc = owner[last_of_group]
-        standing_alloc = (last_alloc >= first_of_group[last_of_group]) & (last_alloc > released[last_of_group])
-        standing = rows[last_alloc[standing_alloc]]
-        if standing.size:
-            live_size = {b.address: b.size for s in segments for b in s.blocks if b.is_active}
-            for alloc_row in standing.tolist():
-                known = live_size.get(int(address[alloc_row]))
-                if known is not None:
-                    out[alloc_row] = known
+    last_of_group = np.ones(rows.size, dtype=bool)
+    last_of_group[:-1] = group_start[1:]
+    last_alloc = owner[last_of_group]
+    standing_alloc = (last_alloc >= first_of_group[last_of_group]) & (last_alloc > released[last_of_group])
 
-    # Free rows carry their alloc's block; the rows of a block whose alloc is not in the window,
-    # the block measured at the first of them.
     free_positions = np.flatnonzero(owned & ~is_alloc)
-    out[rows[free_positions]] = out[rows[owner[free_positions]]]
     head = np.maximum.accumulate(np.where(unowned_head, position, 0))
     unowned = np.flatnonzero(~owned & ~is_alloc & ~unowned_head)
-    out[rows[unowned]] = out[rows[head[unowned]]]
-    return out
+    groups = _Groups(
+        carry_rows=np.concatenate([rows[free_positions], rows[unowned]]),
+        carry_from=np.concatenate([rows[owner[free_positions]], rows[head[unowned]]]),
+        ghost_heads=rows[unowned_head & group_start],
+        touched=addresses[group_start],
+        standing=rows[last_alloc[standing_alloc]],
+    )
+    return rows, group_start, groups
+
+
+def _native_groups(core: Any, action: np.ndarray, address: Int64Array, release: int) -> _Groups:
+    """``_group_rows``'s ``_Groups`` from the native core's pass (the ghost heads put in address order)."""
+    carry_rows, carry_from, ghost_heads, touched, standing = core.group_memory_rows(
+        np.ascontiguousarray(action, dtype=np.int8), np.ascontiguousarray(address, dtype=np.int64), release)
+    ghost_heads = ghost_heads[np.argsort(address[ghost_heads], kind="stable")]
+    return _Groups(carry_rows, carry_from, ghost_heads, touched, standing)
 
 
 # The vectorised measurement compares each alloc with every block start in the window after it;
@@ -263,7 +312,7 @@ def _measure_large_blocks(
     keep &= np.where(when >= 0, ~((rounded < max_split) & (remaining > K_SMALL_SIZE)), remaining <= K_SMALL_SIZE)
     keep &= ~oversize | (remaining < K_LARGE_BUFFER)
     out[measured[keep]] = whole[keep]
-    _cut_overlaps(out, action, address, rows, group_start, release, measured[keep], rounded[keep])
+    _cut_overlaps(out, action, address, large, rows, group_start, release, measured[keep], rounded[keep])
     return True
 
 
@@ -303,16 +352,16 @@ def _segment_ends(
 
 
 def _cut_overlaps(
-    out: Int64Array, action: np.ndarray, address: Int64Array, rows: Int64Array, group_start: np.ndarray,
-    release: int, tailed: Int64Array, rounded: Int64Array,
+    out: Int64Array, action: np.ndarray, address: Int64Array, large: np.ndarray, rows: Int64Array,
+    group_start: np.ndarray, release: int, tailed: Int64Array, rounded: Int64Array,
 ) -> None:
-    """A block given a tail ends where a later alloc starts inside it while it lives: only a
-    history no allocator of PyTorch's rules wrote has one (as the sweep does, never below the
-    rounded request)."""
+    """A block given a tail ends where a later large-pool alloc starts inside it while it lives:
+    only a history no allocator of PyTorch's rules wrote has one (as the sweep does, which sees
+    the large pool only, never below the rounded request)."""
     if tailed.size == 0:
         return
     n = action.shape[0]
-    allocs = np.flatnonzero(action == _ALLOC)
+    allocs = np.flatnonzero(large & (action == _ALLOC))
     by_address = np.argsort(address[allocs], kind="stable")
     alloc_rows, alloc_addresses = allocs[by_address], address[allocs[by_address]]
     start = address[tailed]
@@ -360,6 +409,38 @@ def _untouched_live_blocks(touched: Int64Array, segments: Sequence[Segment]) -> 
     at = np.minimum(np.searchsorted(touched, candidates), max(touched.size - 1, 0))
     seen = (touched[at] == candidates) if touched.size else np.zeros(candidates.size, dtype=bool)
     return [int(a) for a in candidates[~seen]]
+
+
+def _native_sweep(
+    out: Int64Array,
+    action: np.ndarray,
+    address: Int64Array,
+    large: np.ndarray,
+    release: int,
+    segments: Sequence[Segment],
+    settings: AllocatorSettings,
+    ghost_rows: Int64Array,
+    untouched: list[int],
+) -> bool:
+    """``_sweep_large_blocks`` on the native core, in place in ``out``; False (nothing changed)
+    where the core is not built or declines (an address or size whose sums int64 cannot hold)."""
+    core = native_module()
+    if core is None or out.dtype != np.int64 or not out.flags.c_contiguous:
+        return False
+    max_split = min(settings.max_split_size_or_max, (1 << 63) - 1)  # unset: above every block either way
+    handled: bool = core.sweep_large_blocks(
+        out,
+        np.ascontiguousarray(action, dtype=np.int8),
+        np.ascontiguousarray(address, dtype=np.int64),
+        np.ascontiguousarray(large, dtype=np.bool_).view(np.uint8),
+        release,
+        np.array([s.address for s in segments], dtype=np.int64),
+        np.array([s.total_size for s in segments], dtype=np.int64),
+        max_split,
+        np.ascontiguousarray(ghost_rows, dtype=np.int64),
+        np.array(untouched, dtype=np.int64),
+    )
+    return handled
 
 
 def _sweep_large_blocks(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from memlens.allocator.engine import native_module
 from memlens.allocator.settings import AllocatorSettings
 from memlens.snapshot.blocks import block_sizes
 from memlens.snapshot.model import Action, Block, DeviceTrace, Segment
@@ -97,7 +98,7 @@ def build_curves(trace: DeviceTrace, segments: list[Segment], settings: Allocato
             trace.curve_warnings.append(
                 f"{name} history disagrees with the final state by {-lowest} bytes; curve lifted"
             )
-    trace.window_complete = not lifted and _window_complete(trace, freed, live_blocks)
+    trace.window_complete = not lifted and window_complete(trace, freed, live_blocks)
 
 
 def _no_request_past_its_block(trace: DeviceTrace) -> None:
@@ -113,6 +114,26 @@ def _no_request_past_its_block(trace: DeviceTrace) -> None:
             f"{count:,} request size(s) larger than the block that held them (no allocator hands out "
             "less than was asked): read as the block's size"
         )
+
+
+def window_complete(trace: DeviceTrace, free_rows: np.ndarray, live_blocks: list[Block], native: bool = True) -> bool:
+    """True when the history saw every live byte: nothing freed or live that it never allocated.
+
+    On the native core one pass over the rows (``memlens._native.history_allocates_first``);
+    ``_window_complete``, which sorts every address, is its reference (``native=False``)."""
+    core = native_module() if native else None
+    # The native pass takes the free rows as an action code: those of one kind, as build_curves passes.
+    free_action = next((int(a) for a in (Action.FREE_REQUESTED, Action.FREE_COMPLETED)
+                        if np.array_equal(free_rows, trace.action == a)), None)
+    if core is None or free_action is None:
+        return _window_complete(trace, free_rows, live_blocks)
+    if trace.baseline_allocated != 0 or trace.baseline_reserved != 0:
+        return False
+    live = np.array([b.address for b in live_blocks], dtype=np.int64)
+    allocates_first: bool = core.history_allocates_first(
+        np.ascontiguousarray(trace.action, dtype=np.int8), np.ascontiguousarray(trace.address, dtype=np.int64),
+        free_action, live)
+    return allocates_first
 
 
 def _window_complete(trace: DeviceTrace, free_rows: np.ndarray, live_blocks: list[Block]) -> bool:

@@ -12,7 +12,9 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include <unordered_map>
+#include <algorithm>
+#include <map>
+#include <set>
 
 #include "caching_allocator.hpp"
 
@@ -24,6 +26,7 @@ namespace {
 
 using Column = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Mask = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Codes = nb::ndarray<const int8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;  // action codes
 
 // A frames argument as given: None and an omitted one are both "no frames" (Python's falsy None).
 Frames frames_of(const nb::handle& frames) { return frames.is_none() ? Frames() : nb::borrow(frames); }
@@ -209,7 +212,7 @@ struct HookGuard {
 };
 
 // _Replay.run's loop: the same decisions in the same order; returns the raw figures.
-nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Column sizes_in, Column streams_in,
+nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Column sizes_in, Column streams_in,
                 Mask completes_in, Mask empty_cache_in, Column hint_addresses, Column hint_sizes,
                 bool use_recorded_addresses, std::vector<int64_t> seeded_live,
                 std::vector<std::pair<int64_t, int64_t>> recorded_initial, bool over_capacity, nb::object observer) {
@@ -220,7 +223,7 @@ nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Co
       completes_in.shape(0) != n || empty_cache_in.shape(0) != n || hint_addresses.shape(0) != hint_sizes.shape(0)) {
     throw UsageError("replay columns differ in length");
   }
-  const int64_t* actions = actions_in.data();
+  const int8_t* actions = actions_in.data();
   const int64_t* addresses = addresses_in.data();
   const int64_t* sizes = sizes_in.data();
   const int64_t* streams = streams_in.data();
@@ -230,7 +233,7 @@ nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Co
 
   AddressHints hints(hint_addresses.data(), hint_sizes.data(), hint_addresses.shape(0));
   std::optional<int64_t> pending_pair;
-  std::unordered_map<int64_t, int64_t> paired;  // simulated segment base -> recorded segment base
+  AddressMap<int64_t> paired;  // simulated segment base -> recorded segment base
   HookGuard guard(sim);
   sim.segment_addresses = [&](int64_t size) -> std::optional<int64_t> {
     pending_pair.reset();
@@ -242,15 +245,14 @@ nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Co
   auto settle_pair = [&](int64_t sim_address) {
     if (!pending_pair) return;
     std::optional<int64_t> base = sim.segment_base(sim_address);
-    if (base) paired[*base] = *pending_pair;
+    if (base) paired.set(*base, *pending_pair);
     pending_pair.reset();
   };
 
   RecordedSegments recorded_segments;
   for (const auto& [address, size] : recorded_initial) recorded_segments.opened(address, size);
-  std::unordered_map<int64_t, int64_t> mapping;
-  mapping.reserve(1024);
-  for (int64_t address : seeded_live) mapping[address] = address;
+  AddressMap<int64_t> mapping;  // recorded address -> simulated address of the live blocks
+  for (int64_t address : seeded_live) mapping.set(address, address);
 
   const Frames none;
   int64_t peak_reserved = sim.reserved_bytes;
@@ -275,7 +277,7 @@ nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Co
         break;
       }
       settle_pair(sim_address);
-      mapping[address] = sim_address;
+      mapping.set(address, sim_address);
       allocs += 1;
       std::optional<int64_t> recorded_base = recorded_segments.base_of(address);
       if (recorded_base) {
@@ -286,8 +288,8 @@ nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Co
         } else {
           std::optional<int64_t> sim_base = sim.segment_base(sim_address);
           if (sim_base) {
-            auto pair = paired.find(*sim_base);
-            int64_t stands_for = pair != paired.end() ? pair->second : *sim_base;
+            const int64_t* pair = paired.find(*sim_base);
+            int64_t stands_for = pair != nullptr ? *pair : *sim_base;
             if (stands_for == *recorded_base && sim_address - *sim_base == address - *recorded_base) same_place += 1;
           }
         }
@@ -305,20 +307,20 @@ nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Co
         }
       }
     } else if (act == kFreeRequested) {
-      auto found = mapping.find(addresses[i]);
-      if (found != mapping.end() && found->second >= 0 && sim.is_allocated(found->second)) {
+      const int64_t* found = mapping.find(addresses[i]);
+      if (found != nullptr && *found >= 0 && sim.is_allocated(*found)) {
         if (completes[i]) {
-          sim.request_free(found->second, none);
+          sim.request_free(*found, none);
         } else {
-          sim.free(found->second, none);
-          mapping.erase(found);
+          sim.free(*found, none);
+          mapping.erase(addresses[i]);
         }
       }
     } else if (act == kFreeCompleted) {
-      auto found = mapping.find(addresses[i]);
-      if (found != mapping.end()) {
-        const int64_t sim_address = found->second;
-        mapping.erase(found);
+      const int64_t* found = mapping.find(addresses[i]);
+      if (found != nullptr) {
+        const int64_t sim_address = *found;
+        mapping.erase(addresses[i]);
         if (sim_address >= 0 && sim.is_allocated(sim_address)) sim.complete_free(sim_address, none);
       }
     } else if (act == kSegmentAlloc) {
@@ -363,28 +365,315 @@ nb::dict replay(nb::object simulator, Column actions_in, Column addresses_in, Co
 }
 
 // _Replay._completed_requests: the free_requested rows a later free_completed finishes.
-nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> completed_requests(Column actions_in, Column addresses_in) {
+nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> completed_requests(Codes actions_in, Column addresses_in) {
   const size_t n = actions_in.shape(0);
   if (addresses_in.shape(0) != n) throw UsageError("replay columns differ in length");
-  const int64_t* actions = actions_in.data();
+  const int8_t* actions = actions_in.data();
   const int64_t* addresses = addresses_in.data();
   auto* mask = new uint8_t[n == 0 ? 1 : n]();
   nb::capsule owner(mask, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
-  std::unordered_map<int64_t, size_t> last_request;
+  AddressMap<size_t> last_request;
   for (size_t i = 0; i < n; ++i) {
     if (actions[i] == kFreeRequested) {
-      last_request[addresses[i]] = i;
+      last_request.set(addresses[i], i);
     } else if (actions[i] == kFreeCompleted) {
-      auto found = last_request.find(addresses[i]);
-      if (found != last_request.end()) {
-        mask[found->second] = 1;
-        last_request.erase(found);
+      const size_t* found = last_request.find(addresses[i]);
+      if (found != nullptr) {
+        mask[*found] = 1;
+        last_request.erase(addresses[i]);
       }
     } else if (actions[i] == kAlloc) {
       last_request.erase(addresses[i]);
     }
   }
   return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(mask, {n}, owner);
+}
+
+// ------------------------------------------------------------------ block sizes
+// memlens.snapshot.blocks._sweep_large_blocks, step for step: give every large-pool alloc (and
+// block freed before its alloc was seen) the tail ``should_split`` left on it, in place in ``out``.
+// Returns false, changing nothing, where an address or size lies outside the range whose sums
+// int64 holds (the Python pass, on unbounded integers, measures those).
+using Sizes = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+bool sweep_large_blocks(Sizes out_in, Codes action_in, Column address_in, Mask large_in, int64_t release,
+                        Column segment_addresses, Column segment_sizes, int64_t max_split, Column ghost_rows_in,
+                        Column untouched_in) {
+  constexpr int64_t kAddressLimit = int64_t(1) << 62, kSizeLimit = int64_t(1) << 60;
+  const size_t n = action_in.shape(0);
+  if (out_in.shape(0) != n || address_in.shape(0) != n || large_in.shape(0) != n ||
+      segment_addresses.shape(0) != segment_sizes.shape(0)) {
+    throw UsageError("block size columns differ in length");
+  }
+  int64_t* out = out_in.data();
+  const int8_t* action = action_in.data();
+  const int64_t* address = address_in.data();
+  const uint8_t* large = large_in.data();
+  const int64_t* ghost_rows = ghost_rows_in.data();
+  const size_t ghosts = ghost_rows_in.shape(0);
+  auto in_range = [&](int64_t addr, int64_t size) {
+    return 0 <= addr && addr <= kAddressLimit && 0 <= size && size <= kSizeLimit;
+  };
+  // The rows the pass reads, in order; the sizes as they were before it changed any.
+  std::vector<size_t> relevant;
+  bool any_large_alloc = false;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t act = action[i];
+    const bool large_alloc = large[i] && act == kAlloc;
+    if (large_alloc || (large[i] && act == release) || act == kSegmentAlloc || act == kSegmentFree) {
+      if (!in_range(address[i], out[i])) return false;
+      relevant.push_back(i);
+      any_large_alloc |= large_alloc;
+    }
+  }
+  for (size_t k = 0; k < ghosts; ++k) {
+    if (ghost_rows[k] < 0 || static_cast<size_t>(ghost_rows[k]) >= n) throw UsageError("ghost row out of range");
+    if (!in_range(address[ghost_rows[k]], out[ghost_rows[k]])) return false;
+  }
+  for (size_t k = 0; k < segment_addresses.shape(0); ++k) {
+    if (!in_range(segment_addresses.data()[k], segment_sizes.data()[k])) return false;
+  }
+  for (size_t k = 0; k < untouched_in.shape(0); ++k) {
+    if (!in_range(untouched_in.data()[k], 0)) return false;
+  }
+  if (!any_large_alloc && ghosts == 0) return true;
+  std::vector<int64_t> sizes(relevant.size());
+  for (size_t k = 0; k < relevant.size(); ++k) sizes[k] = out[relevant[k]];
+
+  // The segments when the window opened: those it closed without opening them first, and
+  // those still there at the end that it did not open.
+  AddressMap<int64_t> opened;
+  std::map<int64_t, int64_t> segments;  // start -> size: seg_starts and seg_size
+  for (size_t k = 0; k < relevant.size(); ++k) {
+    const int64_t act = action[relevant[k]], addr = address[relevant[k]];
+    if (act == kSegmentAlloc) {
+      opened.set(addr, sizes[k]);
+    } else if (act == kSegmentFree && !opened.erase(addr)) {
+      segments.try_emplace(addr, sizes[k]);
+    }
+  }
+  for (size_t k = 0; k < segment_addresses.shape(0); ++k) {
+    if (!opened.contains(segment_addresses.data()[k])) segments.try_emplace(segment_addresses.data()[k], segment_sizes.data()[k]);
+  }
+
+  std::set<int64_t> occupied(untouched_in.data(), untouched_in.data() + untouched_in.shape(0));
+  for (size_t k = 0; k < ghosts; ++k) occupied.insert(address[ghost_rows[k]]);
+  struct Held {
+    int64_t row = -1, rounded = 0;
+  };
+  AddressMap<Held> block_at;  // occupied start -> the row whose block starts there, its rounded size
+
+  // Where the free block starting at ``addr`` ends: the next occupied start or the segment's
+  // end; none when no known large-pool segment holds ``addr``.
+  auto boundary = [&](int64_t addr) -> std::optional<int64_t> {
+    auto segment = segments.upper_bound(addr);
+    if (segment == segments.begin()) return std::nullopt;
+    --segment;
+    const int64_t end = segment->first + segment->second;
+    if (addr >= end || segment->second <= kSmallBuffer) return std::nullopt;
+    auto after = occupied.upper_bound(addr);
+    return after != occupied.end() ? std::min(end, *after) : end;
+  };
+
+  // Blocks allocated before the window: a gap of 1 MiB or less after one is its kept tail.
+  for (size_t k = 0; k < ghosts; ++k) {
+    const int64_t row = ghost_rows[k], addr = address[row], rounded = out[row];
+    block_at.set(addr, Held{row, rounded});
+    std::optional<int64_t> end = boundary(addr);
+    if (end) {
+      const int64_t gap = *end - (addr + rounded);
+      if (0 < gap && gap <= kSmallSize) out[row] += gap;
+    }
+  }
+
+  for (size_t k = 0; k < relevant.size(); ++k) {
+    const int64_t row = static_cast<int64_t>(relevant[k]), act = action[row], addr = address[row];
+    const int64_t row_size = sizes[k];
+    if (act == kAlloc) {
+      std::optional<int64_t> end = boundary(addr);
+      if (end && *end - addr >= row_size) {
+        const int64_t remaining = *end - addr - row_size;
+        if (!(row_size < max_split && remaining > kSmallSize)) out[row] = *end - addr;  // should_split said no
+      }
+      auto at = occupied.lower_bound(addr);
+      if (at != occupied.begin()) {
+        const int64_t before = *std::prev(at);
+        if (const Held* earlier = block_at.find(before)) {
+          // A block inside another's tail: the earlier block ends where this one starts.
+          out[earlier->row] = std::min(out[earlier->row], std::max(addr - before, earlier->rounded));
+        }
+      }
+      occupied.insert(addr);
+      block_at.set(addr, Held{row, row_size});
+    } else if (act == release) {
+      if (occupied.erase(addr)) block_at.erase(addr);
+    } else if (act == kSegmentAlloc) {
+      segments[addr] = row_size;
+    } else if (act == kSegmentFree) {
+      segments.erase(addr);
+    }
+  }
+  return true;
+}
+
+// memlens.snapshot.blocks._group_rows in one pass in row order (the Python one sorts the rows by
+// address): each alloc/free row's place in its address's history. Returns
+// (carry_rows, carry_from, ghost_heads, touched, standing):
+// * each free row that belongs to an alloc, with that alloc's row; each later free row of a block
+//   whose alloc the window lacks, with the first of them (its block is measured there);
+// * ghost_heads: the first rows of the addresses whose first row is a free (by row);
+// * touched: every address a row touches, ascending;
+// * standing: the last alloc at each address when no release follows it (by row).
+nb::tuple group_memory_rows(Codes action_in, Column address_in, int64_t release) {
+  const size_t n = action_in.shape(0);
+  if (address_in.shape(0) != n) throw UsageError("history columns differ in length");
+  const int8_t* action = action_in.data();
+  const int64_t* address = address_in.data();
+  struct History {
+    int64_t last_alloc = -1, last_release = -1, head = -1;
+    bool after_release = false;  // the previous row at the address released its block
+  };
+  AddressMap<History> histories;
+  std::vector<int64_t> carry_rows, carry_from, ghost_heads, touched;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t act = action[i];
+    if (act != kAlloc && act != kFreeRequested && act != kFreeCompleted) continue;
+    const int64_t row = static_cast<int64_t>(i), addr = address[i];
+    History* history = histories.find(addr);
+    const bool first = history == nullptr;
+    if (first) {
+      histories.set(addr, History{});
+      history = histories.find(addr);
+      touched.push_back(addr);
+    }
+    if (act == kAlloc) {
+      history->last_alloc = row;
+      history->after_release = false;
+      continue;
+    }
+    // Owned: the last alloc here came after the last release here (a ring buffer or a writer
+    // may have lost the alloc of the block this row frees).
+    if (history->last_alloc > history->last_release) {
+      carry_rows.push_back(row);
+      carry_from.push_back(history->last_alloc);
+    } else if (first || history->after_release) {
+      history->head = row;
+      if (first) ghost_heads.push_back(row);
+    } else {
+      // The row before this one here is a free without its alloc too, so a head precedes it.
+      if (history->head < 0) throw std::logic_error("block sizes: a free row without its block's first row");
+      carry_rows.push_back(row);
+      carry_from.push_back(history->head);
+    }
+    if (act == release) history->last_release = row;
+    history->after_release = act == release;
+  }
+  std::vector<int64_t> standing;
+  histories.for_each([&standing](int64_t, const History& history) {
+    if (history.last_alloc >= 0 && history.last_alloc > history.last_release) standing.push_back(history.last_alloc);
+  });
+  std::sort(standing.begin(), standing.end());
+  std::sort(touched.begin(), touched.end());
+  auto as_array = [](std::vector<int64_t>& values) {
+    auto* data = new std::vector<int64_t>(std::move(values));
+    nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
+    return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(data->data(), {data->size()}, owner);
+  };
+  return nb::make_tuple(as_array(carry_rows), as_array(carry_from), as_array(ghost_heads), as_array(touched),
+                        as_array(standing));
+}
+
+// memlens.analysis.lifetimes._pair_rows: the alloc and free rows ordered by (address, row), as
+// numpy's lexsort orders them, and each alloc's end: the next row at its address (n where none
+// follows). Returns (alloc_event, free_event, ghost_free_rows), in that order: the frees with no
+// alloc just before them at their address are the ghost rows (their blocks predate the window).
+// A counting sort by address: the distinct addresses are sorted, the rows of each keep row order.
+nb::tuple pair_lifetime_rows(Codes action_in, Column address_in, int64_t free_action) {
+  const size_t n = action_in.shape(0);
+  if (address_in.shape(0) != n) throw UsageError("history columns differ in length");
+  const int8_t* action = action_in.data();
+  const int64_t* address = address_in.data();
+  AddressMap<int64_t> group_of;  // address -> its group
+  std::vector<int64_t> group_address, group_rows;
+  std::vector<int32_t> row_group;
+  std::vector<int64_t> relevant;
+  for (size_t i = 0; i < n; ++i) {
+    if (action[i] != kAlloc && action[i] != free_action) continue;
+    const int64_t* found = group_of.find(address[i]);
+    int64_t group;
+    if (found == nullptr) {
+      group = static_cast<int64_t>(group_address.size());
+      group_of.set(address[i], group);
+      group_address.push_back(address[i]);
+      group_rows.push_back(0);
+    } else {
+      group = *found;
+    }
+    group_rows[group] += 1;
+    relevant.push_back(static_cast<int64_t>(i));
+    row_group.push_back(static_cast<int32_t>(group));
+  }
+  if (group_address.size() >= (size_t(1) << 31)) throw UsageError("too many addresses");
+  std::vector<int64_t> by_address(group_address.size());
+  for (size_t g = 0; g < by_address.size(); ++g) by_address[g] = static_cast<int64_t>(g);
+  std::sort(by_address.begin(), by_address.end(),
+            [&group_address](int64_t a, int64_t b) { return group_address[a] < group_address[b]; });
+  std::vector<int64_t> cursor(group_address.size());
+  int64_t offset = 0;
+  for (int64_t g : by_address) {
+    cursor[g] = offset;
+    offset += group_rows[g];
+  }
+  const size_t m = relevant.size();
+  std::vector<int64_t> sorted(m);
+  std::vector<int32_t> sorted_group(m);
+  for (size_t k = 0; k < m; ++k) {
+    const int64_t at = cursor[row_group[k]]++;
+    sorted[at] = relevant[k];
+    sorted_group[at] = row_group[k];
+  }
+  std::vector<int64_t> alloc_event, free_event, ghost_free_rows;
+  for (size_t k = 0; k < m; ++k) {
+    const int64_t row = sorted[k];
+    const bool same_as_next = k + 1 < m && sorted_group[k + 1] == sorted_group[k];
+    if (action[row] == kAlloc) {
+      alloc_event.push_back(row);
+      // The next row at the same address ends the lifetime; when it is another alloc (the
+      // ring buffer lost the free) the lifetime ends there, the best bound the trace gives.
+      free_event.push_back(same_as_next ? sorted[k + 1] : static_cast<int64_t>(n));
+    } else {
+      const bool preceded = k > 0 && sorted_group[k - 1] == sorted_group[k] && action[sorted[k - 1]] == kAlloc;
+      if (!preceded) ghost_free_rows.push_back(row);
+    }
+  }
+  auto as_array = [](std::vector<int64_t>& values) {
+    auto* data = new std::vector<int64_t>(std::move(values));
+    nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
+    return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(data->data(), {data->size()}, owner);
+  };
+  return nb::make_tuple(as_array(alloc_event), as_array(free_event), as_array(ghost_free_rows));
+}
+
+// memlens.snapshot.curves._window_complete's test of the rows, in one pass: every address's first
+// alloc-or-free row is an alloc, and every block live at the dump was allocated in the window.
+// (The Python reference sorts every address to find each one's first row.)
+bool history_allocates_first(Codes action_in, Column address_in, int64_t free_action, Column live_in) {
+  const size_t n = action_in.shape(0);
+  if (address_in.shape(0) != n) throw UsageError("history columns differ in length");
+  const int8_t* action = action_in.data();
+  const int64_t* address = address_in.data();
+  AddressMap<bool> seen;  // addresses whose first row was an alloc
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t act = action[i];
+    if (act != kAlloc && act != free_action) continue;
+    if (seen.contains(address[i])) continue;
+    if (act != kAlloc) return false;  // freed before any alloc there: allocated before the window
+    seen.set(address[i], true);
+  }
+  for (size_t k = 0; k < live_in.shape(0); ++k) {
+    if (!seen.contains(live_in.data()[k])) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -464,4 +753,9 @@ NB_MODULE(_native, m) {
         "recorded_initial"_a, "over_capacity"_a, "observer"_a.none());
   m.def("completed_requests", &completed_requests, "actions"_a, "addresses"_a);
   m.def("get_allocation_size", &get_allocation_size, "size"_a);
+  m.def("group_memory_rows", &group_memory_rows, "action"_a, "address"_a, "release"_a);
+  m.def("pair_lifetime_rows", &pair_lifetime_rows, "action"_a, "address"_a, "free_action"_a);
+  m.def("history_allocates_first", &history_allocates_first, "action"_a, "address"_a, "free_action"_a, "live"_a);
+  m.def("sweep_large_blocks", &sweep_large_blocks, "out"_a, "action"_a, "address"_a, "large"_a, "release"_a,
+        "segment_addresses"_a, "segment_sizes"_a, "max_split"_a, "ghost_rows"_a, "untouched"_a);
 }

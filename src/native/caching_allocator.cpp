@@ -41,8 +41,7 @@ bool allocatable(const Block* block) { return block != nullptr && !block->alloca
 
 // The first block of at least ``size`` bytes (bisect_left of ``size << 64`` in the Python model).
 FreeBlocks::iterator lower_bound_size(FreeBlocks& blocks, int64_t size) {
-  Block probe(INT64_MIN, size, 0, false);
-  return blocks.lower_bound(&probe);
+  return blocks.lower_bound(FreeEntry(size, INT64_MIN));
 }
 
 void check(bool condition, const char* what) {
@@ -104,7 +103,7 @@ CachingAllocator::~CachingAllocator() {
     }
   }
   for (auto& entry : unmapped_) destroy_block(entry.second);
-  for (auto& entry : active_) destroy_block(entry.second);
+  active_.for_each([this](int64_t, Block* block) { destroy_block(block); });
   for (ExpandableSegment* segment : expandable_segments_) delete segment;
 }
 
@@ -169,12 +168,12 @@ void CachingAllocator::free(int64_t address, const Frames& frames) {
 
 // The caller freed it, but another stream may still use it (record_stream): not reusable yet.
 void CachingAllocator::request_free(int64_t address, const Frames& frames) {
-  auto found = active_.find(address);
-  if (found == active_.end() || !found->second->allocated) {
+  Block* const* found = active_.find(address);
+  if (found == nullptr || !(*found)->allocated) {
     throw UsageError("free of an address that is not allocated: " + hex(address));
   }
-  mark_freed(found->second, frames);
-  found->second->pending = true;
+  mark_freed(*found, frames);
+  (*found)->pending = true;
 }
 
 // The pending free is done (free_completed, process_events in upstream): back to the cache.
@@ -272,7 +271,7 @@ void CachingAllocator::restore_segment(int64_t address, int64_t total_size, int6
   placed.swap(pieces);  // the indexes own them from here
   for (Block* piece : placed) {
     if (piece->allocated) {
-      active_[piece->address] = piece;
+      active_.set(piece->address, piece);
       allocated_bytes += piece->size;
       requested_bytes += piece->requested_size;
     } else {
@@ -294,7 +293,7 @@ std::vector<Block*> CachingAllocator::segment_heads() const {
       for (Block* block : entry.second) consider(block);
     }
   }
-  for (const auto& entry : active_) consider(entry.second);
+  active_.for_each([&consider](int64_t, Block* block) { consider(block); });
   std::sort(heads.begin(), heads.end(), ByAddress());
   return heads;
 }
@@ -309,8 +308,8 @@ std::string CachingAllocator::check_invariants() const {
       if (block->address != cursor) return "gap or overlap at " + hex(cursor);
       if (!seen.insert(block->address).second) return "block seen twice at " + hex(block->address);
       if (block->allocated || block->pending) {
-        auto found = active_.find(block->address);
-        if (found == active_.end() || found->second != block) return "active block not indexed";
+        Block* const* found = active_.find(block->address);
+        if (found == nullptr || *found != block) return "active block not indexed";
         allocated += block->size;
       } else {
         const BlockPool& pool = block->is_small ? small_ : large_;
@@ -342,21 +341,23 @@ int CachingAllocator::divisions_for(int64_t size) const {
 }
 
 Block* CachingAllocator::take_active(int64_t address) {
-  auto found = active_.find(address);
-  if (found == active_.end()) throw UsageError("free of an address that is not allocated: " + hex(address));
-  Block* block = found->second;
-  active_.erase(found);
+  Block* const* found = active_.find(address);
+  if (found == nullptr) throw UsageError("free of an address that is not allocated: " + hex(address));
+  Block* block = *found;
+  active_.erase(address);
   return block;
 }
 
 void CachingAllocator::mark_freed(Block* block, const Frames& frames) {
   block->allocated = false;
-  record(Action::free_requested, block->address, block->requested_size, block->stream, either(frames, block->frames));
+  if (recording()) {
+    record(Action::free_requested, block->address, block->requested_size, block->stream, either(frames, block->frames));
+  }
 }
 
 void CachingAllocator::record(Action action, std::optional<int64_t> address, int64_t size, int64_t stream,
                               const Frames& frames, int64_t device_free_bytes) {
-  if (!record_history || !recorder) return;
+  if (!recording()) return;
   recorder(action, address, size, stream, frames, device_free_bytes);
 }
 
@@ -408,7 +409,7 @@ Block* CachingAllocator::get_free_block(BlockPool& pool, int64_t size, int64_t s
     } else {
       // Expandable segments were switched off: only plain blocks qualify.
       ++it;
-      while (it != blocks.end() && (*it)->expandable != nullptr) ++it;
+      while (it != blocks.end() && it->block->expandable != nullptr) ++it;
       if (it == blocks.end()) return nullptr;
       block = *it;
     }
@@ -450,7 +451,7 @@ int64_t CachingAllocator::alloc_found_block(BlockPool& pool, Block* block, int64
   block->pending = false;
   block->requested_size = requested;
   block->frames = frames;
-  active_[block->address] = block;
+  active_.set(block->address, block);
   allocated_bytes += block->size;
   requested_bytes += requested;
   if (allocated_bytes > peak_allocated_bytes) peak_allocated_bytes = allocated_bytes;
@@ -462,7 +463,9 @@ int64_t CachingAllocator::alloc_found_block(BlockPool& pool, Block* block, int64
 void CachingAllocator::free_block(Block* block, const Frames& frames) {
   block->allocated = false;
   block->pending = false;
-  record(Action::free_completed, block->address, block->requested_size, block->stream, either(frames, block->frames));
+  if (recording()) {
+    record(Action::free_completed, block->address, block->requested_size, block->stream, either(frames, block->frames));
+  }
   block->frames = Frames();
   allocated_bytes -= block->size;
   requested_bytes -= block->requested_size;

@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory_resource>
+#include <new>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -63,6 +64,100 @@ struct OutOfMemory : std::exception {
 
 std::string hex(int64_t value);  // Python's f"{value:#x}"
 
+// A hash map keyed by address: open addressing with linear probing and backward-shift deletion,
+// so a lookup reads one or two adjacent slots instead of chasing std::unordered_map's nodes (the
+// replay looks an address up three or four times per event). Iteration order is the slots';
+// nothing that iterates one depends on it (the segment heads are sorted afterwards).
+template <typename Value>
+class AddressMap {
+ public:
+  AddressMap() { rehash(16); }
+
+  size_t size() const { return size_; }
+
+  Value* find(int64_t key) {
+    for (size_t i = home(key);; i = (i + 1) & mask_) {
+      Slot& slot = slots_[i];
+      if (!slot.used) return nullptr;
+      if (slot.key == key) return &slot.value;
+    }
+  }
+  const Value* find(int64_t key) const { return const_cast<AddressMap*>(this)->find(key); }
+  bool contains(int64_t key) const { return find(key) != nullptr; }
+
+  void set(int64_t key, Value value) {  // insert, or replace the value held under key
+    if (Value* held = find(key)) {
+      *held = value;
+      return;
+    }
+    if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
+    place(key, value);
+    size_ += 1;
+  }
+
+  bool erase(int64_t key) {
+    size_t i = home(key);
+    for (;; i = (i + 1) & mask_) {
+      if (!slots_[i].used) return false;
+      if (slots_[i].key == key) break;
+    }
+    // Backward shift: pull each later slot of the run that may sit at ``i`` into the hole.
+    for (size_t j = (i + 1) & mask_; slots_[j].used; j = (j + 1) & mask_) {
+      size_t wanted = home(slots_[j].key);
+      bool stays = i <= j ? (i < wanted && wanted <= j) : (i < wanted || wanted <= j);
+      if (stays) continue;
+      slots_[i] = slots_[j];
+      i = j;
+    }
+    slots_[i].used = false;
+    size_ -= 1;
+    return true;
+  }
+
+  template <typename Visit>
+  void for_each(Visit&& visit) const {
+    for (const Slot& slot : slots_) {
+      if (slot.used) visit(slot.key, slot.value);
+    }
+  }
+
+ private:
+  struct Slot {
+    int64_t key = 0;
+    Value value{};
+    bool used = false;
+  };
+
+  size_t home(int64_t key) const {  // Fibonacci hashing: the high bits of the product
+    return static_cast<size_t>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ULL) >> shift_);
+  }
+
+  void place(int64_t key, Value value) {
+    size_t i = home(key);
+    while (slots_[i].used) i = (i + 1) & mask_;
+    slots_[i].key = key;
+    slots_[i].value = value;
+    slots_[i].used = true;
+  }
+
+  void rehash(size_t capacity) {  // capacity: a power of two
+    std::vector<Slot> old;
+    old.swap(slots_);
+    slots_.assign(capacity, Slot{});
+    mask_ = capacity - 1;
+    shift_ = 64;
+    for (size_t c = capacity; c > 1; c >>= 1) shift_ -= 1;
+    for (const Slot& slot : old) {
+      if (slot.used) place(slot.key, slot.value);
+    }
+  }
+
+  std::vector<Slot> slots_;
+  size_t size_ = 0;
+  size_t mask_ = 0;
+  int shift_ = 64;
+};
+
 struct ExpandableSegment {  // a reserved virtual address range whose pages are mapped on demand
   int64_t base, page_size, size, stream;
 };
@@ -86,17 +181,84 @@ struct Block {  // one Block: allocated, pending free, cached, or (expandable) u
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
 
+// The memory of the Blocks and the sets' nodes: a free list per size class (16-byte steps), fed
+// from 64 KiB chunks and returned only when the allocator goes. The replay makes and drops a
+// Block and a set node or two per event; this takes and gives back each in a few instructions
+// (std::pmr::unsynchronized_pool_resource searched its pools on every call).
+class NodeMemory : public std::pmr::memory_resource {
+ public:
+  NodeMemory() = default;
+  NodeMemory(const NodeMemory&) = delete;
+  NodeMemory& operator=(const NodeMemory&) = delete;
+  ~NodeMemory() override {
+    for (void* chunk : chunks_) ::operator delete(chunk);
+  }
+
+ private:
+  static constexpr size_t kStep = 16, kClasses = 16, kChunkBytes = 64 << 10;
+  struct FreeNode {
+    FreeNode* next;
+  };
+
+  void* do_allocate(size_t bytes, size_t alignment) override {
+    const size_t index = (bytes + kStep - 1) / kStep;
+    if (index == 0 || index >= kClasses || alignment > kStep) return ::operator new(bytes, std::align_val_t(alignment));
+    if (FreeNode* node = free_[index]) {
+      free_[index] = node->next;
+      return node;
+    }
+    const size_t size = index * kStep;
+    if (left_ < size) {
+      chunks_.push_back(::operator new(kChunkBytes));  // aligned for any fundamental type, so for kStep
+      cursor_ = static_cast<char*>(chunks_.back());
+      left_ = kChunkBytes;
+    }
+    void* memory = cursor_;
+    cursor_ += size;
+    left_ -= size;
+    return memory;
+  }
+
+  void do_deallocate(void* memory, size_t bytes, size_t alignment) override {
+    const size_t index = (bytes + kStep - 1) / kStep;
+    if (index == 0 || index >= kClasses || alignment > kStep) {
+      ::operator delete(memory, std::align_val_t(alignment));
+      return;
+    }
+    auto* node = static_cast<FreeNode*>(memory);
+    node->next = free_[index];
+    free_[index] = node;
+  }
+
+  bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override { return this == &other; }
+
+  FreeNode* free_[kClasses] = {};
+  std::vector<void*> chunks_;
+  char* cursor_ = nullptr;
+  size_t left_ = 0;
+};
+
+// A cached block in its pool's set, its key held in the node: best fit compares sizes without
+// reading the Block (a cache miss per tree level otherwise). A block's size and address never
+// change while it is in the set (every change is made to a block taken out of it first).
+struct FreeEntry {
+  int64_t size, address;
+  Block* block;
+  FreeEntry(Block* block_) : size(block_->size), address(block_->address), block(block_) {}  // NOLINT: implicit
+  FreeEntry(int64_t size_, int64_t address_) : size(size_), address(address_), block(nullptr) {}
+  operator Block*() const { return block; }  // NOLINT: implicit, the set reads as a set of blocks
+};
 // BlockComparatorSize within one (pool, stream): by size, ties to the lower address.
 struct BySizeThenAddress {
-  bool operator()(const Block* a, const Block* b) const {
-    return a->size != b->size ? a->size < b->size : a->address < b->address;
+  bool operator()(const FreeEntry& a, const FreeEntry& b) const {
+    return a.size != b.size ? a.size < b.size : a.address < b.address;
   }
 };
 struct ByAddress {
   bool operator()(const Block* a, const Block* b) const { return a->address < b->address; }
 };
 // The sets' nodes come from the allocator's own pool (no malloc per cached block).
-using FreeBlocks = std::pmr::set<Block*, BySizeThenAddress>;
+using FreeBlocks = std::pmr::set<FreeEntry, BySizeThenAddress>;
 using UnmappedBlocks = std::pmr::set<Block*, ByAddress>;
 
 struct BlockPool {  // BlockPool: cached (free, mapped) blocks per stream; unmapped ranges per stream
@@ -142,7 +304,7 @@ class CachingAllocator {
   void request_free(int64_t address, const Frames& frames);
   void complete_free(int64_t address, const Frames& frames);
   void empty_cache(const Frames& frames) { release_cached_blocks(frames); }
-  bool is_allocated(int64_t address) const { return active_.count(address) != 0; }
+  bool is_allocated(int64_t address) const { return active_.contains(address); }
   std::vector<std::pair<int64_t, bool>> cached_blocks(bool small, int64_t stream) const;
   // (free bytes, bytes in whole segments, largest block, blocks) of cached_blocks, in one pass.
   std::tuple<int64_t, int64_t, int64_t, int64_t> cached_summary(bool small, int64_t stream, bool pieces_only) const;
@@ -172,6 +334,8 @@ class CachingAllocator {
   int64_t oom_count = 0;
 
  private:
+  // Whether entries are recorded: the frames a free records are looked at only then.
+  bool recording() const { return record_history && static_cast<bool>(recorder); }
   int divisions_for(int64_t size) const;
   Block* take_active(int64_t address);
   void mark_freed(Block* block, const Frames& frames);
@@ -216,12 +380,12 @@ class CachingAllocator {
 
   Settings settings_;
   int64_t max_split_;
-  std::pmr::unsynchronized_pool_resource memory_;  // Blocks and set nodes; outlives the pools below
+  NodeMemory memory_;  // Blocks and set nodes; outlives the pools below
   BlockPool small_{true, &memory_};
   BlockPool large_{false, &memory_};
   size_t free_count_ = 0;                         // cached mapped blocks (in the pools' sets)
   std::unordered_map<int64_t, Block*> unmapped_;  // unmapped expandable blocks by address
-  std::unordered_map<int64_t, Block*> active_;    // allocated or pending-free blocks by address
+  AddressMap<Block*> active_;                     // allocated or pending-free blocks by address
   std::vector<ExpandableSegment*> expandable_segments_;
   int64_t next_address_ = kDefaultBaseAddress;
   std::map<int64_t, int64_t> spans_;  // live cudaMalloc ranges and VA reservations: start -> size

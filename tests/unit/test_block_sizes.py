@@ -191,9 +191,10 @@ def test_every_alloc_row_gets_the_block_the_allocator_handed_out(
     snapshot = parse(raw)
     trace = snapshot.device(0)
     for use_final_state in (True, False):
-        for sweep in (False, True):  # the vectorised pass and the reference pass in row order
+        # the native core's pass (where built), the vectorised one and the reference in row order
+        for passes in ({}, {"native": False}, {"sweep": True}):
             measured = block_sizes(trace.action, trace.address, trace.size, snapshot.segments, allocator,
-                                   use_final_state=use_final_state, sweep=sweep)
+                                   use_final_state=use_final_state, **passes)
             assert measured[alloc_rows].tolist() == truth
     active_allocated = sum(b["size"] for s in raw["segments"] for b in s["blocks"]
                            if b["state"] == "active_allocated")
@@ -250,3 +251,18 @@ def test_settings_pytorch_would_refuse_round_with_the_defaults_and_say_so() -> N
     parsed = parse(_raw(trace, segments, max_split_size=1024)).device(0)  # under PyTorch's 20 MiB floor
     assert parsed.block_size.tolist() == [2 * MiB, 1024]
     assert any("block sizes follow the default rounding" in w for w in parsed.curve_warnings)
+
+
+@pytest.mark.parametrize("inner", [4096, 3 * MiB])
+def test_a_block_inside_another_ones_tail_is_measured_alike_by_both_python_passes(inner: int) -> None:
+    """A history no allocator writes: an alloc inside a live large block's kept tail. The sweep
+    sees the large pool only; the vectorised pass used to cut the block at a small-pool alloc."""
+    trace = [_entry("segment_alloc", BASE, 20 * MiB), _entry("alloc", BASE, 19 * MiB + 100),
+             _entry("alloc", BASE + 19 * MiB + 512, inner), _entry("free_completed", BASE, 19 * MiB + 100),
+             _entry("alloc", BASE, 3 * MiB)]
+    snapshot = parse(_raw(trace, []))
+    window = snapshot.device(0)
+    allocator = AllocatorSettings.from_snapshot_dict(snapshot.allocator_settings)
+    vectorised = block_sizes(window.action, window.address, window.size, [], allocator, native=False)
+    swept = block_sizes(window.action, window.address, window.size, [], allocator, sweep=True)
+    assert vectorised.tolist() == swept.tolist()
