@@ -122,10 +122,13 @@ class IndexMap {
 // Interning by content (strings) or by identity (frames lists), in order of first appearance.
 class Distinct {
  public:
-  // By content; the string object is looked up first (rows share memoised strings, and the
-  // last one met is most often the next one's), its text hashed only once per object.
-  int32_t text(const Arena& arena, const Value& value, std::vector<Value>& table) {
-    if (value.num == last_string_) return last_id_;
+  explicit Distinct(int32_t tag = -1) : tag_(tag) {}
+
+  // By content; the string object is looked up first (rows share memoised strings: the object
+  // remembers its id in the table that interned it last), its text hashed only once per object.
+  int32_t text(Arena& arena, const Value& value, std::vector<Value>& table) {
+    StrRef& ref = arena.strings.at(static_cast<size_t>(value.num));
+    if (ref.interned.table == tag_ && tag_ >= 0) return ref.interned.id;
     int32_t id = by_string_.find(value.num);
     if (id < 0) {
       const std::string_view key = arena.text(value);
@@ -139,8 +142,7 @@ class Distinct {
       }
       by_string_.insert(value.num, id);
     }
-    last_string_ = value.num;
-    last_id_ = id;
+    ref.interned = Interned{tag_, id};
     return id;
   }
   int32_t none(std::vector<Value>& table) {
@@ -150,30 +152,34 @@ class Distinct {
     }
     return none_;
   }
-  int32_t identity(const Value& value, std::vector<Value>& table) {
-    if (value.num == last_container_) return last_container_id_;
-    last_container_ = value.num;
-    const int32_t known = by_index_.find(value.num);
-    if (known >= 0) return last_container_id_ = known;
-    table.push_back(value);
-    const int32_t id = static_cast<int32_t>(table.size() - 1);
-    by_index_.insert(value.num, id);
-    return last_container_id_ = id;
+  int32_t identity(Arena& arena, const Value& value, std::vector<Value>& table) {
+    Container& object = arena.containers.at(static_cast<size_t>(value.num));
+    if (object.interned.table == tag_ && tag_ >= 0) return object.interned.id;
+    int32_t id = by_index_.find(value.num);
+    if (id < 0) {
+      table.push_back(value);
+      id = static_cast<int32_t>(table.size() - 1);
+      by_index_.insert(value.num, id);
+    }
+    object.interned = Interned{tag_, id};
+    return id;
   }
 
  private:
   std::unordered_map<std::string_view, int32_t> by_text_;
+  int32_t tag_;  // this table's number among all lists' tables (-1: none)
   IndexMap by_string_;
-  int64_t last_string_ = -1;
-  int32_t last_id_ = -1;
   IndexMap by_index_;
   int32_t none_ = -1;
-  int64_t last_container_ = -1;
-  int32_t last_container_id_ = -1;
 };
 
 // The interning state of one list's columns while its entries are read.
 struct Interning {
+  // `first_tag`: the first of four table numbers never used before (an object's remembered id is
+  // only read back by the table that wrote it, so a discarded table's ids are never read).
+  explicit Interning(int32_t first_tag = -1)
+      : actions(first_tag), frames(first_tag < 0 ? -1 : first_tag + 1), metadata(first_tag < 0 ? -1 : first_tag + 2),
+        context(first_tag < 0 ? -1 : first_tag + 3) {}
   Distinct actions, frames, metadata, context;
 };
 
@@ -232,7 +238,7 @@ bool int_field(const Value* value, bool allow_uint64, int64_t low, int64_t& out)
   return false;
 }
 
-bool text_or_none(const Arena& arena, Distinct& distinct, const Value* value, std::vector<Value>& table,
+bool text_or_none(Arena& arena, Distinct& distinct, const Value* value, std::vector<Value>& table,
                   std::vector<int32_t>& local) {
   if (value == nullptr || value->kind == Kind::None) {
     local.push_back(distinct.none(table));
@@ -246,7 +252,7 @@ bool text_or_none(const Arena& arena, Distinct& distinct, const Value* value, st
 // One entry as the next row of its list's columns, or false when it is not plain (the Python
 // checker would count its sharing, or a field is of a type or value the columns do not hold).
 // On false the columns hold part of the row: the caller drops them, or declines the file.
-bool add_row(const Arena& arena, const Value& item, TraceColumns& out, Interning& interning) {
+bool add_row(Arena& arena, const Value& item, TraceColumns& out, Interning& interning) {
   if (item.kind != Kind::Dict) return false;
   const Container& entry = arena.container(item);
   if (entry.refs != 1 || entry.row) return false;  // met elsewhere too: the Python checker counts such sharing
@@ -275,7 +281,7 @@ bool add_row(const Arena& arena, const Value& item, TraceColumns& out, Interning
   if (f.frames == nullptr || f.frames->kind == Kind::None) {
     frames = interning.frames.none(out.frames);
   } else if (f.frames->kind == Kind::List) {
-    frames = interning.frames.identity(*f.frames, out.frames);
+    frames = interning.frames.identity(arena, *f.frames, out.frames);
   } else {
     return false;
   }
@@ -412,7 +418,11 @@ class Machine {
   void push_string(size_t length) {
     need(length);
     if (!valid_utf8(data_ + pos_, length)) decline("not UTF-8");
-    arena_.strings.push_back(StrRef{pos_, length, field_named(data_ + pos_, length)});
+    StrRef ref;
+    ref.offset = pos_;
+    ref.length = length;
+    ref.field = field_named(data_ + pos_, length);
+    arena_.strings.push_back(ref);
     pos_ += length;
     push(Value{Kind::Str, static_cast<int64_t>(arena_.strings.size() - 1)});
   }
@@ -501,10 +511,11 @@ class Machine {
   void appended(const Value& list_value, size_t from) {
     Container& list = arena_.containers.at(static_cast<size_t>(list_value.num));
     if (from == 0 && !list.items.empty() && list.columns < 0 && arena_.columns.size() < kMaxColumnLists &&
-        list.items[0].kind == Kind::Dict) {
+        list.items[0].kind == Kind::Dict && next_tag_ < std::numeric_limits<int32_t>::max() - 4) {
       TraceColumns started;
       started.list = static_cast<size_t>(list_value.num);
-      Interning interning;
+      Interning interning(next_tag_);
+      next_tag_ += 4;
       if (!add_row(arena_, list.items[0], started, interning)) return;
       arena_.containers.at(static_cast<size_t>(list.items[0].num)).row = true;
       list.columns = static_cast<int32_t>(arena_.columns.size());
@@ -523,7 +534,7 @@ class Machine {
         arena_.containers.at(static_cast<size_t>(list.items[0].num)).row = false;  // kept whole
         list.columns = -1;
         columns = TraceColumns{};
-        interning = Interning{};
+        interning = Interning{};  // tagless: the ids objects remember for this list are never read again
         return;
       }
       Container& entry = arena_.containers.at(static_cast<size_t>(item.num));
@@ -697,6 +708,7 @@ class Machine {
   std::vector<Value> memo_;
   std::vector<uint8_t> present_;
   std::vector<Interning> interning_;  // of arena_.columns, index for index
+  int32_t next_tag_ = 0;  // the next interning table's number
   uint64_t memo_len_ = 0;
   std::array<Token, 16> history_{};
   size_t history_at_ = 0;

@@ -38,14 +38,24 @@ struct Value {
 // The entry fields the columns read, by key string (None: any other string).
 enum class Field : uint8_t { None, Action, Addr, Size, Stream, TimeUs, Frames, DeviceFree, UserMetadata, CompileContext };
 
+// The interning table that last gave an arena string or container an id, and that id: rows
+// meet the same memoised objects over and over, and the object is at hand where a hash table's
+// slot would be a cache miss.
+struct Interned {
+  int32_t table = -1;
+  int32_t id = -1;
+};
+
 struct StrRef {
   size_t offset = 0;  // into the input buffer
   size_t length = 0;
+  Interned interned;
   Field field = Field::None;  // classified once, when the string is read (keys come back by memo)
 };
 
-struct Container {  // 32 bytes: a snapshot has a million of them
+struct Container {  // 40 bytes: a snapshot has a million of them
   std::vector<Value> items;  // a dict's keys and values alternate
+  Interned interned;  // a frames list's id
   int32_t columns = -1;  // a list: its entries' columns (Arena::columns), or -1
   Kind kind = Kind::List;
   uint8_t refs = 0;  // times pushed: creation and each memo GET (saturating; only 1 or more matters)
