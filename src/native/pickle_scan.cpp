@@ -316,7 +316,6 @@ class Machine {
     const size_t expected = std::min(size / 64, size_t{1} << 24);
     arena_.containers.reserve(expected);
     memo_.reserve(expected);
-    present_.reserve(expected);
   }
 
   Arena run() {
@@ -475,15 +474,14 @@ class Machine {
     if (index >= memo_.size()) {
       if (index - memo_.size() > kMaxMemoGap) decline("a far memo index");
       memo_.resize(static_cast<size_t>(index) + 1);
-      present_.resize(static_cast<size_t>(index) + 1, 0);
     }
-    if (!present_.at(index)) ++memo_len_;
-    present_.at(index) = 1;
-    memo_.at(index) = stack_.back();
+    MemoSlot& slot = memo_.at(index);
+    if (!slot.present) ++memo_len_;
+    slot = MemoSlot{stack_.back().num, stack_.back().kind, true};
   }
   void memo_get(uint64_t index) {
-    if (index >= memo_.size() || !present_.at(index)) decline("a memo index never put");
-    Value value = memo_.at(index);
+    if (index >= memo_.size() || !memo_[index].present) decline("a memo index never put");
+    const Value value{memo_[index].kind, memo_[index].num};
     if (value.kind == Kind::List || value.kind == Kind::Dict || value.kind == Kind::Tuple) {
       Container& target = arena_.containers.at(static_cast<size_t>(value.num));
       // A trace entry read as a row (its items perhaps dropped), or a list of them, met again: the
@@ -518,6 +516,7 @@ class Machine {
       next_tag_ += 4;
       if (!add_row(arena_, list.items[0], started, interning)) return;
       arena_.containers.at(static_cast<size_t>(list.items[0].num)).row = true;
+      if (arena_.columns.size() < kReservedColumnLists) reserve_rows(started, (size_ - pos_) / 48 + 1);
       list.columns = static_cast<int32_t>(arena_.columns.size());
       arena_.columns.push_back(std::move(started));
       interning_.push_back(std::move(interning));
@@ -541,6 +540,18 @@ class Machine {
       entry.row = true;
       entry.dropped = true;
       std::vector<Value>().swap(entry.items);
+    }
+  }
+
+  // Room for the rows the rest of the input holds if it is all entries (PyTorch writes one in 60-70
+  // bytes; 48 leaves room): the columns grow without copies, and pages never touched cost nothing.
+  static void reserve_rows(TraceColumns& columns, size_t rows) {
+    rows = std::min(rows, size_t{1} << 26);
+    for (auto* column : {&columns.addr, &columns.size, &columns.stream, &columns.time_us, &columns.device_free}) {
+      column->reserve(rows);
+    }
+    for (auto* column : {&columns.action_local, &columns.frames_local, &columns.metadata_local, &columns.context_local}) {
+      column->reserve(rows);
     }
   }
 
@@ -705,8 +716,13 @@ class Machine {
   Arena arena_;
   std::vector<Value> stack_;
   std::vector<size_t> marks_;
-  std::vector<Value> memo_;
-  std::vector<uint8_t> present_;
+  // A memo entry: the value, and whether it was put (one 16-byte slot: one cache line to read).
+  struct MemoSlot {
+    int64_t num = 0;
+    Kind kind = Kind::None;
+    bool present = false;
+  };
+  std::vector<MemoSlot> memo_;
   std::vector<Interning> interning_;  // of arena_.columns, index for index
   int32_t next_tag_ = 0;  // the next interning table's number
   uint64_t memo_len_ = 0;
