@@ -73,8 +73,9 @@ inline constexpr uint64_t kMaxMemoGap = 1u << 20;
 inline constexpr size_t kMaxDevices = 1024;  // memlens.snapshot.validate.MAX_DEVICES
 // Lists read as columns: as many as devices are read (more go as plain dicts, the Python way).
 inline constexpr size_t kMaxColumnLists = kMaxDevices;
-// The first lists' columns are reserved from the input's size (more would reserve too much).
-inline constexpr size_t kReservedColumnLists = 8;
+// The first lists' columns are reserved from the rest of the input's size (each reservation is
+// about that size again in address space, untouched; more lists would reserve too much of it).
+inline constexpr size_t kReservedColumnLists = 2;
 inline constexpr int64_t kPlausibleBytes = int64_t{1} << 44;  // validate.PLAUSIBLE_BYTES
 
 // A device's trace as columns. Local indices point into the distinct tables, in order of first
