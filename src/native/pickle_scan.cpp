@@ -500,6 +500,10 @@ class Machine {
       const Kind key = stack_.at(k).kind;
       if (key == Kind::List || key == Kind::Dict) decline("an unhashable key");
     }
+    if (dict.items.capacity() == 0 && !spare_items_.empty()) {
+      dict.items = std::move(spare_items_.back());
+      spare_items_.pop_back();
+    }
     dict.items.insert(dict.items.end(), stack_.begin() + static_cast<std::ptrdiff_t>(from), stack_.end());
     stack_.resize(from);
   }
@@ -539,6 +543,11 @@ class Machine {
       Container& entry = arena_.containers.at(static_cast<size_t>(item.num));
       entry.row = true;
       entry.dropped = true;
+      // The items' storage goes to the next entry dict (no malloc and free per entry).
+      if (spare_items_.size() < kSpareItems) {
+        entry.items.clear();
+        spare_items_.push_back(std::move(entry.items));
+      }
       std::vector<Value>().swap(entry.items);
     }
   }
@@ -725,6 +734,9 @@ class Machine {
   std::vector<MemoSlot> memo_;
   std::vector<Interning> interning_;  // of arena_.columns, index for index
   int32_t next_tag_ = 0;  // the next interning table's number
+  // Storage of dropped entries' items, for the next dicts (bounded: each holds one entry's room).
+  static constexpr size_t kSpareItems = 4096;
+  std::vector<std::vector<Value>> spare_items_;
   uint64_t memo_len_ = 0;
   std::array<Token, 16> history_{};
   size_t history_at_ = 0;
