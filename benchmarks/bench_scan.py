@@ -6,11 +6,13 @@ shared as PyTorch's pickler shares them), then each of these runs in a fresh pro
 best of ``--runs``:
 
   - bare ``pickle.load`` of the file (the reference);
+  - ``memlens.snapshot.native_scan.scan`` of the file's bytes alone (its peak RSS includes them);
   - ``memlens.load`` (no cache), native scanner, and with the scanner off (the Python path);
   - ``memlens triage --no-cache``, native scanner, and with the scanner off.
 
 "Scanner off" turns off only the scanner (the allocator engine stays as it is), so the two rows
-differ by the reader alone. Ratios are printed side by side.
+differ by the reader alone. Ratios are printed side by side. Peak RSS is each process's own
+(VmHWM), not ru_maxrss, which Linux carries over from the benchmark's process.
 
     python benchmarks/bench_scan.py [--events 1000000] [--runs 3] [--source REAL.pickle] [--keep FILE]
 """
@@ -34,9 +36,19 @@ REAL = Path(os.environ.get("MEMLENS_REAL_SNAPSHOTS") or REPO.parent / "shared" /
 CHILD = r"""
 import resource, sys, time
 mode, scanner, path = sys.argv[1], sys.argv[2], sys.argv[3]
+def peak_rss():
+    # This process's own peak (VmHWM): ru_maxrss carries the parent's over fork and exec on Linux,
+    # which made every row below the benchmark's own ~390 MiB read as that.
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 def report(start, cpu):
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(time.perf_counter() - start, time.process_time() - cpu, rss)
+    print(time.perf_counter() - start, time.process_time() - cpu, peak_rss())
 if mode == "pickle":
     import pickle
     start, cpu = time.perf_counter(), time.process_time()
@@ -47,6 +59,16 @@ if mode == "pickle":
 import memlens.snapshot.native_scan as native_scan
 if scanner == "python":
     native_scan._native_scan = None
+if mode == "scan":  # the scanner alone, on the bytes read (gc paused, as the reader has it)
+    import gc
+    with open(path, "rb") as handle:
+        data = handle.read()
+    gc.disable()
+    start, cpu = time.perf_counter(), time.process_time()
+    raw, declined = native_scan.scan(data)
+    assert raw is not None, declined
+    report(start, cpu)
+    raise SystemExit
 start, cpu = time.perf_counter(), time.process_time()
 if mode == "load":
     import memlens
@@ -122,7 +144,8 @@ def main() -> None:
     print(f"tiled {source.name} to {args.events:,} entries: {os.path.getsize(path) / 2**20:.1f} MiB")
     env = dict(os.environ, MEMLENS_CACHE_DIR=os.path.join(workdir, "cache"))
     env.pop("MEMLENS_PURE_PYTHON", None)
-    rows = [("pickle", "-"), ("load", "native"), ("load", "python"), ("triage", "native"), ("triage", "python")]
+    rows = [("pickle", "-"), ("scan", "native"), ("load", "native"), ("load", "python"), ("triage", "native"),
+            ("triage", "python")]
     times: dict[tuple[str, str], list[tuple[float, float, float]]] = {row: [] for row in rows}
     started = time.perf_counter()
     for _ in range(args.runs):  # interleaved, so machine noise hits all alike
@@ -135,13 +158,14 @@ def main() -> None:
     print(f"best of {args.runs}, fresh processes ({time.perf_counter() - started:.0f} s in all)")
     print(f"{'':36} {'wall s':>7} {'x pickle':>9} {'CPU s':>7} {'x pickle':>9} {'native/py':>10} "
           f"{'peak RSS':>9} {'x file':>7}")
-    labels = {("pickle", "-"): "bare pickle.load",
+    labels = {("pickle", "-"): "bare pickle.load", ("scan", "native"): "memlens._scan.scan of the bytes",
               ("load", "native"): "memlens.load, native scanner", ("load", "python"): "memlens.load, Python reader",
               ("triage", "native"): "memlens triage first open, native",
               ("triage", "python"): "memlens triage first open, Python"}
     for row in rows:
         wall, cpu, rss = best[row]
-        ratio = f"{cpu / best[(row[0], 'python')][1]:9.2f}x" if row[1] == "native" else ""
+        python = best.get((row[0], "python")) if row[1] == "native" else None
+        ratio = f"{cpu / python[1]:9.2f}x" if python else ""
         print(f"{labels[row]:36} {wall:7.2f} {wall / bare:8.2f}x {cpu:7.2f} {cpu / bare_cpu:8.2f}x {ratio:>10} "
               f"{rss / 2**20:7.0f}Mi {rss / size:6.1f}x")
 

@@ -614,6 +614,34 @@ def _parse_settings(raw: Any, check: Checker) -> dict[str, Any]:
     return plain if isinstance(plain, dict) else {}
 
 
+_PLAIN_STATES = frozenset(BLOCK_STATES)
+
+
+def _plain_block(b: dict[Any, Any], offset: int) -> tuple[int, int, int, str, Any] | None:
+    """A block's (address, size, requested size, state, frames) when every field is what PyTorch
+    writes (sizes within PLAUSIBLE_BYTES, an address within int64, a known state): exactly what
+    ``_parse_segment``'s checks give for it. None otherwise, and those checks then say what is
+    wrong (or read it the long way); nothing is counted or cut here."""
+    size = b.get("size")
+    if type(size) is not int or not 0 <= size <= PLAUSIBLE_BYTES:
+        return None
+    requested = b.get("requested_size", size)
+    if type(requested) is not int or not 0 <= requested <= PLAUSIBLE_BYTES:
+        return None
+    state = b.get("state", "inactive")
+    if type(state) is not str or state not in _PLAIN_STATES:
+        return None
+    address = b.get("address", offset & UINT64_MAX)
+    if type(address) is not int or not 0 <= address <= INT64_MAX:
+        return None
+    frames = b.get("frames")
+    history = b.get("history")
+    if frames is None and isinstance(history, list) and history:
+        last = history[-1]
+        frames = last.get("frames") if isinstance(last, dict) else None
+    return address, size, requested, state, frames
+
+
 def _parse_segment(raw: Any, index: int, check: Checker, interner: _Interner) -> Segment:
     where = f"segment {index}"
     seg = check.dict_(raw, where)
@@ -624,6 +652,13 @@ def _parse_segment(raw: Any, index: int, check: Checker, interner: _Interner) ->
     blocks: list[Block] = []
     offset = address  # 2.0 blocks have no address: they tile the segment in order
     for j, raw_block in enumerate(raw_blocks):
+        if type(raw_block) is dict:  # the common case, checked inline: the checker's answers without its calls
+            block = _plain_block(raw_block, offset)
+            if block is not None:
+                block_address, size, requested, state, frames = block
+                blocks.append(Block(block_address, size, requested, state, interner.stack(frames, check)))
+                offset = block_address + size
+                continue
         bwhere = f"{where} block {j}"
         b = check.dict_(raw_block, bwhere)
         size = check.size_(b, "size", bwhere)

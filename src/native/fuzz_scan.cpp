@@ -43,11 +43,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   check(walk(result.arena) <= size);
   const memlens::scan::Extraction extraction = memlens::scan::extract_traces(result.arena);
+  check(extraction.ok ? !extraction.reason.size() : extraction.traces.empty() && !extraction.reason.empty());
   for (const auto& trace : extraction.traces) {
     const size_t rows = trace.rows;
     check(trace.action_local.size() == rows && trace.addr.size() == rows && trace.size.size() == rows &&
           trace.stream.size() == rows && trace.time_us.size() == rows && trace.device_free.size() == rows &&
-          trace.frames_local.size() == rows);
+          trace.frames_local.size() == rows && rows > 0);
+    check(trace.action_is_oom.size() == trace.actions.size());
     for (int32_t id : trace.action_local) check(id >= 0 && static_cast<size_t>(id) < trace.actions.size());
     for (int32_t id : trace.frames_local) check(id >= 0 && static_cast<size_t>(id) < trace.frames.size());
     if (trace.has_user_metadata) {

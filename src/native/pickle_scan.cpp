@@ -2,6 +2,7 @@
 // snapshot uses, the Python vetting's limits, and the trace columns.
 #include "pickle_scan.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <limits>
@@ -58,6 +59,249 @@ bool valid_utf8(const uint8_t* text, size_t length) {
   return true;
 }
 
+// The entry field a key string names, compared once per string read (not per entry).
+Field field_named(const uint8_t* text, size_t length) {
+  struct Named {
+    std::string_view name;
+    Field field;
+  };
+  static constexpr Named kFields[] = {
+      {"action", Field::Action}, {"addr", Field::Addr}, {"size", Field::Size}, {"stream", Field::Stream},
+      {"time_us", Field::TimeUs}, {"frames", Field::Frames}, {"device_free", Field::DeviceFree},
+      {"user_metadata", Field::UserMetadata}, {"compile_context", Field::CompileContext}};
+  if (length < 4 || length > 15) return Field::None;
+  for (const Named& named : kFields) {
+    if (named.name.size() == length && std::memcmp(named.name.data(), text, length) == 0) return named.field;
+  }
+  return Field::None;
+}
+
+// An arena index (a string's or a container's) to an id: open addressing, a power-of-two table at
+// most half full. std::unordered_map's lookup (a division, a node per entry) was most of a row's time.
+class IndexMap {
+ public:
+  // The id of `key`, or -1.
+  int32_t find(int64_t key) const {
+    if (slots_.empty()) return -1;
+    for (size_t at = slot(key);; at = (at + 1) & mask_) {
+      const Slot& entry = slots_[at];
+      if (entry.id < 0) return -1;
+      if (entry.key == key) return entry.id;
+    }
+  }
+  void insert(int64_t key, int32_t id) {  // key not yet in the map
+    if (2 * (used_ + 1) > slots_.size()) grow();
+    size_t at = slot(key);
+    while (slots_[at].id >= 0) at = (at + 1) & mask_;
+    slots_[at] = Slot{key, id};
+    ++used_;
+  }
+
+ private:
+  struct Slot {
+    int64_t key = 0;
+    int32_t id = -1;
+  };
+  size_t slot(int64_t key) const {
+    return static_cast<size_t>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull) >> 32) & mask_;
+  }
+  void grow() {
+    std::vector<Slot> old = std::move(slots_);
+    slots_.assign(old.empty() ? 64 : 2 * old.size(), Slot{});
+    mask_ = slots_.size() - 1;
+    used_ = 0;
+    for (const Slot& entry : old) {
+      if (entry.id >= 0) insert(entry.key, entry.id);
+    }
+  }
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+  size_t used_ = 0;
+};
+
+// Interning by content (strings) or by identity (frames lists), in order of first appearance.
+class Distinct {
+ public:
+  explicit Distinct(int32_t tag = -1) : tag_(tag) {}
+
+  // By content; the string object is looked up first (rows share memoised strings: the object
+  // remembers its id in the table that interned it last), its text hashed only once per object.
+  int32_t text(Arena& arena, const Value& value, std::vector<Value>& table) {
+    StrRef& ref = arena.strings.at(static_cast<size_t>(value.num));
+    if (ref.interned.table == tag_ && tag_ >= 0) return ref.interned.id;
+    int32_t id = by_string_.find(value.num);
+    if (id < 0) {
+      const std::string_view key = arena.text(value);
+      auto found = by_text_.find(key);
+      if (found != by_text_.end()) {
+        id = found->second;
+      } else {
+        table.push_back(value);
+        id = static_cast<int32_t>(table.size() - 1);
+        by_text_.emplace(key, id);
+      }
+      by_string_.insert(value.num, id);
+    }
+    ref.interned = Interned{tag_, id};
+    return id;
+  }
+  int32_t none(std::vector<Value>& table) {
+    if (none_ < 0) {
+      table.push_back(Value{Kind::None, 0});
+      none_ = static_cast<int32_t>(table.size() - 1);
+    }
+    return none_;
+  }
+  int32_t identity(Arena& arena, const Value& value, std::vector<Value>& table) {
+    Container& object = arena.containers.at(static_cast<size_t>(value.num));
+    if (object.interned.table == tag_ && tag_ >= 0) return object.interned.id;
+    int32_t id = by_index_.find(value.num);
+    if (id < 0) {
+      table.push_back(value);
+      id = static_cast<int32_t>(table.size() - 1);
+      by_index_.insert(value.num, id);
+    }
+    object.interned = Interned{tag_, id};
+    return id;
+  }
+
+ private:
+  std::unordered_map<std::string_view, int32_t> by_text_;
+  int32_t tag_;  // this table's number among all lists' tables (-1: none)
+  IndexMap by_string_;
+  IndexMap by_index_;
+  int32_t none_ = -1;
+};
+
+// The interning state of one list's columns while its entries are read.
+struct Interning {
+  // `first_tag`: the first of four table numbers never used before (an object's remembered id is
+  // only read back by the table that wrote it, so a discarded table's ids are never read).
+  explicit Interning(int32_t first_tag = -1)
+      : actions(first_tag), frames(first_tag < 0 ? -1 : first_tag + 1), metadata(first_tag < 0 ? -1 : first_tag + 2),
+        context(first_tag < 0 ? -1 : first_tag + 3) {}
+  Distinct actions, frames, metadata, context;
+};
+
+constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
+
+// The fields of one entry the reader reads (the last of a repeated key wins, as in a dict).
+struct EntryFields {
+  const Value* action = nullptr;
+  const Value* addr = nullptr;
+  const Value* size = nullptr;
+  const Value* stream = nullptr;
+  const Value* time_us = nullptr;
+  const Value* frames = nullptr;
+  const Value* device_free = nullptr;
+  const Value* user_metadata = nullptr;
+  const Value* compile_context = nullptr;
+};
+
+EntryFields fields_of(const Arena& arena, const Container& entry) {
+  EntryFields fields;
+  const size_t keys = entry.items.size() & ~size_t{1};  // a dict's items come in pairs
+  for (size_t k = 0; k < keys; k += 2) {
+    const Value& key = entry.items[k];
+    if (key.kind != Kind::Str) continue;
+    const Value* value = &entry.items[k + 1];
+    switch (arena.strings.at(static_cast<size_t>(key.num)).field) {
+      case Field::Action: fields.action = value; break;
+      case Field::Addr: fields.addr = value; break;
+      case Field::Size: fields.size = value; break;
+      case Field::Stream: fields.stream = value; break;
+      case Field::TimeUs: fields.time_us = value; break;
+      case Field::Frames: fields.frames = value; break;
+      case Field::DeviceFree: fields.device_free = value; break;
+      case Field::UserMetadata: fields.user_metadata = value; break;
+      case Field::CompileContext: fields.compile_context = value; break;
+      case Field::None: break;
+    }
+  }
+  return fields;
+}
+
+// An integer field: missing is 0; a 64-bit value keeps its bits; anything else declines.
+bool int_field(const Value* value, bool allow_uint64, int64_t low, int64_t& out) {
+  if (value == nullptr) {
+    out = 0;
+    return true;
+  }
+  if (value->kind == Kind::Int && value->num >= low) {
+    out = value->num;
+    return true;
+  }
+  if (value->kind == Kind::UInt64 && allow_uint64) {
+    out = value->num;
+    return true;
+  }
+  return false;
+}
+
+bool text_or_none(Arena& arena, Distinct& distinct, const Value* value, std::vector<Value>& table,
+                  std::vector<int32_t>& local) {
+  if (value == nullptr || value->kind == Kind::None) {
+    local.push_back(distinct.none(table));
+    return true;
+  }
+  if (value->kind != Kind::Str) return false;
+  local.push_back(distinct.text(arena, *value, table));
+  return true;
+}
+
+// One entry as the next row of its list's columns, or false when it is not plain (the Python
+// checker would count its sharing, or a field is of a type or value the columns do not hold).
+// On false the columns hold part of the row: the caller drops them, or declines the file.
+bool add_row(Arena& arena, const Value& item, TraceColumns& out, Interning& interning) {
+  if (item.kind != Kind::Dict) return false;
+  const Container& entry = arena.container(item);
+  if (entry.refs != 1 || entry.row) return false;  // met elsewhere too: the Python checker counts such sharing
+  const EntryFields f = fields_of(arena, entry);
+  if (out.rows == 0) {
+    out.first_entry = item;
+    out.has_time = f.time_us != nullptr;
+  }
+  if (f.action == nullptr || f.action->kind != Kind::Str) return false;
+  int64_t addr = 0, size = 0, stream = 0, time_us = 0;
+  if (!int_field(f.addr, true, kInt64Min, addr) || !int_field(f.size, true, 0, size) ||
+      !int_field(f.stream, true, kInt64Min, stream) || !int_field(f.time_us, false, kInt64Min, time_us)) {
+    return false;
+  }
+  const int32_t action = interning.actions.text(arena, *f.action, out.actions);
+  if (static_cast<size_t>(action) == out.action_is_oom.size()) out.action_is_oom.push_back(arena.text(*f.action) == "oom");
+  int64_t device_free = 0;
+  if (out.action_is_oom.at(static_cast<size_t>(action)) && f.device_free != nullptr && f.device_free->kind != Kind::None) {
+    // A size_t, refused when negative, read as unknown past PLAUSIBLE_BYTES: the Python path does both.
+    if (f.device_free->kind != Kind::Int || f.device_free->num < 0 || f.device_free->num > kPlausibleBytes) {
+      return false;
+    }
+    device_free = f.device_free->num;
+  }
+  int32_t frames = 0;
+  if (f.frames == nullptr || f.frames->kind == Kind::None) {
+    frames = interning.frames.none(out.frames);
+  } else if (f.frames->kind == Kind::List) {
+    frames = interning.frames.identity(arena, *f.frames, out.frames);
+  } else {
+    return false;
+  }
+  out.has_user_metadata |= f.user_metadata != nullptr;
+  out.has_compile_context |= f.compile_context != nullptr;
+  if (!text_or_none(arena, interning.metadata, f.user_metadata, out.metadata, out.metadata_local) ||
+      !text_or_none(arena, interning.context, f.compile_context, out.context, out.context_local)) {
+    return false;
+  }
+  out.action_local.push_back(action);
+  out.addr.push_back(addr);
+  out.size.push_back(size);
+  out.stream.push_back(stream);
+  out.time_us.push_back(time_us);
+  out.device_free.push_back(device_free);
+  out.frames_local.push_back(frames);
+  ++out.rows;
+  return true;
+}
+
 // What an opcode was, for the tuple rule: a tuple's items must be the scalar opcodes just before it.
 enum class Token : uint8_t { Other, SmallItem, WideItem, Mark };
 
@@ -66,6 +310,12 @@ class Machine {
   Machine(const uint8_t* data, size_t size) : data_(data), size_(size) {
     arena_.data = data;
     arena_.size = size;
+    // Room for what a snapshot of this size holds (a dict or memo entry per 64 bytes, as PyTorch
+    // writes them; at most 16M ahead of need): no copies of the growing tables, no pages faulted
+    // twice. Only the touched part of a reservation costs memory.
+    const size_t expected = std::min(size / 64, size_t{1} << 24);
+    arena_.containers.reserve(expected);
+    memo_.reserve(expected);
   }
 
   Arena run() {
@@ -123,7 +373,11 @@ class Machine {
 
   Value new_container(Kind kind, std::vector<Value> items = {}) {
     if (arena_.containers.size() >= std::numeric_limits<uint32_t>::max()) decline("too many containers");
-    arena_.containers.push_back(Container{kind, 1, std::move(items)});
+    Container made;
+    made.kind = kind;
+    made.refs = 1;
+    made.items = std::move(items);
+    arena_.containers.push_back(std::move(made));
     return Value{kind, static_cast<int64_t>(arena_.containers.size() - 1)};
   }
   Container& container_of(const Value& value, Kind kind) {
@@ -163,7 +417,11 @@ class Machine {
   void push_string(size_t length) {
     need(length);
     if (!valid_utf8(data_ + pos_, length)) decline("not UTF-8");
-    arena_.strings.push_back(StrRef{pos_, length});
+    StrRef ref;
+    ref.offset = pos_;
+    ref.length = length;
+    ref.field = field_named(data_ + pos_, length);
+    arena_.strings.push_back(ref);
     pos_ += length;
     push(Value{Kind::Str, static_cast<int64_t>(arena_.strings.size() - 1)});
   }
@@ -216,18 +474,20 @@ class Machine {
     if (index >= memo_.size()) {
       if (index - memo_.size() > kMaxMemoGap) decline("a far memo index");
       memo_.resize(static_cast<size_t>(index) + 1);
-      present_.resize(static_cast<size_t>(index) + 1, 0);
     }
-    if (!present_.at(index)) ++memo_len_;
-    present_.at(index) = 1;
-    memo_.at(index) = stack_.back();
+    MemoSlot& slot = memo_.at(index);
+    if (!slot.present) ++memo_len_;
+    slot = MemoSlot{stack_.back().num, stack_.back().kind, true};
   }
   void memo_get(uint64_t index) {
-    if (index >= memo_.size() || !present_.at(index)) decline("a memo index never put");
-    Value value = memo_.at(index);
+    if (index >= memo_.size() || !memo_[index].present) decline("a memo index never put");
+    const Value value{memo_[index].kind, memo_[index].num};
     if (value.kind == Kind::List || value.kind == Kind::Dict || value.kind == Kind::Tuple) {
       Container& target = arena_.containers.at(static_cast<size_t>(value.num));
-      if (target.refs < std::numeric_limits<uint32_t>::max()) ++target.refs;
+      // A trace entry read as a row (its items perhaps dropped), or a list of them, met again: the
+      // Python checker counts the sharing, and the dict or list may be needed whole.
+      if (target.row || target.columns >= 0) decline("a trace entry met again");
+      if (target.refs < std::numeric_limits<uint8_t>::max()) ++target.refs;
     }
     push(value);
   }
@@ -235,13 +495,75 @@ class Machine {
   void set_items(Value& dict_value, size_t from) {
     if ((stack_.size() - from) % 2 != 0) decline("odd SETITEMS");
     Container& dict = container_of(dict_value, Kind::Dict);
+    if (dict.row) decline("a trace entry changed after its row was read");
     for (size_t k = from; k < stack_.size(); k += 2) {
       const Kind key = stack_.at(k).kind;
       if (key == Kind::List || key == Kind::Dict) decline("an unhashable key");
     }
+    if (dict.items.capacity() == 0 && !spare_items_.empty()) {
+      dict.items = std::move(spare_items_.back());
+      spare_items_.pop_back();
+    }
     dict.items.insert(dict.items.end(), stack_.begin() + static_cast<std::ptrdiff_t>(from), stack_.end());
     stack_.resize(from);
   }
+  // Items from `from` on were just appended to a list: plain trace entries become rows of the
+  // list's columns (the first one starts them, if there is room), and their dicts' items are
+  // dropped but for the first row's (the format guess reads it).
+  void appended(const Value& list_value, size_t from) {
+    Container& list = arena_.containers.at(static_cast<size_t>(list_value.num));
+    if (from == 0 && !list.items.empty() && list.columns < 0 && arena_.columns.size() < kMaxColumnLists &&
+        list.items[0].kind == Kind::Dict && next_tag_ < std::numeric_limits<int32_t>::max() - 4) {
+      TraceColumns started;
+      started.list = static_cast<size_t>(list_value.num);
+      Interning interning(next_tag_);
+      next_tag_ += 4;
+      if (!add_row(arena_, list.items[0], started, interning)) return;
+      arena_.containers.at(static_cast<size_t>(list.items[0].num)).row = true;
+      if (arena_.columns.size() < kReservedColumnLists) reserve_rows(started, (size_ - pos_) / 48 + 1);
+      list.columns = static_cast<int32_t>(arena_.columns.size());
+      arena_.columns.push_back(std::move(started));
+      interning_.push_back(std::move(interning));
+      from = 1;
+    }
+    if (list.columns < 0) return;
+    TraceColumns& columns = arena_.columns.at(static_cast<size_t>(list.columns));
+    Interning& interning = interning_.at(static_cast<size_t>(list.columns));
+    for (size_t k = from; k < list.items.size(); ++k) {
+      const Value& item = list.items[k];
+      if (!add_row(arena_, item, columns, interning)) {
+        // Not a list of plain entries after all: the rows before this one are needed as dicts.
+        if (columns.rows > 1) decline("a list of trace entries not all plain");
+        arena_.containers.at(static_cast<size_t>(list.items[0].num)).row = false;  // kept whole
+        list.columns = -1;
+        columns = TraceColumns{};
+        interning = Interning{};  // tagless: the ids objects remember for this list are never read again
+        return;
+      }
+      Container& entry = arena_.containers.at(static_cast<size_t>(item.num));
+      entry.row = true;
+      entry.dropped = true;
+      // The items' storage goes to the next entry dict (no malloc and free per entry).
+      if (spare_items_.size() < kSpareItems) {
+        entry.items.clear();
+        spare_items_.push_back(std::move(entry.items));
+      }
+      std::vector<Value>().swap(entry.items);
+    }
+  }
+
+  // Room for the rows the rest of the input holds if it is all entries (PyTorch writes one in 60-70
+  // bytes; 48 leaves room): the columns grow without copies, and pages never touched cost nothing.
+  static void reserve_rows(TraceColumns& columns, size_t rows) {
+    rows = std::min(rows, size_t{1} << 26);
+    for (auto* column : {&columns.addr, &columns.size, &columns.stream, &columns.time_us, &columns.device_free}) {
+      column->reserve(rows);
+    }
+    for (auto* column : {&columns.action_local, &columns.frames_local, &columns.metadata_local, &columns.context_local}) {
+      column->reserve(rows);
+    }
+  }
+
   std::vector<Value> take_from(size_t from) {
     std::vector<Value> items(stack_.begin() + static_cast<std::ptrdiff_t>(from), stack_.end());
     stack_.resize(from);
@@ -329,17 +651,22 @@ class Machine {
       }
       case 'a': {  // APPEND
         Value item = top_above_fence(0);
-        Container& list = container_of(top_above_fence(1), Kind::List);
+        const Value list_value = top_above_fence(1);
+        Container& list = container_of(list_value, Kind::List);
         list.items.push_back(item);
         stack_.pop_back();
+        appended(list_value, list.items.size() - 1);
         break;
       }
       case 'e': {  // APPENDS
         const size_t mark = pop_mark();
         if (mark < fence() + 1) decline("stack underflow");
-        Container& list = container_of(stack_.at(mark - 1), Kind::List);
-        std::vector<Value> items = take_from(mark);
-        list.items.insert(list.items.end(), items.begin(), items.end());
+        const Value list_value = stack_.at(mark - 1);
+        Container& list = container_of(list_value, Kind::List);
+        const size_t from = list.items.size();
+        list.items.insert(list.items.end(), stack_.begin() + static_cast<std::ptrdiff_t>(mark), stack_.end());
+        stack_.resize(mark);
+        appended(list_value, from);
         break;
       }
       case 's': {  // SETITEM
@@ -353,7 +680,12 @@ class Machine {
         set_items(stack_.at(mark - 1), mark);
         break;
       }
-      case 'l': push(new_container(Kind::List, take_from(pop_mark()))); break;
+      case 'l': {
+        const Value list_value = new_container(Kind::List, take_from(pop_mark()));
+        push(list_value);
+        appended(list_value, 0);
+        break;
+      }
       case 'd': {
         const size_t mark = pop_mark();
         if ((stack_.size() - mark) % 2 != 0) decline("odd DICT");
@@ -393,195 +725,24 @@ class Machine {
   Arena arena_;
   std::vector<Value> stack_;
   std::vector<size_t> marks_;
-  std::vector<Value> memo_;
-  std::vector<uint8_t> present_;
+  // A memo entry: the value, and whether it was put (one 16-byte slot: one cache line to read).
+  struct MemoSlot {
+    int64_t num = 0;
+    Kind kind = Kind::None;
+    bool present = false;
+  };
+  std::vector<MemoSlot> memo_;
+  std::vector<Interning> interning_;  // of arena_.columns, index for index
+  int32_t next_tag_ = 0;  // the next interning table's number
+  // Storage of dropped entries' items, for the next dicts (bounded: each holds one entry's room).
+  static constexpr size_t kSpareItems = 4096;
+  std::vector<std::vector<Value>> spare_items_;
   uint64_t memo_len_ = 0;
   std::array<Token, 16> history_{};
   size_t history_at_ = 0;
   int64_t large_ints_ = 0;
   int64_t wide_tuples_ = 0;
 };
-
-// Interning by content (strings) or by identity (frames lists), in order of first appearance.
-class Distinct {
- public:
-  explicit Distinct(const Arena& arena) : arena_(arena) {}
-  // By content; the string object is looked up first (rows share memoised strings, and the
-  // last one met is most often the next one's), its text hashed only once per object.
-  int32_t text(const Value& value, std::vector<Value>& table) {
-    if (value.num == last_string_) return last_id_;
-    int32_t id = 0;
-    auto known = by_string_.find(value.num);
-    if (known != by_string_.end()) {
-      id = known->second;
-    } else {
-      const std::string_view key = arena_.text(value);
-      auto found = by_text_.find(key);
-      if (found != by_text_.end()) {
-        id = found->second;
-      } else {
-        table.push_back(value);
-        id = static_cast<int32_t>(table.size() - 1);
-        by_text_.emplace(key, id);
-      }
-      by_string_.emplace(value.num, id);
-    }
-    last_string_ = value.num;
-    last_id_ = id;
-    return id;
-  }
-  int32_t none(std::vector<Value>& table) {
-    if (none_ < 0) {
-      table.push_back(Value{Kind::None, 0});
-      none_ = static_cast<int32_t>(table.size() - 1);
-    }
-    return none_;
-  }
-  int32_t identity(const Value& value, std::vector<Value>& table) {
-    if (value.num == last_container_) return last_container_id_;
-    last_container_ = value.num;
-    auto found = by_index_.find(value.num);
-    if (found != by_index_.end()) return last_container_id_ = found->second;
-    table.push_back(value);
-    const int32_t id = static_cast<int32_t>(table.size() - 1);
-    by_index_.emplace(value.num, id);
-    return last_container_id_ = id;
-  }
-
- private:
-  const Arena& arena_;
-  std::unordered_map<std::string_view, int32_t> by_text_;
-  std::unordered_map<int64_t, int32_t> by_string_;
-  int64_t last_string_ = -1;
-  int32_t last_id_ = -1;
-  std::unordered_map<int64_t, int32_t> by_index_;
-  int32_t none_ = -1;
-  int64_t last_container_ = -1;
-  int32_t last_container_id_ = -1;
-};
-
-constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
-
-// The fields of one entry the reader reads (the last of a repeated key wins, as in a dict).
-struct EntryFields {
-  const Value* action = nullptr;
-  const Value* addr = nullptr;
-  const Value* size = nullptr;
-  const Value* stream = nullptr;
-  const Value* time_us = nullptr;
-  const Value* frames = nullptr;
-  const Value* device_free = nullptr;
-  const Value* user_metadata = nullptr;
-  const Value* compile_context = nullptr;
-};
-
-EntryFields fields_of(const Arena& arena, const Container& entry) {
-  EntryFields fields;
-  const size_t pairs = entry.items.size() / 2;
-  for (size_t k = 0; k < pairs; ++k) {
-    const Value& key = entry.items.at(2 * k);
-    if (key.kind != Kind::Str) continue;
-    const Value* value = &entry.items.at(2 * k + 1);
-    const std::string_view name = arena.text(key);
-    if (name == "action") fields.action = value;
-    else if (name == "addr") fields.addr = value;
-    else if (name == "size") fields.size = value;
-    else if (name == "stream") fields.stream = value;
-    else if (name == "time_us") fields.time_us = value;
-    else if (name == "frames") fields.frames = value;
-    else if (name == "device_free") fields.device_free = value;
-    else if (name == "user_metadata") fields.user_metadata = value;
-    else if (name == "compile_context") fields.compile_context = value;
-  }
-  return fields;
-}
-
-// An integer field: missing is 0; a 64-bit value keeps its bits; anything else declines.
-bool int_field(const Value* value, bool allow_uint64, int64_t low, int64_t& out) {
-  if (value == nullptr) {
-    out = 0;
-    return true;
-  }
-  if (value->kind == Kind::Int && value->num >= low) {
-    out = value->num;
-    return true;
-  }
-  if (value->kind == Kind::UInt64 && allow_uint64) {
-    out = value->num;
-    return true;
-  }
-  return false;
-}
-
-bool text_or_none(Distinct& distinct, const Value* value, std::vector<Value>& table, std::vector<int32_t>& local) {
-  if (value == nullptr || value->kind == Kind::None) {
-    local.push_back(distinct.none(table));
-    return true;
-  }
-  if (value->kind != Kind::Str) return false;
-  local.push_back(distinct.text(*value, table));
-  return true;
-}
-
-// Columns of one device's entries, or false when anything is not plain (the Python path reads it).
-bool columns_of(const Arena& arena, const Container& entries, TraceColumns& out) {
-  const size_t rows = entries.items.size();
-  out.rows = rows;
-  for (auto* column : {&out.addr, &out.size, &out.stream, &out.time_us, &out.device_free}) column->reserve(rows);
-  out.action_local.reserve(rows);
-  out.frames_local.reserve(rows);
-  Distinct actions(arena), frames(arena), metadata(arena), context(arena);
-  std::vector<int32_t> metadata_local, context_local;
-  for (size_t row = 0; row < rows; ++row) {
-    const Value& item = entries.items.at(row);
-    if (item.kind != Kind::Dict) return false;
-    const Container& entry = arena.container(item);
-    if (entry.refs != 1) return false;  // met elsewhere too: the Python checker counts such sharing
-    const EntryFields f = fields_of(arena, entry);
-    if (row == 0) {
-      out.first_entry = item;
-      out.has_time = f.time_us != nullptr;
-    }
-    if (f.action == nullptr || f.action->kind != Kind::Str) return false;
-    out.action_local.push_back(actions.text(*f.action, out.actions));
-    int64_t addr = 0, size = 0, stream = 0, time_us = 0;
-    if (!int_field(f.addr, true, kInt64Min, addr) || !int_field(f.size, true, 0, size) ||
-        !int_field(f.stream, true, kInt64Min, stream) || !int_field(f.time_us, false, kInt64Min, time_us)) {
-      return false;
-    }
-    out.addr.push_back(addr);
-    out.size.push_back(size);
-    out.stream.push_back(stream);
-    out.time_us.push_back(time_us);
-    int64_t device_free = 0;
-    if (arena.text(*f.action) == "oom" && f.device_free != nullptr && f.device_free->kind != Kind::None) {
-      // A size_t, refused when negative, read as unknown past PLAUSIBLE_BYTES: the Python path does both.
-      if (f.device_free->kind != Kind::Int || f.device_free->num < 0 || f.device_free->num > kPlausibleBytes) {
-        return false;
-      }
-      device_free = f.device_free->num;
-    }
-    out.device_free.push_back(device_free);
-    if (f.frames == nullptr || f.frames->kind == Kind::None) {
-      out.frames_local.push_back(frames.none(out.frames));
-    } else if (f.frames->kind == Kind::List) {
-      out.frames_local.push_back(frames.identity(*f.frames, out.frames));
-    } else {
-      return false;
-    }
-    out.has_user_metadata |= f.user_metadata != nullptr;
-    out.has_compile_context |= f.compile_context != nullptr;
-    if (!text_or_none(metadata, f.user_metadata, out.metadata, metadata_local) ||
-        !text_or_none(context, f.compile_context, out.context, context_local)) {
-      return false;
-    }
-  }
-  if (out.has_user_metadata) out.metadata_local = std::move(metadata_local);
-  else out.metadata.clear();
-  if (out.has_compile_context) out.context_local = std::move(context_local);
-  else out.context.clear();
-  return true;
-}
 
 }  // namespace
 
@@ -602,33 +763,59 @@ ScanResult scan_pickle(const uint8_t* data, size_t size) {
   return result;
 }
 
-Extraction extract_traces(const Arena& arena) {
+Extraction extract_traces(Arena& arena) {
   Extraction extraction;
-  if (arena.root.kind != Kind::Dict) return extraction;
+  std::vector<uint8_t> taken(arena.columns.size(), 0);
+  // Every list of rows whose columns are not taken here is read as Python objects from the arena:
+  // where its entries' items were dropped, that cannot be, and the file is declined.
+  auto finish = [&]() -> Extraction {
+    for (size_t k = 0; k < arena.columns.size(); ++k) {
+      if (!taken[k] && arena.columns[k].rows > 1) {
+        extraction.traces.clear();
+        extraction.ok = false;
+        extraction.reason = "trace entries outside a device's trace";
+        break;
+      }
+    }
+    return std::move(extraction);
+  };
+  if (arena.root.kind != Kind::Dict) return finish();
   const Container& root = arena.container(arena.root);
   const Value* traces = nullptr;
   for (size_t k = 0; k + 1 < root.items.size(); k += 2) {
     const Value& key = root.items.at(k);
     if (key.kind == Kind::Str && arena.text(key) == "device_traces") traces = &root.items.at(k + 1);
   }
-  if (traces == nullptr || traces->kind != Kind::List) return extraction;
+  if (traces == nullptr || traces->kind != Kind::List) return finish();
   // The columns replace the entries lists in the Python objects: only where nothing else (an
   // unknown key, the root holding itself) can reach them, else the copy of that other key differs.
-  if (root.refs != 1 || arena.container(*traces).refs != 1) return extraction;
+  if (root.refs != 1 || arena.container(*traces).refs != 1) return finish();
   extraction.has_traces_list = true;
   extraction.traces_list = *traces;
   const Container& devices = arena.container(*traces);
-  if (devices.items.size() > kMaxDevices) return extraction;  // the Python path refuses it
+  if (devices.items.size() > kMaxDevices) return finish();  // the Python path refuses it
   for (size_t device = 0; device < devices.items.size(); ++device) {
     const Value& entries = devices.items.at(device);
     if (entries.kind != Kind::List) continue;
     const Container& list = arena.container(entries);
-    if (list.refs != 1 || list.items.empty()) continue;
-    TraceColumns columns;
+    if (list.refs != 1 || list.columns < 0) continue;
+    const size_t index = static_cast<size_t>(list.columns);
+    if (taken.at(index)) continue;  // the same list twice (refs would say so): the Python way
+    taken.at(index) = 1;
+    TraceColumns columns = std::move(arena.columns.at(index));
+    arena.columns.at(index) = TraceColumns{};
     columns.device = device;
-    if (columns_of(arena, list, columns)) extraction.traces.push_back(std::move(columns));
+    if (!columns.has_user_metadata) {
+      columns.metadata_local = {};
+      columns.metadata = {};
+    }
+    if (!columns.has_compile_context) {
+      columns.context_local = {};
+      columns.context = {};
+    }
+    extraction.traces.push_back(std::move(columns));
   }
-  return extraction;
+  return finish();
 }
 
 }  // namespace memlens::scan

@@ -9,10 +9,14 @@
 // the file on the Python path, whose one-line error (or answer) is the reference. The scanner never
 // gives a different answer; it gives the same one faster, or declines.
 //
-// extract_traces() then turns each device_traces[d] list whose entries are plain (dicts met once,
-// fields of the types PyTorch writes, within the reader's bounds) into columns and interning tables
-// (memlens.snapshot.reader._parse_native_trace finishes them). Every access to the input is checked
-// against its length (Reader::need), every container access is at() or explicitly bounded.
+// The trace entries are read into columns as they are appended to their list (a plain entry --
+// a dict met once, fields of the types PyTorch writes, within the reader's bounds -- becomes a row
+// of its list's columns and its dict's items are dropped: the arena never holds the millions of
+// entry dicts), and extract_traces() hands over the columns of each device_traces[d] list that is
+// all such rows (memlens.snapshot.reader._parse_native_trace finishes them). A file that would
+// need a dropped entry as a dict after all (met again through the memo, under another key, a list
+// of entries that turns out not plain after its first rows) is declined. Every access to the input
+// is checked against its length (Reader::need), every container access is at() or explicitly bounded.
 #pragma once
 
 #include <cstddef>
@@ -31,15 +35,32 @@ struct Value {
   int64_t num = 0;  // Bool/Int: the value; UInt64: the bits (> INT64_MAX); Float: the bits; else an index
 };
 
+// The entry fields the columns read, by key string (None: any other string).
+enum class Field : uint8_t { None, Action, Addr, Size, Stream, TimeUs, Frames, DeviceFree, UserMetadata, CompileContext };
+
+// The interning table that last gave an arena string or container an id, and that id: rows
+// meet the same memoised objects over and over, and the object is at hand where a hash table's
+// slot would be a cache miss.
+struct Interned {
+  int32_t table = -1;
+  int32_t id = -1;
+};
+
 struct StrRef {
   size_t offset = 0;  // into the input buffer
   size_t length = 0;
+  Interned interned;
+  Field field = Field::None;  // classified once, when the string is read (keys come back by memo)
 };
 
-struct Container {
-  Kind kind = Kind::List;
-  uint32_t refs = 0;  // times pushed: creation and each memo GET (saturating)
+struct Container {  // 40 bytes: a snapshot has a million of them
   std::vector<Value> items;  // a dict's keys and values alternate
+  Interned interned;  // a frames list's id
+  int32_t columns = -1;  // a list: its entries' columns (Arena::columns), or -1
+  Kind kind = Kind::List;
+  uint8_t refs = 0;  // times pushed: creation and each memo GET (saturating; only 1 or more matters)
+  bool row = false;  // a dict read as a row of its list's columns
+  bool dropped = false;  // ... whose items were dropped (all rows but a list's first)
 };
 
 // Limits of the Python vetting (memlens/snapshot/scan.py): the same numbers.
@@ -50,13 +71,38 @@ inline constexpr int64_t kMaxWideTuples = 10'000;
 // is sparse-tolerant; the arena's is a vector, so a far index would cost its size in memory).
 inline constexpr uint64_t kMaxMemoGap = 1u << 20;
 inline constexpr size_t kMaxDevices = 1024;  // memlens.snapshot.validate.MAX_DEVICES
+// Lists read as columns: as many as devices are read (more go as plain dicts, the Python way).
+inline constexpr size_t kMaxColumnLists = kMaxDevices;
+// The first lists' columns are reserved from the rest of the input's size (each reservation is
+// about that size again in address space, untouched; more lists would reserve too much of it).
+inline constexpr size_t kReservedColumnLists = 2;
 inline constexpr int64_t kPlausibleBytes = int64_t{1} << 44;  // validate.PLAUSIBLE_BYTES
+
+// A device's trace as columns. Local indices point into the distinct tables, in order of first
+// appearance (the order the Python reader meets them, so interning gives the same ids).
+struct TraceColumns {
+  size_t list = 0;  // the list's container
+  size_t device = 0;
+  size_t rows = 0;
+  bool has_time = false;
+  std::vector<int32_t> action_local;
+  std::vector<Value> actions;  // distinct action strings (by content)
+  std::vector<int64_t> addr, size, stream, time_us, device_free;
+  std::vector<int32_t> frames_local;
+  std::vector<Value> frames;  // distinct frames values (by identity): None or a list
+  bool has_user_metadata = false, has_compile_context = false;
+  std::vector<int32_t> metadata_local, context_local;
+  std::vector<Value> metadata, context;  // distinct strings (by content) or None
+  Value first_entry;  // for the format guess
+  std::vector<uint8_t> action_is_oom;  // per distinct action
+};
 
 struct Arena {
   const uint8_t* data = nullptr;  // the input; not owned, must outlive the arena
   size_t size = 0;
   std::vector<StrRef> strings;
   std::vector<Container> containers;
+  std::vector<TraceColumns> columns;  // of the lists whose entries are rows (at most kMaxColumnLists)
   Value root;
 
   // The string's bytes, checked against the input's length.
@@ -73,30 +119,17 @@ struct ScanResult {
 // Runs the pickle in data[0, size). ok == false: declined, with the reason.
 ScanResult scan_pickle(const uint8_t* data, size_t size);
 
-// A device's trace as columns. Local indices point into the distinct tables, in order of first
-// appearance (the order the Python reader meets them, so interning gives the same ids).
-struct TraceColumns {
-  size_t device = 0;
-  size_t rows = 0;
-  bool has_time = false;
-  std::vector<int32_t> action_local;
-  std::vector<Value> actions;  // distinct action strings (by content)
-  std::vector<int64_t> addr, size, stream, time_us, device_free;
-  std::vector<int32_t> frames_local;
-  std::vector<Value> frames;  // distinct frames values (by identity): None or a list
-  bool has_user_metadata = false, has_compile_context = false;
-  std::vector<int32_t> metadata_local, context_local;
-  std::vector<Value> metadata, context;  // distinct strings (by content) or None
-  Value first_entry;  // for the format guess
-};
-
 struct Extraction {
+  bool ok = true;
+  std::string reason;
   bool has_traces_list = false;  // root is a dict whose 'device_traces' is a list
   Value traces_list;
   std::vector<TraceColumns> traces;  // the devices read as columns (others go the Python way)
 };
 
-// The plain device traces of a scanned snapshot (a root that is no dict has none).
-Extraction extract_traces(const Arena& arena);
+// The plain device traces of a scanned snapshot (a root that is no dict has none); their columns
+// are moved out of the arena. ok == false (reason set) where a dropped entry would be needed as a
+// dict: the caller declines the file.
+Extraction extract_traces(Arena& arena);
 
 }  // namespace memlens::scan

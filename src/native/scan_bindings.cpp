@@ -24,6 +24,7 @@ namespace {
 constexpr int kMaxDepth = 200;
 
 struct TooDeep {};
+struct Dropped {};  // an entry whose dict the scanner dropped (read as a row), needed whole after all
 
 class Converter {
  public:
@@ -62,6 +63,7 @@ class Converter {
     if (found != containers_.end()) return found->second;
     if (depth > kMaxDepth) throw TooDeep{};
     const Container& source = arena_.container(value);
+    if (source.dropped) throw Dropped{};
     if (source.kind == Kind::Tuple) {  // tuples hold scalars only (the scanner's tuple rule)
       nb::object tuple = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(source.items.size())));
       for (size_t k = 0; k < source.items.size(); ++k) {
@@ -122,6 +124,7 @@ nb::object scan(nb::bytes data) {
     if (result.ok) extraction = extract_traces(result.arena);
   }
   if (!result.ok) return nb::make_tuple(false, result.reason);
+  if (!extraction.ok) return nb::make_tuple(false, extraction.reason);
   std::unordered_set<int64_t> skipped;
   if (extraction.has_traces_list) {
     const Container& devices = result.arena.container(extraction.traces_list);
@@ -156,6 +159,8 @@ nb::object scan(nb::bytes data) {
     return nb::make_tuple(true, nb::make_tuple(raw, traces));
   } catch (const TooDeep&) {
     return nb::make_tuple(false, "nested too deeply");
+  } catch (const Dropped&) {
+    return nb::make_tuple(false, "a trace entry needed whole");
   } catch (nb::python_error& error) {
     // A value CPython would not build either (a string that is no UTF-8, an unhashable key):
     // the Python path says what.

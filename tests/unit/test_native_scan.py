@@ -141,6 +141,70 @@ READ = {
 }
 
 
+# The scanner reads each plain trace entry into its list's columns as it is appended and drops the
+# entry's dict (the arena never holds a million of them): a file that needs such a dict whole after
+# all must be declined, never read with the entry missing.
+_ROWS = [entry("alloc", 512 * k, 512) for k in range(3)]
+_NOT_PLAIN_LAST = [*_ROWS, entry("alloc", 0, 512.0)]
+_SHARED_LATE = [*_ROWS]
+_LIST_TWICE = [entry("alloc", 0, 512), entry("free_requested", 0, 512)]
+DROPPED_NEEDED = {
+    # An entry met again through the memo after its row was read (a later key holds it).
+    "entry met again": dumps(snapshot(device_traces=[_SHARED_LATE], later=_SHARED_LATE[1])),
+    # The last entry is not plain: the rows before it are needed as dicts (the Python way).
+    "last entry not plain": dumps(snapshot(device_traces=[_NOT_PLAIN_LAST])),
+    # Entries that look like a trace's under another key: converted as dicts, so declined.
+    "entries under another key": dumps({**snapshot(), "history": [*_ROWS]}),
+    # The same entries list for two devices.
+    "one list for two devices": dumps(snapshot(device_traces=[_LIST_TWICE, _LIST_TWICE])),
+    # An entry whose frames are a list of entries.
+    "frames of entries": dumps(snapshot(device_traces=[[entry("alloc", 0, 512, frames=[*_ROWS])]])),
+}
+# Lists of entries built each way the opcodes allow: APPENDS (above), APPEND one by one, LIST.
+_APPEND_BY_ONE = dumps(snapshot(device_traces=[[_ROWS[0]]]))
+READ_AS_ROWS = {
+    "protocol 1 (BINPUT, BINUNICODE)": pickle.dumps({"segments": [], "device_traces": [[*_ROWS]]}, protocol=1),
+    "protocol 2": pickle.dumps(snapshot(device_traces=[[*_ROWS], [entry("oom", 0, 1 << 30, device_free=5)]]),
+                               protocol=2),
+    "one entry (APPEND)": _APPEND_BY_ONE,
+    "first entry not plain": dumps(snapshot(device_traces=[[entry("alloc", 0, -1), *_ROWS]])),
+    "second entry not plain": dumps(snapshot(device_traces=[[_ROWS[0], entry("alloc", 0, -1), *_ROWS[1:]]])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DROPPED_NEEDED))
+def test_an_entry_needed_whole_after_its_row_is_declined(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = DROPPED_NEEDED[name]
+    monkeypatch.delenv("MEMLENS_PURE_PYTHON", raising=False)
+    raw, reason = native_scan.scan(data)
+    assert raw is None and reason
+    path = _write(tmp_path, data)
+    assert outcome(path, False, monkeypatch) == outcome(path, True, monkeypatch)
+
+
+@pytest.mark.parametrize("name", sorted(READ_AS_ROWS))
+def test_entry_lists_built_every_way_read_the_same(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = READ_AS_ROWS[name]
+    monkeypatch.delenv("MEMLENS_PURE_PYTHON", raising=False)
+    raw, reason = native_scan.scan(data)
+    assert raw is not None, reason
+    path = _write(tmp_path, data)
+    assert outcome(path, False, monkeypatch) == outcome(path, True, monkeypatch)
+
+
+def test_the_first_entry_is_kept_whole_for_the_format_guess(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MEMLENS_PURE_PYTHON", raising=False)
+    first = entry("alloc", 0, 512, user_metadata="m", extra_key=[1, 2])
+    raw, _reason = native_scan.scan(dumps(snapshot(device_traces=[[first, *_ROWS]])))
+    trace = raw["device_traces"][0]
+    assert isinstance(trace, native_scan.NativeTrace) and len(trace) == 4
+    assert trace.first_entry == first
+
+
 @pytest.mark.parametrize("name", sorted(DECLINED))
 def test_what_the_scanner_declines_gets_the_python_answer(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

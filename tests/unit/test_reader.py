@@ -322,3 +322,26 @@ def test_pending_free_is_not_allocated_but_reported_apart() -> None:
     assert curve.allocated.tolist() == [4096, 5120, 1024, 0, 0]
     assert curve.baseline_allocated == 0
     assert curve.pending_free_final == 4096 and curve.pending_free_peak == 5120
+
+
+def test_blocks_read_inline_only_when_plain_and_the_same_either_way() -> None:
+    """``_parse_segment`` reads a plain block inline (``_plain_block``) and anything else through
+    the checker: the edge values go the checker's way, and both ways give the same Block."""
+    from memlens.snapshot.reader import _plain_block
+    from memlens.snapshot.validate import INT64_MAX, PLAUSIBLE_BYTES
+
+    plain = {"address": 4096, "size": 512, "requested_size": 500, "state": "active_allocated", "frames": []}
+    assert _plain_block(plain, 0) == (4096, 512, 500, "active_allocated", [])
+    assert _plain_block({"size": 512}, 8192) == (8192, 512, 512, "inactive", None)  # 2.0: tiles the segment
+    for odd in ({"size": True}, {"size": 512.0}, {"size": -1}, {"size": PLAUSIBLE_BYTES + 1},
+                {"size": 512, "requested_size": None}, {"size": 512, "state": "active_awaiting_free"},
+                {"size": 512, "state": ["inactive"]}, {"size": 512, "address": INT64_MAX + 1},
+                {"size": 512, "address": -4096}, {"size": 512, "address": "0x1000"}):
+        assert _plain_block(odd, 0) is None, odd
+    # The odd ones the checker reads (not refuses) come out as the checker has them.
+    blocks = [plain, {"size": 512, "state": "active_awaiting_free", "address": INT64_MAX + 1},
+              {"size": PLAUSIBLE_BYTES + 1, "address": 8192, "state": "inactive"}]
+    snap = parse({"segments": [{"address": 4096, "total_size": 1 << 20, "blocks": blocks}], "device_traces": []})
+    got = [(b.address, b.size, b.requested_size, b.state) for b in snap.segments[0].blocks]
+    assert got == [(4096, 512, 500, "active_allocated"), (-(1 << 63), 512, 512, "active_pending_free"),
+                   (8192, 0, 0, "inactive")]
