@@ -32,7 +32,7 @@ import operator
 import os
 import pickle
 from collections.abc import Callable, Iterator
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from memlens.allocator.settings import AllocatorSettings
 from memlens.errors import MemlensFormatError, MemlensUsageError
 from memlens.files import OpenedFile, opened_snapshot
 from memlens.sidecar import sidecar_beside
-from memlens.snapshot import native_scan, scan
+from memlens.snapshot import native_scan
 from memlens.snapshot.curves import CurveOverflow, build_curves
 from memlens.snapshot.formats import BARE_LIST_FORMAT, GZIP_MAGIC, ZIP_MAGIC, guess_format, looks_like_pickle, sniff
 from memlens.snapshot.model import (
@@ -56,7 +56,6 @@ from memlens.snapshot.model import (
     Snapshot,
     StackTable,
 )
-from memlens.snapshot.scan import PickleRefused, PipedVetting, VettedStream
 from memlens.snapshot.validate import (
     DEFAULT_TEXT_BUDGET,
     INT64_MAX,
@@ -80,6 +79,9 @@ from memlens.snapshot.validate import (
     plain_copy,
     shorten,
 )
+
+if TYPE_CHECKING:
+    from memlens.snapshot.scan import PipedVetting, VettedStream
 
 GZIP_MAX_RATIO = 100
 # The least a gzip may inflate to, whatever its size: real snapshots compress 4-36x, so a file
@@ -108,6 +110,9 @@ def _unpickle(
 ) -> Any:
     """Unpickle ``stream`` through the opcode vetting (``vetted``: vetting already in place;
     ``total``: the stream's length, or with ``total_is_limit`` the most it may hold)."""
+    # The Python vetting (its regexes compile in 15 ms) is imported only when a file goes this way.
+    from memlens.snapshot.scan import VettedStream
+
     vetted = vetted if vetted is not None else VettedStream(stream, total, total_is_limit)
     try:
         return _RefuseGlobals(vetted).load()
@@ -133,6 +138,8 @@ def _global_refused(source: str, name: str) -> MemlensFormatError:
 
 def _format_error(exc: Exception, source: str) -> MemlensFormatError:
     """The one-line error for an unpickling failure (globals are refused, so it is damage)."""
+    from memlens.snapshot.scan import PickleRefused
+
     if isinstance(exc, PickleRefused):
         return MemlensFormatError(source, str(exc))
     if isinstance(exc, EOFError) or (isinstance(exc, pickle.UnpicklingError) and "truncated" in str(exc)):
@@ -227,6 +234,8 @@ class _Inflation:
         data = self._stream.read(size if size is not None and 0 <= size <= self._left + 1 else self._left + 1)
         self._left -= len(data)
         if self._left < 0:
+            from memlens.snapshot.scan import PickleRefused
+
             raise PickleRefused(
                 f"refused to load: the gzip stream inflates to more than {self._limit:,} bytes ({self._why})"
             )
@@ -267,6 +276,8 @@ def _read_raw(opened: OpenedFile, on_read: Callable[[float], None] | None = None
             raise MemlensFormatError(source, "not a pickle (expected a pickle written by _dump_snapshot)")
         if content is not None:
             content.append(size)
+        from memlens.snapshot import scan
+
         if scan.parallel_vetting_pays(size):
             piped = _start_piped_vetting(opened, size, on_read)
             if piped is not None:
@@ -316,6 +327,8 @@ def _start_piped_vetting(
 ) -> PipedVetting | None:
     """A child process that vets the opened file (it inherits the descriptor) while this one
     unpickles what it sends, or None if none starts (then vetting runs in-process)."""
+    from memlens.snapshot.scan import PipedVetting
+
     report = None if on_read is None else (lambda received: on_read(received / max(size, 1)))
     try:
         piped = PipedVetting(opened.fd, report)
@@ -350,12 +363,16 @@ def load(
 
 def _load(opened: OpenedFile, cache: bool | None, progress: Callable[[str, float], None] | None,
           max_content_bytes: int | None = None) -> Snapshot:
-    from memlens.snapshot import cache as snapshot_cache
+    from memlens.cache_folder import CACHE_MIN_BYTES
 
     source = opened.name
-    use_cache = cache if cache is not None else opened.size >= snapshot_cache.CACHE_MIN_BYTES
-    # Hashed once, before parsing: the entry is written only if the file is still these bytes.
-    cache_entry = snapshot_cache.CacheEntry.for_opened(opened) if use_cache else None
+    use_cache = cache if cache is not None else opened.size >= CACHE_MIN_BYTES
+    cache_entry = None
+    if use_cache:  # the cache's module (zipfile and all) only when it is used
+        from memlens.snapshot import cache as snapshot_cache
+
+        # Hashed once, before parsing: the entry is written only if the file is still these bytes.
+        cache_entry = snapshot_cache.CacheEntry.for_opened(opened)
     try:
         if cache_entry is not None:
             cached = cache_entry.read()
