@@ -30,9 +30,9 @@ SETTLE_S = 60.0
 class ServeProcess:
     """``memlens serve --port 0 --no-samples ARGS`` with its output drained in the background."""
 
-    def __init__(self, tmp_path: Path, *args: str) -> None:
+    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.tmp_path = tmp_path
-        env = dict(os.environ, TMPDIR=str(tmp_path))
+        env = dict(os.environ, TMPDIR=str(tmp_path), **(env or {}))
         self.process = subprocess.Popen(
             [sys.executable, "-m", "memlens", "serve", "--port", "0", "--no-samples", *args],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
