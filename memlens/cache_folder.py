@@ -24,15 +24,19 @@ import logging
 import os
 import re
 import secrets
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TypeVar
 
 from memlens.errors import MemlensUsageError
 from memlens.files import process_alive, trusted_file, trusted_folder
 from memlens.units import parse_bytes
 
 log = logging.getLogger("memlens.snapshot.cache")
+
+T = TypeVar("T")
 
 CACHE_DIR_ENV = "MEMLENS_CACHE_DIR"
 CACHE_MAX_BYTES_ENV = "MEMLENS_CACHE_MAX_BYTES"
@@ -124,6 +128,73 @@ def size_limit() -> int:
     except MemlensUsageError:
         log.debug("memlens cache: ignoring %s=%r", CACHE_MAX_BYTES_ENV, text)
         return DEFAULT_MAX_BYTES
+
+
+class BackgroundHash:
+    """``hash_fd`` of an open file on a thread of its own (hashlib releases the GIL), so that the
+    caller reads an entry or imports meanwhile. ``result()`` waits for it: ``(digest, identity)``,
+    or ``None`` when the file could not be hashed (then no cache is used). The descriptor must stay
+    open until ``result()`` has returned."""
+
+    def __init__(self, fd: int, source: str) -> None:
+        self._fd = fd
+        self._source = source
+        self._result: list[tuple[str, tuple[int, ...]] | None] = []
+        self._thread = threading.Thread(target=self._run, name="memlens-cache-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        hashed = None
+        try:
+            hashed = hash_fd(self._fd)
+        except Exception as error:  # the thread must always leave an answer (None: no cache)
+            log.debug("memlens cache: cannot hash %s: %s", self._source, error)
+        finally:
+            self._result.append(hashed)
+
+    def result(self) -> tuple[str, tuple[int, ...]] | None:
+        self._thread.join()
+        return self._result[0] if self._result else None
+
+
+def read_signed(name: str, read: Callable[[int, bytes], T], source: str) -> T | None:
+    """``read(folder_fd, key)`` of the entry ``name`` in the cache folder, with this user's key;
+    ``None`` when there is no folder, key or entry, or when ``read`` fails in any way (logged):
+    a cache that cannot be read costs speed only, never a crash or an answer."""
+    folder = CacheFolder.open(create=False)
+    if folder is None:
+        return None
+    with folder:
+        key = folder.key(create=False)
+        if key is None:
+            return None
+        try:
+            return read(folder.fd, key)
+        except FileNotFoundError:
+            return None
+        except Exception as error:  # any failure at all means "compute it again", never a crash
+            log.debug("memlens cache: ignoring %s for %s: %s: %s", name, source, type(error).__name__, error)
+            return None
+
+
+def write_signed(name: str, fill: Callable[[bytes], Callable[[IO[bytes]], object]], suffix: str) -> Path | None:
+    """Write the entry ``name`` atomically, ``fill(key)`` giving what writes it with this user's
+    key, then prune the folder; the entry's path, or ``None`` when nothing was written (caching
+    off, no folder or key, or a failed write)."""
+    limit = size_limit()
+    if limit <= 0:
+        return None
+    folder = CacheFolder.open(create=True)
+    if folder is None:
+        return None
+    with folder:
+        key = folder.key(create=True)
+        if key is None:
+            return None
+        if not folder.write_atomically(name, fill(key), suffix=suffix):
+            return None
+        folder.prune(limit, keep=name)
+        return folder.path / name
 
 
 class CacheFolder:

@@ -31,9 +31,9 @@ import json
 import logging
 import os
 import sys
-import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from memlens import cache_folder
 from memlens.files import OpenedFile, trusted_file
@@ -65,9 +65,7 @@ class ReportSlot:
         self._opened = opened
         self._capacity = capacity
         self._sidecar_key = _sidecar_key(opened)
-        self._hashed: list[tuple[str, tuple[int, ...]] | None] = []
-        self._hasher = threading.Thread(target=self._hash, name="memlens-report-hash", daemon=True)
-        self._hasher.start()
+        self._hash = cache_folder.BackgroundHash(opened.fd, opened.name)
 
     @classmethod
     def for_opened(cls, opened: OpenedFile, capacity: int | None) -> ReportSlot | None:
@@ -77,20 +75,10 @@ class ReportSlot:
             return None
         return cls(opened, capacity)
 
-    def _hash(self) -> None:
-        hashed = None
-        try:
-            hashed = cache_folder.hash_fd(self._opened.fd)
-        except Exception as error:  # the thread must always leave an answer (None: no cache)
-            log.debug("memlens report cache: cannot hash %s: %s", self._opened.name, error)
-        finally:
-            self._hashed.append(hashed)
-
     @functools.cached_property
     def name(self) -> str | None:
         """The entry's file name (waits for the hash); ``None`` when the file could not be hashed."""
-        self._hasher.join()
-        hashed = self._hashed[0] if self._hashed else None
+        hashed = self._hash.result()
         if hashed is None:
             return None
         material = json.dumps(["memlens report", cache_folder.ENTRY_VERSIONS[ENTRY_KIND], code_identity(),
@@ -99,27 +87,13 @@ class ReportSlot:
 
     def close(self) -> None:
         """Wait for the hashing thread (it reads the caller's descriptor, which may close next)."""
-        self._hasher.join()
+        self._hash.result()
 
     def read(self) -> Report | None:
         """The stored report, or ``None`` (no entry, or one that fails a check)."""
         if self.name is None:
             return None
-        folder = cache_folder.CacheFolder.open(create=False)
-        if folder is None:
-            return None
-        with folder:
-            key = folder.key(create=False)
-            if key is None:
-                return None
-            try:
-                return self._read(folder.fd, key)
-            except FileNotFoundError:
-                return None
-            except Exception as error:  # any failure at all means "analyse the file", never a crash
-                log.debug("memlens report cache: ignoring %s for %s: %s: %s", self.name, self._opened.name,
-                          type(error).__name__, error)
-                return None
+        return cache_folder.read_signed(self.name, self._read, self._opened.name)
 
     def _read(self, folder_fd: int, key: bytes) -> Report:
         from memlens.analysis.report import Report
@@ -150,29 +124,20 @@ class ReportSlot:
 
     def _write(self, report: Report) -> Path | None:
         name = self.name
-        hashed = self._hashed[0] if self._hashed else None
+        hashed = self._hash.result()
         if name is None or hashed is None:
             return None
         if self._opened.identity() != hashed[1] or _sidecar_key(self._opened) != self._sidecar_key:
             log.debug("memlens report cache: %s or its sidecar changed while it was read; not cached",
                       self._opened.name)
             return None
-        limit = cache_folder.size_limit()
-        if limit <= 0:
-            return None
         payload = report.to_json_str(indent=None).encode()
-        folder = cache_folder.CacheFolder.open(create=True)
-        if folder is None:
-            return None
-        with folder:
-            key = folder.key(create=True)
-            if key is None:
-                return None
+
+        def signed(key: bytes) -> Callable[[IO[bytes]], int]:
             mac = _mac(key, name, payload)
-            if not folder.write_atomically(name, lambda handle: handle.write(mac + payload), suffix="json"):
-                return None
-            folder.prune(limit, keep=name)
-            return folder.path / name
+            return lambda handle: handle.write(mac + payload)
+
+        return cache_folder.write_signed(name, signed, suffix="json")
 
 
 def _mac(key: bytes, name: str, payload: bytes) -> bytes:

@@ -49,7 +49,6 @@ import logging
 import math
 import os
 import struct
-import threading
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -66,12 +65,14 @@ from memlens.cache_folder import CACHE_MIN_BYTES as CACHE_MIN_BYTES
 from memlens.cache_folder import (
     ENTRY_VERSIONS,
     OPEN_TO_READ,
+    BackgroundHash,
     CacheFolder,
     file_identity,
     fingerprint_fd,
-    hash_fd,
     hash_file,
+    read_signed,
     size_limit,
+    write_signed,
 )
 from memlens.cache_folder import FINGERPRINT_BYTES as FINGERPRINT_BYTES
 from memlens.cache_folder import KEY_BYTES as KEY_BYTES
@@ -161,9 +162,7 @@ class CacheEntry:
         self.fd = fd
         self.name = entry_name(fingerprint)
         self.identity = identity
-        self._digest: list[str | None] = []
-        self._hasher = threading.Thread(target=self._hash, name="memlens-cache-hash", daemon=True)
-        self._hasher.start()
+        self._hash = BackgroundHash(fd, source)
 
     @classmethod
     def for_file(cls, source: str | os.PathLike[str]) -> CacheEntry | None:
@@ -196,45 +195,22 @@ class CacheEntry:
 
     def close(self) -> None:
         """Let go of the file (waits for the hashing thread, which reads it)."""
-        self._hasher.join()
+        self._hash.result()
         if self.fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.fd = -1
 
-    def _hash(self) -> None:
-        digest: str | None = None
-        try:
-            digest, identity = hash_fd(self.fd)
-            if identity != self.identity:  # changed since the fingerprint: no trustworthy digest
-                digest = None
-        except Exception as error:  # the thread must always leave an answer (None: don't use the cache)
-            log.debug("memlens cache: cannot hash %s: %s", self.source, error)
-        finally:
-            self._digest.append(digest)
-
     @property
     def content_hash(self) -> str | None:
-        """The SHA-256 of the file's bytes (waits for the hashing thread)."""
-        self._hasher.join()
-        return self._digest[0] if self._digest else None
+        """The SHA-256 of the file's bytes (waits for the hashing thread); ``None`` when it could
+        not be hashed or changed since the fingerprint (no trustworthy digest)."""
+        hashed = self._hash.result()
+        return hashed[0] if hashed is not None and hashed[1] == self.identity else None
 
     def read(self) -> Snapshot | None:
-        folder = CacheFolder.open(create=False)
-        if folder is None:
-            return None
-        with folder:
-            key = folder.key(create=False)
-            if key is None:
-                return None
-            try:
-                return _read_entry(folder.fd, self.name, key, lambda: self.content_hash, self.source)
-            except FileNotFoundError:
-                return None
-            except Exception as error:  # any failure at all means "rebuild from the pickle", never a crash
-                log.debug("memlens cache: ignoring %s for %s: %s: %s", self.name, self.source,
-                          type(error).__name__, error)
-                return None
+        return read_signed(self.name, lambda folder_fd, key: _read_entry(
+            folder_fd, self.name, key, lambda: self.content_hash, self.source), self.source)
 
     def write(self, snapshot: Snapshot) -> Path | None:
         """Store ``snapshot``; returns the entry's path, or ``None`` when nothing was stored.
@@ -257,26 +233,19 @@ class CacheEntry:
         if digest is None or not unchanged:
             log.debug("memlens cache: %s changed while it was read; not cached", self.source)
             return None
-        max_bytes = size_limit()
-        if max_bytes <= 0:
+        if size_limit() <= 0:  # caching off: not even encoded
             return None
         try:
             members = _encode(snapshot, digest)
         except _NotCacheable as error:
             log.debug("memlens cache: %s not cached: %s", self.source, error)
             return None
-        folder = CacheFolder.open(create=True)
-        if folder is None:
-            return None
-        with folder:
-            key = folder.key(create=True)
-            if key is None:
-                return None
+
+        def signed(key: bytes) -> Callable[[IO[bytes]], None]:
             members[_MAC] = np.frombuffer(_mac(key, members), dtype=np.uint8)
-            if not folder.write_atomically(self.name, lambda handle: np.savez(handle, **cast(dict[str, Any], members))):
-                return None
-            folder.prune(max_bytes, keep=self.name)
-            return folder.path / self.name
+            return lambda handle: np.savez(handle, **cast(dict[str, Any], members))
+
+        return write_signed(self.name, signed, suffix="npz")
 
 
 def read(source: str | os.PathLike[str]) -> Snapshot | None:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import memlens
+from memlens import cache_folder
 from memlens.snapshot import cache
 from memlens.synthetic import synthetic_snapshot
 
@@ -462,7 +463,7 @@ def test_a_failed_hash_means_no_cache(snapshot_file: Path, cache_home: Path, mon
         raise MemoryError
 
     memlens.load(snapshot_file, cache=True)
-    monkeypatch.setattr(cache, "hash_fd", unreadable)
+    monkeypatch.setattr(cache_folder, "hash_fd", unreadable)
     assert not memlens.load(snapshot_file, cache=True).from_cache
 
 
