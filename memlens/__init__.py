@@ -14,12 +14,12 @@ use (PEP 562 ``__getattr__``).
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from memlens._lazy import lazy_names
 from memlens.errors import MemlensError, MemlensFormatError, MemlensOutOfMemory, MemlensUsageError
 
 if TYPE_CHECKING:
@@ -42,10 +42,15 @@ if TYPE_CHECKING:
 # Subpackages a user reaches as ``memlens.<name>`` without importing them first. ``predict`` is
 # not here: it is the function below until ``import memlens.predict`` replaces it with the
 # (callable) subpackage.
-_LAZY_SUBMODULES = frozenset({"allocator", "analysis", "budget", "recorder", "reporters", "units"})
-# Names from ``memlens.snapshot`` (numpy and the columnar model) imported on first use too, so that
-# ``import memlens.<anything>`` costs no numpy: a cached ``memlens triage`` never needs it.
-_LAZY_SNAPSHOT_NAMES = frozenset({"Snapshot", "load"})
+# ``load`` and ``Snapshot`` (numpy and the columnar model) are imported on first use too, so that
+# ``import memlens.<anything>`` costs no numpy: a cached ``memlens triage`` never needs it; and
+# ``__version__``, read from the package metadata: 30 ms that most commands never need.
+_HOMES = {
+    **{name: f"memlens.{name}" for name in ("allocator", "analysis", "budget", "recorder", "reporters", "units")},
+    "Snapshot": "memlens.snapshot",
+    "load": "memlens.snapshot",
+    "__version__": "memlens._version",
+}
 
 # The recorder's defaults (memlens.recorder.session / .stacks), repeated so that the signature
 # below is complete without importing the recorder; tests/test_public_api.py keeps them equal.
@@ -191,24 +196,7 @@ def whatif(
     )
 
 
-def __getattr__(name: str) -> Any:
-    """``memlens.budget`` (and the other subpackages) after a bare ``import memlens``; ``load``
-    and ``Snapshot`` from ``memlens.snapshot``."""
-    if name in _LAZY_SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")  # also binds it in this module
-    if name == "__version__":  # read from the package metadata: 30 ms that most commands never need
-        from memlens._version import __version__
-
-        return __version__
-    if name in _LAZY_SNAPSHOT_NAMES:
-        value = getattr(importlib.import_module(f"{__name__}.snapshot"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | _LAZY_SUBMODULES | _LAZY_SNAPSHOT_NAMES | {"__version__"})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)
 
 
 __all__ = [

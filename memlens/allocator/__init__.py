@@ -9,8 +9,9 @@ The names are imported on first use (PEP 562), so importing one small module of 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from memlens._lazy import lazy_names
 
 if TYPE_CHECKING:
     from memlens.allocator.replay import WhatIfResult as WhatIfResult
@@ -28,21 +29,20 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name == "CachingAllocatorSimulator":
-        from memlens.allocator.engine import simulator_class
+_lazy_getattr, _lazy_dir = lazy_names(__name__, _HOMES)
 
-        value: Any = simulator_class()
-    elif name in _HOMES:
-        value = getattr(importlib.import_module(_HOMES[name]), name)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
+
+def __getattr__(name: str) -> Any:
+    if name != "CachingAllocatorSimulator":
+        return _lazy_getattr(name)
+    from memlens.allocator.engine import simulator_class
+
+    value = globals()[name] = simulator_class()  # the engine this process runs on
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES) | {"CachingAllocatorSimulator"})
+    return sorted({*_lazy_dir(), "CachingAllocatorSimulator"})
 
 
 __all__ = [

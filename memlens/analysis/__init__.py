@@ -15,8 +15,9 @@ triage renders, costs no numpy and none of the finders.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from memlens._lazy import lazy_names
 
 if TYPE_CHECKING:
     from memlens.analysis.analysis import Analysis as Analysis
@@ -45,18 +46,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
-
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)
 
 __all__ = [
     "CATEGORIES",

@@ -6,8 +6,9 @@ numpy (``holder_types``, which the sidecar reads) costs none when imported on it
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from memlens._lazy import lazy_names
 
 if TYPE_CHECKING:
     from memlens.snapshot.model import Action as Action
@@ -27,18 +28,7 @@ _HOMES = {**dict.fromkeys(("Action", "Annotation", "Block", "DeviceTrace", "Fram
           **dict.fromkeys(("load", "parse", "read_raw"), "memlens.snapshot.reader")}
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
-
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)
 
 __all__ = ["Action", "Annotation", "Block", "DeviceTrace", "Frame", "Segment", "Snapshot", "StackTable",
            "load", "parse", "read_raw"]
