@@ -26,12 +26,13 @@ import re
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from memlens.errors import MemlensUsageError
-from memlens.files import process_alive, trusted_file, trusted_folder
+from memlens.files import OpenedFile, process_alive, trusted_file, trusted_folder
 from memlens.units import parse_bytes
 
 log = logging.getLogger("memlens.snapshot.cache")
@@ -155,6 +156,26 @@ class BackgroundHash:
     def result(self) -> tuple[str, tuple[int, ...]] | None:
         self._thread.join()
         return self._result[0] if self._result else None
+
+
+# The hash running for each opened file, so the report slot and the snapshot entry of one triage
+# hash the file once between them (weak keys: it goes with the file object).
+_HASHES: weakref.WeakKeyDictionary[OpenedFile, BackgroundHash] = weakref.WeakKeyDictionary()
+
+
+def hash_opened(opened: OpenedFile) -> BackgroundHash:
+    """The background hash of ``opened`` (through its own descriptor), started on first ask and
+    shared with later askers (``hash_started``). Whoever starts it waits for ``result()`` before
+    the file is closed."""
+    hashed = _HASHES.get(opened)
+    if hashed is None:
+        hashed = _HASHES[opened] = BackgroundHash(opened.fd, opened.name)
+    return hashed
+
+
+def hash_started(opened: OpenedFile) -> BackgroundHash | None:
+    """The hash of ``opened`` already running (``hash_opened``), if any."""
+    return _HASHES.get(opened)
 
 
 def read_signed(name: str, read: Callable[[int, bytes], T], source: str) -> T | None:

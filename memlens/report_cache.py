@@ -65,7 +65,7 @@ class ReportSlot:
         self._opened = opened
         self._capacity = capacity
         self._sidecar_key = _sidecar_key(opened)
-        self._hash = cache_folder.BackgroundHash(opened.fd, opened.name)
+        self._hash = cache_folder.hash_opened(opened)  # the snapshot cache entry, if any, shares it
 
     @classmethod
     def for_opened(cls, opened: OpenedFile, capacity: int | None) -> ReportSlot | None:

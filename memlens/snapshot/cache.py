@@ -70,6 +70,7 @@ from memlens.cache_folder import (
     file_identity,
     fingerprint_fd,
     hash_file,
+    hash_started,
     read_signed,
     size_limit,
     write_signed,
@@ -157,12 +158,13 @@ class CacheEntry:
     was hashed (then the parse may not be of the hashed bytes); ``close`` lets the file go.
     """
 
-    def __init__(self, source: str, fd: int, fingerprint: str, identity: tuple[int, ...]) -> None:
+    def __init__(self, source: str, fd: int, fingerprint: str, identity: tuple[int, ...],
+                 hashed: BackgroundHash | None = None) -> None:
         self.source = source
         self.fd = fd
         self.name = entry_name(fingerprint)
         self.identity = identity
-        self._hash = BackgroundHash(fd, source)
+        self._hash = hashed if hashed is not None else BackgroundHash(fd, source)
 
     @classmethod
     def for_file(cls, source: str | os.PathLike[str]) -> CacheEntry | None:
@@ -178,7 +180,8 @@ class CacheEntry:
 
     @classmethod
     def for_opened(cls, opened: OpenedFile) -> CacheEntry | None:
-        """The slot of a file already opened and checked (``memlens.files.OpenedFile``)."""
+        """The slot of a file already opened and checked (``memlens.files.OpenedFile``). A hash
+        of it already running (the triage's report slot started one) is shared, not repeated."""
         try:
             fd = os.dup(opened.fd)
         except OSError as error:
@@ -191,7 +194,7 @@ class CacheEntry:
             os.close(fd)
             log.debug("memlens cache: cannot read %s: %s", opened.name, error)
             return None
-        return cls(opened.name, fd, quick, file_identity(st))
+        return cls(opened.name, fd, quick, file_identity(st), hash_started(opened))
 
     def close(self) -> None:
         """Let go of the file (waits for the hashing thread, which reads it)."""
