@@ -4,3 +4,6 @@ from typing import Any
 
 def scan(data: bytes) -> tuple[bool, Any]:
     """(False, reason) when the scanner declines the file, else (True, (raw, traces))."""
+
+def scan_file(fd: int, size: int, chunk: int = ...) -> tuple[bool, Any]:
+    """scan() of the `size` bytes of the open file `fd`, read with pread `chunk` bytes at a time."""

@@ -91,6 +91,7 @@ from memlens.snapshot.model import (
     Segment,
     Snapshot,
     StackTable,
+    constant_column,
 )
 
 log = logging.getLogger(__name__)
@@ -543,7 +544,7 @@ def _decode_device(info: Any, members: dict[str, np.ndarray], stack_count: int) 
         rows = 1 if name in constant else events
         _expect(column.size == rows, f"device {device} {name}: {column.size} rows, not {rows}")
         if name in constant:
-            columns[name] = np.full(events, column[0], dtype=column.dtype)
+            columns[name] = constant_column(column[0], events, column.dtype)
     user_metadata, compile_context = info["user_metadata"], info["compile_context"]
     _expect(_is_text_list(user_metadata) and _is_text_list(compile_context), "string tables")
     _expect(_is_text_list(info["curve_warnings"]), "curve warnings")

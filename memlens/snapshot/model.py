@@ -172,6 +172,14 @@ def _empty(dtype: type) -> np.ndarray:
     return np.zeros(0, dtype=dtype)
 
 
+def constant_column(value: int, rows: int, dtype: npt.DTypeLike) -> np.ndarray:
+    """A column of ``rows`` rows that all hold ``value``, in one element's memory: a read-only
+    view with a zero stride (streams, OOM free bytes and metadata ids are often one value over a
+    whole trace: millions of copies would cost megabytes and the pages' first touch). Reading,
+    slicing and indexing it give what a filled array gives; writing to it raises."""
+    return np.broadcast_to(np.array(value, dtype=dtype), (rows,))
+
+
 @dataclass
 class DeviceTrace:
     """One device's recorded history as columns, plus the absolute memory curves

@@ -55,6 +55,7 @@ from memlens.snapshot.model import (
     Segment,
     Snapshot,
     StackTable,
+    constant_column,
 )
 from memlens.snapshot.validate import (
     DEFAULT_TEXT_BUDGET,
@@ -313,7 +314,11 @@ def _read_raw_native(opened: OpenedFile, content: list[int], max_content_bytes: 
             if len(data) > limit:
                 return None  # the Python path refuses it with its message
         elif looks_like_pickle(head):
-            data = handle.read()
+            # Read by the scanner itself, a megabyte at a time: the file is never held whole.
+            raw, _declined = native_scan.scan_file(opened.fd, opened.size)
+            if raw is not None:
+                content.append(opened.size)
+            return raw
         else:
             return None
     raw, _declined = native_scan.scan(data)
@@ -916,22 +921,28 @@ def _parse_native_trace(device: int, trace: native_scan.NativeTrace, check: Chec
     cut by the same checker, in the same order), the metadata strings."""
     codes = np.array([ACTION_CODES.get(name, int(Action.OTHER)) for name in trace.actions], dtype=np.int8)
     action = codes[trace.action_local]
-    notes, times_known = _unknown_sizes_and_times(trace.size, trace.time_us, action == int(Action.OOM))
+    time_us = trace.time_us
+    constant_time = not time_us.flags.writeable  # one time throughout (a constant column)
+    if constant_time and _times_unknown(time_us):
+        time_us = time_us.copy()  # for _unknown_sizes_and_times to zero; one value again after
+    notes, times_known = _unknown_sizes_and_times(trace.size, time_us, action == int(Action.OOM))
+    if constant_time and not times_known:
+        time_us = constant_column(0, len(trace), np.int64)
     stack_ids = np.array(interner.distinct_stacks(trace.frames, check), dtype=np.int32)
-    no_strings: tuple[np.ndarray, list[str]] = (np.full(len(trace), -1, dtype=np.int32), [])
+    no_strings = constant_column(-1, len(trace), np.int32)
     return DeviceTrace(
         device=device,
         action=action,
         address=trace.address,
         size=trace.size,
         stream=trace.stream,
-        time_us=trace.time_us,
+        time_us=time_us,
         stack_id=stack_ids[trace.frames_local],
         device_free=trace.device_free,
         metadata_id=_intern_distinct(trace.metadata, trace.metadata_local) if trace.has_user_metadata
-        else no_strings[0],
+        else no_strings,
         context_id=_intern_distinct(trace.context, trace.context_local) if trace.has_compile_context
-        else no_strings[0],  # one array for both, as _parse_trace has it
+        else no_strings,  # one array for both, as _parse_trace has it
         user_metadata=_distinct_names(trace.metadata) if trace.has_user_metadata else [],
         compile_context=_distinct_names(trace.context) if trace.has_compile_context else [],
         has_time=trace.has_time and times_known,
@@ -953,7 +964,12 @@ def _intern_distinct(distinct: list[str | None], local: np.ndarray) -> np.ndarra
         else:
             ids.append(next_id)
             next_id += 1
-    return np.array(ids, dtype=np.int32)[local] if len(local) else np.zeros(0, dtype=np.int32)
+    table = np.array(ids, dtype=np.int32)
+    if not len(local):
+        return np.zeros(0, dtype=np.int32)
+    if local.strides == (0,):  # one value throughout (a constant column): its id throughout
+        return constant_column(int(table[local[0]]), len(local), np.int32)
+    return table[local]
 
 
 def _unknown_sizes_and_times(
@@ -973,11 +989,16 @@ def _unknown_sizes_and_times(
         size[implausible] = 0
         notes.append(f"{count:,} trace entr{'y claims' if count == 1 else 'ies claim'} more than "
                      f"{PLAUSIBLE_BYTES >> 40} TiB (no GPU holds that): read as unknown, counted as 0 B")
-    if time_us.size and (int(time_us.min()) < 0 or int(time_us.max()) > PLAUSIBLE_TIME_US):
+    if _times_unknown(time_us):
         time_us[:] = 0
         notes.append("the trace's times are not microseconds since the epoch: read as unknown")
         return notes, False
     return notes, True
+
+
+def _times_unknown(time_us: np.ndarray) -> bool:
+    """A time before the epoch or past PLAUSIBLE_TIME_US: the trace's clock is unknown."""
+    return bool(time_us.size) and (int(time_us.min()) < 0 or int(time_us.max()) > PLAUSIBLE_TIME_US)
 
 
 # MAX_TEXT and SHORT_TEXT are re-exported: callers read the text limits from the reader.

@@ -15,8 +15,27 @@ namespace memlens::scan {
 
 std::string_view Arena::text(const Value& value) const {
   const StrRef& ref = strings.at(static_cast<size_t>(value.num));
-  if (ref.offset > size || ref.length > size - ref.offset) return {};
-  return std::string_view(reinterpret_cast<const char*>(data) + ref.offset, ref.length);
+  return std::string_view(reinterpret_cast<const char*>(ref.bytes), ref.length);
+}
+
+const uint8_t* TextPool::add(const uint8_t* bytes, size_t length) {
+  static constexpr uint8_t kEmpty[1] = {0};
+  if (length == 0) return kEmpty;
+  uint8_t* at = nullptr;
+  if (length > kBlock / 4) {
+    long_.emplace_back(new uint8_t[length]);
+    at = long_.back().get();
+  } else {
+    if (length > room_) {
+      blocks_.emplace_back(new uint8_t[kBlock]);
+      room_ = kBlock;
+    }
+    at = blocks_.back().get() + (kBlock - room_);
+    room_ -= length;
+  }
+  std::memcpy(at, bytes, length);
+  stored_ += length;
+  return at;
 }
 
 namespace {
@@ -239,13 +258,13 @@ bool int_field(const Value* value, bool allow_uint64, int64_t low, int64_t& out)
 }
 
 bool text_or_none(Arena& arena, Distinct& distinct, const Value* value, std::vector<Value>& table,
-                  std::vector<int32_t>& local) {
+                  LazyColumn<int32_t>& local) {
   if (value == nullptr || value->kind == Kind::None) {
-    local.push_back(distinct.none(table));
+    local.push(distinct.none(table));
     return true;
   }
   if (value->kind != Kind::Str) return false;
-  local.push_back(distinct.text(arena, *value, table));
+  local.push(distinct.text(arena, *value, table));
   return true;
 }
 
@@ -268,6 +287,7 @@ bool add_row(Arena& arena, const Value& item, TraceColumns& out, Interning& inte
     return false;
   }
   const int32_t action = interning.actions.text(arena, *f.action, out.actions);
+  if (static_cast<size_t>(action) >= kMaxActions) return false;  // the action column is a byte a row
   if (static_cast<size_t>(action) == out.action_is_oom.size()) out.action_is_oom.push_back(arena.text(*f.action) == "oom");
   int64_t device_free = 0;
   if (out.action_is_oom.at(static_cast<size_t>(action)) && f.device_free != nullptr && f.device_free->kind != Kind::None) {
@@ -291,12 +311,12 @@ bool add_row(Arena& arena, const Value& item, TraceColumns& out, Interning& inte
       !text_or_none(arena, interning.context, f.compile_context, out.context, out.context_local)) {
     return false;
   }
-  out.action_local.push_back(action);
+  out.action_local.push_back(static_cast<uint8_t>(action));
   out.addr.push_back(addr);
   out.size.push_back(size);
-  out.stream.push_back(stream);
-  out.time_us.push_back(time_us);
-  out.device_free.push_back(device_free);
+  out.stream.push(stream);
+  out.time_us.push(time_us);
+  out.device_free.push(device_free);
   out.frames_local.push_back(frames);
   ++out.rows;
   return true;
@@ -307,15 +327,12 @@ enum class Token : uint8_t { Other, SmallItem, WideItem, Mark };
 
 class Machine {
  public:
-  Machine(const uint8_t* data, size_t size) : data_(data), size_(size) {
-    arena_.data = data;
-    arena_.size = size;
-    // Room for what a snapshot of this size holds (a dict or memo entry per 64 bytes, as PyTorch
-    // writes them; at most 16M ahead of need): no copies of the growing tables, no pages faulted
-    // twice. Only the touched part of a reservation costs memory.
-    const size_t expected = std::min(size / 64, size_t{1} << 24);
-    arena_.containers.reserve(expected);
-    memo_.reserve(expected);
+  // The whole input in memory: the window is all of it.
+  Machine(const uint8_t* data, size_t size) : window_(data), window_end_(size), size_(size) { reserve(); }
+  // The input read a window of `chunk` bytes at a time.
+  Machine(ReadAt read, size_t size, size_t chunk)
+      : size_(size), read_(std::move(read)), chunk_(std::max<size_t>(chunk, 1)) {
+    reserve();
   }
 
   Arena run() {
@@ -331,22 +348,63 @@ class Machine {
  private:
   [[noreturn]] static void decline(std::string reason) { throw Declined{std::move(reason)}; }
 
+  void reserve() {
+    // Room for what a snapshot of this size holds (a memo entry per 64 bytes, as PyTorch writes
+    // them; at most 16M ahead of need): no copies of the growing memo, no pages faulted twice.
+    // Only the touched part of a reservation costs memory. Containers are reused once their entry
+    // is a row, so a snapshot needs few more than its frames and segments.
+    const size_t expected = std::min(size_ / 64, size_t{1} << 24);
+    arena_.containers.reserve(std::min(expected, size_t{1} << 16));
+    memo_.reserve(expected);
+  }
+
   // The next n bytes exist (pos_ + n <= size_, computed without overflow), and do not run past
   // the end of the frame they start in: CPython's unpickler, reading a file, holds a frame in a
   // buffer and reads what runs past its end afresh from the file, dropping the frame's rest
   // (pickle.loads of the same bytes would not); PyTorch's pickler never writes such a stream.
-  void need(size_t n) const {
+  void check_room(size_t n) const {
     if (n > size_ - pos_) decline("truncated");
     if (pos_ < frame_end_ && n > frame_end_ - pos_) decline("an opcode across a frame's end");
   }
+  // As check_room, and the n bytes are in the window: bytes_at(pos_) reads them until the next need().
+  void need(size_t n) {
+    check_room(n);
+    if (n > window_end_ - pos_) fill(n);
+  }
+  const uint8_t* bytes_at(size_t pos) const { return window_ + (pos - window_start_); }
+  // Moves the window to start at pos_ and hold at least n bytes (need checked they exist), reading
+  // a chunk more while it is at it: the bytes before pos_ are never read again.
+  void fill(size_t n) {
+    if (!read_) decline("truncated");  // the whole input is the window already
+    const size_t kept = window_end_ - pos_;
+    const size_t target = std::min(std::max(n, chunk_), size_ - pos_);
+    if (buffer_.size() < target) {
+      std::vector<uint8_t> larger(target);
+      if (kept > 0) std::memcpy(larger.data(), bytes_at(pos_), kept);
+      buffer_.swap(larger);
+    } else if (kept > 0) {
+      std::memmove(buffer_.data(), bytes_at(pos_), kept);
+    }
+    window_ = buffer_.data();
+    window_start_ = pos_;
+    window_end_ = pos_ + kept;
+    while (window_end_ - pos_ < target) {
+      const size_t wanted = target - (window_end_ - pos_);
+      const size_t got = read_(window_end_, buffer_.data() + (window_end_ - pos_), wanted);
+      // The input ended before the size it had when opened: the Python path says what it is now.
+      if (got == 0 || got > wanted) decline("truncated");
+      window_end_ += got;
+    }
+  }
   uint8_t byte() {
     need(1);
-    return data_[pos_++];
+    return *bytes_at(pos_++);
   }
   uint64_t little(size_t width) {
     need(width);
+    const uint8_t* bytes = bytes_at(pos_);
     uint64_t value = 0;
-    for (size_t k = 0; k < width; ++k) value |= static_cast<uint64_t>(data_[pos_ + k]) << (8 * k);
+    for (size_t k = 0; k < width; ++k) value |= static_cast<uint64_t>(bytes[k]) << (8 * k);
     pos_ += width;
     return value;
   }
@@ -372,6 +430,15 @@ class Machine {
   }
 
   Value new_container(Kind kind, std::vector<Value> items = {}) {
+    if (!free_containers_.empty()) {  // a row's dict, reused (its items' storage with it)
+      const size_t index = free_containers_.back();
+      free_containers_.pop_back();
+      Container& reused = arena_.containers.at(index);
+      if (!items.empty()) reused.items = std::move(items);
+      reused.kind = kind;
+      reused.refs = 1;
+      return Value{kind, static_cast<int64_t>(index)};
+    }
     if (arena_.containers.size() >= std::numeric_limits<uint32_t>::max()) decline("too many containers");
     Container made;
     made.kind = kind;
@@ -380,6 +447,21 @@ class Machine {
     arena_.containers.push_back(std::move(made));
     return Value{kind, static_cast<int64_t>(arena_.containers.size() - 1)};
   }
+  // A dict now read as a row of columns: nothing can reach it any more (its one reference was the
+  // list's item; a memo GET finds its generation gone), so its container serves the next object.
+  void recycle(size_t index) {
+    Container& entry = arena_.containers.at(index);
+    if (entry.generation == std::numeric_limits<uint32_t>::max()) return;  // a memo slot could not tell
+    entry.items.clear();  // keeps its storage for the next dict's items
+    entry.interned = Interned{};
+    entry.columns = -1;
+    entry.refs = 0;
+    entry.row = false;
+    entry.dropped = false;
+    ++entry.generation;
+    free_containers_.push_back(index);
+  }
+  static bool is_container(Kind kind) { return kind == Kind::List || kind == Kind::Dict || kind == Kind::Tuple; }
   Container& container_of(const Value& value, Kind kind) {
     if (value.kind != kind) decline("wrong container");
     return arena_.containers.at(static_cast<size_t>(value.num));
@@ -416,11 +498,12 @@ class Machine {
 
   void push_string(size_t length) {
     need(length);
-    if (!valid_utf8(data_ + pos_, length)) decline("not UTF-8");
+    const uint8_t* text = bytes_at(pos_);
+    if (!valid_utf8(text, length)) decline("not UTF-8");
     StrRef ref;
-    ref.offset = pos_;
+    ref.bytes = arena_.text_pool.add(text, length);
     ref.length = length;
-    ref.field = field_named(data_ + pos_, length);
+    ref.field = field_named(text, length);
     arena_.strings.push_back(ref);
     pos_ += length;
     push(Value{Kind::Str, static_cast<int64_t>(arena_.strings.size() - 1)});
@@ -430,7 +513,7 @@ class Machine {
   void push_long1(size_t at) {
     const size_t length = byte();
     need(length);
-    const uint8_t* digits = data_ + pos_;
+    const uint8_t* digits = bytes_at(pos_);
     bool uint64_max = length == 9 && digits[8] == 0x00;
     for (size_t k = 0; uint64_max && k < 8; ++k) uint64_max = digits[k] == 0xFF;
     Token token = Token::Other;
@@ -477,16 +560,26 @@ class Machine {
     }
     MemoSlot& slot = memo_.at(index);
     if (!slot.present) ++memo_len_;
-    slot = MemoSlot{stack_.back().num, stack_.back().kind, true};
+    const Value& top = stack_.back();
+    int64_t num = top.num;
+    if (is_container(top.kind)) {  // its index (under 2**32) and its generation
+      num = static_cast<int64_t>(static_cast<uint64_t>(top.num) |
+                                 (uint64_t{arena_.containers.at(static_cast<size_t>(top.num)).generation} << 32));
+    }
+    slot = MemoSlot{num, top.kind, true};
   }
   void memo_get(uint64_t index) {
     if (index >= memo_.size() || !memo_[index].present) decline("a memo index never put");
-    const Value value{memo_[index].kind, memo_[index].num};
-    if (value.kind == Kind::List || value.kind == Kind::Dict || value.kind == Kind::Tuple) {
+    Value value{memo_[index].kind, memo_[index].num};
+    if (is_container(value.kind)) {
+      const auto packed = static_cast<uint64_t>(value.num);
+      value.num = static_cast<int64_t>(packed & 0xFFFFFFFFu);
       Container& target = arena_.containers.at(static_cast<size_t>(value.num));
-      // A trace entry read as a row (its items perhaps dropped), or a list of them, met again: the
-      // Python checker counts the sharing, and the dict or list may be needed whole.
-      if (target.row || target.columns >= 0) decline("a trace entry met again");
+      // A trace entry read as a row (its container since reused), or a list of them, met again:
+      // the Python checker counts the sharing, and the dict or list would be needed whole.
+      if (target.generation != static_cast<uint32_t>(packed >> 32) || target.row || target.columns >= 0) {
+        decline("a trace entry met again");
+      }
       if (target.refs < std::numeric_limits<uint8_t>::max()) ++target.refs;
     }
     push(value);
@@ -500,16 +593,12 @@ class Machine {
       const Kind key = stack_.at(k).kind;
       if (key == Kind::List || key == Kind::Dict) decline("an unhashable key");
     }
-    if (dict.items.capacity() == 0 && !spare_items_.empty()) {
-      dict.items = std::move(spare_items_.back());
-      spare_items_.pop_back();
-    }
     dict.items.insert(dict.items.end(), stack_.begin() + static_cast<std::ptrdiff_t>(from), stack_.end());
     stack_.resize(from);
   }
   // Items from `from` on were just appended to a list: plain trace entries become rows of the
-  // list's columns (the first one starts them, if there is room), and their dicts' items are
-  // dropped but for the first row's (the format guess reads it).
+  // list's columns (the first one starts them, if there is room), and their dicts' containers are
+  // reused; the list keeps only its first entry, whole (the format guess reads it).
   void appended(const Value& list_value, size_t from) {
     Container& list = arena_.containers.at(static_cast<size_t>(list_value.num));
     if (from == 0 && !list.items.empty() && list.columns < 0 && arena_.columns.size() < kMaxColumnLists &&
@@ -540,15 +629,11 @@ class Machine {
         interning = Interning{};  // tagless: the ids objects remember for this list are never read again
         return;
       }
-      Container& entry = arena_.containers.at(static_cast<size_t>(item.num));
-      entry.row = true;
-      entry.dropped = true;
-      // The items' storage goes to the next entry dict (no malloc and free per entry).
-      if (spare_items_.size() < kSpareItems) {
-        entry.items.clear();
-        spare_items_.push_back(std::move(entry.items));
-      }
-      std::vector<Value>().swap(entry.items);
+      recycle(static_cast<size_t>(item.num));
+    }
+    if (list.items.size() > 1) {  // the rows are columns now: the list holds a value per entry no more
+      list.items.resize(1);
+      list.dropped = true;
     }
   }
 
@@ -556,12 +641,12 @@ class Machine {
   // bytes; 48 leaves room): the columns grow without copies, and pages never touched cost nothing.
   static void reserve_rows(TraceColumns& columns, size_t rows) {
     rows = std::min(rows, size_t{1} << 26);
-    for (auto* column : {&columns.addr, &columns.size, &columns.stream, &columns.time_us, &columns.device_free}) {
-      column->reserve(rows);
-    }
-    for (auto* column : {&columns.action_local, &columns.frames_local, &columns.metadata_local, &columns.context_local}) {
-      column->reserve(rows);
-    }
+    columns.addr.reserve(rows);
+    columns.size.reserve(rows);
+    columns.action_local.reserve(rows);
+    columns.frames_local.reserve(rows);
+    for (auto* column : {&columns.stream, &columns.time_us, &columns.device_free}) column->reserve_rows = rows;
+    for (auto* column : {&columns.metadata_local, &columns.context_local}) column->reserve_rows = rows;
   }
 
   std::vector<Value> take_from(size_t from) {
@@ -581,7 +666,7 @@ class Machine {
       case 0x95: {  // FRAME: CPython reads the whole frame first, so it must be there
         const uint64_t length = little(8);
         if (length > size_ - pos_) decline("truncated frame");
-        need(static_cast<size_t>(length));  // a frame inside a frame must end within it
+        check_room(static_cast<size_t>(length));  // a frame inside a frame must end within it
         if (pos_ + length > frame_end_) frame_end_ = pos_ + static_cast<size_t>(length);
         break;
       }
@@ -612,8 +697,9 @@ class Machine {
       case 0x8A: push_long1(at); return false;  // LONG1 notes its own token
       case 'G': {  // BINFLOAT: big-endian double
         need(8);
+        const uint8_t* bytes = bytes_at(pos_);
         uint64_t bits = 0;
-        for (size_t k = 0; k < 8; ++k) bits = (bits << 8) | data_[pos_ + k];
+        for (size_t k = 0; k < 8; ++k) bits = (bits << 8) | bytes[k];
         pos_ += 8;
         push(Value{Kind::Float, static_cast<int64_t>(bits)});
         break;
@@ -718,14 +804,22 @@ class Machine {
     return false;
   }
 
-  const uint8_t* data_;
+  // The input's bytes [window_start_, window_end_) are at window_: all of them for an input in
+  // memory, else buffer_'s, refilled by fill() from read_.
+  const uint8_t* window_ = nullptr;
+  size_t window_start_ = 0;
+  size_t window_end_ = 0;
   size_t size_;
+  ReadAt read_;
+  size_t chunk_ = 0;
+  std::vector<uint8_t> buffer_;
   size_t pos_ = 0;
   size_t frame_end_ = 0;  // where the last frame read ends (reads that start before it stay in it)
   Arena arena_;
   std::vector<Value> stack_;
   std::vector<size_t> marks_;
-  // A memo entry: the value, and whether it was put (one 16-byte slot: one cache line to read).
+  // A memo entry: the value (a container's index with its generation), and whether it was put
+  // (one 16-byte slot: one cache line to read).
   struct MemoSlot {
     int64_t num = 0;
     Kind kind = Kind::None;
@@ -734,9 +828,7 @@ class Machine {
   std::vector<MemoSlot> memo_;
   std::vector<Interning> interning_;  // of arena_.columns, index for index
   int32_t next_tag_ = 0;  // the next interning table's number
-  // Storage of dropped entries' items, for the next dicts (bounded: each holds one entry's room).
-  static constexpr size_t kSpareItems = 4096;
-  std::vector<std::vector<Value>> spare_items_;
+  std::vector<size_t> free_containers_;  // rows' dicts, to reuse
   uint64_t memo_len_ = 0;
   std::array<Token, 16> history_{};
   size_t history_at_ = 0;
@@ -746,10 +838,13 @@ class Machine {
 
 }  // namespace
 
-ScanResult scan_pickle(const uint8_t* data, size_t size) {
+namespace {
+
+template <typename MakeMachine>
+ScanResult run_machine(MakeMachine make) {
   ScanResult result;
   try {
-    result.arena = Machine(data, size).run();
+    result.arena = make().run();
     result.ok = true;
   } catch (const Declined& declined) {
     result.reason = declined.reason;
@@ -761,6 +856,16 @@ ScanResult scan_pickle(const uint8_t* data, size_t size) {
     result.reason = "too large";
   }
   return result;
+}
+
+}  // namespace
+
+ScanResult scan_pickle(const uint8_t* data, size_t size) {
+  return run_machine([&] { return Machine(data, size); });
+}
+
+ScanResult scan_pickle(ReadAt read, size_t size, size_t chunk) {
+  return run_machine([&] { return Machine(std::move(read), size, chunk); });
 }
 
 Extraction extract_traces(Arena& arena) {
@@ -806,11 +911,11 @@ Extraction extract_traces(Arena& arena) {
     arena.columns.at(index) = TraceColumns{};
     columns.device = device;
     if (!columns.has_user_metadata) {
-      columns.metadata_local = {};
+      columns.metadata_local = LazyColumn<int32_t>{};
       columns.metadata = {};
     }
     if (!columns.has_compile_context) {
-      columns.context_local = {};
+      columns.context_local = LazyColumn<int32_t>{};
       columns.context = {};
     }
     extraction.traces.push_back(std::move(columns));

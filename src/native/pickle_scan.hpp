@@ -1,8 +1,10 @@
 // The snapshot scanner: one pass over a memory snapshot pickle's opcodes (memlens._scan).
 //
 // scan_pickle() runs the opcodes of a pickle the way CPython's C unpickler does, but into a compact
-// arena of values (16 bytes each, strings left in the input buffer) instead of Python objects, and
-// only for the opcodes a memory snapshot uses. Anything else -- every opcode the Python vetting in
+// arena of values (16 bytes each, string bytes copied into the arena's text pool) instead of Python
+// objects, and only for the opcodes a memory snapshot uses. The input is a buffer in memory or a file
+// read a window at a time (a megabyte, more only for a longer opcode): a 1 GB snapshot is never held
+// whole. Anything else -- every opcode the Python vetting in
 // memlens/snapshot/scan.py refuses (globals, sets, DUP, LONG4, ...), the limits it enforces (tuple
 // contents, large-integer and wide-tuple counts, memo indices past the bytes read), a truncated or
 // malformed stream, protocol 0 text opcodes -- ends the scan with a reason: the caller then reads
@@ -11,16 +13,19 @@
 //
 // The trace entries are read into columns as they are appended to their list (a plain entry --
 // a dict met once, fields of the types PyTorch writes, within the reader's bounds -- becomes a row
-// of its list's columns and its dict's items are dropped: the arena never holds the millions of
-// entry dicts), and extract_traces() hands over the columns of each device_traces[d] list that is
+// of its list's columns, its dict's container goes back to be reused and the list keeps only its
+// first entry: the arena never holds the millions of entry dicts), and extract_traces() hands over the columns of each device_traces[d] list that is
 // all such rows (memlens.snapshot.reader._parse_native_trace finishes them). A file that would
 // need a dropped entry as a dict after all (met again through the memo, under another key, a list
 // of entries that turns out not plain after its first rows) is declined. Every access to the input
 // is checked against its length (Reader::need), every container access is at() or explicitly bounded.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,20 +52,66 @@ struct Interned {
 };
 
 struct StrRef {
-  size_t offset = 0;  // into the input buffer
+  const uint8_t* bytes = nullptr;  // in the arena's text pool (never moved once written)
   size_t length = 0;
   Interned interned;
   Field field = Field::None;  // classified once, when the string is read (keys come back by memo)
 };
 
-struct Container {  // 40 bytes: a snapshot has a million of them
+struct Container {
   std::vector<Value> items;  // a dict's keys and values alternate
   Interned interned;  // a frames list's id
   int32_t columns = -1;  // a list: its entries' columns (Arena::columns), or -1
+  // Bumped each time the container is reused for another object: a memo slot remembers the
+  // generation it was put with, so a memo GET of a dropped entry finds it gone, never its successor.
+  uint32_t generation = 0;
   Kind kind = Kind::List;
   uint8_t refs = 0;  // times pushed: creation and each memo GET (saturating; only 1 or more matters)
   bool row = false;  // a dict read as a row of its list's columns
-  bool dropped = false;  // ... whose items were dropped (all rows but a list's first)
+  bool dropped = false;  // a list of rows that keeps only its first entry (the rest are columns)
+};
+
+// The bytes of the strings the arena holds, in blocks that never move (a string_view into the pool
+// stays valid while the pool lives, as the interning tables need), and never more than the strings.
+class TextPool {
+ public:
+  const uint8_t* add(const uint8_t* bytes, size_t length);
+  size_t size() const { return stored_; }
+
+ private:
+  static constexpr size_t kBlock = size_t{1} << 16;
+  std::vector<std::unique_ptr<uint8_t[]>> blocks_;  // filled in turn
+  std::vector<std::unique_ptr<uint8_t[]>> long_;  // a string over a quarter block gets its own
+  size_t room_ = 0;  // bytes free at the end of the last block
+  size_t stored_ = 0;
+};
+
+// A column that costs nothing while every row holds its first value (streams, OOM free bytes,
+// metadata ids and, in old files, times often do): the values are written out only from the first
+// row that differs.
+template <typename T>
+struct LazyColumn {
+  size_t rows = 0;
+  T first{};
+  std::vector<T> values;  // empty while constant
+  size_t reserve_rows = 0;  // room to take when it stops being constant
+
+  bool constant() const { return values.empty(); }
+  void push(T value) {
+    if (values.empty()) {
+      if (rows == 0) {
+        first = value;
+      } else if (value != first) {
+        values.reserve(std::max(reserve_rows, rows + 1));
+        values.assign(rows, first);
+        values.push_back(value);
+      }
+    } else {
+      values.push_back(value);
+    }
+    ++rows;
+  }
+  T at(size_t row) const { return values.empty() ? first : values.at(row); }
 };
 
 // Limits of the Python vetting (memlens/snapshot/scan.py): the same numbers.
@@ -80,32 +131,36 @@ inline constexpr int64_t kPlausibleBytes = int64_t{1} << 44;  // validate.PLAUSI
 
 // A device's trace as columns. Local indices point into the distinct tables, in order of first
 // appearance (the order the Python reader meets them, so interning gives the same ids).
+// Most distinct action strings a list read as columns may hold (PyTorch writes nine): the action
+// column is one byte a row; a list with more is read the Python way.
+inline constexpr size_t kMaxActions = 255;
+
 struct TraceColumns {
   size_t list = 0;  // the list's container
   size_t device = 0;
   size_t rows = 0;
   bool has_time = false;
-  std::vector<int32_t> action_local;
+  std::vector<uint8_t> action_local;
   std::vector<Value> actions;  // distinct action strings (by content)
-  std::vector<int64_t> addr, size, stream, time_us, device_free;
+  std::vector<int64_t> addr, size;
+  LazyColumn<int64_t> stream, time_us, device_free;
   std::vector<int32_t> frames_local;
   std::vector<Value> frames;  // distinct frames values (by identity): None or a list
   bool has_user_metadata = false, has_compile_context = false;
-  std::vector<int32_t> metadata_local, context_local;
+  LazyColumn<int32_t> metadata_local, context_local;
   std::vector<Value> metadata, context;  // distinct strings (by content) or None
   Value first_entry;  // for the format guess
   std::vector<uint8_t> action_is_oom;  // per distinct action
 };
 
 struct Arena {
-  const uint8_t* data = nullptr;  // the input; not owned, must outlive the arena
-  size_t size = 0;
+  TextPool text_pool;  // the strings' bytes (the input is not kept: it may be read a window at a time)
   std::vector<StrRef> strings;
   std::vector<Container> containers;
   std::vector<TraceColumns> columns;  // of the lists whose entries are rows (at most kMaxColumnLists)
   Value root;
 
-  // The string's bytes, checked against the input's length.
+  // The string's bytes.
   std::string_view text(const Value& value) const;
   const Container& container(const Value& value) const { return containers.at(static_cast<size_t>(value.num)); }
 };
@@ -118,6 +173,14 @@ struct ScanResult {
 
 // Runs the pickle in data[0, size). ok == false: declined, with the reason.
 ScanResult scan_pickle(const uint8_t* data, size_t size);
+
+// Reads up to `length` bytes of the input at `offset` into `into`: how many it read (0: none left,
+// the input ended early). It may be called from a thread that holds no Python state.
+using ReadAt = std::function<size_t(uint64_t offset, uint8_t* into, size_t length)>;
+
+// Runs the pickle in the `size` bytes `read` serves, holding a window of `chunk` bytes at a time
+// (more only while one opcode needs more). An input that ends before `size` bytes is "truncated".
+ScanResult scan_pickle(ReadAt read, size_t size, size_t chunk = size_t{1} << 20);
 
 struct Extraction {
   bool ok = true;

@@ -1,17 +1,27 @@
 // memlens._scan: the snapshot scanner (pickle_scan.hpp) for Python.
 //
-// scan(data) -> (False, reason) when the scanner declines (the caller reads the file on the Python
-// path), or (True, (raw, traces)): raw is the snapshot as plain Python objects, exactly what the
-// restricted unpickler would build (memoised objects shared as the pickle shares them), except that
-// each device_traces[d] read as columns is None there; traces holds those devices' columns
-// (memlens.snapshot.reader._parse_native_trace turns them into a DeviceTrace).
+// scan(data) and scan_file(fd, size) -> (False, reason) when the scanner declines (the caller reads
+// the file on the Python path), or (True, (raw, traces)): raw is the snapshot as plain Python
+// objects, exactly what the restricted unpickler would build (memoised objects shared as the pickle
+// shares them), except that each device_traces[d] read as columns is None there; traces holds those
+// devices' columns (memlens.snapshot.reader._parse_native_trace turns them into a DeviceTrace). A
+// column that holds one value throughout comes as (value, rows). scan_file reads the file a
+// megabyte at a time through pread(), never holding it whole.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <cerrno>
+#include <climits>
 #include <cstring>
 #include <unordered_map>
 #include <unordered_set>
+
+#ifdef _WIN32
+#include <io.h>
+#else
+#include <unistd.h>
+#endif
 
 #include "pickle_scan.hpp"
 
@@ -108,21 +118,21 @@ nb::object column(std::vector<T>&& values) {
   return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(owned->data(), 1, shape, owner));
 }
 
+// A lazy column: its values, or (value, rows) while every row holds its first value.
+template <typename T>
+nb::object column(LazyColumn<T>&& lazy) {
+  if (lazy.constant()) return nb::make_tuple(lazy.first, lazy.rows);
+  return column(std::move(lazy.values));
+}
+
 nb::list values(Converter& converter, const std::vector<Value>& items) {
   nb::list out;
   for (const Value& item : items) out.append(converter.value(item));
   return out;
 }
 
-nb::object scan(nb::bytes data) {
-  const auto* bytes = static_cast<const uint8_t*>(data.data());
-  ScanResult result;
-  Extraction extraction;
-  {
-    nb::gil_scoped_release released;  // the opcodes and columns need no Python
-    result = scan_pickle(bytes, data.size());
-    if (result.ok) extraction = extract_traces(result.arena);
-  }
+// The scan's answer as Python objects (see the top of this file).
+nb::object to_python(ScanResult& result, Extraction& extraction) {
   if (!result.ok) return nb::make_tuple(false, result.reason);
   if (!extraction.ok) return nb::make_tuple(false, extraction.reason);
   std::unordered_set<int64_t> skipped;
@@ -170,6 +180,46 @@ nb::object scan(nb::bytes data) {
   }
 }
 
+nb::object scan(nb::bytes data) {
+  const auto* bytes = static_cast<const uint8_t*>(data.data());
+  ScanResult result;
+  Extraction extraction;
+  {
+    nb::gil_scoped_release released;  // the opcodes and columns need no Python
+    result = scan_pickle(bytes, data.size());
+    if (result.ok) extraction = extract_traces(result.arena);
+  }
+  return to_python(result, extraction);
+}
+
+// Up to `length` bytes of the file at `offset`: 0 at its end or on an error (the scan then
+// declines as truncated, and the Python path reads the file and says what is wrong).
+size_t read_at(int fd, uint64_t offset, uint8_t* into, size_t length) {
+  length = std::min<size_t>(length, INT_MAX);
+  while (true) {
+#ifdef _WIN32
+    if (_lseeki64(fd, static_cast<__int64>(offset), SEEK_SET) < 0) return 0;
+    const int got = _read(fd, into, static_cast<unsigned int>(length));
+#else
+    const ssize_t got = ::pread(fd, into, length, static_cast<off_t>(offset));
+#endif
+    if (got < 0 && errno == EINTR) continue;
+    return got < 0 ? 0 : static_cast<size_t>(got);
+  }
+}
+
+nb::object scan_file(int fd, uint64_t size, size_t chunk) {
+  ScanResult result;
+  Extraction extraction;
+  {
+    nb::gil_scoped_release released;  // the reads, opcodes and columns need no Python
+    result = scan_pickle([fd](uint64_t offset, uint8_t* into, size_t length) { return read_at(fd, offset, into, length); },
+                         static_cast<size_t>(size), chunk);
+    if (result.ok) extraction = extract_traces(result.arena);
+  }
+  return to_python(result, extraction);
+}
+
 }  // namespace
 }  // namespace memlens::scan
 
@@ -177,4 +227,7 @@ NB_MODULE(_scan, m) {
   m.doc() = "memlens's native snapshot scanner (see src/native/pickle_scan.hpp)";
   m.def("scan", &memlens::scan::scan, nb::arg("data"),
         "Scan a snapshot pickle: (False, reason) when declined, else (True, (raw, traces)).");
+  m.def("scan_file", &memlens::scan::scan_file, nb::arg("fd"), nb::arg("size"), nb::arg("chunk") = size_t{1} << 20,
+        "Scan the snapshot pickle of `size` bytes in the open file `fd` (read with pread, `chunk` "
+        "bytes at a time): (False, reason) when declined, else (True, (raw, traces)).");
 }

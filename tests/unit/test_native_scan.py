@@ -114,6 +114,8 @@ DECLINED = {
     "oom free negative": dumps(snapshot(device_traces=[[entry("oom", 0, 512, device_free=-5)]])),
     "global": pickle.dumps({"segments": [], "device_traces": [], "x": os.getcwd}, protocol=4),
     "truncated": dumps(snapshot())[:-40],
+    # The action column is a byte a row: a list of more distinct actions goes the Python way.
+    "300 distinct actions": dumps(snapshot(device_traces=[[entry(f"action {k}", 512 * k, 512) for k in range(300)]])),
 }
 SHARED_TRACES: list[Any] = [[entry("alloc", 0, 512)]]
 SELF_HOLDING: dict[str, Any] = snapshot()
@@ -151,6 +153,10 @@ _LIST_TWICE = [entry("alloc", 0, 512), entry("free_requested", 0, 512)]
 DROPPED_NEEDED = {
     # An entry met again through the memo after its row was read (a later key holds it).
     "entry met again": dumps(snapshot(device_traces=[_SHARED_LATE], later=_SHARED_LATE[1])),
+    # ... after its container was reused by the dicts read since (a row's dict is reused at once).
+    "entry met again after its container was reused": dumps({
+        "device_traces": [_SHARED_LATE], "segments": [{"address": 0, "blocks": [{"size": k}]} for k in range(5)],
+        "later": _SHARED_LATE[0]}),
     # The last entry is not plain: the rows before it are needed as dicts (the Python way).
     "last entry not plain": dumps(snapshot(device_traces=[_NOT_PLAIN_LAST])),
     # Entries that look like a trace's under another key: converted as dicts, so declined.
@@ -170,6 +176,85 @@ READ_AS_ROWS = {
     "first entry not plain": dumps(snapshot(device_traces=[[entry("alloc", 0, -1), *_ROWS]])),
     "second entry not plain": dumps(snapshot(device_traces=[[_ROWS[0], entry("alloc", 0, -1), *_ROWS[1:]]])),
 }
+
+
+def _scanned_both_ways(data: bytes, tmp_path: Path) -> tuple[Any, Any]:
+    """The scan of ``data`` in memory, and of the same bytes in a file read through a window of 7
+    bytes (every opcode straddles a refill), each as ``fingerprint``s."""
+    path = _write(tmp_path, data, "windowed.pickle")
+    with path.open("rb") as handle:
+        windowed = native_scan.scan_file(handle.fileno(), len(data), chunk=7)
+    return fingerprint(native_scan.scan(data)), fingerprint(windowed)
+
+
+WINDOWED_CASES = {**{f"declined: {k}": v for k, v in DECLINED.items()}, **{f"read: {k}": v for k, v in READ.items()},
+                  **{f"dropped: {k}": v for k, v in DROPPED_NEEDED.items()},
+                  **{f"rows: {k}": v for k, v in READ_AS_ROWS.items()}}
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWED_CASES))
+def test_a_file_read_through_a_small_window_scans_as_in_memory(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("MEMLENS_PURE_PYTHON", raising=False)
+    in_memory, windowed = _scanned_both_ways(WINDOWED_CASES[name], tmp_path)
+    assert windowed == in_memory
+
+
+@pytest.mark.parametrize("path", [*SAMPLES, *real_snapshot_paths()], ids=lambda p: p.name)
+def test_samples_and_real_snapshots_read_through_a_small_window_scan_as_in_memory(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("MEMLENS_PURE_PYTHON", raising=False)
+    data = path.read_bytes()
+    in_memory, windowed = _scanned_both_ways(data, tmp_path)
+    assert windowed == in_memory
+    raw, _reason = native_scan.scan(data)
+    assert raw is not None
+
+
+def test_a_file_cut_short_after_it_was_opened_gets_the_python_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scanner reads the file as it is while it reads (a megabyte at a time), not a copy taken
+    when it was opened: one that shrank since (rewritten in place) is declined, and the Python
+    path says what it now holds."""
+    from memlens.files import open_regular
+
+    data = dumps(snapshot(device_traces=[[entry("alloc", 512 * k, 512) for k in range(2000)]]))
+    answers = []
+    for pure_python in (False, True):
+        path = _write(tmp_path, data, f"cut-{pure_python}.pickle")
+        opened = open_regular(path)
+        try:
+            os.truncate(path, len(data) // 2)
+            raw, reason = native_scan.scan_file(opened.fd, opened.size)
+            assert raw is None and reason == "truncated"
+            if pure_python:
+                monkeypatch.setenv("MEMLENS_PURE_PYTHON", "1")
+            else:
+                monkeypatch.delenv("MEMLENS_PURE_PYTHON", raising=False)
+            with pytest.raises(MemlensFormatError) as refused:
+                memlens.load(opened, cache=False)
+            answers.append(str(refused.value).replace(path.name, "FILE"))
+        finally:
+            opened.close()
+    assert answers[0] == answers[1]
+
+
+def test_columns_that_hold_one_value_cost_one_element(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream, OOM free bytes or metadata that never change over a trace are one element, read-only
+    (``model.constant_column``); a column whose value changes once is written out whole."""
+    monkeypatch.delenv("MEMLENS_PURE_PYTHON", raising=False)
+    rows = [entry("alloc", 512 * k, 512, stream=7, time_us=1_700_000_000_000_000 + k) for k in range(100)]
+    raw, _reason = native_scan.scan(dumps(snapshot(device_traces=[rows])))
+    trace = raw["device_traces"][0]
+    assert trace.stream.strides == (0,) and not trace.stream.flags.writeable and len(trace.stream) == 100
+    assert trace.stream.tolist() == [7] * 100 and trace.device_free.strides == (0,)
+    assert trace.time_us.strides == (8,) and trace.action_local.dtype == np.uint8
+    rows[-1] = entry("alloc", 0, 512, stream=8)
+    raw, _reason = native_scan.scan(dumps(snapshot(device_traces=[rows])))
+    assert raw["device_traces"][0].stream.tolist() == [7] * 99 + [8]
 
 
 @pytest.mark.parametrize("name", sorted(DROPPED_NEEDED))
