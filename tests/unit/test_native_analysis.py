@@ -10,7 +10,8 @@ sweep declines and the Python pass measures. ``history_allocates_first`` is
 ``memlens.analysis.lifetimes._pair_rows``. ``curve_changes`` is ``_curve_changes``, numpy's running
 sums: ``build_curves`` on either must give the same trace, every array byte for byte, and the same
 ``CurveOverflow`` (sums past 2**56, and past int64, where numpy wraps without a word) on the same
-files, windows and crafted histories.
+files, windows and crafted histories. ``block_sizes`` rounds by the default rule in place
+(``_round_in_place``): it must give ``round_sizes``'s sizes, at the 512 B edges and int64's ends.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ import pytest
 
 from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator
 from memlens.allocator.engine import native_module
-from memlens.snapshot.blocks import block_sizes
+from memlens.snapshot.blocks import _round_in_place, block_sizes, round_sizes
 from memlens.snapshot.curves import _curve_changes, _native_curve_changes, build_curves
 from memlens.snapshot.model import Action, Block, DeviceTrace, Segment
 from memlens.snapshot.reader import _rounding_settings, load, parse
+from memlens.snapshot.validate import PLAUSIBLE_BYTES
 from memlens.units import MiB
 from tests.conftest import REPO_ROOT, real_snapshot_paths
 
@@ -389,3 +391,50 @@ def test_native_curves_decline_codes_that_are_not_actions() -> None:
         assert _native_curve_changes(trace, False, True) is None
         _curves_agree(trace, [])
 
+
+# ------------------------------------------------------------------ rounding in place
+_EDGE_SIZES = [0, 1, 2, 511, 512, 513, 1023, 1024, 1025, MiB - 1, MiB, MiB + 1, PLAUSIBLE_BYTES - 513,
+               PLAUSIBLE_BYTES - 1, PLAUSIBLE_BYTES, PLAUSIBLE_BYTES + 1, PLAUSIBLE_BYTES + 511, PLAUSIBLE_BYTES + 512]
+
+
+def _random_sizes(seed: int, extremes: bool) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    pieces = [np.array(_EDGE_SIZES, dtype=np.int64), rng.integers(0, 4096, 500), rng.integers(0, 64 * MiB, 500),
+              rng.integers(PLAUSIBLE_BYTES - 4096, PLAUSIBLE_BYTES + 4096, 500), rng.integers(0, PLAUSIBLE_BYTES, 500)]
+    if extremes:  # past what the reader lets through: the wrapping must be the formula's too
+        highest, lowest = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+        pieces += [np.array([-1, -511, -512, -513, highest, highest - 511, highest - 512, lowest, lowest + 1]),
+                   rng.integers(lowest, highest, 500, endpoint=True)]
+    return rng.permutation(np.concatenate(pieces).astype(np.int64))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rounding_in_place_matches_round_sizes(seed: int) -> None:
+    sizes = _random_sizes(seed, extremes=True)
+    rows = np.random.default_rng(seed).random(sizes.size) < 0.7
+    expected = sizes.copy()
+    expected[rows] = round_sizes(sizes[rows], AllocatorSettings())
+    rounded = sizes.copy()
+    _round_in_place(rounded, rows)
+    assert rounded.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("divisions", [None, 4, {64: 8, 512: 2}])
+@pytest.mark.parametrize("seed", range(3))
+def test_block_sizes_round_as_round_sizes(divisions: Any, seed: int) -> None:
+    """Allocs and frees at their own addresses on no segment (so no tail to measure), between
+    rows of other actions: the rounding alone, on the memory rows only, by the default rule
+    (in place) and by ``roundup_power2_divisions`` (``round_sizes``), from int64 and int32 sizes."""
+    settings = AllocatorSettings(roundup_power2_divisions=divisions)
+    sizes = _random_sizes(seed, extremes=False)
+    n = sizes.size
+    action = np.random.default_rng(seed).choice(
+        np.array([Action.ALLOC, Action.FREE_COMPLETED, Action.OOM, Action.SEGMENT_ALLOC], dtype=np.int8), n)
+    address = _BASE + np.arange(n, dtype=np.int64) * (1 << 45)
+    for column in (sizes, (sizes % (1 << 31)).astype(np.int32)):
+        memory = (action == Action.ALLOC) | (action == Action.FREE_COMPLETED)
+        expected = column.astype(np.int64)
+        expected[memory] = round_sizes(column[memory], settings)
+        for kw in ({}, {"native": False}, {"sweep": True}):
+            got = block_sizes(action, address, column, [], settings, **kw)
+            assert got.dtype == np.int64 and got.tobytes() == expected.tobytes(), kw
