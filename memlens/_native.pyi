@@ -86,6 +86,15 @@ def sweep_large_blocks(
 def history_allocates_first(
     action: npt.NDArray[np.int8], address: npt.NDArray[np.int64], free_action: int, live: npt.NDArray[np.int64]
 ) -> bool: ...
+def curve_changes(
+    action: npt.NDArray[np.int8],
+    block_size: npt.NDArray[np.int64],
+    size: npt.NDArray[np.int64],
+    allocated: npt.NDArray[np.int64],
+    reserved: npt.NDArray[np.int64],
+    frees_at_request: bool,
+    track_pending: bool,
+) -> tuple[int, int, int, int, int, int] | None: ...
 def group_memory_rows(
     action: npt.NDArray[np.int8], address: npt.NDArray[np.int64], release: int
 ) -> tuple[

@@ -66,13 +66,30 @@ _SEGMENT_MAPS = (int(Action.SEGMENT_MAP), int(Action.SEGMENT_UNMAP))
 
 
 def round_sizes(requested: Int64Array, settings: AllocatorSettings) -> Int64Array:
-    """``round_size`` of every request (vectorised; the divisions rule per distinct size)."""
+    """``round_size`` of every request (vectorised; the divisions rule per distinct size).
+    ``block_sizes`` rounds by the default rule in place (``_round_in_place``), held to this."""
     rounded = np.maximum(-(-requested // K_MIN_BLOCK_SIZE), 1) * K_MIN_BLOCK_SIZE
-    if any(d > 1 for d in settings.divisions) and requested.size:
+    if _rounds_by_divisions(settings) and requested.size:
         rounder = CachingAllocatorSimulator(settings, record_history=False)
         distinct, inverse = np.unique(requested, return_inverse=True)
         rounded = np.array([rounder.round_size(int(s)) for s in distinct], dtype=np.int64)[inverse]
     return rounded.astype(np.int64, copy=False)
+
+
+def _rounds_by_divisions(settings: AllocatorSettings) -> bool:
+    """``roundup_power2_divisions`` decides some sizes' rounding, beyond the 512 B multiples."""
+    return any(d > 1 for d in settings.divisions)
+
+
+def _round_in_place(out: Int64Array, rows: np.ndarray) -> None:
+    """``round_sizes`` under the default rule, in place in ``out`` where ``rows`` (a mask) holds:
+    the same int64 ufuncs in the same order (``np.maximum(-(-size // 512), 1) * 512``, wrapping
+    alike at int64's ends), without the four arrays of the rows' size that the expression makes."""
+    np.negative(out, out=out, where=rows)
+    np.floor_divide(out, K_MIN_BLOCK_SIZE, out=out, where=rows)
+    np.negative(out, out=out, where=rows)
+    np.maximum(out, 1, out=out, where=rows)
+    np.multiply(out, K_MIN_BLOCK_SIZE, out=out, where=rows)
 
 
 def uses_expandable_segments(settings: AllocatorSettings, actions: np.ndarray, segments: Sequence[Segment]) -> bool:
@@ -107,10 +124,16 @@ def block_sizes(
     ``native=False`` keeps to the Python passes (the differential tests).
     """
     out = size.astype(np.int64, copy=True)
-    memory_rows = np.flatnonzero((action == _ALLOC) | (action == _FREE_REQUESTED) | (action == _FREE_COMPLETED))
-    if memory_rows.size == 0:
+    # A mask, not the rows' indices: a byte a row where the indices and the sizes they pick took 16.
+    memory = action == _ALLOC
+    memory |= action == _FREE_REQUESTED
+    memory |= action == _FREE_COMPLETED
+    if not memory.any():
         return out
-    out[memory_rows] = round_sizes(size[memory_rows], settings)
+    if size.dtype == np.int64 and not _rounds_by_divisions(settings):
+        _round_in_place(out, memory)
+    else:  # a size column of another type rounds in its own type, as round_sizes does
+        out[memory] = round_sizes(size[memory], settings)
 
     release = _FREE_COMPLETED if bool((action == _FREE_COMPLETED).any()) else _FREE_REQUESTED
     core = native_module() if native is not False and not sweep else None
@@ -118,8 +141,8 @@ def block_sizes(
         grouped = _native_groups(core, action, address, release)
         rows = group_start = None
     else:
-        rows, group_start, grouped = _group_rows(action, address, memory_rows, release)
-    del memory_rows
+        rows, group_start, grouped = _group_rows(action, address, np.flatnonzero(memory), release)
+    del memory
     if not uses_expandable_segments(settings, action, segments):
         large = out > K_SMALL_SIZE
         ghost_rows = grouped.ghost_heads[large[grouped.ghost_heads]]

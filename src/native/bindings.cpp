@@ -13,6 +13,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -676,6 +677,81 @@ bool history_allocates_first(Codes action_in, Column address_in, int64_t free_ac
   return true;
 }
 
+// ------------------------------------------------------------------ memory curves
+// memlens.snapshot.curves._curve_changes in one pass over the rows, without its full-size
+// temporaries (a sign column, its products, np.abs of each sum, the pending-free sum). Fills
+// ``allocated`` and ``reserved`` with the running allocated and reserved change after each row,
+// exactly numpy's int64 cumsums, wrapping as they wrap (modulo 2**64), so that the caller's
+// overflow test reads the very sums the reference gives. Returns (the last allocated change, the
+// largest |allocated change|, the last reserved change, the largest |reserved change|, the last
+// pending-free change, the largest pending-free change), each as numpy gives it (np.abs wraps
+// too: |INT64_MIN| is INT64_MIN); the pending figures are 0 unless ``track_pending``. A block
+// leaves the allocated curve at its free_requested row when ``frees_at_request``, else at its
+// free_completed row. Returns None for an action code that is not an Action: the reference
+// indexes its tables with the codes, so it alone says what such a column gives.
+nb::object curve_changes(Codes action_in, Column block_size_in, Column size_in, Sizes allocated_in,
+                         Sizes reserved_in, bool frees_at_request, bool track_pending) {
+  constexpr int kActionCount = 10;  // memlens.snapshot.model.Action
+  const size_t n = action_in.shape(0);
+  if (block_size_in.shape(0) != n || size_in.shape(0) != n || allocated_in.shape(0) != n ||
+      reserved_in.shape(0) != n) {
+    throw UsageError("curve columns differ in length");
+  }
+  const int8_t* action = action_in.data();
+  const int64_t* block_size = block_size_in.data();
+  const int64_t* size = size_in.data();
+  int64_t* allocated = allocated_in.data();
+  int64_t* reserved = reserved_in.data();
+  const int release = frees_at_request ? kFreeRequested : kFreeCompleted;
+  // The sums in uint64_t: its arithmetic wraps as numpy's int64 does, where int64_t's overflow is
+  // undefined. Back to int64_t modulo 2**64: implementation-defined before C++20, and so on every
+  // compiler memlens builds with (GCC, Clang, MSVC).
+  auto as_signed = [](uint64_t value) { return static_cast<int64_t>(value); };
+  auto magnitude = [&](uint64_t value) { return as_signed(as_signed(value) < 0 ? 0 - value : value); };
+  uint64_t allocated_sum = 0, reserved_sum = 0, pending_sum = 0;
+  int64_t allocated_largest = std::numeric_limits<int64_t>::min(), reserved_largest = allocated_largest,
+          pending_largest = allocated_largest;
+  bool foreign_code = false;
+  {
+    nb::gil_scoped_release released;  // the columns need no Python
+    for (size_t i = 0; i < n; ++i) {
+      const int act = action[i];
+      if (act < 0 || act >= kActionCount) {
+        foreign_code = true;
+        break;
+      }
+      const uint64_t block = static_cast<uint64_t>(block_size[i]);
+      if (act == kAlloc) {
+        allocated_sum += block;
+      } else if (act == release) {
+        allocated_sum -= block;
+      }
+      if (act == kSegmentAlloc || act == kSegmentMap) {
+        reserved_sum += static_cast<uint64_t>(size[i]);
+      } else if (act == kSegmentFree || act == kSegmentUnmap) {
+        reserved_sum -= static_cast<uint64_t>(size[i]);
+      }
+      allocated[i] = as_signed(allocated_sum);
+      reserved[i] = as_signed(reserved_sum);
+      allocated_largest = std::max(allocated_largest, magnitude(allocated_sum));
+      reserved_largest = std::max(reserved_largest, magnitude(reserved_sum));
+      if (track_pending) {
+        if (act == kFreeRequested) {
+          pending_sum += block;
+        } else if (act == kFreeCompleted) {
+          pending_sum -= block;
+        }
+        pending_largest = std::max(pending_largest, as_signed(pending_sum));
+      }
+    }
+  }
+  if (foreign_code) return nb::none();
+  if (n == 0) allocated_largest = reserved_largest = pending_largest = 0;  // numpy has no max of nothing
+  if (!track_pending) pending_largest = 0;
+  return nb::make_tuple(as_signed(allocated_sum), allocated_largest, as_signed(reserved_sum), reserved_largest,
+                        as_signed(pending_sum), pending_largest);
+}
+
 }  // namespace
 }  // namespace memlens
 
@@ -756,6 +832,8 @@ NB_MODULE(_native, m) {
   m.def("group_memory_rows", &group_memory_rows, "action"_a, "address"_a, "release"_a);
   m.def("pair_lifetime_rows", &pair_lifetime_rows, "action"_a, "address"_a, "free_action"_a);
   m.def("history_allocates_first", &history_allocates_first, "action"_a, "address"_a, "free_action"_a, "live"_a);
+  m.def("curve_changes", &curve_changes, "action"_a, "block_size"_a, "size"_a, "allocated"_a, "reserved"_a,
+        "frees_at_request"_a, "track_pending"_a);
   m.def("sweep_large_blocks", &sweep_large_blocks, "out"_a, "action"_a, "address"_a, "large"_a, "release"_a,
         "segment_addresses"_a, "segment_sizes"_a, "max_split"_a, "ghost_rows"_a, "untouched"_a);
 }
