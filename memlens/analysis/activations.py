@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from memlens.analysis.categories import Phases
 from memlens.analysis.context import DeviceContext
 from memlens.analysis.datatypes import Evidence, EvidenceItem, Finding, Severity, amount, fact
 from memlens.analysis.lifetimes import byte_counts
@@ -75,15 +76,13 @@ def forward_ends(ctx: DeviceContext) -> tuple[npt.NDArray[np.int64], npt.NDArray
     return np.where(moved, first_row - 1, peaks), moved
 
 
-def find(ctx: DeviceContext) -> list[Finding]:
-    n = ctx.events
-    phases = ctx.phases
-    if n == 0 or phases.start.size == 0:
-        return []
-    lt = ctx.lifetimes
-    ends, moved = forward_ends(ctx)
-    a, f = lt.alloc_event, lt.free_event
-    backward_stack = ctx.facts.backward[lt.stack_id]
+_CHUNK = 1 << 18
+
+
+def _plateau_rows(a: npt.NDArray[np.int64], f: npt.NDArray[np.int64], backward_stack: npt.NDArray[np.bool_], n: int,
+                  phases: Phases, ends: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """For lifetimes allocated at rows ``a`` and freed at ``f``: the phase-step each belongs to,
+    and whether it is held across that step's forward end (an activation)."""
     # Made in forward and left for backward: per step, made by the end of forward outside
     # optimizer.step and autograd, freed after it inside the step.
     made = a >= 0
@@ -98,8 +97,24 @@ def find(ctx: DeviceContext) -> list[Finding]:
     k_freed = phases.step_of(np.where(ghost, f, -1))
     kf = np.maximum(k_freed, 0)
     ghost_act = ghost & (k_freed >= 0) & (f > ends[kf]) & (f <= phases.backward_end[kf])
-    owner = np.where(act, k_made, k_freed)
-    chosen = act | ghost_act
+    return np.where(act, k_made, k_freed), act | ghost_act
+
+
+def find(ctx: DeviceContext) -> list[Finding]:
+    n = ctx.events
+    phases = ctx.phases
+    if n == 0 or phases.start.size == 0:
+        return []
+    lt = ctx.lifetimes
+    ends, moved = forward_ends(ctx)
+    # Each lifetime's step and whether it counts, a range of lifetimes at a time (each is decided
+    # on its own; a dozen temporaries over millions of lifetimes would be the analysis's peak).
+    owner = np.empty(len(lt), dtype=np.int64)
+    chosen = np.empty(len(lt), dtype=bool)
+    for lo in range(0, len(lt), _CHUNK):
+        at = slice(lo, lo + _CHUNK)
+        owner[at], chosen[at] = _plateau_rows(lt.alloc_event[at], lt.free_event[at],
+                                              ctx.facts.backward[lt.stack_id[at]], n, phases, ends)
     heights = byte_counts(owner[chosen], lt.size[chosen], phases.start.size)
     # Prefer whole steps: a partial head step is often setup (model copies), not a forward pass.
     complete = np.array([not s.partial for s in ctx.steps], dtype=bool)

@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memlens.analysis.datatypes import CATEGORIES, Step
-from memlens.analysis.lifetimes import Lifetimes, byte_counts
+from memlens.analysis.lifetimes import Lifetimes
 from memlens.analysis.stacks import StackFacts
 from memlens.sidecar import TensorRoles
 
@@ -78,6 +78,12 @@ class Phases:
         return np.where(valid & (events < self.opt_end[k_safe]), k, -1)
 
 
+# Lifetimes handled at a time where each is handled on its own (build_phases' step-local mask,
+# _infer): a dozen per-lifetime temporaries over millions of lifetimes would otherwise be the
+# analysis's peak memory.
+_INFER_CHUNK = 1 << 18
+
+
 def build_phases(
     steps: list[Step], events: int, windows: list[tuple[int, int]], lifetimes: Lifetimes
 ) -> Phases:
@@ -101,13 +107,20 @@ def build_phases(
     if events == 0 or start.size == 0:
         return phases
     # Step-local memory: lifetimes made and freed inside one step, outside optimizer.step.
+    # Their bytes added at the alloc's row and taken away at the free's, a range of lifetimes at a
+    # time (a few temporaries per lifetime, none per row). A row allocates or frees at most one
+    # block, so each row's change is one size, exact in float64 in any order of summing.
     a, f = lifetimes.alloc_event, lifetimes.free_event
-    step_a = phases.step_of(a)
-    local = (step_a >= 0) & (phases.step_of(np.minimum(f, events - 1)) == step_a) & (f < events)
-    local &= phases.optimizer_window_of(a) < 0
-    delta = byte_counts(a[local], lifetimes.size[local], events + 1)
-    delta -= byte_counts(f[local], lifetimes.size[local], events + 1)
-    curve = np.cumsum(delta[:events])
+    delta = np.zeros(events + 1, dtype=np.float64)
+    for lo in range(0, a.size, _INFER_CHUNK):
+        a_range, f_range = a[lo:lo + _INFER_CHUNK], f[lo:lo + _INFER_CHUNK]
+        step_a = phases.step_of(a_range)
+        local = ((step_a >= 0) & (phases.step_of(np.minimum(f_range, events - 1)) == step_a) & (f_range < events)
+                 & (phases.optimizer_window_of(a_range) < 0))
+        weights = lifetimes.size[lo:lo + _INFER_CHUNK][local].astype(np.float64)
+        np.add.at(delta, a_range[local], weights)
+        np.subtract.at(delta, f_range[local], weights)
+    curve = np.cumsum(delta[:events], out=delta[:events])
     peaks = start.copy()
     # Steps do not overlap in real files; where they do (START scopes never closed, say 500,000
     # of them), each range stops at the next step's start so the argmaxes stay linear in rows.
@@ -225,17 +238,23 @@ def classify(
 
 
 def _infer(lifetimes: Lifetimes, phases: Phases, facts: StackFacts, has_history: bool) -> npt.NDArray[np.int8]:
-    n = lifetimes.events
-    a, f = lifetimes.alloc_event, lifetimes.free_event
-    category = np.full(a.size, UNKNOWN, dtype=np.int8)
-    if a.size == 0:
-        return category
-    ghost = a < 0
+    category = np.full(len(lifetimes), UNKNOWN, dtype=np.int8)
     if not has_history:
         return category  # a state-only snapshot: nothing tells what a block is
+    for lo in range(0, category.size, _INFER_CHUNK):
+        hi = min(lo + _INFER_CHUNK, category.size)
+        _infer_range(category[lo:hi], lifetimes.alloc_event[lo:hi], lifetimes.free_event[lo:hi],
+                     lifetimes.stack_id[lo:hi], lifetimes.events, phases, facts)
+    return category
+
+
+def _infer_range(category: npt.NDArray[np.int8], a: I64, f: I64, stack_id: npt.NDArray[np.int32], n: int,
+                 phases: Phases, facts: StackFacts) -> None:
+    """The categories of one range of lifetimes (allocated at rows ``a``, freed at ``f``), in place."""
+    ghost = a < 0
     category[ghost & (f >= n)] = PARAMETERS
     # Blocks made before the window under optimizer frames are its state (e.g. Adam moments).
-    category[ghost & (f >= n) & facts.optimizer[lifetimes.stack_id]] = OPTIMIZER_STATE
+    category[ghost & (f >= n) & facts.optimizer[stack_id]] = OPTIMIZER_STATE
     # A ghost freed during a step's backward was an activation of a step the window cut.
     ghost_freed = ghost & (f < n)
     k_free = phases.step_of(np.where(ghost_freed, f, -1))
@@ -254,7 +273,7 @@ def _infer(lifetimes: Lifetimes, phases: Phases, facts: StackFacts, has_history:
 
     rest = made & ~in_opt
     if phases.start.size == 0:
-        return category
+        return
     k = phases.step_of(np.where(rest, a, -1))
     first_start = int(phases.start[0])
     before = rest & (k < 0) & (a < first_start)
@@ -271,7 +290,7 @@ def _infer(lifetimes: Lifetimes, phases: Phases, facts: StackFacts, has_history:
     peak = phases.forward_peak[ks]
     end = phases.end[ks]
     backward_end = phases.backward_end[ks]
-    backward_stack = facts.backward[lifetimes.stack_id]
+    backward_stack = facts.backward[stack_id]
     forward = in_step & (a <= peak) & ~backward_stack
     # Backward: under autograd's frames, or (stacks or not) between the forward peak and the
     # first optimizer row. Rows after optimizer.step began (outside it) are not backward.
@@ -284,7 +303,6 @@ def _infer(lifetimes: Lifetimes, phases: Phases, facts: StackFacts, has_history:
     # Made after backward (e.g. an evaluation forward after optimizer.step): freed inside the
     # step it is a temporary; kept past the step it stays unknown (see the module docstring).
     category[after_backward & (f < end)] = TEMPORARY
-    return category
 
 
 def bytes_by_category(category: npt.NDArray[np.int8], size: I64, mask: npt.NDArray[np.bool_]) -> dict[str, int]:
