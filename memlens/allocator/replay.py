@@ -726,7 +726,8 @@ class _Replay:
         actions = np.ascontiguousarray(trace.action, dtype=np.int8)
         addresses = np.ascontiguousarray(trace.address, dtype=np.int64)
         sizes = np.ascontiguousarray(trace.size, dtype=np.int64)
-        streams = np.ascontiguousarray(trace.stream, dtype=np.int64)
+        # Any stride: one stream throughout is one element (a constant column), read in place.
+        streams = trace.stream if trace.stream.dtype == np.int64 else trace.stream.astype(np.int64)
         releases_at = np.zeros(len(actions), dtype=np.uint8)
         for row, decided in empty_cache_at.items():
             releases_at[row] = decided

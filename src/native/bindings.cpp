@@ -28,6 +28,9 @@ namespace {
 using Column = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Mask = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Codes = nb::ndarray<const int8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;  // action codes
+// A column of any stride: a stream column that holds one value throughout is one element with a
+// zero stride (memlens.snapshot.model.constant_column), read in place rather than written out.
+using StridedColumn = nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu>;
 
 // A frames argument as given: None and an omitted one are both "no frames" (Python's falsy None).
 Frames frames_of(const nb::handle& frames) { return frames.is_none() ? Frames() : nb::borrow(frames); }
@@ -213,7 +216,7 @@ struct HookGuard {
 };
 
 // _Replay.run's loop: the same decisions in the same order; returns the raw figures.
-nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Column sizes_in, Column streams_in,
+nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Column sizes_in, StridedColumn streams_in,
                 Mask completes_in, Mask empty_cache_in, Column hint_addresses, Column hint_sizes,
                 bool use_recorded_addresses, std::vector<int64_t> seeded_live,
                 std::vector<std::pair<int64_t, int64_t>> recorded_initial, bool over_capacity, nb::object observer) {
@@ -227,7 +230,9 @@ nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Col
   const int8_t* actions = actions_in.data();
   const int64_t* addresses = addresses_in.data();
   const int64_t* sizes = sizes_in.data();
-  const int64_t* streams = streams_in.data();
+  const int64_t* stream_data = streams_in.data();
+  const int64_t stream_stride = streams_in.stride(0);
+  auto stream_of = [&](size_t row) { return stream_data[static_cast<int64_t>(row) * stream_stride]; };
   const uint8_t* completes = completes_in.data();
   const uint8_t* empty_cache_at = empty_cache_in.data();
   const bool observing = !observer.is_none();
@@ -271,7 +276,7 @@ nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Col
       const int64_t address = addresses[i];
       int64_t sim_address;
       try {
-        sim_address = sim.malloc(sizes[i], streams[i], none);
+        sim_address = sim.malloc(sizes[i], stream_of(i), none);
       } catch (const OutOfMemory&) {
         oom_event = static_cast<int64_t>(i);
         oom_size = sizes[i];
@@ -337,7 +342,7 @@ nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Col
       // The request that failed in the recorded run is not an alloc row: try it here.
       int64_t trial;
       try {
-        trial = sim.malloc(sizes[i], streams[i], none);
+        trial = sim.malloc(sizes[i], stream_of(i), none);
       } catch (const OutOfMemory&) {
         oom_event = static_cast<int64_t>(i);
         oom_size = sizes[i];
