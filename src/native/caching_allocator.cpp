@@ -198,18 +198,21 @@ std::vector<std::pair<int64_t, bool>> CachingAllocator::cached_blocks(bool small
 std::tuple<int64_t, int64_t, int64_t, int64_t> CachingAllocator::cached_summary(bool small, int64_t stream,
                                                                                 bool pieces_only) const {
   const BlockPool& pool = small ? small_ : large_;
-  int64_t total = 0, whole_bytes = 0, largest = 0, count = 0;
   auto found = pool.blocks.find(stream);
-  if (found == pool.blocks.end()) return {0, 0, 0, 0};
-  for (const Block* block : found->second) {
-    bool whole = !block->is_split() && block->expandable == nullptr;
-    if (pieces_only && whole) continue;
-    total += block->size;
-    if (whole) whole_bytes += block->size;
-    largest = std::max(largest, block->size);
-    count += 1;
+  if (found == pool.blocks.end() || found->second.empty()) return {0, 0, 0, 0};
+  const FreeBlocks& blocks = found->second;
+  const FreeTotals& totals = pool.totals.at(stream);
+  const auto count = static_cast<int64_t>(blocks.size());
+  if (!pieces_only) return {totals.bytes, totals.whole_bytes, blocks.rbegin()->size, count};
+  // Without the whole segments (once, at an OOM): the largest piece, from the largest block down.
+  int64_t largest = 0;
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    if (!it->whole) {
+      largest = it->size;
+      break;
+    }
   }
-  return {total, whole_bytes, largest, count};
+  return {totals.bytes - totals.whole_bytes, 0, largest, count - totals.whole_count};
 }
 
 std::optional<int64_t> CachingAllocator::segment_base(int64_t address) const {
@@ -330,6 +333,24 @@ std::string CachingAllocator::check_invariants() const {
   if (reserved != reserved_bytes) return "reserved " + std::to_string(reserved) + " != " + std::to_string(reserved_bytes);
   if (allocated != allocated_bytes) return "allocated " + std::to_string(allocated) + " != " + std::to_string(allocated_bytes);
   if (seen.size() != active_.size() + free_count_) return "indexed blocks outside any segment";
+  // The running sums match the cached blocks as they are now (whole or not, as cached_blocks says).
+  for (const BlockPool* pool : {&small_, &large_}) {
+    for (const auto& [stream, blocks] : pool->blocks) {
+      FreeTotals now;
+      for (const FreeEntry& entry : blocks) {
+        if (entry.size != entry.block->size) return "a cached block's size changed in its set";
+        if (entry.whole != (!entry.block->is_split() && entry.block->expandable == nullptr)) {
+          return "a cached block's wholeness changed in its set";
+        }
+        now.add(entry, 1);
+      }
+      auto totals = pool->totals.find(stream);
+      const FreeTotals kept = totals == pool->totals.end() ? FreeTotals{} : totals->second;
+      if (kept.bytes != now.bytes || kept.whole_bytes != now.whole_bytes || kept.whole_count != now.whole_count) {
+        return "cached totals out of step";
+      }
+    }
+  }
   return "";
 }
 
@@ -364,13 +385,19 @@ void CachingAllocator::record(Action action, std::optional<int64_t> address, int
 // ------------------------------------------------------------------ the free index
 void CachingAllocator::insert_free(BlockPool& pool, Block* block) {
   block->gc_base = pool.free_calls;
-  pool.stream_blocks(block->stream).insert(block);
+  auto [entry, inserted] = pool.stream_blocks(block->stream).insert(block);
+  check(inserted, "insert_free of a block cached already");
+  pool.totals[block->stream].add(*entry, 1);
   free_count_ += 1;
 }
 
 void CachingAllocator::remove_free(BlockPool& pool, Block* block) {
   auto found = pool.blocks.find(block->stream);
-  check(found != pool.blocks.end() && found->second.erase(block) == 1, "remove_free of a block not cached");
+  check(found != pool.blocks.end(), "remove_free of a block not cached");
+  auto entry = found->second.find(block);
+  check(entry != found->second.end() && entry->block == block, "remove_free of a block not cached");
+  pool.totals[block->stream].add(*entry, -1);
+  found->second.erase(entry);
   free_count_ -= 1;
 }
 
@@ -418,6 +445,7 @@ Block* CachingAllocator::get_free_block(BlockPool& pool, int64_t size, int64_t s
   if (size < max_split_ && block->size >= max_split_) return nullptr;
   // ... and let an oversize request round up by at most kLargeBuffer.
   if (size >= max_split_ && block->size >= size + kLargeBuffer) return nullptr;
+  pool.totals[stream].add(*it, -1);
   blocks.erase(it);
   free_count_ -= 1;
   return block;

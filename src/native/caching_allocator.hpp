@@ -244,7 +244,11 @@ class NodeMemory : public std::pmr::memory_resource {
 struct FreeEntry {
   int64_t size, address;
   Block* block;
-  FreeEntry(Block* block_) : size(block_->size), address(block_->address), block(block_) {}  // NOLINT: implicit
+  // A whole cached segment (unsplit, not expandable) when it went in: what FreeTotals counted it as.
+  bool whole = false;
+  FreeEntry(Block* block_)  // NOLINT: implicit
+      : size(block_->size), address(block_->address), block(block_),
+        whole(!block_->is_split() && block_->expandable == nullptr) {}
   FreeEntry(int64_t size_, int64_t address_) : size(size_), address(address_), block(nullptr) {}
   operator Block*() const { return block; }  // NOLINT: implicit, the set reads as a set of blocks
 };
@@ -261,11 +265,26 @@ struct ByAddress {
 using FreeBlocks = std::pmr::set<FreeEntry, BySizeThenAddress>;
 using UnmappedBlocks = std::pmr::set<Block*, ByAddress>;
 
+// The sums over one (pool, stream)'s cached blocks that cached_summary reports, kept as blocks go
+// in and out (bookkeeping of ours, no upstream rule): the fragmentation analysis asks at every
+// cudaMalloc of a replay, and summing the blocks each time made a long replay quadratic.
+struct FreeTotals {
+  int64_t bytes = 0, whole_bytes = 0, whole_count = 0;
+  void add(const FreeEntry& entry, int64_t sign) {
+    bytes += sign * entry.size;
+    if (entry.whole) {
+      whole_bytes += sign * entry.size;
+      whole_count += sign;
+    }
+  }
+};
+
 struct BlockPool {  // BlockPool: cached (free, mapped) blocks per stream; unmapped ranges per stream
   BlockPool(bool small, std::pmr::memory_resource* memory_) : is_small(small), memory(memory_) {}
   bool is_small;
   std::pmr::memory_resource* memory;
   std::map<int64_t, FreeBlocks> blocks;       // stream -> cached blocks, best fit first
+  std::map<int64_t, FreeTotals> totals;       // stream -> the sums over its cached blocks
   std::map<int64_t, UnmappedBlocks> unmapped;  // stream -> unmapped expandable blocks by address
   int64_t free_calls = 0;                     // get_free_blocks_call_count, the clock of garbage collection
   FreeBlocks& stream_blocks(int64_t stream) { return blocks.try_emplace(stream, memory).first->second; }
