@@ -103,7 +103,7 @@ def classify_releases(
 def release_runs(actions: Column) -> list[tuple[int, int]]:
     """``[start, end)`` of every run of consecutive release rows, found by numpy in one pass
     (a Python scan of a 1M-row trace was most of a what-if's time outside the simulator)."""
-    flags = np.isin(np.asarray(actions, dtype=np.int64), _RELEASES).astype(np.int8)
+    flags = np.isin(np.asarray(actions), _RELEASES).astype(np.int8)  # in the codes' own width (int8)
     if not flags.any():
         return []
     edges = np.flatnonzero(np.diff(np.concatenate(([0], flags, [0]))))

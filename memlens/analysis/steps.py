@@ -187,20 +187,23 @@ def optimizer_windows(
             windows = [(a, b) for a, b in zip(starts.tolist(), ends.tolist(), strict=True) if b > a]
             if windows:
                 return windows, "annotations"
-    with_stack = np.flatnonzero(trace.stack_id >= 0)
-    if with_stack.size == 0:
+    stacked = trace.stack_id >= 0
+    if not stacked.any():
         return [], "none"
     # optimizer.zero_grad() lives in torch/optim too, but it is not optimizer.step: its frees
     # (set_to_none) would join the step's window and pass for state being replaced.
-    flags = facts.optimizer[trace.stack_id[with_stack]] & ~_zero_grad_stacks(facts)[trace.stack_id[with_stack]]
+    optimizer_step = facts.optimizer & ~_zero_grad_stacks(facts)  # per stack
+    every_row = bool(stacked.all())  # the rule, not the exception: no index of the stacked rows needed
+    flags = optimizer_step[trace.stack_id if every_row else trace.stack_id[stacked]]
     if not flags.any():
         return [], "none"
     # Runs of optimizer-framed rows; rows without any stack do not break a run.
-    edges = np.diff(np.concatenate([[0], flags.astype(np.int8), [0]]))
+    edges = np.diff(flags.view(np.int8), prepend=np.int8(0), append=np.int8(0))
     run_starts = np.flatnonzero(edges == 1)
     run_ends = np.flatnonzero(edges == -1) - 1
+    with_stack = None if every_row else np.flatnonzero(stacked)  # the row of each stacked row
     windows = [
-        (int(with_stack[a]), int(with_stack[b]) + 1)
+        (int(a if with_stack is None else with_stack[a]), int(b if with_stack is None else with_stack[b]) + 1)
         for a, b in zip(run_starts.tolist(), run_ends.tolist(), strict=True)
         if b > a  # a lone optimizer-framed row is not a phase
     ]

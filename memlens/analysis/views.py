@@ -43,14 +43,15 @@ def downsample_indices(y: npt.ArrayLike, max_points: int) -> IntArray:
         return np.arange(n, dtype=np.int64)
     buckets = (max_points - 2) // 2
     width = -(-n // buckets)  # ceil
-    buckets = -(-n // width)  # the last bucket may be short; never an empty one
-    padded = np.empty(buckets * width, dtype=values.dtype)
-    padded[:n] = values
-    padded[n:] = values[-1]  # padding repeats the last value: it can only tie, never win
-    grid = padded.reshape(buckets, width)
-    offsets = np.arange(buckets, dtype=np.int64) * width
-    lows = np.minimum(np.argmin(grid, axis=1) + offsets, n - 1)
-    highs = np.minimum(np.argmax(grid, axis=1) + offsets, n - 1)
+    whole = n // width  # buckets of `width` points; a last, shorter one holds the rest
+    # The whole buckets as a view of the series (no copy of a million points), the short one on its own.
+    grid = values[: whole * width].reshape(whole, width)
+    offsets = np.arange(whole, dtype=np.int64) * width
+    lows, highs = np.argmin(grid, axis=1) + offsets, np.argmax(grid, axis=1) + offsets
+    if whole * width < n:
+        rest = values[whole * width:]
+        lows = np.append(lows, whole * width + int(np.argmin(rest)))
+        highs = np.append(highs, whole * width + int(np.argmax(rest)))
     keep = np.concatenate(([0], lows, highs, [n - 1])).astype(np.int64)
     return np.unique(keep)
 
