@@ -594,63 +594,88 @@ nb::tuple group_memory_rows(Codes action_in, Column address_in, int64_t release)
 // follows). Returns (alloc_event, free_event, ghost_free_rows), in that order: the frees with no
 // alloc just before them at their address are the ghost rows (their blocks predate the window).
 // A counting sort by address: the distinct addresses are sorted, the rows of each keep row order.
-nb::tuple pair_lifetime_rows(Codes action_in, Column address_in, int64_t free_action) {
-  const size_t n = action_in.shape(0);
-  if (address_in.shape(0) != n) throw UsageError("history columns differ in length");
-  const int8_t* action = action_in.data();
-  const int64_t* address = address_in.data();
+// The rows of pair_lifetime_rows grouped by address, then row: a counting sort in two passes over
+// the action column (one to count each address's rows, one to place them), with row indices of
+// `Index` (32 bits where the trace allows): a few bytes per row, never a copy of a whole column.
+template <typename Index>
+void pair_rows(const int8_t* action, const int64_t* address, size_t n, int64_t free_action,
+               std::vector<int64_t>& alloc_event, std::vector<int64_t>& free_event,
+               std::vector<int64_t>& ghost_free_rows) {
+  auto relevant = [&](size_t i) { return action[i] == kAlloc || action[i] == free_action; };
   AddressMap<int64_t> group_of;  // address -> its group
-  std::vector<int64_t> group_address, group_rows;
-  std::vector<int32_t> row_group;
-  std::vector<int64_t> relevant;
+  std::vector<int64_t> group_address, group_start;  // group_start: its rows' count, then their offset
+  std::vector<Index> row_group;  // per relevant row, in row order
+  size_t m = 0, allocs = 0;
+  for (size_t i = 0; i < n; ++i) m += relevant(i), allocs += action[i] == kAlloc;
+  row_group.reserve(m);
   for (size_t i = 0; i < n; ++i) {
-    if (action[i] != kAlloc && action[i] != free_action) continue;
+    if (!relevant(i)) continue;
     const int64_t* found = group_of.find(address[i]);
     int64_t group;
     if (found == nullptr) {
       group = static_cast<int64_t>(group_address.size());
       group_of.set(address[i], group);
       group_address.push_back(address[i]);
-      group_rows.push_back(0);
+      group_start.push_back(0);
     } else {
       group = *found;
     }
-    group_rows[group] += 1;
-    relevant.push_back(static_cast<int64_t>(i));
-    row_group.push_back(static_cast<int32_t>(group));
+    group_start[group] += 1;
+    row_group.push_back(static_cast<Index>(group));
   }
-  if (group_address.size() >= (size_t(1) << 31)) throw UsageError("too many addresses");
-  std::vector<int64_t> by_address(group_address.size());
-  for (size_t g = 0; g < by_address.size(); ++g) by_address[g] = static_cast<int64_t>(g);
+  const size_t groups = group_address.size();
+  std::vector<Index> by_address(groups);  // the groups in address order
+  for (size_t g = 0; g < groups; ++g) by_address[g] = static_cast<Index>(g);
   std::sort(by_address.begin(), by_address.end(),
-            [&group_address](int64_t a, int64_t b) { return group_address[a] < group_address[b]; });
-  std::vector<int64_t> cursor(group_address.size());
+            [&group_address](Index a, Index b) { return group_address[a] < group_address[b]; });
+  std::vector<int64_t>().swap(group_address);
   int64_t offset = 0;
-  for (int64_t g : by_address) {
-    cursor[g] = offset;
-    offset += group_rows[g];
+  for (Index g : by_address) {
+    const int64_t count = group_start[g];
+    group_start[g] = offset;
+    offset += count;
   }
-  const size_t m = relevant.size();
-  std::vector<int64_t> sorted(m);
-  std::vector<int32_t> sorted_group(m);
-  for (size_t k = 0; k < m; ++k) {
-    const int64_t at = cursor[row_group[k]]++;
-    sorted[at] = relevant[k];
-    sorted_group[at] = row_group[k];
-  }
-  std::vector<int64_t> alloc_event, free_event, ghost_free_rows;
-  for (size_t k = 0; k < m; ++k) {
-    const int64_t row = sorted[k];
-    const bool same_as_next = k + 1 < m && sorted_group[k + 1] == sorted_group[k];
-    if (action[row] == kAlloc) {
-      alloc_event.push_back(row);
-      // The next row at the same address ends the lifetime; when it is another alloc (the
-      // ring buffer lost the free) the lifetime ends there, the best bound the trace gives.
-      free_event.push_back(same_as_next ? sorted[k + 1] : static_cast<int64_t>(n));
-    } else {
-      const bool preceded = k > 0 && sorted_group[k - 1] == sorted_group[k] && action[sorted[k - 1]] == kAlloc;
-      if (!preceded) ghost_free_rows.push_back(row);
+  std::vector<Index> sorted(m);  // the relevant rows by (address, row)
+  {
+    std::vector<int64_t> cursor(group_start);
+    size_t k = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (relevant(i)) sorted[static_cast<size_t>(cursor[row_group[k++]]++)] = static_cast<Index>(i);
     }
+  }
+  std::vector<Index>().swap(row_group);
+  alloc_event.reserve(allocs);
+  free_event.reserve(allocs);
+  // The groups in address order, each one's rows in row order; a group's rows end where the
+  // next group's start.
+  size_t k = 0;
+  for (size_t position = 0; position < groups; ++position) {
+    const size_t group_end = position + 1 < groups ? static_cast<size_t>(group_start[by_address[position + 1]]) : m;
+    for (; k < group_end; ++k) {
+      const auto row = static_cast<int64_t>(sorted[k]);
+      const bool same_as_next = k + 1 < group_end;
+      if (action[row] == kAlloc) {
+        alloc_event.push_back(row);
+        // The next row at the same address ends the lifetime; when it is another alloc (the
+        // ring buffer lost the free) the lifetime ends there, the best bound the trace gives.
+        free_event.push_back(same_as_next ? static_cast<int64_t>(sorted[k + 1]) : static_cast<int64_t>(n));
+      } else {
+        const bool first_of_group = k == static_cast<size_t>(group_start[by_address[position]]);
+        const bool preceded = !first_of_group && action[sorted[k - 1]] == kAlloc;
+        if (!preceded) ghost_free_rows.push_back(row);
+      }
+    }
+  }
+}
+
+nb::tuple pair_lifetime_rows(Codes action_in, Column address_in, int64_t free_action) {
+  const size_t n = action_in.shape(0);
+  if (address_in.shape(0) != n) throw UsageError("history columns differ in length");
+  std::vector<int64_t> alloc_event, free_event, ghost_free_rows;
+  if (n < (size_t(1) << 31)) {
+    pair_rows<uint32_t>(action_in.data(), address_in.data(), n, free_action, alloc_event, free_event, ghost_free_rows);
+  } else {
+    pair_rows<uint64_t>(action_in.data(), address_in.data(), n, free_action, alloc_event, free_event, ghost_free_rows);
   }
   auto as_array = [](std::vector<int64_t>& values) {
     auto* data = new std::vector<int64_t>(std::move(values));
