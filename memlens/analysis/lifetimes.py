@@ -23,18 +23,45 @@ from memlens.snapshot.model import Action, DeviceTrace, Int64Array, Segment
 I64 = npt.NDArray[np.int64]
 
 
+@dataclass(frozen=True)
+class TraceGather:
+    """A lifetime column that is one of the trace's, read at each lifetime's row (its alloc's, or
+    for a ghost free its free's), then the ghost blocks' values: gathered when asked for rather
+    than kept, as the analysis reads it in a few places and a million lifetimes' copy is 8 MB."""
+
+    column: I64  # the trace's column (address or size)
+    allocs: int  # the first ``allocs`` lifetimes are allocs: their rows are ``alloc_event``
+    ghost_frees: int  # the next are ghost frees: their rows are ``free_event``
+    blocks: I64  # the ghost blocks' values, from the state
+
+
 @dataclass
 class Lifetimes:
     alloc_event: I64  # row of the alloc, -1 when it happened before the window
     free_event: I64  # row of the free, n (= len(trace)) when still live at the end
     size: I64  # block bytes, as torch.cuda.memory_allocated counts them
     stack_id: npt.NDArray[np.int32]
-    address: I64
+    address_column: I64 | TraceGather  # ``address``: each block's address, kept or gathered
     events: int
-    requested: I64  # the bytes the program asked for (the trace's size)
+    requested_column: I64 | TraceGather  # ``requested``: the bytes the program asked for (the trace's size)
 
     def __len__(self) -> int:
         return int(self.size.shape[0])
+
+    @property
+    def address(self) -> I64:
+        return self._column(self.address_column)
+
+    @property
+    def requested(self) -> I64:
+        return self._column(self.requested_column)
+
+    def _column(self, column: I64 | TraceGather) -> I64:
+        if not isinstance(column, TraceGather):
+            return column
+        allocs, frees = column.allocs, column.ghost_frees
+        return _joined(column.column[self.alloc_event[:allocs]],
+                       column.column[self.free_event[allocs:allocs + frees]], column.blocks)
 
     def live_at(self, event: int) -> npt.NDArray[np.bool_]:
         """Mask of lifetimes live *after* row ``event`` (as ``DeviceTrace.allocated`` counts)."""
@@ -120,17 +147,20 @@ def build_lifetimes(trace: DeviceTrace, segments: list[Segment], native: bool = 
     block_stack = np.array([b.stack_id for b in ghost_blocks], dtype=np.int32)
 
     return Lifetimes(
-        alloc_event=np.concatenate(
-            [alloc_event, np.full(ghost_free_rows.size + len(ghost_blocks), -1, dtype=np.int64)]
-        ),
-        free_event=np.concatenate(
-            [free_event, ghost_free_rows, np.full(len(ghost_blocks), n, dtype=np.int64)]
-        ),
-        size=np.concatenate([trace.block_size[alloc_event], trace.block_size[ghost_free_rows], block_size]),
-        stack_id=np.concatenate(
-            [trace.stack_id[alloc_event], trace.stack_id[ghost_free_rows], block_stack]
-        ).astype(np.int32),
-        address=np.concatenate([trace.address[alloc_event], trace.address[ghost_free_rows], block_address]),
+        alloc_event=_joined(alloc_event, np.full(ghost_free_rows.size + len(ghost_blocks), -1, dtype=np.int64)),
+        free_event=_joined(free_event, ghost_free_rows, np.full(len(ghost_blocks), n, dtype=np.int64)),
+        size=_joined(trace.block_size[alloc_event], trace.block_size[ghost_free_rows], block_size),
+        stack_id=_joined(trace.stack_id[alloc_event], trace.stack_id[ghost_free_rows], block_stack).astype(
+            np.int32, copy=False),
+        address_column=TraceGather(trace.address, alloc_event.size, ghost_free_rows.size, block_address),
         events=n,
-        requested=np.concatenate([trace.size[alloc_event], trace.size[ghost_free_rows], block_requested]),
+        requested_column=TraceGather(trace.size, alloc_event.size, ghost_free_rows.size, block_requested),
     )
+
+
+def _joined(first: np.ndarray, *rest: np.ndarray) -> np.ndarray:
+    """``np.concatenate`` of the parts, without copying ``first`` when the rest are empty (the
+    window saw every block: no ghosts), as a complete history's millions of lifetimes are."""
+    if all(part.size == 0 for part in rest):
+        return first
+    return np.concatenate([first, *rest])
