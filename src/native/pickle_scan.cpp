@@ -410,7 +410,9 @@ class Machine {
   }
 
   size_t fence() const { return marks_.empty() ? 0 : marks_.back(); }
-  void push(Value value) { stack_.push_back(value); }
+  // Built in place: a Value copied through memory right after it was written as two fields
+  // is read back as one 16-byte load the stores cannot forward to (a stall on every opcode).
+  void push(Value value) { stack_.emplace_back(value.kind, value.num); }
   Value pop() {
     if (stack_.size() <= fence()) decline("stack underflow");
     Value value = stack_.back();

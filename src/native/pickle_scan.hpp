@@ -36,6 +36,8 @@ enum class Kind : uint8_t { None, Bool, Int, UInt64, Float, Str, List, Dict, Tup
 
 // One value: scalars inline; strings and containers by index into the arena's tables.
 struct Value {
+  Value() = default;
+  Value(Kind kind_, int64_t num_) : kind(kind_), num(num_) {}
   Kind kind = Kind::None;
   int64_t num = 0;  // Bool/Int: the value; UInt64: the bits (> INT64_MAX); Float: the bits; else an index
 };
