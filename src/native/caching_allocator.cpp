@@ -201,7 +201,7 @@ std::tuple<int64_t, int64_t, int64_t, int64_t> CachingAllocator::cached_summary(
   auto found = pool.blocks.find(stream);
   if (found == pool.blocks.end() || found->second.empty()) return {0, 0, 0, 0};
   const FreeBlocks& blocks = found->second;
-  const FreeTotals& totals = pool.totals.at(stream);
+  const FreeTotals& totals = blocks.totals;
   const auto count = static_cast<int64_t>(blocks.size());
   if (!pieces_only) return {totals.bytes, totals.whole_bytes, blocks.rbegin()->size, count};
   // Without the whole segments (once, at an OOM): the largest piece, from the largest block down.
@@ -344,8 +344,7 @@ std::string CachingAllocator::check_invariants() const {
         }
         now.add(entry, 1);
       }
-      auto totals = pool->totals.find(stream);
-      const FreeTotals kept = totals == pool->totals.end() ? FreeTotals{} : totals->second;
+      const FreeTotals& kept = blocks.totals;
       if (kept.bytes != now.bytes || kept.whole_bytes != now.whole_bytes || kept.whole_count != now.whole_count) {
         return "cached totals out of step";
       }
@@ -385,9 +384,10 @@ void CachingAllocator::record(Action action, std::optional<int64_t> address, int
 // ------------------------------------------------------------------ the free index
 void CachingAllocator::insert_free(BlockPool& pool, Block* block) {
   block->gc_base = pool.free_calls;
-  auto [entry, inserted] = pool.stream_blocks(block->stream).insert(block);
+  FreeBlocks& cached = pool.stream_blocks(block->stream);
+  auto [entry, inserted] = cached.insert(block);
   check(inserted, "insert_free of a block cached already");
-  pool.totals[block->stream].add(*entry, 1);
+  cached.totals.add(*entry, 1);
   free_count_ += 1;
 }
 
@@ -396,7 +396,7 @@ void CachingAllocator::remove_free(BlockPool& pool, Block* block) {
   check(found != pool.blocks.end(), "remove_free of a block not cached");
   auto entry = found->second.find(block);
   check(entry != found->second.end() && entry->block == block, "remove_free of a block not cached");
-  pool.totals[block->stream].add(*entry, -1);
+  found->second.totals.add(*entry, -1);
   found->second.erase(entry);
   free_count_ -= 1;
 }
@@ -445,7 +445,7 @@ Block* CachingAllocator::get_free_block(BlockPool& pool, int64_t size, int64_t s
   if (size < max_split_ && block->size >= max_split_) return nullptr;
   // ... and let an oversize request round up by at most kLargeBuffer.
   if (size >= max_split_ && block->size >= size + kLargeBuffer) return nullptr;
-  pool.totals[stream].add(*it, -1);
+  blocks.totals.add(*it, -1);
   blocks.erase(it);
   free_count_ -= 1;
   return block;

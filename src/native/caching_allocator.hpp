@@ -262,9 +262,6 @@ struct ByAddress {
   bool operator()(const Block* a, const Block* b) const { return a->address < b->address; }
 };
 // The sets' nodes come from the allocator's own pool (no malloc per cached block).
-using FreeBlocks = std::pmr::set<FreeEntry, BySizeThenAddress>;
-using UnmappedBlocks = std::pmr::set<Block*, ByAddress>;
-
 // The sums over one (pool, stream)'s cached blocks that cached_summary reports, kept as blocks go
 // in and out (bookkeeping of ours, no upstream rule): the fragmentation analysis asks at every
 // cudaMalloc of a replay, and summing the blocks each time made a long replay quadratic.
@@ -279,12 +276,19 @@ struct FreeTotals {
   }
 };
 
+// One (pool, stream)'s cached blocks, best fit first, with their running totals beside them (one
+// lookup finds both).
+struct FreeBlocks : std::pmr::set<FreeEntry, BySizeThenAddress> {
+  using std::pmr::set<FreeEntry, BySizeThenAddress>::set;
+  FreeTotals totals;
+};
+using UnmappedBlocks = std::pmr::set<Block*, ByAddress>;
+
 struct BlockPool {  // BlockPool: cached (free, mapped) blocks per stream; unmapped ranges per stream
   BlockPool(bool small, std::pmr::memory_resource* memory_) : is_small(small), memory(memory_) {}
   bool is_small;
   std::pmr::memory_resource* memory;
   std::map<int64_t, FreeBlocks> blocks;       // stream -> cached blocks, best fit first
-  std::map<int64_t, FreeTotals> totals;       // stream -> the sums over its cached blocks
   std::map<int64_t, UnmappedBlocks> unmapped;  // stream -> unmapped expandable blocks by address
   int64_t free_calls = 0;                     // get_free_blocks_call_count, the clock of garbage collection
   FreeBlocks& stream_blocks(int64_t stream) { return blocks.try_emplace(stream, memory).first->second; }
