@@ -103,9 +103,10 @@ class PendingTriage(contextlib.AbstractContextManager["PendingTriage"]):
         report = self._slot.read() if self._slot is not None else None
         if report is None:
             # The finders are imported on another thread while this one reads the file: the
-            # native scanner runs without the GIL, so the 50 ms of imports cost no time.
-            warm = threading.Thread(target=importlib.import_module, args=("memlens.analysis.run",),
-                                    name="memlens-import-analysis", daemon=True)
+            # native scanner runs without the GIL, so the 50 ms of imports cost no time. numpy.ma
+            # too: numpy's unique (and isin) import it on first use.
+            warm = threading.Thread(target=_import_all, args=(_ANALYSIS_MODULES,), name="memlens-import-analysis",
+                                    daemon=True)
             warm.start()
             report = analyse(self._opened, self.options, progress).report
             warm.join()
@@ -115,6 +116,14 @@ class PendingTriage(contextlib.AbstractContextManager["PendingTriage"]):
 
     def __exit__(self, *exc_info: object) -> None:
         self._exits.close()
+
+
+_ANALYSIS_MODULES = ("memlens.analysis.run", "numpy.ma")
+
+
+def _import_all(modules: tuple[str, ...]) -> None:
+    for module in modules:
+        importlib.import_module(module)
 
 
 def triage_analysis(analysis: Analysis, options: TriageOptions | None = None) -> Report:
