@@ -41,13 +41,14 @@ def whatif(
     device: int | None,
     as_json: bool,
 ) -> None:
-    from memlens.allocator.report import render_whatif
-    from memlens.ops.whatif import WhatIfOptions
-    from memlens.ops.whatif import whatif as replay
+    from memlens.ops.whatif import WhatIfOptions, begin
 
-    result = replay(snapshot, WhatIfOptions(
-        expandable_segments=expandable_segments, max_split_size_mb=max_split_size_mb,
-        garbage_collection_threshold=garbage_collection_threshold, capacity=capacity, device=device))
+    with begin(snapshot, WhatIfOptions(
+            expandable_segments=expandable_segments, max_split_size_mb=max_split_size_mb,
+            garbage_collection_threshold=garbage_collection_threshold, capacity=capacity, device=device)) as pending:
+        from memlens.allocator.report import render_whatif  # imported while the file is hashed
+
+        result = pending.result()
     if as_json:
         click.echo(json_text(result.to_json()))
     else:

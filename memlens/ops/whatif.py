@@ -7,6 +7,7 @@ expandable segments" means the recorded run with that one change, on every face.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from memlens.files import OpenedFile
     from memlens.snapshot import Snapshot
 
-__all__ = ["WhatIfOptions", "whatif"]
+__all__ = ["PendingWhatIf", "WhatIfOptions", "begin", "whatif"]
 
 
 class WhatIfOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -39,18 +40,60 @@ class WhatIfOptions(msgspec.Struct, frozen=True, kw_only=True):
 def whatif(source: str | OpenedFile | Snapshot, options: WhatIfOptions | None = None) -> WhatIfResult:
     """Replay ``source`` (a path, an opened and checked file, or a loaded snapshot) as ``options``
     say, next to the recorded run."""
-    from memlens.allocator import AllocatorSettings
-    from memlens.allocator import whatif as replay
-    from memlens.snapshot import Snapshot
+    with begin(source, options) as pending:
+        return pending.result()
 
-    options = options or WhatIfOptions()
-    if isinstance(source, Snapshot):
-        snapshot = source
-    else:
-        from memlens.snapshot.reader import load
 
-        snapshot = load(source)
-    settings = AllocatorSettings.from_snapshot_dict(snapshot.allocator_settings).with_changes(
-        expandable_segments=options.expandable_segments, max_split_size_mb=options.max_split_size_mb,
-        garbage_collection_threshold=options.garbage_collection_threshold)
-    return replay(snapshot, settings=settings, capacity=options.capacity, device=options.device)
+def begin(source: str | OpenedFile | Snapshot, options: WhatIfOptions | None = None) -> PendingWhatIf:
+    """``whatif`` in two halves: the file opened now, and (when its cached copy will be read) hashed
+    on another thread; the replay at ``result()``. A face imports its renderer in between, while
+    the file is hashed (the replay's own imports, numpy among them, come after)."""
+    return PendingWhatIf(source, options or WhatIfOptions())
+
+
+class PendingWhatIf(contextlib.AbstractContextManager["PendingWhatIf"]):
+    """A what-if begun by ``begin``: a context manager that holds the opened file until it exits."""
+
+    def __init__(self, source: str | OpenedFile | Snapshot, options: WhatIfOptions) -> None:
+        from memlens.cache_folder import CACHE_MIN_BYTES, hash_opened
+        from memlens.files import OpenedFile, opened_snapshot  # numpy-free, as all of this half is
+
+        self.options = options
+        self._exits = contextlib.ExitStack()
+        self._source: OpenedFile | Snapshot
+        if not isinstance(source, str | OpenedFile):  # a snapshot already loaded
+            self._source = source
+            return
+        with self._exits.pop_all() as exits:  # the file is let go if anything below fails
+            opened = exits.enter_context(opened_snapshot(source))  # the reader's opening rule and errors
+            if opened.size >= CACHE_MIN_BYTES:  # the loader reads its cached copy: hash the file now
+                exits.callback(hash_opened(opened).result)  # shared with the loader; waited for before closing
+            self._source = opened
+            self._exits = exits.pop_all()
+
+    @property
+    def opened(self) -> OpenedFile | None:
+        """The file, opened and checked (None: a snapshot already loaded was given)."""
+        from memlens.files import OpenedFile
+
+        return self._source if isinstance(self._source, OpenedFile) else None
+
+    def result(self) -> WhatIfResult:
+        from memlens.allocator import AllocatorSettings
+        from memlens.allocator import whatif as replay
+        from memlens.snapshot import Snapshot
+
+        options = self.options
+        if isinstance(self._source, Snapshot):
+            snapshot = self._source
+        else:
+            from memlens.snapshot.reader import load
+
+            snapshot = load(self._source)
+        settings = AllocatorSettings.from_snapshot_dict(snapshot.allocator_settings).with_changes(
+            expandable_segments=options.expandable_segments, max_split_size_mb=options.max_split_size_mb,
+            garbage_collection_threshold=options.garbage_collection_threshold)
+        return replay(snapshot, settings=settings, capacity=options.capacity, device=options.device)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._exits.close()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -57,3 +58,34 @@ def test_options_refuse_what_means_nothing() -> None:
         DiffOptions(top=0)
     with pytest.raises(MemlensUsageError, match="more than 0 bytes"):
         WhatIfOptions(capacity=0)
+
+
+def test_a_whatif_hashes_the_file_once_while_its_renderer_is_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``begin`` opens the file and starts its hash (the loader's cached copy is named by it)
+    before the replay's imports; the loader's cache entry shares that hash, never a second one,
+    and the next what-if is served from the entry it wrote, with the same answer."""
+    from memlens import cache_folder
+    from memlens.ops.whatif import begin
+
+    monkeypatch.setenv(cache_folder.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(cache_folder, "CACHE_MIN_BYTES", 0)  # every file is cached, as a large one is
+    calls: list[int] = []
+    real = cache_folder.hash_fd
+
+    def counted(fd: int) -> tuple[str, tuple[int, ...]]:
+        calls.append(fd)
+        return real(fd)
+
+    monkeypatch.setattr(cache_folder, "hash_fd", counted)
+    sample = str(SAMPLE_SNAPSHOTS_DIR / "leak.pickle")
+    options = WhatIfOptions(expandable_segments=True)
+    with begin(sample, options) as pending:
+        assert pending.opened is not None and cache_folder.hash_started(pending.opened) is not None  # running
+        first = pending.result().to_json()
+    assert len(calls) == 1
+    assert len(list((tmp_path / "cache").glob("v*.npz"))) == 1  # the loader's entry, named by that hash
+    with begin(sample, options) as pending:
+        again = pending.result()
+    assert again.to_json() == first and len(calls) == 2  # the second what-if: one hash, read from the entry
