@@ -7,6 +7,8 @@ best of ``--runs``:
 
   - bare ``pickle.load`` of the file (the reference);
   - ``memlens.snapshot.native_scan.scan`` of the file's bytes alone (its peak RSS includes them);
+  - ``memlens.snapshot.native_scan.scan_file``: the scanner reading the file itself, a megabyte at
+    a time, as ``memlens.load`` does (the file is never held whole);
   - ``memlens.load`` (no cache), native scanner, and with the scanner off (the Python path);
   - ``memlens triage --no-cache``, native scanner, and with the scanner off.
 
@@ -66,6 +68,15 @@ if mode == "scan":  # the scanner alone, on the bytes read (gc paused, as the re
     gc.disable()
     start, cpu = time.perf_counter(), time.process_time()
     raw, declined = native_scan.scan(data)
+    assert raw is not None, declined
+    report(start, cpu)
+    raise SystemExit
+if mode == "scan_file":  # the scanner reading the file itself (gc paused, as the reader has it)
+    import gc, os
+    gc.disable()
+    start, cpu = time.perf_counter(), time.process_time()
+    fd = os.open(path, os.O_RDONLY)
+    raw, declined = native_scan.scan_file(fd, os.fstat(fd).st_size)
     assert raw is not None, declined
     report(start, cpu)
     raise SystemExit
@@ -144,8 +155,8 @@ def main() -> None:
     print(f"tiled {source.name} to {args.events:,} entries: {os.path.getsize(path) / 2**20:.1f} MiB")
     env = dict(os.environ, MEMLENS_CACHE_DIR=os.path.join(workdir, "cache"))
     env.pop("MEMLENS_PURE_PYTHON", None)
-    rows = [("pickle", "-"), ("scan", "native"), ("load", "native"), ("load", "python"), ("triage", "native"),
-            ("triage", "python")]
+    rows = [("pickle", "-"), ("scan", "native"), ("scan_file", "native"), ("load", "native"), ("load", "python"),
+            ("triage", "native"), ("triage", "python")]
     times: dict[tuple[str, str], list[tuple[float, float, float]]] = {row: [] for row in rows}
     started = time.perf_counter()
     for _ in range(args.runs):  # interleaved, so machine noise hits all alike
@@ -159,6 +170,7 @@ def main() -> None:
     print(f"{'':36} {'wall s':>7} {'x pickle':>9} {'CPU s':>7} {'x pickle':>9} {'native/py':>10} "
           f"{'peak RSS':>9} {'x file':>7}")
     labels = {("pickle", "-"): "bare pickle.load", ("scan", "native"): "memlens._scan.scan of the bytes",
+              ("scan_file", "native"): "memlens._scan.scan_file of the file",
               ("load", "native"): "memlens.load, native scanner", ("load", "python"): "memlens.load, Python reader",
               ("triage", "native"): "memlens triage first open, native",
               ("triage", "python"): "memlens triage first open, Python"}
