@@ -61,3 +61,20 @@ def real_snapshots_dir() -> Path:
     if not REAL_SNAPSHOTS_DIR.is_dir():
         pytest.skip(REAL_SNAPSHOTS_MISSING)
     return REAL_SNAPSHOTS_DIR
+
+
+@pytest.fixture
+def file_hashes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The descriptors the cache folder's SHA-256 (``cache_folder.hash_fd``) is run on, in order:
+    a test counts them to see that one open hashes its file once."""
+    from memlens import cache_folder
+
+    calls: list[int] = []
+    real = cache_folder.hash_fd
+
+    def counted(fd: int) -> tuple[str, tuple[int, ...]]:
+        calls.append(fd)
+        return real(fd)
+
+    monkeypatch.setattr(cache_folder, "hash_fd", counted)
+    return calls

@@ -61,7 +61,7 @@ def test_options_refuse_what_means_nothing() -> None:
 
 
 def test_a_whatif_hashes_the_file_once_while_its_renderer_is_imported(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, file_hashes: list[int],
 ) -> None:
     """``begin`` opens the file and starts its hash (the loader's cached copy is named by it)
     before the replay's imports; the loader's cache entry shares that hash, never a second one,
@@ -71,21 +71,13 @@ def test_a_whatif_hashes_the_file_once_while_its_renderer_is_imported(
 
     monkeypatch.setenv(cache_folder.CACHE_DIR_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(cache_folder, "CACHE_MIN_BYTES", 0)  # every file is cached, as a large one is
-    calls: list[int] = []
-    real = cache_folder.hash_fd
-
-    def counted(fd: int) -> tuple[str, tuple[int, ...]]:
-        calls.append(fd)
-        return real(fd)
-
-    monkeypatch.setattr(cache_folder, "hash_fd", counted)
     sample = str(SAMPLE_SNAPSHOTS_DIR / "leak.pickle")
     options = WhatIfOptions(expandable_segments=True)
     with begin(sample, options) as pending:
         assert pending.opened is not None and cache_folder.hash_started(pending.opened) is not None  # running
         first = pending.result().to_json()
-    assert len(calls) == 1
+    assert len(file_hashes) == 1
     assert len(list((tmp_path / "cache").glob("v*.npz"))) == 1  # the loader's entry, named by that hash
     with begin(sample, options) as pending:
         again = pending.result()
-    assert again.to_json() == first and len(calls) == 2  # the second what-if: one hash, read from the entry
+    assert again.to_json() == first and len(file_hashes) == 2  # the second what-if: one hash, read from the entry

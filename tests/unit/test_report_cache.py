@@ -255,16 +255,8 @@ print(json.dumps({{"heavy": heavy, "text": out.getvalue()}}))
     assert answer["text"] == first.stdout
 
 
-def test_a_first_triage_hashes_the_file_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_first_triage_hashes_the_file_once(file_hashes: list[int]) -> None:
     # The report slot and the snapshot cache entry both need the file's SHA-256: one hash serves both.
-    calls: list[int] = []
-    real = cache_folder.hash_fd
-
-    def counted(fd: int) -> tuple[str, tuple[int, ...]]:
-        calls.append(fd)
-        return real(fd)
-
-    monkeypatch.setattr(cache_folder, "hash_fd", counted)
     fresh = triage(str(SAMPLES[0]), CACHED).to_json()
-    assert len(calls) == 1
+    assert len(file_hashes) == 1
     assert triage(str(SAMPLES[0]), CACHED).to_json() == fresh  # and both entries were written from it
