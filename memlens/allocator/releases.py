@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memlens.allocator.settings import AllocatorSettings
-from memlens.snapshot.model import Action, Frame
+from memlens.snapshot.model import Action, Frame, true_runs
 
 EMPTY_CACHE = "empty_cache"
 ALLOCATOR = "allocator"
@@ -103,11 +103,11 @@ def classify_releases(
 def release_runs(actions: Column) -> list[tuple[int, int]]:
     """``[start, end)`` of every run of consecutive release rows, found by numpy in one pass
     (a Python scan of a 1M-row trace was most of a what-if's time outside the simulator)."""
-    flags = np.isin(np.asarray(actions), _RELEASES).astype(np.int8)  # in the codes' own width (int8)
+    flags = np.isin(np.asarray(actions), _RELEASES)  # in the codes' own width (int8)
     if not flags.any():
         return []
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], flags, [0]))))
-    return list(zip(edges[0::2].tolist(), edges[1::2].tolist(), strict=True))
+    starts, ends = true_runs(flags)
+    return list(zip(starts.tolist(), ends.tolist(), strict=True))
 
 
 def _classify(

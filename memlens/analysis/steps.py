@@ -18,7 +18,7 @@ import numpy.typing as npt
 from memlens.analysis.datatypes import OptimizerWindowSource, Step, StepSource
 from memlens.analysis.settings import PERIODIC_BINS, PERIODIC_MIN_AUTOCORR, PERIODIC_MIN_STEPS
 from memlens.analysis.stacks import StackFacts, reduce_per_stack
-from memlens.snapshot.model import Annotation, DeviceTrace
+from memlens.snapshot.model import Annotation, DeviceTrace, true_runs
 
 MEMLENS_STEP = re.compile(r"^memlens\.step#(\d+)$")
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -198,9 +198,8 @@ def optimizer_windows(
     if not flags.any():
         return [], "none"
     # Runs of optimizer-framed rows; rows without any stack do not break a run.
-    edges = np.diff(flags.view(np.int8), prepend=np.int8(0), append=np.int8(0))
-    run_starts = np.flatnonzero(edges == 1)
-    run_ends = np.flatnonzero(edges == -1) - 1
+    run_starts, run_ends = true_runs(flags)
+    run_ends -= 1  # the last row of each run
     with_stack = None if every_row else np.flatnonzero(stacked)  # the row of each stacked row
     windows = [
         (int(a if with_stack is None else with_stack[a]), int(b if with_stack is None else with_stack[b]) + 1)
