@@ -131,6 +131,13 @@ def size_limit() -> int:
         return DEFAULT_MAX_BYTES
 
 
+def caches(size: int, asked: bool | None = None) -> bool:
+    """Whether a file of ``size`` bytes is read from and written to the cache: as ``asked``, else
+    when it is ``CACHE_MIN_BYTES`` or more (the loader's rule; the faces that hash a file before
+    loading it follow it too, so that they hash exactly the files the loader will look up)."""
+    return asked if asked is not None else size >= CACHE_MIN_BYTES
+
+
 class BackgroundHash:
     """``hash_fd`` of an open file on a thread of its own (hashlib releases the GIL), so that the
     caller reads an entry or imports meanwhile. ``result()`` waits for it: ``(digest, identity)``,

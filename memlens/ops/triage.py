@@ -87,14 +87,14 @@ class PendingTriage(contextlib.AbstractContextManager["PendingTriage"]):
     """A triage begun by ``begin``: a context manager that holds the opened file until it exits."""
 
     def __init__(self, source: str | OpenedFile, options: TriageOptions) -> None:
-        from memlens.cache_folder import CACHE_MIN_BYTES
+        from memlens.cache_folder import caches
         from memlens.files import opened_snapshot
         from memlens.report_cache import ReportSlot
 
         self.options = options
         self._exits = contextlib.ExitStack()
         self._opened = self._exits.enter_context(opened_snapshot(source))
-        wanted = options.cache if options.cache is not None else self._opened.size >= CACHE_MIN_BYTES
+        wanted = caches(self._opened.size, options.cache)
         self._slot = ReportSlot.for_opened(self._opened, options.capacity) if wanted else None
         if self._slot is not None:
             self._exits.callback(self._slot.close)  # before the file: the hashing thread reads it

@@ -55,7 +55,7 @@ class PendingWhatIf(contextlib.AbstractContextManager["PendingWhatIf"]):
     """A what-if begun by ``begin``: a context manager that holds the opened file until it exits."""
 
     def __init__(self, source: str | OpenedFile | Snapshot, options: WhatIfOptions) -> None:
-        from memlens.cache_folder import CACHE_MIN_BYTES, hash_opened
+        from memlens.cache_folder import caches, hash_opened
         from memlens.files import OpenedFile, opened_snapshot  # numpy-free, as all of this half is
 
         self.options = options
@@ -66,7 +66,7 @@ class PendingWhatIf(contextlib.AbstractContextManager["PendingWhatIf"]):
             return
         with self._exits.pop_all() as exits:  # the file is let go if anything below fails
             opened = exits.enter_context(opened_snapshot(source))  # the reader's opening rule and errors
-            if opened.size >= CACHE_MIN_BYTES:  # the loader reads its cached copy: hash the file now
+            if caches(opened.size):  # the loader reads its cached copy: hash the file now
                 exits.callback(hash_opened(opened).result)  # shared with the loader; waited for before closing
             self._source = opened
             self._exits = exits.pop_all()

@@ -368,10 +368,10 @@ def load(
 
 def _load(opened: OpenedFile, cache: bool | None, progress: Callable[[str, float], None] | None,
           max_content_bytes: int | None = None) -> Snapshot:
-    from memlens.cache_folder import CACHE_MIN_BYTES
+    from memlens.cache_folder import caches
 
     source = opened.name
-    use_cache = cache if cache is not None else opened.size >= CACHE_MIN_BYTES
+    use_cache = caches(opened.size, cache)
     cache_entry = None
     if use_cache:  # the cache's module (zipfile and all) only when it is used
         from memlens.snapshot import cache as snapshot_cache
