@@ -43,7 +43,7 @@ import numpy.typing as npt
 from memlens.analysis.categories import Phases
 from memlens.analysis.context import DeviceContext
 from memlens.analysis.datatypes import Evidence, EvidenceItem, Finding, Severity, amount, fact
-from memlens.analysis.lifetimes import byte_counts
+from memlens.analysis.lifetimes import byte_counts, lifetime_ranges
 from memlens.analysis.settings import (
     ACTIVATION_HIGH_SEVERITY_FRACTION,
     ACTIVATION_MEDIUM_SEVERITY_FRACTION,
@@ -74,9 +74,6 @@ def forward_ends(ctx: DeviceContext) -> tuple[npt.NDArray[np.int64], npt.NDArray
     first_row = backward_rows[np.minimum(first, backward_rows.size - 1)]
     moved = has & (first_row > phases.start) & (first_row <= peaks)
     return np.where(moved, first_row - 1, peaks), moved
-
-
-_CHUNK = 1 << 18
 
 
 def _plateau_rows(a: npt.NDArray[np.int64], f: npt.NDArray[np.int64], backward_stack: npt.NDArray[np.bool_], n: int,
@@ -111,8 +108,7 @@ def find(ctx: DeviceContext) -> list[Finding]:
     # on its own; a dozen temporaries over millions of lifetimes would be the analysis's peak).
     owner = np.empty(len(lt), dtype=np.int64)
     chosen = np.empty(len(lt), dtype=bool)
-    for lo in range(0, len(lt), _CHUNK):
-        at = slice(lo, lo + _CHUNK)
+    for at in lifetime_ranges(len(lt)):
         owner[at], chosen[at] = _plateau_rows(lt.alloc_event[at], lt.free_event[at],
                                               ctx.facts.backward[lt.stack_id[at]], n, phases, ends)
     heights = byte_counts(owner[chosen], lt.size[chosen], phases.start.size)

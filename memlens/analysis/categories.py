@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memlens.analysis.datatypes import CATEGORIES, Step
-from memlens.analysis.lifetimes import Lifetimes
+from memlens.analysis.lifetimes import Lifetimes, lifetime_ranges
 from memlens.analysis.stacks import StackFacts
 from memlens.sidecar import TensorRoles
 
@@ -78,12 +78,6 @@ class Phases:
         return np.where(valid & (events < self.opt_end[k_safe]), k, -1)
 
 
-# Lifetimes handled at a time where each is handled on its own (build_phases' step-local mask,
-# _infer): a dozen per-lifetime temporaries over millions of lifetimes would otherwise be the
-# analysis's peak memory.
-_INFER_CHUNK = 1 << 18
-
-
 def build_phases(
     steps: list[Step], events: int, windows: list[tuple[int, int]], lifetimes: Lifetimes
 ) -> Phases:
@@ -112,12 +106,12 @@ def build_phases(
     # block, so each row's change is one size, exact in float64 in any order of summing.
     a, f = lifetimes.alloc_event, lifetimes.free_event
     delta = np.zeros(events + 1, dtype=np.float64)
-    for lo in range(0, a.size, _INFER_CHUNK):
-        a_range, f_range = a[lo:lo + _INFER_CHUNK], f[lo:lo + _INFER_CHUNK]
+    for at in lifetime_ranges(a.size):
+        a_range, f_range = a[at], f[at]
         step_a = phases.step_of(a_range)
         local = ((step_a >= 0) & (phases.step_of(np.minimum(f_range, events - 1)) == step_a) & (f_range < events)
                  & (phases.optimizer_window_of(a_range) < 0))
-        weights = lifetimes.size[lo:lo + _INFER_CHUNK][local].astype(np.float64)
+        weights = lifetimes.size[at][local].astype(np.float64)
         np.add.at(delta, a_range[local], weights)
         np.subtract.at(delta, f_range[local], weights)
     curve = np.cumsum(delta[:events], out=delta[:events])
@@ -241,10 +235,9 @@ def _infer(lifetimes: Lifetimes, phases: Phases, facts: StackFacts, has_history:
     category = np.full(len(lifetimes), UNKNOWN, dtype=np.int8)
     if not has_history:
         return category  # a state-only snapshot: nothing tells what a block is
-    for lo in range(0, category.size, _INFER_CHUNK):
-        hi = min(lo + _INFER_CHUNK, category.size)
-        _infer_range(category[lo:hi], lifetimes.alloc_event[lo:hi], lifetimes.free_event[lo:hi],
-                     lifetimes.stack_id[lo:hi], lifetimes.events, phases, facts)
+    for at in lifetime_ranges(category.size):
+        _infer_range(category[at], lifetimes.alloc_event[at], lifetimes.free_event[at], lifetimes.stack_id[at],
+                     lifetimes.events, phases, facts)
     return category
 
 

@@ -12,6 +12,7 @@ the curve; ``requested`` keeps the bytes the program asked for.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,16 @@ from memlens.allocator.engine import native_module
 from memlens.snapshot.model import Action, DeviceTrace, Int64Array, Segment
 
 I64 = npt.NDArray[np.int64]
+
+# Lifetimes taken at a time by the passes that decide each one on its own (the categories, the
+# step-local curve, the activation plateau): a dozen temporaries per lifetime over millions of
+# lifetimes would otherwise be the analysis's peak memory.
+LIFETIME_CHUNK = 1 << 18
+
+
+def lifetime_ranges(count: int) -> Iterator[slice]:
+    """Consecutive slices of at most ``LIFETIME_CHUNK`` lifetimes that cover ``count`` of them."""
+    return (slice(lo, lo + LIFETIME_CHUNK) for lo in range(0, count, LIFETIME_CHUNK))
 
 
 @dataclass(frozen=True)
@@ -60,8 +71,8 @@ class Lifetimes:
         if not isinstance(column, TraceGather):
             return column
         allocs, frees = column.allocs, column.ghost_frees
-        return _joined(column.column[self.alloc_event[:allocs]],
-                       column.column[self.free_event[allocs:allocs + frees]], column.blocks)
+        return _per_lifetime(column.column, self.alloc_event[:allocs], self.free_event[allocs:allocs + frees],
+                             column.blocks)
 
     def live_at(self, event: int) -> npt.NDArray[np.bool_]:
         """Mask of lifetimes live *after* row ``event`` (as ``DeviceTrace.allocated`` counts)."""
@@ -149,13 +160,18 @@ def build_lifetimes(trace: DeviceTrace, segments: list[Segment], native: bool = 
     return Lifetimes(
         alloc_event=_joined(alloc_event, np.full(ghost_free_rows.size + len(ghost_blocks), -1, dtype=np.int64)),
         free_event=_joined(free_event, ghost_free_rows, np.full(len(ghost_blocks), n, dtype=np.int64)),
-        size=_joined(trace.block_size[alloc_event], trace.block_size[ghost_free_rows], block_size),
-        stack_id=_joined(trace.stack_id[alloc_event], trace.stack_id[ghost_free_rows], block_stack).astype(
-            np.int32, copy=False),
+        size=_per_lifetime(trace.block_size, alloc_event, ghost_free_rows, block_size),
+        stack_id=_per_lifetime(trace.stack_id, alloc_event, ghost_free_rows, block_stack).astype(np.int32, copy=False),
         address_column=TraceGather(trace.address, alloc_event.size, ghost_free_rows.size, block_address),
         events=n,
         requested_column=TraceGather(trace.size, alloc_event.size, ghost_free_rows.size, block_requested),
     )
+
+
+def _per_lifetime(column: np.ndarray, alloc_rows: I64, ghost_free_rows: I64, blocks: np.ndarray) -> np.ndarray:
+    """A trace column at each lifetime's row (its alloc's; a ghost free's own), then the ghost
+    blocks' values from the state: the order of the lifetimes."""
+    return _joined(column[alloc_rows], column[ghost_free_rows], blocks)
 
 
 def _joined(first: np.ndarray, *rest: np.ndarray) -> np.ndarray:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from memlens.analysis.lifetimes import build_lifetimes
+from tests.conftest import SAMPLE_SNAPSHOTS_DIR
 from tests.unit.tracebuilder import MiB, TraceBuilder
 
 
@@ -32,3 +36,18 @@ def test_pairs_reused_addresses_and_ghosts() -> None:
     for event in range(n):
         assert int(lt.size[lt.live_at(event)].sum()) == int(trace.allocated[event])
     assert np.all(lt.alloc_event < lt.free_event)
+
+
+@pytest.mark.parametrize("path", sorted(SAMPLE_SNAPSHOTS_DIR.glob("*.pickle")), ids=lambda p: p.name)
+def test_the_per_lifetime_passes_do_not_depend_on_how_many_lifetimes_they_take_at_a_time(
+    path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The categories, the step-local curve and the activation plateau take the lifetimes a range
+    at a time (``lifetime_ranges``): each lifetime is decided on its own, so ranges of 3 lifetimes,
+    which cut every step and window apart, give the report ranges of 2**18 give."""
+    from memlens.analysis import lifetimes
+    from memlens.ops.triage import TriageOptions, triage
+
+    whole = triage(str(path), TriageOptions(cache=False)).to_json()
+    monkeypatch.setattr(lifetimes, "LIFETIME_CHUNK", 3)
+    assert triage(str(path), TriageOptions(cache=False)).to_json() == whole
