@@ -877,7 +877,7 @@ def _parse_trace(device: int, entries: list[Any], check: Checker, interner: _Int
         else _bounded(columns[i], check, device, name, *bounds[name])
         for i, name in enumerate(_INT_FIELDS)
     )
-    notes, times_known = _unknown_sizes_and_times(size, time_us, action == int(Action.OOM))
+    notes, time_us, times_known = _unknown_sizes_and_times(size, time_us, action == int(Action.OOM))
     has_time = has_time and times_known
     oom_rows = np.flatnonzero(action == int(Action.OOM))
     device_free = np.zeros(len(entries), dtype=np.int64)
@@ -921,13 +921,7 @@ def _parse_native_trace(device: int, trace: native_scan.NativeTrace, check: Chec
     cut by the same checker, in the same order), the metadata strings."""
     codes = np.array([ACTION_CODES.get(name, int(Action.OTHER)) for name in trace.actions], dtype=np.int8)
     action = codes[trace.action_local]
-    time_us = trace.time_us
-    constant_time = not time_us.flags.writeable  # one time throughout (a constant column)
-    if constant_time and _times_unknown(time_us):
-        time_us = time_us.copy()  # for _unknown_sizes_and_times to zero; one value again after
-    notes, times_known = _unknown_sizes_and_times(trace.size, time_us, action == int(Action.OOM))
-    if constant_time and not times_known:
-        time_us = constant_column(0, len(trace), np.int64)
+    notes, time_us, times_known = _unknown_sizes_and_times(trace.size, trace.time_us, action == int(Action.OOM))
     stack_ids = np.array(interner.distinct_stacks(trace.frames, check), dtype=np.int32)
     no_strings = constant_column(-1, len(trace), np.int32)
     return DeviceTrace(
@@ -974,14 +968,16 @@ def _intern_distinct(distinct: list[str | None], local: np.ndarray) -> np.ndarra
 
 def _unknown_sizes_and_times(
     size: np.ndarray, time_us: np.ndarray, oom_rows: np.ndarray,
-) -> tuple[list[str], bool]:
-    """Read the meaningless values of a trace as unknown, in place, and say so.
+) -> tuple[list[str], np.ndarray, bool]:
+    """Read the meaningless values of a trace as unknown, and say so: the notes, the time column
+    to keep and whether the trace's clock is known.
 
     A size past PLAUSIBLE_BYTES (or one that, as size_t, wrapped into a negative int64) is no
-    allocation a GPU served: it counts 0 B. An OOM row's size is a request, which can be absurd
-    (``torch.empty(2**50)`` asks for 1 PiB): it is kept up to 2**63 - 1. A time before the epoch
-    or past PLAUSIBLE_TIME_US makes the trace's clock unknown: every time is 0 and the trace has
-    no time."""
+    allocation a GPU served: it counts 0 B (``size`` is set in place). An OOM row's size is a
+    request, which can be absurd (``torch.empty(2**50)`` asks for 1 PiB): it is kept up to
+    2**63 - 1. A time before the epoch or past PLAUSIBLE_TIME_US makes the trace's clock unknown:
+    every time reads 0 (one constant column; the one given may be read-only) and the trace has no
+    time."""
     notes = []
     implausible = (size < 0) | ((size > PLAUSIBLE_BYTES) & ~oom_rows)
     if implausible.any():
@@ -989,16 +985,10 @@ def _unknown_sizes_and_times(
         size[implausible] = 0
         notes.append(f"{count:,} trace entr{'y claims' if count == 1 else 'ies claim'} more than "
                      f"{PLAUSIBLE_BYTES >> 40} TiB (no GPU holds that): read as unknown, counted as 0 B")
-    if _times_unknown(time_us):
-        time_us[:] = 0
+    if time_us.size and (int(time_us.min()) < 0 or int(time_us.max()) > PLAUSIBLE_TIME_US):
         notes.append("the trace's times are not microseconds since the epoch: read as unknown")
-        return notes, False
-    return notes, True
-
-
-def _times_unknown(time_us: np.ndarray) -> bool:
-    """A time before the epoch or past PLAUSIBLE_TIME_US: the trace's clock is unknown."""
-    return bool(time_us.size) and (int(time_us.min()) < 0 or int(time_us.max()) > PLAUSIBLE_TIME_US)
+        return notes, constant_column(0, len(time_us), np.int64), False
+    return notes, time_us, True
 
 
 # MAX_TEXT and SHORT_TEXT are re-exported: callers read the text limits from the reader.
