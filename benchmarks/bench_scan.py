@@ -59,8 +59,9 @@ if mode == "pickle":
     report(start, cpu)
     raise SystemExit
 import memlens.snapshot.native_scan as native_scan
+import memlens.snapshot.scan_ahead as scan_ahead
 if scanner == "python":
-    native_scan._native_scan = None
+    scan_ahead._native_scan = None
 if mode == "scan":  # the scanner alone, on the bytes read (gc paused, as the reader has it)
     import gc
     with open(path, "rb") as handle:

@@ -1,3 +1,3 @@
-from memlens.cli.main import main
+from memlens.cli.launch import main
 
 main()

@@ -29,7 +29,7 @@ def test_metadata_lives_in_pyproject_only() -> None:
     assert "scikit-build-core" in requires and "nanobind" in requires
     project = data["project"]
     assert project["name"] == "memlens" and project["version"]
-    assert project["scripts"]["memlens"] == "memlens.cli.main:main"
+    assert project["scripts"]["memlens"] == "memlens.cli.launch:main"
     assert {"test", "mcp", "dask", "hf", "lightning", "accelerate"} <= set(project["optional-dependencies"])
 
     setup_cfg = configparser.ConfigParser()

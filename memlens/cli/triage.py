@@ -21,6 +21,7 @@ import click
 
 from memlens.analysis.report import FINDING_KINDS
 from memlens.cli.common import CAPACITY, COUNT, DEVICE, Whole, help_text, json_text, progress_bar
+from memlens.cli.head_start import snapshot_source
 from memlens.errors import MemlensUsageError
 from memlens.ops.budget import BudgetOptions
 from memlens.ops.triage import TriageOptions
@@ -82,7 +83,7 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
                            config=config_path)
     options = TriageOptions(capacity=capacity, device=device, cache=cache, budget=budget)
     (path,) = snapshots
-    with begin_triage(path, options) as pending:
+    with snapshot_source(path) as source, begin_triage(source, options) as pending:
         # Imported while a cached file is hashed on another thread: the screen's first 30 ms.
         from memlens.reporters.terminal import make_console, render_triage
 

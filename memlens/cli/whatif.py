@@ -41,11 +41,13 @@ def whatif(
     device: int | None,
     as_json: bool,
 ) -> None:
+    from memlens.cli.head_start import snapshot_source
     from memlens.ops.whatif import WhatIfOptions, begin
 
-    with begin(snapshot, WhatIfOptions(
-            expandable_segments=expandable_segments, max_split_size_mb=max_split_size_mb,
-            garbage_collection_threshold=garbage_collection_threshold, capacity=capacity, device=device)) as pending:
+    options = WhatIfOptions(expandable_segments=expandable_segments, max_split_size_mb=max_split_size_mb,
+                            garbage_collection_threshold=garbage_collection_threshold, capacity=capacity,
+                            device=device)
+    with snapshot_source(snapshot) as source, begin(source, options) as pending:
         from memlens.allocator.report import render_whatif  # imported while the file is hashed
 
         result = pending.result()

@@ -90,6 +90,7 @@ class PendingTriage(contextlib.AbstractContextManager["PendingTriage"]):
         from memlens.cache_folder import caches
         from memlens.files import opened_snapshot
         from memlens.report_cache import ReportSlot
+        from memlens.snapshot import scan_ahead
 
         self.options = options
         self._exits = contextlib.ExitStack()
@@ -98,18 +99,26 @@ class PendingTriage(contextlib.AbstractContextManager["PendingTriage"]):
         self._slot = ReportSlot.for_opened(self._opened, options.capacity) if wanted else None
         if self._slot is not None:
             self._exits.callback(self._slot.close)  # before the file: the hashing thread reads it
+        # No cached answer to look up: the file is scanned now, on another thread (the native
+        # scanner needs no GIL), while the face imports its renderer and this its finders.
+        self._scanning = self._slot is None and scan_ahead.start(self._opened)
+        if self._scanning:
+            self._exits.callback(scan_ahead.wait, self._opened)  # before the file: the scan reads it
 
     def result(self, progress: Progress | None = None) -> Report:
         report = self._slot.read() if self._slot is not None else None
         if report is None:
-            # The finders are imported on another thread while this one reads the file: the
-            # native scanner runs without the GIL, so the 50 ms of imports cost no time. numpy.ma
-            # too: numpy's unique (and isin) import it on first use.
-            warm = threading.Thread(target=_import_all, args=(_ANALYSIS_MODULES,), name="memlens-import-analysis",
-                                    daemon=True)
-            warm.start()
-            report = analyse(self._opened, self.options, progress).report
-            warm.join()
+            if self._scanning:  # the scan is running without the GIL: import beside it
+                _import_all(_ANALYSIS_MODULES)
+                report = analyse(self._opened, self.options, progress).report
+            else:
+                # The finders are imported on another thread while this one reads the file: the
+                # native scanner runs without the GIL, so the 50 ms of imports cost no time.
+                warm = threading.Thread(target=_import_all, args=(_ANALYSIS_MODULES,),
+                                        name="memlens-import-analysis", daemon=True)
+                warm.start()
+                report = analyse(self._opened, self.options, progress).report
+                warm.join()
             if self._slot is not None:
                 self._slot.write(report)
         return with_budget(report, self.options)
@@ -118,6 +127,7 @@ class PendingTriage(contextlib.AbstractContextManager["PendingTriage"]):
         self._exits.close()
 
 
+# numpy.ma too: numpy's unique (and isin) import it on first use.
 _ANALYSIS_MODULES = ("memlens.analysis.run", "numpy.ma")
 
 

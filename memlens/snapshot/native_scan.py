@@ -18,24 +18,12 @@ keeps every file on the Python path.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from memlens.allocator.engine import pure_python_requested
 from memlens.snapshot.model import constant_column
-
-_native_scan: ModuleType | None
-try:
-    from memlens import _scan as _native_scan
-except ImportError:  # not built (a checkout run without pip install): the Python path reads every file
-    _native_scan = None
-
-
-def scanner() -> ModuleType | None:
-    """``memlens._scan``, or None when the Python path reads snapshots (asked for, or not built)."""
-    return None if pure_python_requested() else _native_scan
+from memlens.snapshot.scan_ahead import SCAN_CHUNK, ScanAhead, scanner
 
 
 @dataclass(slots=True)
@@ -81,7 +69,7 @@ def scan(data: bytes) -> tuple[Any, str | None]:
     return _answer(module.scan(data))
 
 
-def scan_file(fd: int, size: int, chunk: int = 1 << 20) -> tuple[Any, str | None]:
+def scan_file(fd: int, size: int, chunk: int = SCAN_CHUNK) -> tuple[Any, str | None]:
     """``scan`` of the ``size`` bytes of the open file ``fd``, read ``chunk`` bytes at a time from
     its start (positional reads: the descriptor's offset is left as it is). A file shorter now than
     ``size`` is declined as truncated: the Python path then says what it holds."""
@@ -89,6 +77,11 @@ def scan_file(fd: int, size: int, chunk: int = 1 << 20) -> tuple[Any, str | None
     if module is None:
         return None, "the native scanner is off"
     return _answer(module.scan_file(fd, size, chunk))
+
+
+def scanned(ahead: ScanAhead) -> tuple[Any, str | None]:
+    """``scan_file``'s answer from a scan begun ahead (``memlens.snapshot.scan_ahead``)."""
+    return _answer(ahead.result())
 
 
 def _answer(scanned: tuple[bool, Any]) -> tuple[Any, str | None]:
@@ -107,4 +100,4 @@ def _answer(scanned: tuple[bool, Any]) -> tuple[Any, str | None]:
     return raw, None
 
 
-__all__ = ["NativeTrace", "scan", "scan_file", "scanner"]
+__all__ = ["NativeTrace", "scan", "scan_file", "scanned", "scanner"]
