@@ -155,6 +155,7 @@ def test_the_program_answers_as_the_command_group_does(
     command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setattr(cache_folder, "CACHE_MIN_BYTES", 0)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")  # the program sets it (restored after the test)
     expected = CliRunner().invoke(cli, command)
     assert expected.exit_code == 0, expected.output
     try:
@@ -165,3 +166,24 @@ def test_the_program_answers_as_the_command_group_does(
     assert exited.value.code == 0
     assert capsys.readouterr().out == expected.output
     assert head_start._started == {}  # the command took the file it named
+
+
+@pytest.mark.parametrize(("command", "one_blas_thread"), [
+    (["triage", "--help"], True),
+    (["whatif", "--help"], True),
+    (["record", "--help"], False),  # the user's script inherits the environment: left as it is
+    (["predict", "--help"], False),
+    (["plan", "--help"], False),
+])
+def test_numpy_gets_one_blas_thread_unless_the_users_code_runs(
+    command: list[str], one_blas_thread: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")  # recorded: what the program sets is undone after
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    try:
+        with pytest.raises(SystemExit):
+            launch_main(command)
+    finally:
+        gc.unfreeze()
+    capsys.readouterr()
+    assert (os.environ.get("OPENBLAS_NUM_THREADS") == "1") is one_blas_thread
