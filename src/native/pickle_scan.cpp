@@ -8,6 +8,7 @@
 #include <limits>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 
@@ -860,6 +861,40 @@ ScanResult run_machine(MakeMachine make) {
   return result;
 }
 
+// Frames lists that hold the same objects in the same order intern to the same stack (PyTorch
+// writes a new list for each entry, its frame dicts shared through the memo: a million entries,
+// a few hundred stacks). The reader is handed one list of each content, in order of first
+// appearance, the rows' ids remapped, so it checks and interns a few hundred lists instead of
+// tens of thousands, and gives every row the stack it would have given it. Done on the final
+// contents: a list can still grow after an entry takes it, and the reader sees it grown.
+void merge_equal_frames(const Arena& arena, TraceColumns& columns) {
+  std::vector<int32_t> merged(columns.frames.size());
+  std::vector<Value> kept;
+  std::unordered_map<std::string, int32_t> by_content;
+  std::string key;
+  for (size_t id = 0; id < columns.frames.size(); ++id) {
+    const Value& frames = columns.frames[id];
+    if (frames.kind != Kind::List) {  // None (interned once already)
+      kept.push_back(frames);
+      merged[id] = static_cast<int32_t>(kept.size() - 1);
+      continue;
+    }
+    key.clear();
+    for (const Value& item : arena.container(frames).items) {
+      // The same kind and number is the same object: containers and strings are arena indices.
+      const auto kind = static_cast<char>(item.kind);
+      key.append(&kind, 1);
+      key.append(reinterpret_cast<const char*>(&item.num), sizeof item.num);
+    }
+    const auto [found, added] = by_content.try_emplace(key, static_cast<int32_t>(kept.size()));
+    if (added) kept.push_back(frames);
+    merged[id] = found->second;
+  }
+  if (kept.size() == columns.frames.size()) return;
+  for (int32_t& row : columns.frames_local) row = merged[static_cast<size_t>(row)];
+  columns.frames = std::move(kept);
+}
+
 }  // namespace
 
 ScanResult scan_pickle(const uint8_t* data, size_t size) {
@@ -920,6 +955,7 @@ Extraction extract_traces(Arena& arena) {
       columns.context_local = LazyColumn<int32_t>{};
       columns.context = {};
     }
+    merge_equal_frames(arena, columns);
     extraction.traces.push_back(std::move(columns));
   }
   return finish();

@@ -451,3 +451,43 @@ def test_mutated_snapshots_read_the_same_on_both_paths(data: bytes, monkeypatch:
         path = Path(folder) / "mutated.pickle"
         path.write_bytes(data)
         assert outcome(path, False, monkeypatch) == outcome(path, True, monkeypatch)
+
+
+def _text(value: str) -> bytes:
+    data = value.encode()
+    return b"X" + len(data).to_bytes(4, "little") + data  # BINUNICODE
+
+
+def _frame(name: str) -> bytes:
+    return (b"}(" + _text("filename") + _text("train.py") + _text("line") + b"K\x07" + _text("name") + _text(name)
+            + b"u")
+
+
+def _row(address: int, frames: bytes) -> bytes:
+    return (b"}(" + _text("action") + _text("alloc") + _text("addr") + b"J" + address.to_bytes(4, "little")
+            + _text("size") + b"J\x00\x02\x00\x00" + _text("stream") + b"K\x00" + _text("frames") + frames + b"u")
+
+
+def test_frames_lists_of_the_same_objects_share_a_stack_as_they_end_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scanner hands the reader one frames list per content (PyTorch writes one per entry),
+    compared once the file is read: a list that grows after its entry was read (through the memo)
+    is not merged with the lists it equalled then."""
+    data = b"".join([
+        b"\x80\x02}q\x00(", _text("segments"), b"]", _text("device_traces"), b"](]q\x01(",
+        _row(0, b"]q\x02" + _frame("forward") + b"q\x03a"),  # frames [forward] (grows below)
+        _row(512, b"]q\x04h\x03a"),  # [forward]: another list of the same frame dict
+        _row(1024, b"]q\x05h\x03a"),  # and another
+        b"ee", b"u",
+        b"h\x02", _frame("backward"), b"a0",  # the first list grows: [forward, backward]
+        b".",
+    ])
+    assert natively_read(data, monkeypatch)
+    raw, _reason = native_scan.scan(data)
+    assert len(raw["device_traces"][0].frames) == 2  # three lists, two contents
+    path = _write(tmp_path, data)
+    assert outcome(path, False, monkeypatch) == outcome(path, True, monkeypatch)
+    snapshot = memlens.load(path, cache=False)
+    trace = snapshot.devices[0]
+    assert [len(snapshot.stacks.stacks[s]) for s in trace.stack_id.tolist()] == [2, 1, 1]
