@@ -59,9 +59,9 @@ if mode == "pickle":
     report(start, cpu)
     raise SystemExit
 import memlens.snapshot.native_scan as native_scan
-import memlens.snapshot.scan_ahead as scan_ahead
+import memlens.snapshot.ahead as ahead
 if scanner == "python":
-    scan_ahead._native_scan = None
+    ahead._native_scan = None
 if mode == "scan":  # the scanner alone, on the bytes read (gc paused, as the reader has it)
     import gc
     with open(path, "rb") as handle:

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from memlens.cache_folder import caches, hash_opened, hash_started
 from memlens.errors import MemlensError
 from memlens.files import FileRefused, OpenedFile, open_regular
-from memlens.snapshot import scan_ahead
+from memlens.snapshot import ahead
 from memlens.snapshot.formats import GZIP_MAGIC, looks_like_pickle
 
 # The commands that hash their snapshot before reading it, and whether each has --cache/--no-cache.
@@ -36,7 +36,7 @@ _started: dict[str, OpenedFile] = {}
 def start(args: Sequence[str]) -> None:
     """Begin reading the snapshot that ``args`` (the command line after the program's name) gives
     to ``triage`` or ``whatif``, if exactly one token can be it: hashing it when the cache will
-    look it up, else scanning it (``memlens.snapshot.scan_ahead``). Never fails: anything
+    look it up, else scanning it (``memlens.snapshot.ahead``). Never fails: anything
     unexpected leaves the command to open and read its file itself."""
     with contextlib.suppress(OSError, MemlensError, FileRefused):
         candidate = _candidate(args)
@@ -45,7 +45,7 @@ def start(args: Sequence[str]) -> None:
         token, opened, asked = candidate
         if caches(opened.size, asked):
             hash_opened(opened)  # waited for by whoever takes the file; one not taken ends with the process
-        elif not scan_ahead.start(opened):
+        elif not ahead.start_scan(opened):
             opened.close()
             return
         _started[token] = opened
@@ -94,5 +94,5 @@ def snapshot_source(path: str) -> Iterator[str | OpenedFile]:
         hashed = hash_started(opened)
         if hashed is not None:
             hashed.result()
-        scan_ahead.wait(opened)
+        ahead.wait(opened)
         opened.close()

@@ -90,7 +90,7 @@ class PendingTriage(contextlib.AbstractContextManager["PendingTriage"]):
         from memlens.cache_folder import caches
         from memlens.files import opened_snapshot
         from memlens.report_cache import ReportSlot
-        from memlens.snapshot import scan_ahead
+        from memlens.snapshot import ahead
 
         self.options = options
         self._exits = contextlib.ExitStack()
@@ -101,9 +101,9 @@ class PendingTriage(contextlib.AbstractContextManager["PendingTriage"]):
             self._exits.callback(self._slot.close)  # before the file: the hashing thread reads it
         # No cached answer to look up: the file is scanned now, on another thread (the native
         # scanner needs no GIL), while the face imports its renderer and this its finders.
-        self._scanning = self._slot is None and scan_ahead.start(self._opened)
+        self._scanning = self._slot is None and ahead.start_scan(self._opened)
         if self._scanning:
-            self._exits.callback(scan_ahead.wait, self._opened)  # before the file: the scan reads it
+            self._exits.callback(ahead.wait, self._opened)  # before the file: the scan reads it
 
     def result(self, progress: Progress | None = None) -> Report:
         report = self._slot.read() if self._slot is not None else None

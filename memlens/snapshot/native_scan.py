@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from memlens.snapshot.ahead import SCAN_CHUNK, Begun, scanner
 from memlens.snapshot.model import constant_column
-from memlens.snapshot.scan_ahead import SCAN_CHUNK, ScanAhead, scanner
 
 
 @dataclass(slots=True)
@@ -79,9 +79,9 @@ def scan_file(fd: int, size: int, chunk: int = SCAN_CHUNK) -> tuple[Any, str | N
     return _answer(module.scan_file(fd, size, chunk))
 
 
-def scanned(ahead: ScanAhead) -> tuple[Any, str | None]:
-    """``scan_file``'s answer from a scan begun ahead (``memlens.snapshot.scan_ahead``)."""
-    return _answer(ahead.result())
+def scanned(begun: Begun[tuple[bool, Any]]) -> tuple[Any, str | None]:
+    """``scan_file``'s answer from a scan begun ahead (``memlens.snapshot.ahead``)."""
+    return _answer(begun.result())
 
 
 def _answer(scanned: tuple[bool, Any]) -> tuple[Any, str | None]:

@@ -40,7 +40,7 @@ from memlens.allocator.settings import AllocatorSettings
 from memlens.errors import MemlensFormatError, MemlensUsageError
 from memlens.files import OpenedFile, opened_snapshot
 from memlens.sidecar import sidecar_beside
-from memlens.snapshot import native_scan, scan_ahead
+from memlens.snapshot import ahead, native_scan
 from memlens.snapshot.curves import CurveOverflow, build_curves
 from memlens.snapshot.formats import BARE_LIST_FORMAT, GZIP_MAGIC, ZIP_MAGIC, guess_format, looks_like_pickle, sniff
 from memlens.snapshot.model import (
@@ -315,9 +315,9 @@ def _read_raw_native(opened: OpenedFile, content: list[int], max_content_bytes: 
                 return None  # the Python path refuses it with its message
         elif looks_like_pickle(head):
             # Read by the scanner itself, a megabyte at a time: the file is never held whole; on
-            # another thread already when a face began the scan ahead (``scan_ahead``).
-            ahead = scan_ahead.take(opened)
-            raw, _declined = (native_scan.scanned(ahead) if ahead is not None
+            # another thread already when a face began the scan ahead (``memlens.snapshot.ahead``).
+            begun = ahead.take_scan(opened)
+            raw, _declined = (native_scan.scanned(begun) if begun is not None
                               else native_scan.scan_file(opened.fd, opened.size))
             if raw is not None:
                 content.append(opened.size)

@@ -10,6 +10,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -19,7 +20,7 @@ from memlens.cli import head_start
 from memlens.cli.launch import main as launch_main
 from memlens.cli.main import cli
 from memlens.files import OpenedFile, open_regular
-from memlens.snapshot import native_scan, scan_ahead
+from memlens.snapshot import ahead, native_scan
 from tests.conftest import SAMPLE_SNAPSHOTS_DIR
 
 SAMPLE = SAMPLE_SNAPSHOTS_DIR / "leak.pickle"
@@ -30,7 +31,7 @@ def _nothing_left_started(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> It
     monkeypatch.setenv(cache_folder.CACHE_DIR_ENV, str(tmp_path / "cache"))
     yield
     for opened in head_start._started.values():  # a test that started and never took: let it end
-        scan_ahead.wait(opened)
+        ahead.wait(opened)
         hashed = cache_folder.hash_started(opened)
         if hashed is not None:
             hashed.result()
@@ -60,14 +61,14 @@ def test_an_uncached_file_is_scanned_ahead_and_the_reader_takes_the_scan(monkeyp
     if native_scan.scanner() is None:
         pytest.skip("the native scanner is not built")
     taken: list[object] = []
-    real_take = scan_ahead.take
+    real_take = ahead.take_scan
 
-    def counted(opened: OpenedFile) -> scan_ahead.ScanAhead | None:
-        ahead = real_take(opened)
-        taken.append(ahead)
-        return ahead
+    def counted(opened: OpenedFile) -> ahead.Begun[Any] | None:
+        begun = real_take(opened)
+        taken.append(begun)
+        return begun
 
-    monkeypatch.setattr(scan_ahead, "take", counted)
+    monkeypatch.setattr(ahead, "take_scan", counted)
     head_start.start(["triage", str(SAMPLE), "--no-cache"])
     opened = started_file(str(SAMPLE))
     assert opened is not None and cache_folder.hash_started(opened) is None
@@ -122,10 +123,10 @@ def test_the_scan_begun_ahead_reads_what_the_reader_would(tmp_path: Path) -> Non
     if native_scan.scanner() is None:
         pytest.skip("the native scanner is not built")
     with open_regular(SAMPLE) as opened:
-        assert scan_ahead.start(opened) and scan_ahead.start(opened)  # once: the second finds it running
-        ahead = scan_ahead.take(opened)
-        assert ahead is not None and scan_ahead.take(opened) is None
-        early, _ = native_scan.scanned(ahead)
+        assert ahead.start_scan(opened) and ahead.start_scan(opened)  # once: the second finds it running
+        begun = ahead.take_scan(opened)
+        assert begun is not None and ahead.take_scan(opened) is None
+        early, _ = native_scan.scanned(begun)
         direct, _ = native_scan.scan_file(opened.fd, opened.size)
     assert early is not None and direct is not None
     assert early["segments"] == direct["segments"]
@@ -134,16 +135,16 @@ def test_the_scan_begun_ahead_reads_what_the_reader_would(tmp_path: Path) -> Non
     shutil.copyfile(SAMPLE, truncated)
     with open_regular(truncated) as opened:
         os.truncate(truncated, opened.size // 2)  # shorter than at open: declined, as the direct scan does
-        assert scan_ahead.start(opened)
-        ahead = scan_ahead.take(opened)
-        assert ahead is not None
-        assert native_scan.scanned(ahead) == native_scan.scan_file(opened.fd, opened.size)
+        assert ahead.start_scan(opened)
+        begun = ahead.take_scan(opened)
+        assert begun is not None
+        assert native_scan.scanned(begun) == native_scan.scan_file(opened.fd, opened.size)
 
 
 def test_no_scan_ahead_on_the_python_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMLENS_PURE_PYTHON", "1")
     with open_regular(SAMPLE) as opened:
-        assert not scan_ahead.start(opened)
+        assert not ahead.start_scan(opened)
 
 
 @pytest.mark.parametrize("command", [

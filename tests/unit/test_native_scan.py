@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import memlens
 from memlens.errors import MemlensFormatError
-from memlens.snapshot import native_scan, scan_ahead
+from memlens.snapshot import ahead, native_scan
 from tests.conftest import real_snapshot_paths
 from tests.hostile_files import dumps, entry, snapshot
 from tests.unit.test_hostile_scan import opcode_streams
@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((REPO / "sample_snapshots").glob("*.pickle"))
 
 pytestmark = pytest.mark.skipif(
-    scan_ahead._native_scan is None,
+    ahead._native_scan is None,
     reason="memlens._scan is not built (pip install -e . with a C++17 compiler builds it)",
 )
 
