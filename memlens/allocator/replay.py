@@ -76,6 +76,63 @@ _ADDRESS_HINT_LOOKAHEAD = 8
 Observer = Callable[[int, CachingAllocatorSimulator], None]
 
 
+@dataclass(eq=False)
+class Watch:
+    """What a replay notes as it goes, instead of calling an observer: at every ``segment_alloc``
+    and ``oom`` row it replays (where an ``Observer`` would be called, and seeing what it would
+    see), the simulator's reserved bytes; at each of ``rows`` (ascending, such rows), the summary
+    of the cached blocks of one pool on one stream (``cached_summary(small, stream,
+    pieces_only)``). It stops once it has noted a row at or after ``stop_after`` (-1: never).
+    The native loop notes all of it without a Python call (and so without the GIL); the replay
+    fills the ``noted_*`` fields, ``summaries`` (``None`` for a row it never reached) and ``stopped``."""
+
+    rows: np.ndarray  # int64
+    small: np.ndarray  # uint8
+    streams: np.ndarray  # int64
+    pieces_only: np.ndarray  # uint8
+    stop_after: int = -1
+    noted_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    noted_reserved: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    summaries: list[tuple[int, int, int, int] | None] = field(default_factory=list)
+    stopped: bool = False
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        """The request as the native loop takes it."""
+        return (np.ascontiguousarray(self.rows, dtype=np.int64), np.ascontiguousarray(self.small, dtype=np.uint8),
+                np.ascontiguousarray(self.streams, dtype=np.int64),
+                np.ascontiguousarray(self.pieces_only, dtype=np.uint8), self.stop_after)
+
+
+class _WatchNotes:
+    """The Python loop's notes for a ``Watch``, as the native loop takes them."""
+
+    def __init__(self, watch: Watch) -> None:
+        self.watch = watch
+        self.rows: list[int] = []
+        self.reserved: list[int] = []
+        self.summaries: list[tuple[int, int, int, int] | None] = [None] * len(watch.rows)
+        self._watched = {int(row): k for k, row in enumerate(np.asarray(watch.rows).tolist())}
+        self.stopped = False
+
+    def note(self, row: int, sim: CachingAllocatorSimulator) -> bool:
+        """Notes ``row``; whether the replay stops there."""
+        self.rows.append(row)
+        self.reserved.append(sim.reserved_bytes)
+        k = self._watched.get(row)
+        if k is not None:
+            w = self.watch
+            self.summaries[k] = sim.cached_summary(bool(w.small[k]), int(w.streams[k]),
+                                                   pieces_only=bool(w.pieces_only[k]))
+        self.stopped = 0 <= self.watch.stop_after <= row
+        return self.stopped
+
+    def fill(self) -> None:
+        self.watch.noted_rows = np.array(self.rows, dtype=np.int64)
+        self.watch.noted_reserved = np.array(self.reserved, dtype=np.int64)
+        self.watch.summaries = self.summaries
+        self.watch.stopped = self.stopped
+
+
 class RunFigures(msgspec.Struct, frozen=True):
     """What a run (recorded, or a replay of it) reserved, allocated and asked the device for."""
 
@@ -278,13 +335,15 @@ def whatif(
     device: int | None = None,
     use_recorded_addresses: bool = True,
     observer: Observer | None = None,
+    watch: Watch | None = None,
 ) -> WhatIfResult:
     """Replay one device's recorded history with ``settings`` (default: the recorded ones).
 
     ``use_recorded_addresses=False`` places new segments at fresh addresses instead of where
     the recorded cudaMalloc put them (the fidelity tests use it to show the figures do not
     depend on copying addresses). ``observer`` sees the simulator at every recorded
-    ``segment_alloc`` and ``oom`` row (see ``Observer``).
+    ``segment_alloc`` and ``oom`` row (see ``Observer``); ``watch`` notes what it would see there
+    without a call (see ``Watch``: a replay it stops gives figures up to that row only).
     """
     if isinstance(snapshot_or_path, str | Path):
         from memlens.snapshot.reader import load
@@ -305,7 +364,8 @@ def whatif(
     segments = snapshot.segments_on(trace.device)
     recorded = recorded_figures(trace, segments)
     replay = _Replay(
-        trace, segments, recorded_settings, settings, capacity, use_recorded_addresses, observer, snapshot.stacks
+        trace, segments, recorded_settings, settings, capacity, use_recorded_addresses, observer, snapshot.stacks,
+        watch,
     )
     simulated = replay.run()
     if capacity_note:
@@ -472,9 +532,11 @@ class _Replay:
         use_recorded_addresses: bool = True,
         observer: Observer | None = None,
         stacks: StackTable | None = None,
+        watch: Watch | None = None,
     ) -> None:
         self.trace = trace
         self.observer = observer
+        self.watch = watch
         self.use_recorded_addresses = use_recorded_addresses
         self.segments = segments
         self.recorded_settings = recorded_settings
@@ -609,6 +671,7 @@ class _Replay:
         paired = self._paired
         base_of, segment_base = recorded_segments.base_of, sim.segment_base
         actions, addresses, sizes, streams = self.actions, self.addresses, self.sizes, self.streams
+        notes = _WatchNotes(self.watch) if self.watch is not None else None
         for i in range(0 if over_capacity else len(actions)):
             act = actions[i]
             if act == _ALLOC:
@@ -658,6 +721,8 @@ class _Replay:
                 recorded_segments.opened(addresses[i], sizes[i])
                 if self.observer is not None:
                     self.observer(i, sim)
+                if notes is not None and notes.note(i, sim):
+                    break
             elif act == _SEGMENT_FREE:
                 recorded_segments.closed(addresses[i])
                 if empty_cache_at.get(i):
@@ -668,6 +733,8 @@ class _Replay:
             elif act == _OOM:
                 if self.observer is not None:
                     self.observer(i, sim)
+                if notes is not None and notes.note(i, sim):
+                    break
                 # The request that failed in the recorded run is not an alloc row: try it here,
                 # so "would it fit with these settings?" is answered by the simulation itself.
                 try:
@@ -680,6 +747,8 @@ class _Replay:
                     f"the request that failed at event {i} ({format_bytes(int(sizes[i]))}) fits in the simulation"
                 )
                 sim.free(trial)  # the recorded program never got it: keep the rest of the replay aligned
+        if notes is not None:
+            notes.fill()
         return self._figures(
             sim, events=oom_event if oom_event is not None else len(actions), peak_reserved=peak_reserved,
             peak_allocated=peak_allocated, fragmentation=fragmentation, peak_event=peak_event,
@@ -747,7 +816,14 @@ class _Replay:
             recorded_segments.items(),
             over_capacity,
             self.observer,
+            None if self.watch is None else self.watch.columns(),
         )
+        if self.watch is not None:
+            summaries = raw["summaries"].reshape(-1, 4).tolist()
+            self.watch.noted_rows = raw["noted_rows"]
+            self.watch.noted_reserved = raw["noted_reserved"]
+            self.watch.summaries = [None if s[0] < 0 else (s[0], s[1], s[2], s[3]) for s in summaries]
+            self.watch.stopped = bool(raw["stopped"])
         for row in raw["fits"]:
             self.notes.append(
                 f"the request that failed at event {row} ({format_bytes(int(sizes[row]))}) fits in the simulation"

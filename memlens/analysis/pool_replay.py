@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, whatif
-from memlens.allocator.replay import left_to_simulator, recorded_capacity, trace_releases
+from memlens.allocator.replay import Watch, left_to_simulator, recorded_capacity, trace_releases
 from memlens.allocator.simulator import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, get_allocation_size
 from memlens.errors import MemlensError
 from memlens.snapshot.model import Action, DeviceTrace, Snapshot
@@ -92,15 +92,15 @@ class AllocatorEvidence:
 
 
 def _pool_state(
-    sim: CachingAllocatorSimulator, event: int, request: int, stream: int, released: bool = False
+    event: int, request: int, stream: int, summary: tuple[int, int, int, int], expandable_segments: bool,
 ) -> PoolState:
-    """``released``: as the pool is once the allocator has freed its whole cached segments
-    (``release_cached_blocks``, before it raises out-of-memory): its pieces only."""
-    small = request <= K_SMALL_SIZE
-    total, whole, largest, count = sim.cached_summary(small, stream, pieces_only=released)
+    """The pool the rounded ``request`` is served from, from the replay's ``cached_summary`` of it
+    at ``event`` (at the OOM, as the pool is once the allocator has freed its whole cached
+    segments where the simulator had yet to: its pieces only; see ``replay_pool_states``)."""
+    total, whole, largest, count = summary
     return PoolState(
         event=event,
-        small_pool=small,
+        small_pool=request <= K_SMALL_SIZE,
         stream=stream,
         request_bytes=request,
         free_bytes=total,
@@ -108,7 +108,7 @@ def _pool_state(
         free_in_whole_segments_bytes=whole,
         largest_free_block_bytes=largest,
         free_blocks=count,
-        new_segment_bytes=new_segment_bytes(request, sim.settings.expandable_segments),
+        new_segment_bytes=new_segment_bytes(request, expandable_segments),
     )
 
 
@@ -154,8 +154,6 @@ def replay_pool_states(snapshot: Snapshot, trace: DeviceTrace, capacity: int | N
     if not candidates and oom_row is None:
         return AllocatorEvidence(len(requests), (), None, 0, False, None)
 
-    states: dict[int, PoolState] = {}
-    diverged: list[int] = []
     # cudaMallocs come early (the cache warms up in the first steps): the replay stops after the
     # last row it is asked about instead of running the whole trace.
     last_row = max([*candidates, *([] if oom_row is None else [oom_row])])
@@ -171,37 +169,48 @@ def replay_pool_states(snapshot: Snapshot, trace: DeviceTrace, capacity: int | N
         if left_to_simulator(r, replay_capacity)
     }
 
-    def observe(row: int, sim: CachingAllocatorSimulator) -> None:
+    # The pool each watched row asks about: a cudaMalloc's request as it stands, or at the OOM the
+    # failed request rounded. The recorded allocator gave up only after its free-and-retry released
+    # every unsplit cached segment; where the simulator has yet to make that release, the pool it
+    # held when it gave up is the simulator's pieces (the released bytes are in the recorded
+    # device_free already).
+    watched = sorted([*candidates, *([] if oom_row is None else [oom_row])])
+    requests_at = {row: request for row, (_, request) in candidates.items()}
+    if oom_row is not None:
+        requests_at[oom_row] = rounder.round_size(int(trace.size[oom_row]))
+    streams = [int(trace.stream[row]) for row in watched]
+    watch = Watch(
+        rows=np.array(watched, dtype=np.int64),
+        small=np.array([requests_at[row] <= K_SMALL_SIZE for row in watched], dtype=np.uint8),
+        streams=np.array(streams, dtype=np.int64),
+        pieces_only=np.array([row == oom_row and row not in candidates and row in pending_release
+                              for row in watched], dtype=np.uint8),
+        stop_after=last_row,
+    )
+    notes: tuple[str, ...] = ()
+    try:
+        result = whatif(snapshot, capacity=capacity, device=trace.device, watch=watch)
+    except MemlensError as exc:
+        # e.g. garbage_collection_threshold set and no capacity known: the replay cannot run, and
+        # without it there is no pool state to judge a cudaMalloc by.
+        return AllocatorEvidence(len(requests), (), None, 0, False, notes=(f"no allocator replay: {exc}",))
+    if not watch.stopped:
+        notes = tuple(result.notes)
+
+    diverged = None
+    for row, reserved in zip(watch.noted_rows.tolist(), watch.noted_reserved.tolist(), strict=True):
         run_start = pending_release.get(row)
         if run_start is not None:
             recorded_before = int(trace.reserved[run_start - 1]) if run_start else int(trace.baseline_reserved)
         else:
             recorded_before = int(trace.reserved[row]) - (int(trace.size[row]) if row != oom_row else 0)
-        if not diverged and sim.reserved_bytes != recorded_before:
-            diverged.append(row)
-        stream = int(trace.stream[row])
-        if row in candidates:
-            states[row] = _pool_state(sim, row, candidates[row][1], stream)
-        elif row == oom_row:
-            # The recorded allocator gave up only after its free-and-retry released every unsplit
-            # cached segment; where the simulator has yet to make that release, the pool it held
-            # when it gave up is the simulator's pieces (the released bytes are in the recorded
-            # device_free already).
-            request = rounder.round_size(int(trace.size[row]))
-            states[row] = _pool_state(sim, row, request, stream, released=run_start is not None)
-        if row >= last_row:
-            raise _ReplayDone
-
-    notes: tuple[str, ...] = ()
-    try:
-        result = whatif(snapshot, capacity=capacity, device=trace.device, observer=observe)
-        notes = tuple(result.notes)
-    except _ReplayDone:
-        pass
-    except MemlensError as exc:
-        # e.g. garbage_collection_threshold set and no capacity known: the replay cannot run, and
-        # without it there is no pool state to judge a cudaMalloc by.
-        return AllocatorEvidence(len(requests), (), None, 0, False, notes=(f"no allocator replay: {exc}",))
+        if reserved != recorded_before:
+            diverged = row
+            break
+    states = {
+        row: _pool_state(row, requests_at[row], stream, summary, settings.expandable_segments)
+        for row, stream, summary in zip(watched, streams, watch.summaries, strict=True) if summary is not None
+    }
     cudamallocs = tuple(CudaMalloc(row, candidates[row][0], states[row]) for row in sorted(candidates) if row in states)
     return AllocatorEvidence(
         segment_allocs=len(requests),
@@ -209,10 +218,8 @@ def replay_pool_states(snapshot: Snapshot, trace: DeviceTrace, capacity: int | N
         at_oom=states.get(oom_row) if oom_row is not None else None,
         oom_device_free_bytes=int(trace.device_free[oom_row]) if oom_row is not None else 0,
         replayed=True,
-        diverged_at=diverged[0] if diverged else None,
+        diverged_at=diverged,
         notes=notes,
     )
 
 
-class _ReplayDone(Exception):
-    """Raised by the observer once the replay has passed every row the analysis needs."""

@@ -32,8 +32,6 @@ using Codes = nb::ndarray<const int8_t, nb::ndim<1>, nb::c_contig, nb::device::c
 // zero stride (memlens.snapshot.model.constant_column), read in place rather than written out.
 using StridedColumn = nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu>;
 
-// A frames argument as given: None and an omitted one are both "no frames" (Python's falsy None).
-Frames frames_of(const nb::handle& frames) { return frames.is_none() ? Frames() : nb::borrow(frames); }
 
 class Simulator {
  public:
@@ -62,6 +60,18 @@ class Simulator {
   }
 
   CachingAllocator& core() { return core_; }
+
+  // A frames argument as given: None and an omitted one are both "no frames" (Python's falsy
+  // None). A simulator once given frames holds Python objects from then on.
+  Frames frames_of(const nb::handle& frames) {
+    if (frames.is_none()) return Frames();
+    held_frames_ = true;
+    return nb::borrow(frames);
+  }
+
+  // Whether its allocator model touches no Python object as it runs: it holds no frames and
+  // records no trace entries (so a replay may run without the GIL).
+  bool python_free() const { return !held_frames_ && !core_.record_history; }
 
   // The trace entry the Python model's ``_record`` appends, key for key.
   void record(Action action, std::optional<int64_t> address, int64_t size, int64_t stream, const Frames& frames,
@@ -153,6 +163,7 @@ class Simulator {
   nb::list trace_;
   int64_t device_;
   int64_t next_time_us_ = kDefaultStartTimeUs;
+  bool held_frames_ = false;
 };
 
 // ------------------------------------------------------------------ the what-if replay loop
@@ -215,17 +226,80 @@ struct HookGuard {
   ~HookGuard() { core.segment_addresses = saved; }
 };
 
-// _Replay.run's loop: the same decisions in the same order; returns the raw figures.
+// What a watched replay (memlens.allocator.replay.Watch) notes as it goes, with no Python call:
+// the reserved bytes at every segment_alloc and oom row it replays, where an observer would be
+// called, and at the watched ones among them the cached summary of one pool on one stream.
+struct Watching {
+  const int64_t* rows = nullptr;  // ascending, each a segment_alloc or oom row
+  const uint8_t* small = nullptr;
+  const int64_t* streams = nullptr;
+  const uint8_t* pieces_only = nullptr;
+  size_t count = 0;
+  int64_t stop_after = -1;  // stop once a noted row is at or after it (-1: never)
+  size_t next = 0;
+  std::vector<int64_t> noted_rows, noted_reserved;
+  std::vector<int64_t> summaries;  // four a watched row: total, whole, largest, count (-1: not reached)
+  bool stopped = false;
+
+  // Notes row ``i``; whether the replay stops there.
+  bool note(size_t i, const CachingAllocator& sim) {
+    const auto row = static_cast<int64_t>(i);
+    noted_rows.push_back(row);
+    noted_reserved.push_back(sim.reserved_bytes);
+    while (next < count && rows[next] < row) ++next;
+    if (next < count && rows[next] == row) {
+      const auto [total, whole, largest, blocks] = sim.cached_summary(small[next] != 0, streams[next], pieces_only[next] != 0);
+      int64_t* summary = summaries.data() + 4 * next;
+      summary[0] = total;
+      summary[1] = whole;
+      summary[2] = largest;
+      summary[3] = blocks;
+      ++next;
+    }
+    stopped = stop_after >= 0 && row >= stop_after;
+    return stopped;
+  }
+};
+
+template <typename T>
+nb::ndarray<nb::numpy, T, nb::ndim<1>> to_array(std::vector<T>&& values) {
+  auto* owned = new std::vector<T>(std::move(values));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T, nb::ndim<1>>(owned->data(), {owned->size()}, owner);
+}
+
+// _Replay.run's loop: the same decisions in the same order; returns the raw figures. A replay
+// with no observer whose simulator holds no Python object runs without the GIL.
 nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Column sizes_in, StridedColumn streams_in,
                 Mask completes_in, Mask empty_cache_in, Column hint_addresses, Column hint_sizes,
                 bool use_recorded_addresses, std::vector<int64_t> seeded_live,
-                std::vector<std::pair<int64_t, int64_t>> recorded_initial, bool over_capacity, nb::object observer) {
+                std::vector<std::pair<int64_t, int64_t>> recorded_initial, bool over_capacity, nb::object observer,
+                std::optional<std::tuple<Column, Mask, Column, Mask, int64_t>> watch) {
   Simulator& sim_object = nb::cast<Simulator&>(simulator);
   CachingAllocator& sim = sim_object.core();
   const size_t n = actions_in.shape(0);
   if (addresses_in.shape(0) != n || sizes_in.shape(0) != n || streams_in.shape(0) != n ||
       completes_in.shape(0) != n || empty_cache_in.shape(0) != n || hint_addresses.shape(0) != hint_sizes.shape(0)) {
     throw UsageError("replay columns differ in length");
+  }
+  std::optional<Watching> watching;
+  if (watch) {
+    const auto& [rows, small, streams, pieces_only, stop_after] = *watch;
+    const size_t count = rows.shape(0);
+    if (small.shape(0) != count || streams.shape(0) != count || pieces_only.shape(0) != count) {
+      throw UsageError("watch columns differ in length");
+    }
+    for (size_t k = 1; k < count; ++k) {
+      if (rows.data()[k] <= rows.data()[k - 1]) throw UsageError("watched rows are not ascending");
+    }
+    watching.emplace();
+    watching->rows = rows.data();
+    watching->small = small.data();
+    watching->streams = streams.data();
+    watching->pieces_only = pieces_only.data();
+    watching->count = count;
+    watching->stop_after = stop_after;
+    watching->summaries.assign(4 * count, -1);
   }
   const int8_t* actions = actions_in.data();
   const int64_t* addresses = addresses_in.data();
@@ -268,8 +342,10 @@ nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Col
   std::optional<int64_t> oom_event, oom_size;
   if (over_capacity) oom_event = 0;
   int64_t matches = 0, allocs = 0, placed = 0, same_place = 0;
-  nb::list fits;  // rows of recorded OOMs whose request fits in the simulation
+  std::vector<int64_t> fits;  // rows of recorded OOMs whose request fits in the simulation
 
+  std::optional<nb::gil_scoped_release> released;
+  if (!observing && sim_object.python_free()) released.emplace();  // the loop below needs no Python
   for (size_t i = 0; i < (over_capacity ? 0 : n); ++i) {
     const int64_t act = actions[i];
     if (act == kAlloc) {
@@ -332,6 +408,7 @@ nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Col
     } else if (act == kSegmentAlloc) {
       recorded_segments.opened(addresses[i], sizes[i]);
       if (observing) observer(i, simulator);
+      if (watching && watching->note(i, sim)) break;
     } else if (act == kSegmentFree) {
       recorded_segments.closed(addresses[i]);
       if (empty_cache_at[i]) sim.empty_cache(none);
@@ -339,6 +416,7 @@ nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Col
       if (empty_cache_at[i]) sim.empty_cache(none);
     } else if (act == kOom) {
       if (observing) observer(i, simulator);
+      if (watching && watching->note(i, sim)) break;
       // The request that failed in the recorded run is not an alloc row: try it here.
       int64_t trial;
       try {
@@ -349,10 +427,11 @@ nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Col
         break;
       }
       settle_pair(trial);
-      fits.append(static_cast<int64_t>(i));
+      fits.push_back(static_cast<int64_t>(i));
       sim.free(trial, none);  // the recorded program never got it: keep the rest of the replay aligned
     }
   }
+  released.reset();
   nb::dict figures;
   figures["events"] = oom_event ? *oom_event : static_cast<int64_t>(n);
   figures["peak_reserved_bytes"] = peak_reserved;
@@ -366,7 +445,15 @@ nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Col
   figures["allocs"] = allocs;
   figures["placed"] = placed;
   figures["same_place"] = same_place;
-  figures["fits"] = fits;
+  nb::list fit_rows;
+  for (int64_t row : fits) fit_rows.append(row);
+  figures["fits"] = fit_rows;
+  if (watching) {
+    figures["noted_rows"] = to_array(std::move(watching->noted_rows));
+    figures["noted_reserved"] = to_array(std::move(watching->noted_reserved));
+    figures["summaries"] = to_array(std::move(watching->summaries));
+    figures["stopped"] = watching->stopped;
+  }
   return figures;
 }
 
@@ -811,18 +898,18 @@ NB_MODULE(_native, m) {
       .def("round_size", [](Simulator& s, int64_t size) { return s.core().round_size(size); }, "size"_a)
       .def("malloc",
            [](Simulator& s, int64_t size, int64_t stream, nb::handle frames) {
-             return s.core().malloc(size, stream, frames_of(frames));
+             return s.core().malloc(size, stream, s.frames_of(frames));
            },
            "size"_a, "stream"_a = 0, "frames"_a.none() = nb::none())
-      .def("free", [](Simulator& s, int64_t address, nb::handle frames) { s.core().free(address, frames_of(frames)); },
+      .def("free", [](Simulator& s, int64_t address, nb::handle frames) { s.core().free(address, s.frames_of(frames)); },
            "address"_a, "frames"_a.none() = nb::none())
       .def("request_free",
-           [](Simulator& s, int64_t address, nb::handle frames) { s.core().request_free(address, frames_of(frames)); },
+           [](Simulator& s, int64_t address, nb::handle frames) { s.core().request_free(address, s.frames_of(frames)); },
            "address"_a, "frames"_a.none() = nb::none())
       .def("complete_free",
-           [](Simulator& s, int64_t address, nb::handle frames) { s.core().complete_free(address, frames_of(frames)); },
+           [](Simulator& s, int64_t address, nb::handle frames) { s.core().complete_free(address, s.frames_of(frames)); },
            "address"_a, "frames"_a.none() = nb::none())
-      .def("empty_cache", [](Simulator& s, nb::handle frames) { s.core().empty_cache(frames_of(frames)); },
+      .def("empty_cache", [](Simulator& s, nb::handle frames) { s.core().empty_cache(s.frames_of(frames)); },
            "frames"_a.none() = nb::none())
       .def("is_allocated", [](Simulator& s, int64_t address) { return s.core().is_allocated(address); }, "address"_a)
       .def("cached_blocks", [](Simulator& s, bool small, int64_t stream) { return s.core().cached_blocks(small, stream); },
@@ -856,7 +943,7 @@ NB_MODULE(_native, m) {
 
   m.def("replay", &replay, "simulator"_a, "actions"_a, "addresses"_a, "sizes"_a, "streams"_a, "completes"_a,
         "empty_cache_at"_a, "hint_addresses"_a, "hint_sizes"_a, "use_recorded_addresses"_a, "seeded_live"_a,
-        "recorded_initial"_a, "over_capacity"_a, "observer"_a.none());
+        "recorded_initial"_a, "over_capacity"_a, "observer"_a.none(), "watch"_a.none() = nb::none());
   m.def("completed_requests", &completed_requests, "actions"_a, "addresses"_a);
   m.def("get_allocation_size", &get_allocation_size, "size"_a);
   m.def("group_memory_rows", &group_memory_rows, "action"_a, "address"_a, "release"_a);

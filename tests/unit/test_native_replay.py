@@ -13,14 +13,16 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from memlens.allocator import replay as replay_module
 from memlens.allocator.engine import native_module
-from memlens.allocator.replay import whatif
+from memlens.allocator.replay import Watch, whatif
 from memlens.allocator.settings import AllocatorSettings
 from memlens.allocator.simulator import CachingAllocatorSimulator as PythonSimulator
 from memlens.errors import MemlensError
+from memlens.snapshot.model import Action
 from memlens.snapshot.reader import load
 from memlens.units import MiB
 from tests.conftest import REPO_ROOT, real_snapshot_paths
@@ -90,3 +92,63 @@ def test_native_replay_matches_python_block_by_block(monkeypatch: pytest.MonkeyP
                 assert native == python, (name, capacity)
                 compared += 1
     assert compared or not any(len(t) for t in snapshot.devices.values())
+
+
+def _watched(monkeypatch: pytest.MonkeyPatch, engine: str, snapshot: Any, device: int, capacity: int | None,
+             stop_after: int) -> dict[str, Any]:
+    """A watched replay on ``engine``, every segment_alloc and oom row watched on both pools."""
+    monkeypatch.setattr(replay_module, "native_module", (lambda: None) if engine == "python" else native_module)
+    if engine == "python":
+        monkeypatch.setattr(replay_module, "simulator_class", lambda: PythonSimulator)
+    else:
+        from memlens.allocator.native import NativeCachingAllocatorSimulator
+
+        monkeypatch.setattr(replay_module, "simulator_class", lambda: NativeCachingAllocatorSimulator)
+    trace = snapshot.device(device)
+    rows = np.flatnonzero((trace.action == Action.SEGMENT_ALLOC) | (trace.action == Action.OOM))
+    watch = Watch(rows=rows, small=(rows % 2).astype(np.uint8), streams=trace.stream[rows].astype(np.int64),
+                  pieces_only=(rows % 3 == 0).astype(np.uint8), stop_after=stop_after)
+    seen: list[tuple[int, int, tuple[int, int, int, int]]] = []
+
+    def observe(row: int, sim: Any) -> None:
+        seen.append((row, sim.reserved_bytes, tuple(sim.cached_summary(bool(row % 2), int(trace.stream[row]),
+                                                                       pieces_only=row % 3 == 0))))
+
+    def notes(watch: Watch) -> tuple[Any, ...]:
+        return (list(zip(watch.noted_rows.tolist(), watch.noted_reserved.tolist(), strict=True)), watch.summaries,
+                watch.stopped)
+
+    try:
+        whatif(snapshot, capacity=capacity, device=device, observer=observe, watch=watch)
+    except MemlensError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    alone = dataclasses.replace(watch)  # the same request, with no observer (the native loop lets the GIL go)
+    whatif(snapshot, capacity=capacity, device=device, watch=alone)
+    assert notes(alone) == notes(watch)
+    noted, summaries, stopped = notes(watch)
+    return {"seen": seen, "noted": noted, "summaries": summaries, "stopped": stopped}
+
+
+@pytest.mark.parametrize("path", _cases())
+def test_a_watch_notes_what_an_observer_sees_on_both_engines(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    """A ``Watch`` (the allocator evidence's replay, native and without the GIL) notes at every
+    segment_alloc and oom row what an observer called there sees, on both engines, and stops
+    where it is told to."""
+    snapshot = load(path)
+    for trace in snapshot.devices.values():
+        rows = np.flatnonzero((trace.action == Action.SEGMENT_ALLOC) | (trace.action == Action.OOM))
+        if not rows.size:
+            continue
+        peak = int(trace.reserved.max())
+        for capacity in (None, max(peak - peak // 8, 2 * MiB)):
+            for stop_after in (-1, int(rows[rows.size // 2])):
+                native = _watched(monkeypatch, "native", snapshot, trace.device, capacity, stop_after)
+                python = _watched(monkeypatch, "python", snapshot, trace.device, capacity, stop_after)
+                assert native == python, (capacity, stop_after)
+                if "error" in native:
+                    continue
+                assert [(row, reserved) for row, reserved, _ in native["seen"]] == native["noted"]
+                reached = {row: summary for row, _, summary in native["seen"]}
+                expected = [reached.get(int(row)) if int(row) <= native["noted"][-1][0] else None for row in rows]
+                assert native["summaries"] == expected
+                assert native["stopped"] == (stop_after >= 0 and native["noted"][-1][0] >= stop_after)
