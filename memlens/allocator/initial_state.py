@@ -103,11 +103,13 @@ def infer_initial_state(
     maps_pages = False
     # Only segment rows decide this pass: numpy picks them out of the window (a Python scan of
     # every row was a second's work on a 1M-row trace), and the loop reads those alone.
-    codes = np.asarray(actions, dtype=np.int64)
+    # The codes in their own type, a byte a row: an int64 copy held 32 MB for a 4M-row trace, at
+    # the analysis' peak, where this replay runs beside the context.
+    codes = actions if isinstance(actions, np.ndarray) else np.asarray(actions, dtype=np.int64)
     rows = np.flatnonzero(np.isin(codes, (_SEGMENT_ALLOC, _SEGMENT_FREE, *_SEGMENT_MAPS)))
 
-    def picked(column: Sequence[int] | np.ndarray) -> list[int]:
-        return np.asarray(column, dtype=np.int64)[rows].tolist() if len(rows) else []
+    def picked(column: Sequence[int] | np.ndarray) -> list[int]:  # the rows first, then as ints
+        return np.asarray(column)[rows].astype(np.int64).tolist() if len(rows) else []
 
     segment_rows = zip(picked(codes), picked(addresses), picked(sizes), picked(streams), strict=True)
     for act, address, size, stream in segment_rows:

@@ -4,10 +4,8 @@ categories, the peak. Finders read it and return findings; none of them mutates 
 leak finder, which runs first and gives the blocks of its leak the category ``leaked`` where
 nothing else named them (so the categories at the peak, and every later finder, see them so).
 
-The allocator replay the fragmentation and OOM finders both read is held here too, the same
-value for both (``allocator_evidence``). With the native engine it is begun on a thread of its
-own before the rest of the context is built: the native replay runs without the GIL, beside
-the lifetimes, phases and categories on the other core.
+The allocator replay the fragmentation and OOM finders both read is held here too: computed
+the first time one of them asks (``allocator_evidence``), the same value for the other.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from memlens.allocator.engine import native_module
 from memlens.allocator.replay import device_capacity
 from memlens.analysis.categories import Phases, build_phases, classify, recorded_roles
 from memlens.analysis.datatypes import Finding, OptimizerWindowSource, StackBytes, Step, StepSource
@@ -26,7 +23,6 @@ from memlens.analysis.pool_replay import AllocatorEvidence, replay_pool_states
 from memlens.analysis.settings import AnalysisSettings
 from memlens.analysis.stacks import StackFacts
 from memlens.analysis.steps import detect_steps, device_annotations, optimizer_windows
-from memlens.snapshot.ahead import Begun
 from memlens.snapshot.model import Action, DeviceTrace, Segment, Snapshot
 from memlens.units import format_bytes
 
@@ -50,21 +46,15 @@ class DeviceContext:
     peak_allocated: int
     notes: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    # The replay of this device's trace (``allocator_evidence``): running (begun with the
-    # context), or None until a finder asks.
-    _allocator_evidence: AllocatorEvidence | Begun[AllocatorEvidence] | None = field(default=None, repr=False)
+    # The replay of this device's trace (``allocator_evidence``); None until a finder asks.
+    _allocator_evidence: AllocatorEvidence | None = field(default=None, repr=False)
 
     def allocator_evidence(self) -> AllocatorEvidence:
         """The caching allocator's pools at the cudaMallocs that could have been blocked and at
-        the OOM, from one replay of the trace: made (or waited for) on the first call, the same
-        value after."""
-        evidence = self._allocator_evidence
-        if isinstance(evidence, Begun):
-            evidence = evidence.result()
-        elif evidence is None:
-            evidence = replay_pool_states(self.snapshot, self.trace, self.capacity)
-        self._allocator_evidence = evidence
-        return evidence
+        the OOM, from one replay of the trace: made on the first call, the same value after."""
+        if self._allocator_evidence is None:
+            self._allocator_evidence = replay_pool_states(self.snapshot, self.trace, self.capacity)
+        return self._allocator_evidence
 
     @property
     def device(self) -> int:
@@ -94,19 +84,17 @@ def build_context(
     snapshot: Snapshot, trace: DeviceTrace, settings: AnalysisSettings, facts: StackFacts | None = None
 ) -> DeviceContext:
     segments = snapshot.segments_on(trace.device)
-    capacity, capacity_note = device_capacity(snapshot, trace, settings.capacity)
-    has_history = bool((trace.action == Action.ALLOC).any())
-    # The fragmentation finder reads the replay of every trace with a history.
-    evidence = _begin_replay(snapshot, trace, capacity) if has_history else None
     facts = facts or StackFacts.build(snapshot.stacks)
     annotations = device_annotations(snapshot.annotations, trace.device)
     detection = detect_steps(trace, annotations, facts)
     windows, window_source = optimizer_windows(trace, annotations, facts)
     lifetimes = build_lifetimes(trace, segments)
     phases = build_phases(detection.steps, len(trace), windows, lifetimes)
+    has_history = bool((trace.action == Action.ALLOC).any())
     roles = recorded_roles(snapshot.sidecar.tensor_roles if snapshot.sidecar is not None else None,
                            trace.device, trace.time_us)
     category = classify(lifetimes, phases, facts, has_history, roles)
+    capacity, capacity_note = device_capacity(snapshot, trace, settings.capacity)
     # The instant before the first row is a moment too: when the history opens on frees (a ring
     # buffer that dropped the allocations), the most memory was live when it began.
     peak_event: int | None = None
@@ -141,13 +129,4 @@ def build_context(
         peak_event=peak_event,
         peak_allocated=peak_allocated,
         notes=notes,
-        _allocator_evidence=evidence,
     )
-
-
-def _begin_replay(snapshot: Snapshot, trace: DeviceTrace, capacity: int | None) -> Begun[AllocatorEvidence] | None:
-    """``replay_pool_states`` on a thread of its own where the native engine replays (without
-    the GIL); None on the Python engine, whose replay would only take turns with this thread."""
-    if native_module() is None:
-        return None
-    return Begun(lambda: replay_pool_states(snapshot, trace, capacity), "memlens-allocator-replay")

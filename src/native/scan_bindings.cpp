@@ -23,6 +23,10 @@
 #include <unistd.h>
 #endif
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "pickle_scan.hpp"
 
 namespace nb = nanobind;
@@ -208,16 +212,33 @@ size_t read_at(int fd, uint64_t offset, uint8_t* into, size_t length) {
   }
 }
 
+// The scan's working memory (the arena's containers, the memo, the text pool) is freed by now.
+// glibc keeps what a thread frees in that thread's arena, where the rest of the process (the
+// parse and the analysis, on the main thread: memlens.snapshot.ahead scans on a thread of its
+// own) does not reuse it; handed back, a 4M-entry first open peaks 30 MiB lower.
+void give_back_freed_memory() {
+#if defined(__GLIBC__)
+  nb::gil_scoped_release released;
+  malloc_trim(0);
+#endif
+}
+
 nb::object scan_file(int fd, uint64_t size, size_t chunk) {
-  ScanResult result;
-  Extraction extraction;
+  nb::object answer;
   {
-    nb::gil_scoped_release released;  // the reads, opcodes and columns need no Python
-    result = scan_pickle([fd](uint64_t offset, uint8_t* into, size_t length) { return read_at(fd, offset, into, length); },
-                         static_cast<size_t>(size), chunk);
-    if (result.ok) extraction = extract_traces(result.arena);
+    ScanResult result;
+    Extraction extraction;
+    {
+      nb::gil_scoped_release released;  // the reads, opcodes and columns need no Python
+      result = scan_pickle(
+          [fd](uint64_t offset, uint8_t* into, size_t length) { return read_at(fd, offset, into, length); },
+          static_cast<size_t>(size), chunk);
+      if (result.ok) extraction = extract_traces(result.arena);
+    }
+    answer = to_python(result, extraction);
   }
-  return to_python(result, extraction);
+  give_back_freed_memory();
+  return answer;
 }
 
 }  // namespace
