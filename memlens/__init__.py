@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from memlens import recorder as recorder
     from memlens import reporters as reporters
     from memlens import units as units
-    from memlens.allocator.replay import Observer, WhatIfResult
+    from memlens.allocator.replay import Observer, Watch, WhatIfResult
     from memlens.allocator.settings import AllocatorSettings
     from memlens.analysis.report import Report
     from memlens.ops.plan import PlanResult
@@ -182,6 +182,7 @@ def whatif(
     device: int | None = None,
     use_recorded_addresses: bool = True,
     observer: Observer | None = None,
+    watch: Watch | None = None,
 ) -> WhatIfResult:
     """Replay a snapshot through the allocator simulator: see ``memlens.allocator.whatif``."""
     from memlens.allocator import whatif as _whatif
@@ -193,6 +194,7 @@ def whatif(
         device=device,
         use_recorded_addresses=use_recorded_addresses,
         observer=observer,
+        watch=watch,
     )
 
 

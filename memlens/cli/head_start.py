@@ -79,6 +79,25 @@ def _candidate(args: Sequence[str]) -> tuple[str, OpenedFile, bool | None] | Non
     return None
 
 
+def finish() -> None:
+    """Let go of what ``start`` began and no command took (a guess that was no snapshot, a command
+    that stopped before its file): scans stopped, hashes waited for, files closed. The program
+    calls it before the interpreter shuts down, which a thread still in the scanner would not
+    survive."""
+    while _started:
+        _, opened = _started.popitem()
+        _let_go(opened)
+
+
+def _let_go(opened: OpenedFile) -> None:
+    # The hashing or scanning thread reads the descriptor: let it finish first.
+    ahead.wait(opened)
+    hashed = hash_started(opened)
+    if hashed is not None:
+        hashed.result()
+    opened.close()
+
+
 @contextlib.contextmanager
 def snapshot_source(path: str) -> Iterator[str | OpenedFile]:
     """The file ``start`` opened for ``path``, its hash or scan running (closed when the block
@@ -90,9 +109,4 @@ def snapshot_source(path: str) -> Iterator[str | OpenedFile]:
     try:
         yield opened
     finally:
-        # The hashing or scanning thread reads the descriptor: let it finish first.
-        hashed = hash_started(opened)
-        if hashed is not None:
-            hashed.result()
-        ahead.wait(opened)
-        opened.close()
+        _let_go(opened)

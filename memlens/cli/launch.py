@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run_group(args)
     finally:
+        head_start.finish()
         # What is left now is freed by the process's exit: frozen, it is skipped by the
         # collections the interpreter runs as it shuts down (30-50 ms after a large snapshot).
         gc.freeze()

@@ -39,10 +39,12 @@ T = TypeVar("T")
 
 class Begun(Generic[T]):
     """``work()`` on a thread of its own; ``result()`` waits for its value, or raises what it raised
-    (as the call itself would have, where the result is taken)."""
+    (as the call itself would have, where the result is taken). ``stop``, if given, asks the work
+    to end early (``cancel``): for work nobody will take."""
 
-    def __init__(self, work: Callable[[], T], name: str) -> None:
+    def __init__(self, work: Callable[[], T], name: str, stop: Callable[[], None] | None = None) -> None:
         self._work = work
+        self._stop = stop
         self._value: list[T] = []
         self._error: list[BaseException] = []
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -60,8 +62,10 @@ class Begun(Generic[T]):
             raise self._error[0]
         return self._value[0]
 
-    def join(self) -> None:
-        """Wait for the work to end, whatever its answer (nobody takes it)."""
+    def cancel(self) -> None:
+        """Ask the work to end early (where it can be asked), and wait for it: nobody takes it."""
+        if self._stop is not None:
+            self._stop()
         self._thread.join()
 
 
@@ -79,8 +83,8 @@ def start_scan(opened: OpenedFile) -> bool:
     module = scanner()
     if module is None or not looks_like_pickle(os.pread(opened.fd, 4, 0)):
         return False
-    fd, size = opened.fd, opened.size
-    _SCANS[opened] = Begun(lambda: module.scan_file(fd, size, SCAN_CHUNK), "memlens-scan-ahead")
+    fd, size, stop = opened.fd, opened.size, module.StopFlag()
+    _SCANS[opened] = Begun(lambda: module.scan_file(fd, size, SCAN_CHUNK, stop), "memlens-scan-ahead", stop.set)
     return True
 
 
@@ -90,10 +94,11 @@ def take_scan(opened: OpenedFile) -> Begun[tuple[bool, Any]] | None:
 
 
 def wait(opened: OpenedFile) -> None:
-    """Wait for a scan of ``opened`` nobody took, so that its descriptor can be closed."""
+    """Stop a scan of ``opened`` nobody took, and wait for it, so that its descriptor can be
+    closed (and no thread is left in the scanner when the process shuts down)."""
     begun = _SCANS.pop(opened, None)
     if begun is not None:
-        begun.join()
+        begun.cancel()
 
 
 def scanner() -> ModuleType | None:

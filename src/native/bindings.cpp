@@ -875,6 +875,9 @@ nb::object curve_changes(Codes action_in, Column block_size_in, Column size_in, 
 NB_MODULE(_native, m) {
   using namespace memlens;
   m.doc() = "memlens's native core: the caching-allocator model and the what-if replay loop (C++17).";
+  // The memlens program leaves what is left at its exit to the OS, uncollected (gc.freeze in
+  // memlens.cli.launch): nanobind would call those objects leaks.
+  nb::set_leak_warnings(false);
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

@@ -11,6 +11,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -223,7 +224,15 @@ void give_back_freed_memory() {
 #endif
 }
 
-nb::object scan_file(int fd, uint64_t size, size_t chunk) {
+// A request to stop a scan, from any thread: the scan's next read finds the file at its end, and
+// the scan declines as for a truncated file. A scan begun ahead that nobody will take stops so
+// (memlens.snapshot.ahead), instead of running on until the process is shutting down, when its
+// thread could no longer take the GIL back to hand its answer over.
+struct StopFlag {
+  std::atomic<bool> stop{false};
+};
+
+nb::object scan_file(int fd, uint64_t size, size_t chunk, const StopFlag* stop) {
   nb::object answer;
   {
     ScanResult result;
@@ -231,7 +240,10 @@ nb::object scan_file(int fd, uint64_t size, size_t chunk) {
     {
       nb::gil_scoped_release released;  // the reads, opcodes and columns need no Python
       result = scan_pickle(
-          [fd](uint64_t offset, uint8_t* into, size_t length) { return read_at(fd, offset, into, length); },
+          [fd, stop](uint64_t offset, uint8_t* into, size_t length) -> size_t {
+            if (stop != nullptr && stop->stop.load(std::memory_order_relaxed)) return 0;
+            return read_at(fd, offset, into, length);
+          },
           static_cast<size_t>(size), chunk);
       if (result.ok) extraction = extract_traces(result.arena);
     }
@@ -246,9 +258,17 @@ nb::object scan_file(int fd, uint64_t size, size_t chunk) {
 
 NB_MODULE(_scan, m) {
   m.doc() = "memlens's native snapshot scanner (see src/native/pickle_scan.hpp)";
+  // The memlens program leaves what is left at its exit to the OS, uncollected (gc.freeze in
+  // memlens.cli.launch): nanobind would call those objects leaks.
+  nb::set_leak_warnings(false);
+  nb::class_<memlens::scan::StopFlag>(m, "StopFlag", "A request to stop a scan_file: set() from any thread.")
+      .def(nb::init<>())
+      .def("set", [](memlens::scan::StopFlag& flag) { flag.stop.store(true, std::memory_order_relaxed); });
   m.def("scan", &memlens::scan::scan, nb::arg("data"),
         "Scan a snapshot pickle: (False, reason) when declined, else (True, (raw, traces)).");
   m.def("scan_file", &memlens::scan::scan_file, nb::arg("fd"), nb::arg("size"), nb::arg("chunk") = size_t{1} << 20,
+        nb::arg("stop").none() = nb::none(),
         "Scan the snapshot pickle of `size` bytes in the open file `fd` (read with pread, `chunk` "
-        "bytes at a time): (False, reason) when declined, else (True, (raw, traces)).");
+        "bytes at a time): (False, reason) when declined, else (True, (raw, traces)). A set `stop` "
+        "flag makes it decline at its next read.");
 }

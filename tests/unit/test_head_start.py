@@ -188,3 +188,33 @@ def test_numpy_gets_one_blas_thread_unless_the_users_code_runs(
         gc.unfreeze()
     capsys.readouterr()
     assert (os.environ.get("OPENBLAS_NUM_THREADS") == "1") is one_blas_thread
+
+
+def test_a_stopped_scan_declines_at_its_next_read() -> None:
+    """A scan nobody will take is stopped (``ahead.wait``): its next read finds the file's end and
+    it declines as for a truncated file, so no thread is left in the scanner at the exit."""
+    module = ahead.scanner()
+    if module is None:
+        pytest.skip("the native scanner is not built")
+    with open_regular(SAMPLE) as opened:
+        stop = module.StopFlag()
+        stop.set()
+        ok, reason = module.scan_file(opened.fd, opened.size, ahead.SCAN_CHUNK, stop)
+        assert not ok and "truncated" in reason
+        assert module.scan_file(opened.fd, opened.size, ahead.SCAN_CHUNK, module.StopFlag())[0]  # not set: read
+        assert ahead.start_scan(opened)
+        ahead.wait(opened)  # stopped and waited for; nothing left to take
+        assert ahead.take_scan(opened) is None
+
+
+def test_a_usage_error_after_a_scan_began_ends_in_one_line(tmp_path: Path) -> None:
+    """The program stops what it began for a command that fails before reading its file: click's
+    usage error, exit 2, and no abort from a thread left in the scanner as the interpreter shuts
+    down (``terminate called without an active exception``, exit -6, before)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "memlens", "triage", str(SAMPLE), "--no-cache", "--top", "0"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "--top" in done.stderr and "terminate" not in done.stderr and "Traceback" not in done.stderr
