@@ -490,6 +490,7 @@ class Recorder:
         return self._steps is None or index in self._steps
 
     def _begin(self, index: int, style: str, provisional: bool = False) -> None:
+        self._raise_pending_signal()
         self._open, self._open_style, self._provisional = index, style, provisional
         self._next_index = index + 1
         if self._state == "waiting" and self._selected(index) and index >= self._first_step:
@@ -592,10 +593,19 @@ class Recorder:
         self._previous_handlers.clear()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self._writing:
+        # Python runs the handler at the next bytecode, which can be inside a finalizer (the CPU
+        # tracker's, on a tensor's free): an exception raised there is printed as "ignored" and
+        # lost, and a Ctrl-C would not stop the run. It waits for the next step instead.
+        if self._writing or _inside_finalizer(frame):
             self._pending_signal = signum
             return
         _raise_for_signal(signum)
+
+    def _raise_pending_signal(self) -> None:
+        """At a step boundary: the signal that arrived inside a finalizer ends the session now."""
+        if not self._writing and self._pending_signal is not None:
+            signum, self._pending_signal = self._pending_signal, None
+            _raise_for_signal(signum)
 
     @contextlib.contextmanager
     def _signals_wait(self) -> Iterator[None]:
@@ -716,6 +726,18 @@ def file_peaks(path: Path, device: int = 0) -> tuple[int, int]:
     report = analyze(path)
     shown = report.device(device if device in report.devices else None)
     return shown.peak_allocated_bytes, shown.peak_reserved_bytes
+
+
+_FINALIZER_CALL = weakref.finalize.__call__.__code__
+
+
+def _inside_finalizer(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs inside a ``weakref.finalize`` callback (whose exceptions are lost)."""
+    while frame is not None:
+        if frame.f_code is _FINALIZER_CALL:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _raise_for_signal(signum: int) -> None:

@@ -586,3 +586,32 @@ def test_a_signal_during_a_write_waits_for_it(tmp_path: Path, monkeypatch: pytes
     # the manual dump was completed (and listed) before the signal ended the session
     assert len(rec.paths) == 2 and rec.paths[0] == rec.paths[1]
     assert json.loads(sidecar_path(rec.paths[-1]).read_text())["reason"] == "terminated"
+
+
+def test_a_signal_inside_a_finalizer_ends_the_session_at_the_next_step(tmp_path: Path) -> None:
+    """Python runs a signal handler at the next bytecode, which can be inside a finalizer (the CPU
+    tracker's, as a tensor is freed), where an exception is printed as "ignored" and lost: a Ctrl-C
+    must still stop the run, at the next step."""
+    import signal
+    import weakref
+
+    class Freed:
+        pass
+
+    def finalizer() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(3):  # the handler runs here, inside the finalizer
+            len("x")
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt), record(tmp_path, clock=fake_clock()) as rec:
+        with rec.step():
+            torch.ones(10)
+            freed = Freed()
+            weakref.finalize(freed, finalizer)
+            del freed  # the finalizer runs; the signal waits
+            reached.append("after the finalizer")
+        with rec.step():
+            reached.append("the next step")
+    assert reached == ["after the finalizer"]
+    assert json.loads(sidecar_path(rec.paths[-1]).read_text())["reason"] == "interrupted"
