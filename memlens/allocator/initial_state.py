@@ -103,8 +103,7 @@ def infer_initial_state(
     maps_pages = False
     # Only segment rows decide this pass: numpy picks them out of the window (a Python scan of
     # every row was a second's work on a 1M-row trace), and the loop reads those alone.
-    # The codes in their own type, a byte a row: an int64 copy held 32 MB for a 4M-row trace, at
-    # the analysis' peak, where this replay runs beside the context.
+    # The codes in their own type, a byte a row: an int64 copy held 32 MB for a 4M-row trace.
     codes = actions if isinstance(actions, np.ndarray) else np.asarray(actions, dtype=np.int64)
     rows = np.flatnonzero(np.isin(codes, (_SEGMENT_ALLOC, _SEGMENT_FREE, *_SEGMENT_MAPS)))
 

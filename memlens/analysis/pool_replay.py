@@ -154,9 +154,6 @@ def replay_pool_states(snapshot: Snapshot, trace: DeviceTrace, capacity: int | N
     if not candidates and oom_row is None:
         return AllocatorEvidence(len(requests), (), None, 0, False, None)
 
-    # cudaMallocs come early (the cache warms up in the first steps): the replay stops after the
-    # last row it is asked about instead of running the whole trace.
-    last_row = max([*candidates, *([] if oom_row is None else [oom_row])])
 
     # The allocator's own free-and-retry runs (segment_free rows just before a segment_alloc or
     # the oom) are left to the simulator when the capacity is known: it releases inside the malloc
@@ -185,7 +182,9 @@ def replay_pool_states(snapshot: Snapshot, trace: DeviceTrace, capacity: int | N
         streams=np.array(streams, dtype=np.int64),
         pieces_only=np.array([row == oom_row and row not in candidates and row in pending_release
                               for row in watched], dtype=np.uint8),
-        stop_after=last_row,
+        # cudaMallocs come early (the cache warms up in the first steps): the replay stops after
+        # the last row it is asked about instead of running the whole trace.
+        stop_after=watched[-1],
     )
     notes: tuple[str, ...] = ()
     try:

@@ -19,12 +19,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
-from memlens.cache_folder import caches, hash_opened, hash_started
-from memlens.errors import MemlensError
-from memlens.files import FileRefused, OpenedFile, open_regular
-from memlens.snapshot import ahead
-from memlens.snapshot.formats import GZIP_MAGIC, looks_like_pickle
+if TYPE_CHECKING:
+    from memlens.files import OpenedFile
+
+# The modules that open, hash and scan a file are imported only for the commands below: every
+# other command (``memlens --help``, ``record``, ``serve``) starts without them.
 
 # The commands that hash their snapshot before reading it, and whether each has --cache/--no-cache.
 HASHED_COMMANDS = {"triage": True, "whatif": False}
@@ -38,8 +39,16 @@ def start(args: Sequence[str]) -> None:
     to ``triage`` or ``whatif``, if exactly one token can be it: hashing it when the cache will
     look it up, else scanning it (``memlens.snapshot.ahead``). Never fails: anything
     unexpected leaves the command to open and read its file itself."""
+    words = [arg for arg in args if not arg.startswith("-")]
+    if not words or words[0] not in HASHED_COMMANDS:
+        return
+    from memlens.cache_folder import caches, hash_opened
+    from memlens.errors import MemlensError
+    from memlens.files import FileRefused
+    from memlens.snapshot import ahead
+
     with contextlib.suppress(OSError, MemlensError, FileRefused):
-        candidate = _candidate(args)
+        candidate = _candidate(words, args)
         if candidate is None:
             return
         token, opened, asked = candidate
@@ -51,12 +60,13 @@ def start(args: Sequence[str]) -> None:
         _started[token] = opened
 
 
-def _candidate(args: Sequence[str]) -> tuple[str, OpenedFile, bool | None] | None:
-    """The one token after a hashed command's name that names a regular file starting as a
-    snapshot does (a pickle or a gzip), opened, with what ``--cache/--no-cache`` asked."""
-    words = [arg for arg in args if not arg.startswith("-")]
-    if not words or words[0] not in HASHED_COMMANDS:
-        return None
+def _candidate(words: list[str], args: Sequence[str]) -> tuple[str, OpenedFile, bool | None] | None:
+    """The one word after a hashed command's name (``words``: ``args`` but the options) that
+    names a regular file starting as a snapshot does (a pickle or a gzip), opened, with what
+    ``--cache/--no-cache`` asked."""
+    from memlens.files import FileRefused, open_regular
+    from memlens.snapshot.formats import GZIP_MAGIC, looks_like_pickle
+
     asked: bool | None = None
     if HASHED_COMMANDS[words[0]]:
         flags = [arg for arg in args if arg in ("--cache", "--no-cache")]
@@ -90,6 +100,9 @@ def finish() -> None:
 
 
 def _let_go(opened: OpenedFile) -> None:
+    from memlens.cache_folder import hash_started
+    from memlens.snapshot import ahead
+
     # The hashing or scanning thread reads the descriptor: let it finish first.
     ahead.wait(opened)
     hashed = hash_started(opened)

@@ -261,6 +261,7 @@ struct Watching {
   }
 };
 
+// A vector handed to numpy without a copy: the array owns it from now on.
 template <typename T>
 nb::ndarray<nb::numpy, T, nb::ndim<1>> to_array(std::vector<T>&& values) {
   auto* owned = new std::vector<T>(std::move(values));
@@ -667,13 +668,8 @@ nb::tuple group_memory_rows(Codes action_in, Column address_in, int64_t release)
   });
   std::sort(standing.begin(), standing.end());
   std::sort(touched.begin(), touched.end());
-  auto as_array = [](std::vector<int64_t>& values) {
-    auto* data = new std::vector<int64_t>(std::move(values));
-    nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
-    return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(data->data(), {data->size()}, owner);
-  };
-  return nb::make_tuple(as_array(carry_rows), as_array(carry_from), as_array(ghost_heads), as_array(touched),
-                        as_array(standing));
+  return nb::make_tuple(to_array(std::move(carry_rows)), to_array(std::move(carry_from)),
+                        to_array(std::move(ghost_heads)), to_array(std::move(touched)), to_array(std::move(standing)));
 }
 
 // memlens.analysis.lifetimes._pair_rows: the alloc and free rows ordered by (address, row), as
@@ -764,12 +760,8 @@ nb::tuple pair_lifetime_rows(Codes action_in, Column address_in, int64_t free_ac
   } else {
     pair_rows<uint64_t>(action_in.data(), address_in.data(), n, free_action, alloc_event, free_event, ghost_free_rows);
   }
-  auto as_array = [](std::vector<int64_t>& values) {
-    auto* data = new std::vector<int64_t>(std::move(values));
-    nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
-    return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(data->data(), {data->size()}, owner);
-  };
-  return nb::make_tuple(as_array(alloc_event), as_array(free_event), as_array(ghost_free_rows));
+  return nb::make_tuple(to_array(std::move(alloc_event)), to_array(std::move(free_event)),
+                        to_array(std::move(ghost_free_rows)));
 }
 
 // memlens.snapshot.curves._window_complete's test of the rows, in one pass: every address's first
