@@ -1,4 +1,4 @@
-"""Lens queries on a 1,000,000-entry snapshot from a warm ``.npz`` cache, against ``pickle.load``.
+"""Lens queries on a 1,000,000-entry snapshot from a warm snapshot cache, against ``pickle.load``.
 
 Writes a synthetic training-loop snapshot (``memlens.synthetic``: steps with forward, backward
 and AdamW phases, step annotations), opens it once to fill the cache, then times, best of

@@ -83,7 +83,7 @@ def main() -> None:
             ok = code == (0 if accepted else 2)
             worst_time, worst_rss = max(worst_time, seconds), max(worst_rss, rss)
             outcome = "analysed" if code == 0 else ("timeout" if code is None else last.split(": ", 3)[-1])
-            if accepted:  # what the .npz cache of an accepted file costs on disk
+            if accepted:  # what the snapshot cache of an accepted file costs on disk
                 with tempfile.TemporaryDirectory() as home:
                     run(path, limit, args.timeout, "--cache", env=dict(os.environ, XDG_CACHE_HOME=home))
                     cached = sum(f.stat().st_size for f in Path(home).rglob("*") if f.is_file())

@@ -4,7 +4,10 @@ and pruning. It imports neither numpy nor the snapshot model, so that a cached `
 
 Two kinds of entry live in it, each named ``<kind><format version>-<64 hex digits>.<ext>``:
 
-* ``v`` (``.npz``): a loaded snapshot's columns (``memlens.snapshot.cache``);
+* ``v`` (``.columns``): a loaded snapshot's columns (``memlens.snapshot.cache``), signed as a
+  whole: the file's last ``SIGNATURE_BYTES`` are the HMAC of all before them (``read_signed_file``),
+  so that it can be read and checked in two GIL-free calls on the thread that hashes the snapshot
+  (``hash_opened(..., read_ahead=True)``) while the command imports;
 * ``r`` (``.json``): a triage report (``memlens.report_cache``).
 
 The rules (see ``memlens.snapshot.cache`` for why each holds): one folder, ``$MEMLENS_CACHE_DIR``,
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import logging
 import os
 import re
@@ -59,10 +63,14 @@ STALE_TEMP_SECONDS = 3600
 # Each kind's current format version; an entry of an older one is pruned. Snapshot copies:
 # 3: allocated as memory_allocated counts it, pending frees apart; 4: strings cut at 4 KiB;
 # 5: allocated in block bytes (the block_size column), no longer requested bytes; 6: the
-# segments' blocks as columns. Reports: 1: the first.
-ENTRY_VERSIONS = {"v": 6, "r": 1}
-ENTRY_RE = re.compile(r"^([vr])(\d+)-([0-9a-f]{64})\.(?:npz|json)$")
-_TEMP_RE = re.compile(r"^\.tmp-(\d+)-[0-9a-f]+\.(?:npz|json|key)$")
+# segments' blocks as columns; 7: one signed file of aligned columns, no longer an .npz with a MAC
+# member. Reports: 1: the first.
+ENTRY_VERSIONS = {"v": 7, "r": 1}
+ENTRY_SUFFIXES = {"v": "columns", "r": "json"}
+ENTRY_RE = re.compile(r"^([vr])(\d+)-([0-9a-f]{64})\.(?:columns|npz|json)$")
+_TEMP_RE = re.compile(r"^\.tmp-(\d+)-[0-9a-f]+\.(?:columns|npz|json|key)$")
+# A signed entry ends with the HMAC-SHA256 of everything before it (``read_signed_file``).
+SIGNATURE_BYTES = 32
 _LEGACY_ENTRY_RE = re.compile(r"\.[0-9a-f]{16}\.memlens-cache\.npz$")  # snapshot format 1 names
 
 OPEN_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -75,7 +83,7 @@ SUPPORTED = os.name == "posix" and bool(OPEN_NOFOLLOW) and os.open in os.support
 
 def entry_name(kind: str, digest: str) -> str:
     """The file name of an entry of ``kind`` (``v`` or ``r``) named by ``digest`` (64 hex digits)."""
-    return f"{kind}{ENTRY_VERSIONS[kind]}-{digest}.{'npz' if kind == 'v' else 'json'}"
+    return f"{kind}{ENTRY_VERSIONS[kind]}-{digest}.{ENTRY_SUFFIXES[kind]}"
 
 
 def cache_dir() -> Path:
@@ -122,6 +130,46 @@ def hash_fd(fd: int) -> tuple[str, tuple[int, ...]]:
     return digest.hexdigest(), identity
 
 
+class EntryRefused(ValueError):
+    """A signed entry that must not be used (the reason says why)."""
+
+
+def signer(key: bytes, kind: str) -> hmac.HMAC:
+    """The HMAC that signs an entry of ``kind``: keyed with this user's key, and started with the
+    kind and its format version, so that no entry passes for one of another kind or format."""
+    return hmac.new(key, f"memlens {kind}{ENTRY_VERSIONS[kind]}\0".encode(), hashlib.sha256)
+
+
+def read_signed_file(fd: int, key: bytes, kind: str) -> bytearray:
+    """The whole of the entry open as ``fd`` but its signature, once the signature is found to be
+    this key's (``EntryRefused`` otherwise). One read and one HMAC update, each without the GIL,
+    so it runs well beside a busy main thread (``EntryAhead``)."""
+    st = os.fstat(fd)
+    if not trusted_file(st):
+        raise EntryRefused("not a regular file owned by this user and private to it")
+    size = st.st_size
+    if size < SIGNATURE_BYTES:
+        raise EntryRefused("shorter than its signature")
+    data = bytearray(size)
+    view = memoryview(data)
+    filled = 0
+    while filled < size:
+        count = os.preadv(fd, [view[filled:]], filled)
+        if not count:
+            raise EntryRefused("truncated while it was read")
+        filled += count
+    body = view[: size - SIGNATURE_BYTES]
+    mac = signer(key, kind)
+    mac.update(body)
+    good = hmac.compare_digest(view[size - SIGNATURE_BYTES:], mac.digest())
+    body.release()
+    view.release()
+    if not good:
+        raise EntryRefused("MAC mismatch (not written by this user's memlens, or edited since)")
+    del data[size - SIGNATURE_BYTES:]
+    return data
+
+
 def size_limit() -> int:
     """The folder's size limit: ``$MEMLENS_CACHE_MAX_BYTES``, else 2 GiB (0: nothing is cached)."""
     text = os.environ.get(CACHE_MAX_BYTES_ENV)
@@ -147,9 +195,10 @@ class BackgroundHash:
     or ``None`` when the file could not be hashed (then no cache is used). The descriptor must stay
     open until ``result()`` has returned."""
 
-    def __init__(self, fd: int, source: str) -> None:
+    def __init__(self, fd: int, source: str, then: EntryAhead | None = None) -> None:
         self._fd = fd
         self._source = source
+        self._then = then
         self._result: list[tuple[str, tuple[int, ...]] | None] = []
         self._thread = threading.Thread(target=self._run, name="memlens-cache-hash", daemon=True)
         self._thread.start()
@@ -162,25 +211,87 @@ class BackgroundHash:
             log.debug("memlens cache: cannot hash %s: %s", self._source, error)
         finally:
             self._result.append(hashed)
+            if self._then is not None:
+                self._then.run(read=hashed is not None)  # never raises; without a hash no entry is used
 
     def result(self) -> tuple[str, tuple[int, ...]] | None:
         self._thread.join()
         return self._result[0] if self._result else None
 
 
+class EntryAhead:
+    """The snapshot entry (kind ``v``) of a file, read and its signature checked on the thread
+    that hashes the file, once it has: both are done by the time the command has imported what it
+    needs, instead of after. The entry is opened here, on the calling thread (a few system calls,
+    each of which would otherwise wait for the GIL on a busy main thread)."""
+
+    def __init__(self, folder: Path, name: str, key: bytes, fd: int) -> None:
+        self.folder = folder
+        self.name = name
+        self.key = key
+        self._fd = fd
+        self.data: bytearray | None = None
+        self.error: Exception | None = None
+
+    @classmethod
+    def open(cls, opened: OpenedFile) -> EntryAhead | None:
+        """The entry ``opened``'s bytes would be cached under, opened; ``None`` when there is none
+        (or no usable folder or key): then nothing is read ahead."""
+        folder = CacheFolder.open(create=False)
+        if folder is None:
+            return None
+        with folder:
+            key = folder.key(create=False)
+            if key is None:
+                return None
+            name = entry_name("v", fingerprint_fd(opened.fd, opened.size))
+            try:
+                fd = os.open(name, OPEN_TO_READ, dir_fd=folder.fd)
+            except OSError:  # none yet (the first open), or not something to read
+                return None
+            return cls(folder.path, name, key, fd)
+
+    def run(self, read: bool = True) -> None:
+        try:
+            if read:
+                self.data = read_signed_file(self._fd, self.key, "v")
+                with contextlib.suppress(OSError):
+                    os.utime(self._fd)  # the least recently used entries are pruned first
+        except Exception as error:  # kept for the reader, which would have met it reading the entry
+            self.error = error
+        finally:
+            os.close(self._fd)
+
+    def matches(self, folder: Path, name: str, key: bytes) -> bool:
+        """Whether this is the entry the reader is about to read: same folder, name and key."""
+        return self.folder == folder and self.name == name and hmac.compare_digest(self.key, key)
+
+
 # The hash running for each opened file, so the report slot and the snapshot entry of one triage
-# hash the file once between them (weak keys: it goes with the file object).
+# hash the file once between them (weak keys: it goes with the file object); and the snapshot
+# entry read on the same thread, where one was asked for.
 _HASHES: weakref.WeakKeyDictionary[OpenedFile, BackgroundHash] = weakref.WeakKeyDictionary()
+_AHEAD: weakref.WeakKeyDictionary[OpenedFile, EntryAhead] = weakref.WeakKeyDictionary()
 
 
-def hash_opened(opened: OpenedFile) -> BackgroundHash:
+def hash_opened(opened: OpenedFile, read_ahead: bool = False) -> BackgroundHash:
     """The background hash of ``opened`` (through its own descriptor), started on first ask and
     shared with later askers (``hash_started``). Whoever starts it waits for ``result()`` before
-    the file is closed."""
+    the file is closed. ``read_ahead``: the same thread then reads the file's snapshot entry, if
+    there is one (``EntryAhead``; the snapshot cache takes it with ``entry_read_ahead``)."""
     hashed = _HASHES.get(opened)
     if hashed is None:
-        hashed = _HASHES[opened] = BackgroundHash(opened.fd, opened.name)
+        ahead = EntryAhead.open(opened) if read_ahead and SUPPORTED else None
+        if ahead is not None:
+            _AHEAD[opened] = ahead
+        hashed = _HASHES[opened] = BackgroundHash(opened.fd, opened.name, then=ahead)
     return hashed
+
+
+def entry_read_ahead(opened: OpenedFile) -> EntryAhead | None:
+    """The snapshot entry being read ahead for ``opened`` (see ``hash_opened``), handed over once:
+    whoever takes it waits for the hash's ``result()`` before using it."""
+    return _AHEAD.pop(opened, None)
 
 
 def hash_started(opened: OpenedFile) -> BackgroundHash | None:
@@ -188,8 +299,8 @@ def hash_started(opened: OpenedFile) -> BackgroundHash | None:
     return _HASHES.get(opened)
 
 
-def read_signed(name: str, read: Callable[[int, bytes], T], source: str) -> T | None:
-    """``read(folder_fd, key)`` of the entry ``name`` in the cache folder, with this user's key;
+def read_signed(name: str, read: Callable[[CacheFolder, bytes], T], source: str) -> T | None:
+    """``read(folder, key)`` of the entry ``name`` in the cache folder, with this user's key;
     ``None`` when there is no folder, key or entry, or when ``read`` fails in any way (logged):
     a cache that cannot be read costs speed only, never a crash or an answer."""
     folder = CacheFolder.open(create=False)
@@ -200,7 +311,7 @@ def read_signed(name: str, read: Callable[[int, bytes], T], source: str) -> T | 
         if key is None:
             return None
         try:
-            return read(folder.fd, key)
+            return read(folder, key)
         except FileNotFoundError:
             return None
         except Exception as error:  # any failure at all means "compute it again", never a crash
@@ -277,7 +388,7 @@ class CacheFolder:
     def _temp_name(self, suffix: str) -> str:
         return f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}.{suffix}"
 
-    def write_atomically(self, name: str, fill: Any, suffix: str = "npz", replace: bool = True) -> bool:
+    def write_atomically(self, name: str, fill: Any, suffix: str = "columns", replace: bool = True) -> bool:
         """Write via a private temporary file renamed into place; no temporary survives a failure.
 
         With ``replace=False`` an existing file wins (the temporary is linked, not renamed).

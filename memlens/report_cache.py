@@ -95,11 +95,11 @@ class ReportSlot:
             return None
         return cache_folder.read_signed(self.name, self._read, self._opened.name)
 
-    def _read(self, folder_fd: int, key: bytes) -> Report:
+    def _read(self, folder: cache_folder.CacheFolder, key: bytes) -> Report:
         from memlens.analysis.report import Report
 
         assert self.name is not None
-        fd = os.open(self.name, cache_folder.OPEN_TO_READ, dir_fd=folder_fd)
+        fd = os.open(self.name, cache_folder.OPEN_TO_READ, dir_fd=folder.fd)
         with open(fd, "rb", buffering=0) as handle:
             st = os.fstat(fd)
             if not trusted_file(st) or not MAC_BYTES < st.st_size <= MAX_ENTRY_BYTES:

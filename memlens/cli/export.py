@@ -77,7 +77,7 @@ def _cannot_write(output: str, exc: OSError) -> MemlensUsageError:
 @click.option("--analysis/--no-analysis", default=True, show_default=True,
               help="JSON lines and CSV: fill the step and category columns (analyses the snapshot first).")
 @click.option("--cache/--no-cache", default=None,
-              help="Keep a fast .npz copy for the next open (default: for files of 8 MiB or more).")
+              help="Keep a fast columnar copy for the next open (default: for files of 8 MiB or more).")
 def export(snapshot: str, output: str | None, fmt: str | None, table: str, device: int | None,
            capacity: int | None, analysis: bool, cache: bool | None) -> None:
     fmt = _format_of(output, fmt)

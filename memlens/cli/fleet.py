@@ -64,7 +64,7 @@ def _kinds(values: tuple[str, ...]) -> list[str]:
 @click.option("--capacity", type=CAPACITY, default=None,
               help="Device memory, e.g. 80GiB (default: each recorder's sidecar, if any).")
 @click.option("--cache/--no-cache", default=None,
-              help="Keep a fast .npz copy of each file for the next open (default: for files of 8 MiB or more).")
+              help="Keep a fast columnar copy of each file for the next open (default: for files of 8 MiB or more).")
 @click.option("--width", type=Whole(20, 10_000), default=None,
               help="Terminal width (default: detected; piped output: 80).")
 @click.option("--color/--no-color", default=None, help="Force colour on or off (default: only on a terminal).")

@@ -85,7 +85,7 @@ def _common_options(command: Callable[..., Any]) -> Callable[..., Any]:
                                                                   "peak)."),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
         click.option("--cache/--no-cache", default=None,
-                     help="Keep a fast .npz copy for the next open (default: for files of 8 MiB or more)."),
+                     help="Keep a fast columnar copy for the next open (default: for files of 8 MiB or more)."),
         click.option("--width", type=Whole(20, 10_000), default=None,
                      help="Terminal width (default: detected; piped output: 80)."),
         click.option("--color/--no-color", default=None, help="Force colour on or off (default: only on a terminal)."),

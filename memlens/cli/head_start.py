@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 # The commands that hash their snapshot before reading it, and whether each has --cache/--no-cache.
 HASHED_COMMANDS = {"triage": True, "whatif": False}
+# The commands whose next step is reading the snapshot's cached columns (triage reads its cached
+# report first, which a hit answers without them): read on the hashing thread once it has hashed.
+READS_COLUMNS_AHEAD = frozenset(("whatif",))
 
 # The file opened by ``start``, by the token that named it (at most one), until a command takes it.
 _started: dict[str, OpenedFile] = {}
@@ -53,7 +56,8 @@ def start(args: Sequence[str]) -> None:
             return
         token, opened, asked = candidate
         if caches(opened.size, asked):
-            hash_opened(opened)  # waited for by whoever takes the file; one not taken ends with the process
+            # Waited for by whoever takes the file; one not taken is waited for by ``finish``.
+            hash_opened(opened, read_ahead=words[0] in READS_COLUMNS_AHEAD)
         elif not ahead.start_scan(opened):
             opened.close()
             return
@@ -100,7 +104,7 @@ def finish() -> None:
 
 
 def _let_go(opened: OpenedFile) -> None:
-    from memlens.cache_folder import hash_started
+    from memlens.cache_folder import entry_read_ahead, hash_started
     from memlens.snapshot import ahead
 
     # The hashing or scanning thread reads the descriptor: let it finish first.
@@ -108,6 +112,7 @@ def _let_go(opened: OpenedFile) -> None:
     hashed = hash_started(opened)
     if hashed is not None:
         hashed.result()
+    entry_read_ahead(opened)  # a cached copy read ahead and not taken goes now, not at exit
     opened.close()
 
 

@@ -62,7 +62,7 @@ def _split_kinds(values: tuple[str, ...]) -> list[str]:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Budget: a transformers-style config.json for the model's shape.")
 @click.option("--cache/--no-cache", default=None,
-              help="Keep a fast .npz copy for the next open (default: for files of 8 MiB or more).")
+              help="Keep a fast columnar copy for the next open (default: for files of 8 MiB or more).")
 @click.option("--top", type=Whole(1, 1000), default=6, show_default=True,
               help="How many findings to show (the JSON has them all).")
 @click.option("--full-stacks", is_flag=True, help="Print each finding's stacks whole, one frame a line.")

@@ -362,7 +362,7 @@ def analyse_file(path: str, uploaded: bool = False, max_content_bytes: int | Non
 
     ``uploaded``: a file in an upload folder (no cache file beside it: it would only cost disk);
     ``max_content_bytes``: an upload's limit, which what a gzip inflates to counts against as a
-    plain file's size does; ``cache``: the reader's ``.npz`` cache (None: by size); ``capacity``:
+    plain file's size does; ``cache``: the reader's columnar cache (None: by size); ``capacity``:
     the device's memory (None: the recorder's sidecar).
     """
     from memlens.analysis import analyze_snapshot

@@ -37,7 +37,7 @@ class TriageOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     ``device`` is the one detailed (``None``: the busiest); every device is analysed and carries
     its budget either way, so the report does not depend on it, but a device the file lacks is
-    a usage error. ``cache``: the loader's ``.npz`` copy (``None``: for large files).
+    a usage error. ``cache``: the loader's cached columnar copy (``None``: for large files).
     ``budget``: what is known of the model; what it leaves open comes from the sidecar."""
 
     capacity: int | None = None

@@ -66,8 +66,9 @@ class PendingWhatIf(contextlib.AbstractContextManager["PendingWhatIf"]):
             return
         with self._exits.pop_all() as exits:  # the file is let go if anything below fails
             opened = exits.enter_context(opened_snapshot(source))  # the reader's opening rule and errors
-            if caches(opened.size):  # the loader reads its cached copy: hash the file now
-                exits.callback(hash_opened(opened).result)  # shared with the loader; waited for before closing
+            if caches(opened.size):  # the loader reads its cached copy: hash the file, then read that copy, now
+                # Shared with the loader; waited for before closing.
+                exits.callback(hash_opened(opened, read_ahead=True).result)
             self._source = opened
             self._exits = exits.pop_all()
 

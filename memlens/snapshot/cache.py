@@ -12,8 +12,8 @@ A cache entry decides what memlens reports, so nothing about one is taken on tru
   with SHA extensions: about 0.05 s for 75 MiB, against more than a second to parse. The file
   name is only a fingerprint (size, first and last 64 KiB), so that the entry can be read on
   one core while the full hash is computed on another.
-* **Who wrote it.** Every entry carries an HMAC-SHA256 over all of its members, keyed with a
-  random per-user secret (``key``, 0600, in the cache folder). Structural checks cannot see an
+* **Who wrote it.** Every entry ends with an HMAC-SHA256 of all of its bytes before it, keyed
+  with a random per-user secret (``key``, 0600, in the cache folder). Structural checks cannot see an
   edit that stays consistent (a scaled ``size`` or ``allocated`` column keeps every id in
   range and every length right, and reports gigabytes that never existed), and recomputing the
   derived curves would not help either: they would be recomputed from the edited raw columns.
@@ -22,6 +22,10 @@ A cache entry decides what memlens reports, so nothing about one is taken on tru
   can already write the folder: only this user and root.) The curves are therefore stored and
   covered by the MAC like everything else: recomputing them needs the window-completeness check,
   which sorts every address (about 0.1 s at a million events, more than reading them).
+* **Laid out to be read at once.** A magic line, the length and JSON text of a table of members
+  (name, dtype, count, offset), then each member's bytes at a 64-byte aligned offset: the whole
+  file is read and its MAC checked in one call each, without the GIL (on the thread that hashes
+  the snapshot, when ``memlens whatif`` reads ahead), and every column is a view of those bytes.
 * **Well formed.** After the MAC, every column is checked (dtype, length, action codes, id
   ranges, monotonic stack offsets, block states) so that not even a bug in some memlens version
   that wrote the entry can crash an analysis.
@@ -41,18 +45,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import hmac
 import itertools
 import json
 import logging
 import math
 import os
-import struct
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any
 
 import numpy as np
 
@@ -67,20 +67,26 @@ from memlens.cache_folder import (
     OPEN_TO_READ,
     BackgroundHash,
     CacheFolder,
+    EntryAhead,
+    EntryRefused,
+    entry_read_ahead,
     file_identity,
     fingerprint_fd,
     hash_file,
     hash_started,
     read_signed,
+    read_signed_file,
+    signer,
     size_limit,
     write_signed,
 )
 from memlens.cache_folder import FINGERPRINT_BYTES as FINGERPRINT_BYTES
 from memlens.cache_folder import KEY_BYTES as KEY_BYTES
 from memlens.cache_folder import KEY_NAME as KEY_NAME
+from memlens.cache_folder import SIGNATURE_BYTES as SIGNATURE_BYTES
 from memlens.cache_folder import STALE_TEMP_SECONDS as STALE_TEMP_SECONDS
 from memlens.cache_folder import cache_dir as cache_dir
-from memlens.files import FileRefused, OpenedFile, open_regular, trusted_file
+from memlens.files import FileRefused, OpenedFile, open_regular
 from memlens.snapshot.model import (
     BLOCK_STATES,
     Action,
@@ -114,11 +120,14 @@ _STACK_COLUMNS = {"stack_offsets": _INT64, "stack_frames": _INT32}
 _BLOCK_COLUMNS = {"segment_block_offsets": _INT64, "blocks_address": _INT64, "blocks_size": _INT64,
                   "blocks_requested_size": _INT64, "blocks_state": _INT8, "blocks_stack_id": _INT32}
 _META = "__meta__"
-_MAC = "__mac__"
-_ALLOWED_DTYPES = frozenset((_INT8, _INT32, _INT64, _UINT8))
-_LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip local file header, 30 bytes
-_LOCAL_HEADER_MAGIC = b"PK\x03\x04"
-class _InvalidEntry(ValueError):
+# The dtypes a member may have, by their text in the table (this machine's byte order).
+_MEMBER_DTYPES = {dtype.str: dtype for dtype in (_INT8, _INT32, _INT64, _UINT8)}
+_MAGIC = b"memlens columns\n"  # an entry's first 16 bytes
+_TABLE_LENGTH_BYTES = 8
+_ALIGN = 64  # each member starts at a multiple of this: its column is an aligned view
+
+
+class _InvalidEntry(EntryRefused):
     """A cache entry that must not be used."""
 
 
@@ -160,12 +169,13 @@ class CacheEntry:
     """
 
     def __init__(self, source: str, fd: int, fingerprint: str, identity: tuple[int, ...],
-                 hashed: BackgroundHash | None = None) -> None:
+                 hashed: BackgroundHash | None = None, ahead: EntryAhead | None = None) -> None:
         self.source = source
         self.fd = fd
         self.name = entry_name(fingerprint)
         self.identity = identity
         self._hash = hashed if hashed is not None else BackgroundHash(fd, source)
+        self._ahead = ahead
 
     @classmethod
     def for_file(cls, source: str | os.PathLike[str]) -> CacheEntry | None:
@@ -195,7 +205,7 @@ class CacheEntry:
             os.close(fd)
             log.debug("memlens cache: cannot read %s: %s", opened.name, error)
             return None
-        return cls(opened.name, fd, quick, file_identity(st), hash_started(opened))
+        return cls(opened.name, fd, quick, file_identity(st), hash_started(opened), entry_read_ahead(opened))
 
     def close(self) -> None:
         """Let go of the file (waits for the hashing thread, which reads it)."""
@@ -213,8 +223,18 @@ class CacheEntry:
         return hashed[0] if hashed is not None and hashed[1] == self.identity else None
 
     def read(self) -> Snapshot | None:
-        return read_signed(self.name, lambda folder_fd, key: _read_entry(
-            folder_fd, self.name, key, lambda: self.content_hash, self.source), self.source)
+        def read_entry(folder: CacheFolder, key: bytes) -> Snapshot:
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None:
+                self._hash.result()  # the thread that hashed the file has read the entry since
+                if ahead.matches(folder.path, self.name, key):
+                    if ahead.error is not None:
+                        raise ahead.error
+                    if ahead.data is not None:
+                        return _decode_entry(ahead.data, self.content_hash, self.source)
+            return _read_entry(folder.fd, self.name, key, lambda: self.content_hash, self.source)
+
+        return read_signed(self.name, read_entry, self.source)
 
     def write(self, snapshot: Snapshot) -> Path | None:
         """Store ``snapshot``; returns the entry's path, or ``None`` when nothing was stored.
@@ -245,11 +265,8 @@ class CacheEntry:
             log.debug("memlens cache: %s not cached: %s", self.source, error)
             return None
 
-        def signed(key: bytes) -> Callable[[IO[bytes]], None]:
-            members[_MAC] = np.frombuffer(_mac(key, members), dtype=np.uint8)
-            return lambda handle: np.savez(handle, **cast(dict[str, Any], members))
-
-        return write_signed(self.name, signed, suffix="npz")
+        return write_signed(self.name, lambda key: lambda handle: _write_members(handle, members, key),
+                            suffix="columns")
 
 
 def read(source: str | os.PathLike[str]) -> Snapshot | None:
@@ -410,18 +427,37 @@ def _encode_blocks(segments: list[Segment]) -> dict[str, np.ndarray]:
         raise _NotCacheable(f"a block that does not fit the columns: {error!r}") from None
 
 
-def _mac(key: bytes, members: dict[str, np.ndarray]) -> bytes:
-    """HMAC-SHA256 over every member but the MAC: name, dtype, shape, then the bytes."""
-    digest = hmac.new(key, digestmod=hashlib.sha256)
-    for name in sorted(members):
-        if name == _MAC:
-            continue
-        array = np.ascontiguousarray(members[name])
-        header = f"{name}\0{array.dtype.str}\0{array.shape}\0".encode()
-        digest.update(len(header).to_bytes(8, "little"))
-        digest.update(header)
-        digest.update(array.reshape(-1).view(np.uint8).data)
-    return digest.digest()
+def _aligned(offset: int) -> int:
+    return -(-offset // _ALIGN) * _ALIGN
+
+
+def _write_members(handle: IO[bytes], members: dict[str, np.ndarray], key: bytes) -> None:
+    """The entry: ``_MAGIC``, the table's length and JSON text (``[name, dtype, count, offset]``
+    per member, offsets from the first aligned byte after the table), each member at its offset
+    (zeros between), and last the signature over all of it (``cache_folder.read_signed_file``).
+    Written in one pass, signed as it goes."""
+    mac = signer(key, "v")
+
+    def put(data: bytes | memoryview) -> None:
+        handle.write(data)
+        mac.update(data)
+
+    arrays = [(name, np.ascontiguousarray(members[name]).reshape(-1)) for name in sorted(members)]
+    offsets, end = [], 0
+    for _, array in arrays:
+        offsets.append(_aligned(end))
+        end = offsets[-1] + array.nbytes
+    table = [[name, array.dtype.str, int(array.size), offset]
+             for (name, array), offset in zip(arrays, offsets, strict=True)]
+    text = json.dumps(table).encode()
+    head = _MAGIC + len(text).to_bytes(_TABLE_LENGTH_BYTES, "little") + text
+    put(head + bytes(_aligned(len(head)) - len(head)))
+    written = 0
+    for (_, array), offset in zip(arrays, offsets, strict=True):
+        put(bytes(offset - written))
+        put(array.view(np.uint8).data)
+        written = offset + array.nbytes
+    handle.write(mac.digest())
 
 
 # --------------------------------------------------------------------------- decoding
@@ -434,67 +470,54 @@ def _expect(condition: bool, problem: str) -> None:
 
 def _read_entry(folder_fd: int, name: str, key: bytes, digest: Callable[[], str | None], source: str) -> Snapshot:
     fd = os.open(name, OPEN_TO_READ, dir_fd=folder_fd)
-    with open(fd, "rb", buffering=0) as handle:
-        st = os.fstat(fd)
-        _expect(trusted_file(st), "not a regular file owned by this user and private to it")
-        members = _read_members(handle, st.st_size)
-        stored_mac = members.pop(_MAC, None)
-        _expect(stored_mac is not None and stored_mac.dtype == _UINT8, "no MAC")
-        assert stored_mac is not None
-        _expect(hmac.compare_digest(stored_mac.tobytes(), _mac(key, members)),
-                "MAC mismatch (not written by this user's memlens, or edited since)")
-        expected = digest()  # the full hash, computed meanwhile on another thread
-        _expect(expected is not None, "the snapshot could not be hashed")
-        assert expected is not None
-        snapshot = _decode(members, expected, source)
+    try:
+        data = read_signed_file(fd, key, "v")
         with contextlib.suppress(OSError):
             os.utime(fd)  # the least recently used entries are pruned first
-    return snapshot
+    finally:
+        os.close(fd)
+    return _decode_entry(data, digest(), source)
 
 
-def _read_exactly(handle: IO[bytes], view: memoryview) -> None:
-    filled = 0
-    while filled < len(view):
-        count = handle.readinto(view[filled:])  # type: ignore[attr-defined]
-        _expect(bool(count), "truncated member")
-        filled += count
+def _decode_entry(data: bytearray, digest: str | None, source: str) -> Snapshot:
+    """The snapshot in an entry's signed bytes; ``digest``: the full hash of the file it is for,
+    computed meanwhile on another thread (``None``: it could not be hashed)."""
+    _expect(digest is not None, "the snapshot could not be hashed")
+    assert digest is not None
+    return _decode(_unpack(data), digest, source)
 
 
-def _read_members(handle: IO[bytes], file_size: int) -> dict[str, np.ndarray]:
-    """Every member of an uncompressed ``.npz``, read straight into its array.
-
-    Sizes are checked against the npy headers and the file before anything is allocated, so a
-    damaged or hostile archive costs at most its own size in memory.
-    """
-    with zipfile.ZipFile(handle) as archive:
-        infos = archive.infolist()
-    _expect(len(infos) <= MAX_MEMBERS, "too many members")
+def _unpack(data: bytearray) -> dict[str, np.ndarray]:
+    """Every member of an entry's bytes (signature removed), as a view of them: the table is
+    checked against the bytes before any view is made (a name once, a known dtype, aligned
+    offsets in order and inside the data), so that not even a bug in the memlens that wrote it
+    can make a view reach past them."""
+    start = len(_MAGIC) + _TABLE_LENGTH_BYTES
+    _expect(len(data) >= start and data[: len(_MAGIC)] == _MAGIC, "not a memlens columns file")
+    length = int.from_bytes(data[len(_MAGIC):start], "little")
+    _expect(length <= len(data) - start, "table runs past the end")
+    try:
+        table = json.loads(bytes(data[start:start + length]))
+    except ValueError as error:  # a JSON or text decoding error
+        raise _InvalidEntry(f"table: {error}") from None
+    _expect(type(table) is list and len(table) <= MAX_MEMBERS, "table")
+    base = _aligned(start + length)
     members: dict[str, np.ndarray] = {}
-    for info in infos:
-        _expect(info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1, "compressed or encrypted")
-        _expect(info.filename.endswith(".npy"), f"unexpected member {info.filename!r}")
-        name = info.filename[:-4]
+    free_from = base  # the first byte no member before this one holds
+    for item in table:
+        _expect(type(item) is list and len(item) == 4 and type(item[0]) is str and type(item[1]) is str
+                and _is_int(item[2]) and _is_int(item[3]), "a table row")
+        name, dtype_text, count, offset = item
+        dtype = _MEMBER_DTYPES.get(dtype_text)
+        _expect(dtype is not None, f"{name}: dtype {dtype_text!r}")
+        assert dtype is not None
         _expect(name not in members, f"duplicate member {name!r}")
-        handle.seek(info.header_offset)
-        local = handle.read(_LOCAL_HEADER.size)
-        _expect(len(local) == _LOCAL_HEADER.size, "truncated zip header")
-        fields = _LOCAL_HEADER.unpack(local)
-        _expect(fields[0] == _LOCAL_HEADER_MAGIC, "bad zip header")
-        start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
-        _expect(start + info.file_size <= file_size, "member runs past the end of the file")
-        handle.seek(start)
-        version = np.lib.format.read_magic(handle)
-        if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(handle)
-        else:
-            _expect(version == (2, 0), f"npy version {version}")
-            shape, _, dtype = np.lib.format.read_array_header_2_0(handle)
-        _expect(dtype in _ALLOWED_DTYPES and len(shape) == 1, f"{name}: dtype {dtype} shape {shape}")
-        header_size = handle.tell() - start
-        _expect(header_size + shape[0] * dtype.itemsize == info.file_size, f"{name}: size does not match header")
-        array = np.empty(shape[0], dtype=dtype)
-        _read_exactly(handle, array.view(np.uint8).data)
-        members[name] = array
+        at = base + offset
+        _expect(count >= 0 and offset >= 0 and offset % _ALIGN == 0 and at >= free_from, f"{name}: offset {offset}")
+        _expect(at + count * dtype.itemsize <= len(data), f"{name}: runs past the end")
+        members[name] = (np.frombuffer(data, dtype=dtype, count=count, offset=at) if count
+                         else np.empty(0, dtype=dtype))
+        free_from = at + count * dtype.itemsize
     return members
 
 

@@ -359,7 +359,7 @@ def load(
 
     ``path`` may be a file the caller has already opened and checked (``memlens.files.OpenedFile``,
     as ``memlens mcp --root`` does): then that descriptor is what is read, and the sidecar is
-    opened beside it the same way. ``cache``: reuse/write a compact ``.npz`` copy so the next
+    opened beside it the same way. ``cache``: reuse/write a compact columnar copy so the next
     open is fast. ``None`` (default) caches files of ``CACHE_MIN_BYTES`` or more.
     ``progress(stage, fraction)`` is called as loading proceeds (the CLI draws a bar with it).
     ``max_content_bytes``: refuse more pickle than this, a gzip's inflated bytes counted as a plain

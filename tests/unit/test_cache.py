@@ -1,4 +1,4 @@
-"""The .npz cache: an exact round trip, keyed by content, kept in a private folder, bounded."""
+"""The snapshot cache: an exact round trip, keyed by content, kept in a private folder, bounded."""
 
 from __future__ import annotations
 
@@ -44,16 +44,17 @@ def snapshot_file(tmp_path: Path, cache_home: Path) -> Path:
 
 
 def entries(folder: Path) -> list[Path]:
-    return sorted(folder.glob("v*-*.npz"))
+    return sorted(folder.glob("v*-*.columns"))
 
 
 def assert_same_value(a: object, b: object, where: str) -> None:
     if isinstance(a, np.ndarray):
         assert isinstance(b, np.ndarray) and a.dtype == b.dtype, where
         np.testing.assert_array_equal(a, b, err_msg=where)
-        # Loaded columns are arrays of their own, not read-only views of the entry's buffer; a
-        # column that holds one value throughout is one element (model.constant_column), read-only
-        # as the native reader gives it.
+        # Loaded columns are writable, as parsed ones are (views of the entry's bytes, which the
+        # loader read into memory of its own, never a read-only map of the file); a column that
+        # holds one value throughout is one element (model.constant_column), read-only as the
+        # native reader gives it.
         assert b.flags.writeable or b.strides == (0,), where
     else:
         assert a == b, where
@@ -83,9 +84,9 @@ def test_entry_holds_the_content_hash_in_a_private_folder(snapshot_file: Path, c
     data = snapshot_file.read_bytes()
     quick = hashlib.sha256(f"{len(data)}|".encode() + data[: cache.FINGERPRINT_BYTES]
                            + data[max(cache.FINGERPRINT_BYTES, len(data) - cache.FINGERPRINT_BYTES):]).hexdigest()
-    assert [p.name for p in entries(cache_home)] == [f"v{cache.CACHE_VERSION}-{quick}.npz"]
-    with np.load(entries(cache_home)[0], allow_pickle=False) as npz:
-        meta = json.loads(npz["__meta__"].tobytes())
+    assert [p.name for p in entries(cache_home)] == [f"v{cache.CACHE_VERSION}-{quick}.columns"]
+    signed = bytearray(entries(cache_home)[0].read_bytes()[: -cache.SIGNATURE_BYTES])
+    meta = json.loads(cache._unpack(signed)["__meta__"].tobytes())
     assert meta["content_hash"] == hashlib.sha256(data).hexdigest()
     assert meta["version"] == cache.CACHE_VERSION
     assert stat.S_IMODE(cache_home.stat().st_mode) == 0o700
@@ -202,21 +203,22 @@ def test_a_limit_of_zero_turns_caching_off(snapshot_file: Path, cache_home: Path
 
 def test_old_formats_and_stale_temporaries_are_removed(snapshot_file: Path, tmp_path: Path, cache_home: Path) -> None:
     cache_home.mkdir(parents=True, mode=0o700)
-    old_version = cache_home / f"v1-{'0' * 64}.npz"
+    old_version = cache_home / f"v1-{'0' * 64}.npz"  # formats up to 6 were .npz files
+    previous = cache_home / f"v{cache.CACHE_VERSION - 1}-{'2' * 64}.npz"
     legacy = cache_home / "big.pickle.0123456789abcdef.memlens-cache.npz"
-    newer = cache_home / f"v{cache.CACHE_VERSION + 1}-{'1' * 64}.npz"
+    newer = cache_home / f"v{cache.CACHE_VERSION + 1}-{'1' * 64}.columns"
     unrelated = cache_home / "notes.txt"
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True, check=True)
     dead_writer = cache_home / f".tmp-{int(finished.stdout)}-00ff.npz"
     abandoned_own = cache_home / f".tmp-{os.getpid()}-0a0b.npz"
     live_own = cache_home / f".tmp-{os.getpid()}-0c0d.npz"  # another thread of this process, still writing
-    for path in (old_version, legacy, newer, unrelated, dead_writer, abandoned_own, live_own):
+    for path in (old_version, previous, legacy, newer, unrelated, dead_writer, abandoned_own, live_own):
         path.write_bytes(b"x" * 10)
     age(abandoned_own, cache.STALE_TEMP_SECONDS + 60)
     memlens.load(snapshot_file, cache=True)
     left = set(os.listdir(cache_home))
-    assert not {old_version.name, legacy.name, dead_writer.name, abandoned_own.name} & left
+    assert not {old_version.name, previous.name, legacy.name, dead_writer.name, abandoned_own.name} & left
     assert {newer.name, unrelated.name, live_own.name} <= left
 
 
@@ -263,3 +265,60 @@ def test_a_pipe_is_neither_opened_nor_hashed(tmp_path: Path, cache_home: Path) -
     fifo = tmp_path / "snapshot.fifo"
     os.mkfifo(fifo)  # with no writer, opening it to read would block for ever
     assert cache.CacheEntry.for_file(fifo) is None
+
+
+# --------------------------------------------------------------------------- read ahead
+
+
+def test_an_entry_read_ahead_is_the_one_loaded(snapshot_file: Path, cache_home: Path) -> None:
+    from memlens import cache_folder
+    from memlens.files import open_regular
+
+    fresh = memlens.load(snapshot_file, cache=True)
+    with open_regular(snapshot_file) as opened:
+        cache_folder.hash_opened(opened, read_ahead=True).result()
+        ahead = cache_folder._AHEAD[opened]
+        assert ahead.data is not None and ahead.error is None  # read and checked on the hashing thread
+        loaded = memlens.load(opened, cache=True)
+        assert cache_folder.entry_read_ahead(opened) is None  # taken by the loader, once
+    assert loaded.from_cache
+    assert memlens.analyze(loaded).to_json() == memlens.analyze(fresh).to_json()
+
+
+def test_nothing_is_read_ahead_without_an_entry(snapshot_file: Path, cache_home: Path) -> None:
+    from memlens import cache_folder
+    from memlens.files import open_regular
+
+    with open_regular(snapshot_file) as opened:
+        cache_folder.hash_opened(opened, read_ahead=True).result()
+        assert cache_folder.entry_read_ahead(opened) is None
+        assert not memlens.load(opened, cache=True).from_cache  # and the first open writes it
+
+
+def test_an_entry_edited_before_it_is_read_ahead_is_not_believed(snapshot_file: Path, cache_home: Path) -> None:
+    from memlens import cache_folder
+    from memlens.files import open_regular
+
+    memlens.load(snapshot_file, cache=True)
+    entry = entries(cache_home)[0]
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 2] ^= 1
+    entry.write_bytes(bytes(data))
+    with open_regular(snapshot_file) as opened:
+        cache_folder.hash_opened(opened, read_ahead=True).result()
+        assert isinstance(cache_folder._AHEAD[opened].error, cache_folder.EntryRefused)
+        assert not memlens.load(opened, cache=True).from_cache
+    assert memlens.load(snapshot_file, cache=True).from_cache  # rebuilt
+
+
+def test_an_entry_read_ahead_under_a_key_since_replaced_is_read_again(snapshot_file: Path, cache_home: Path) -> None:
+    from memlens import cache_folder
+    from memlens.files import open_regular
+
+    memlens.load(snapshot_file, cache=True)
+    with open_regular(snapshot_file) as opened:
+        cache_folder.hash_opened(opened, read_ahead=True).result()
+        assert cache_folder._AHEAD[opened].data is not None
+        (cache_home / cache.KEY_NAME).write_bytes(b"k" * cache.KEY_BYTES)  # the owner's memlens made a new key
+        # Not the bytes read ahead (checked under the old key): the entry read again fails the new one.
+        assert not memlens.load(opened, cache=True).from_cache

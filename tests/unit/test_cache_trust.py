@@ -44,20 +44,26 @@ def entry_of(snapshot_file: Path, cache_home: Path) -> Path:
 
 
 def read_members(path: Path) -> Members:
-    with np.load(path, allow_pickle=False) as npz:
-        return {name: npz[name] for name in npz.files}
+    """An entry's members, copied out of it (its signature not checked)."""
+    signed = bytearray(path.read_bytes()[: -cache.SIGNATURE_BYTES])
+    return {name: column.copy() for name, column in cache._unpack(signed).items()}
 
 
-def write_members(path: Path, members: Members) -> None:
+def write_members(path: Path, members: Members, key: bytes | None = None) -> None:
+    """``members`` as an entry signed with ``key``; without one, the entry keeps the signature it
+    had (whoever edited it does not have the owner's key)."""
+    old_signature = path.read_bytes()[-cache.SIGNATURE_BYTES:]
     with open(path, "wb") as handle:
-        np.savez(handle, **members)
+        cache._write_members(handle, members, key or b"\0" * cache.KEY_BYTES)
+    if key is None:
+        with open(path, "r+b") as handle:
+            handle.seek(-cache.SIGNATURE_BYTES, os.SEEK_END)
+            handle.write(old_signature)
 
 
-def sign(members: Members, key: bytes) -> Members:
-    """What only the owner's memlens can do: a valid MAC over the (edited) members."""
-    members.pop("__mac__", None)
-    members["__mac__"] = np.frombuffer(cache._mac(key, members), dtype=np.uint8)
-    return members
+def owner_key(cache_home: Path) -> bytes:
+    """What only the owner's memlens can sign with."""
+    return (cache_home / cache.KEY_NAME).read_bytes()
 
 
 def meta_of(members: Members) -> dict[str, Any]:
@@ -119,7 +125,7 @@ def test_an_edited_entry_is_not_believed(snapshot_file: Path, cached: Path, edit
 def test_an_entry_planted_with_another_key_is_not_believed(snapshot_file: Path, cached: Path) -> None:
     members = read_members(cached)
     members["d0_allocated"] = members["d0_allocated"] * 1000
-    write_members(cached, sign(members, b"k" * cache.KEY_BYTES))
+    write_members(cached, members, b"k" * cache.KEY_BYTES)
     assert_rebuilt(snapshot_file)
 
 
@@ -129,7 +135,7 @@ def test_a_cache_beside_the_snapshot_is_never_read(snapshot_file: Path, tmp_path
     # cache and leaves it beside the snapshot under every name memlens has ever used.
     monkeypatch.setenv(cache.CACHE_DIR_ENV, str(tmp_path / "attacker"))
     memlens.load(snapshot_file, cache=True)
-    planted = next((tmp_path / "attacker").glob("v*.npz"))
+    planted = next((tmp_path / "attacker").glob("v*.columns"))
     shutil.copy(planted, snapshot_file.parent / planted.name)
     shutil.copy(planted, snapshot_file.parent / f"{snapshot_file.name}.0123456789abcdef.memlens-cache.npz")
     monkeypatch.setenv(cache.CACHE_DIR_ENV, str(cache_home))
@@ -166,10 +172,6 @@ def short_column(members: Members, meta: dict[str, Any]) -> None:
 
 def wrong_dtype(members: Members, meta: dict[str, Any]) -> None:
     members["d0_address"] = members["d0_address"].astype(np.int32)
-
-
-def two_dimensional(members: Members, meta: dict[str, Any]) -> None:
-    members["d0_allocated"] = members["d0_allocated"].reshape(1, -1)
 
 
 def decreasing_offsets(members: Members, meta: dict[str, Any]) -> None:
@@ -239,7 +241,7 @@ def text_where_an_int_belongs(members: Members, meta: dict[str, Any]) -> None:
 
 
 MALFORMED = [out_of_range_stack_id, out_of_range_metadata_id, set_value("d0_action", 3, 42),
-             set_value("d0_size", 3, -512), short_column, wrong_dtype, two_dimensional, decreasing_offsets,
+             set_value("d0_size", 3, -512), short_column, wrong_dtype, decreasing_offsets,
              offsets_past_the_end, out_of_range_frame, bad_block, negative_block_size, block_stack_out_of_range,
              block_offsets_past_the_end, block_columns_of_different_lengths, segment_stack_out_of_range, other_bytes,
              old_version, extra_member, missing_member, frames_not_a_list, text_where_an_int_belongs]
@@ -251,7 +253,7 @@ def test_a_malformed_entry_is_rebuilt_even_when_signed(snapshot_file: Path, cach
     members = read_members(cached)
     meta = meta_of(members)
     edit(members, meta)
-    write_members(cached, sign(with_meta(members, meta), (cache_home / cache.KEY_NAME).read_bytes()))
+    write_members(cached, with_meta(members, meta), owner_key(cache_home))
     assert_rebuilt(snapshot_file)
 
 
@@ -259,15 +261,90 @@ def test_the_signing_helper_itself_keeps_a_good_entry_good(snapshot_file: Path, 
                                                            cache_home: Path) -> None:
     # Without this, every test above could pass because re-signing alone broke the entry.
     members = read_members(cached)
-    write_members(cached, sign(members, (cache_home / cache.KEY_NAME).read_bytes()))
+    write_members(cached, members, owner_key(cache_home))
     assert memlens.load(snapshot_file, cache=True).from_cache
 
 
-def test_a_compressed_member_is_refused(snapshot_file: Path, cached: Path, cache_home: Path) -> None:
-    members = sign(read_members(cached), (cache_home / cache.KEY_NAME).read_bytes())
-    with open(cached, "wb") as handle:
-        np.savez_compressed(handle, **members)
+def write_layout(path: Path, table_text: bytes, data: bytes, key: bytes, magic: bytes = cache._MAGIC,
+                 table_length: int | None = None) -> None:
+    """An entry laid out by hand (magic, table, members' bytes), validly signed with ``key``."""
+    length = len(table_text) if table_length is None else table_length
+    head = magic + length.to_bytes(8, "little") + table_text
+    body = head + bytes(cache._aligned(len(head)) - len(head)) + data
+    mac = cache_folder.signer(key, "v")
+    mac.update(body)
+    path.write_bytes(body + mac.digest())
+
+
+def entry_layout(path: Path) -> tuple[list[list[Any]], bytes]:
+    """An entry's table and the bytes after it (its members, from the first aligned offset)."""
+    data = path.read_bytes()[: -cache.SIGNATURE_BYTES]
+    start = len(cache._MAGIC) + 8
+    length = int.from_bytes(data[len(cache._MAGIC):start], "little")
+    table: list[list[Any]] = json.loads(data[start:start + length])
+    return table, data[cache._aligned(start + length):]
+
+
+def edit_row(row: int, field: int, value: Any) -> Callable[[list[list[Any]]], None]:
+    def edit(table: list[list[Any]]) -> None:
+        table[row][field] = value
+
+    return edit
+
+
+def overlap(table: list[list[Any]]) -> None:
+    first_nonempty = next(i for i, row in enumerate(table) if row[2] > 0)
+    table[first_nonempty + 1][3] = table[first_nonempty][3]
+
+
+LAYOUT_DAMAGE: dict[str, Callable[[list[list[Any]]], None]] = {
+    "a float member": edit_row(0, 1, "<f8"),
+    "an object member": edit_row(0, 1, "|O"),
+    "a misaligned member": edit_row(1, 3, 8),
+    "overlapping members": overlap,
+    "a member past the end": edit_row(-1, 2, 10**9),
+    "a negative count": edit_row(0, 2, -1),
+    "a duplicate name": lambda table: edit_row(1, 0, table[0][0])(table),
+    "a short row": lambda table: table[0].pop(),
+    "a text count": edit_row(0, 2, "12"),
+}
+
+
+@pytest.mark.parametrize("damage", list(LAYOUT_DAMAGE))
+def test_a_badly_laid_out_entry_is_refused_even_when_signed(snapshot_file: Path, cached: Path, cache_home: Path,
+                                                           damage: str) -> None:
+    # The signature proves who wrote an entry, not that the memlens that wrote it had no bug: the
+    # table is checked before any column is made a view of the bytes.
+    table, data = entry_layout(cached)
+    LAYOUT_DAMAGE[damage](table)
+    write_layout(cached, json.dumps(table).encode(), data, owner_key(cache_home))
     assert_rebuilt(snapshot_file)
+
+
+@pytest.mark.parametrize("damage", ["magic", "table not JSON", "table not a list", "table past the end",
+                                    "table not text"])
+def test_a_damaged_head_is_refused_even_when_signed(snapshot_file: Path, cached: Path, cache_home: Path,
+                                                    damage: str) -> None:
+    table, data = entry_layout(cached)
+    text = json.dumps(table).encode()
+    key = owner_key(cache_home)
+    if damage == "magic":
+        write_layout(cached, text, data, key, magic=b"PK\x03\x04" + cache._MAGIC[4:])
+    elif damage == "table not JSON":
+        write_layout(cached, b"[[" + text, data, key)
+    elif damage == "table not a list":
+        write_layout(cached, json.dumps({"members": table}).encode(), data, key)
+    elif damage == "table past the end":
+        write_layout(cached, text, data, key, table_length=len(text) + len(data) + 1000)
+    else:
+        write_layout(cached, b"\xff\xfe" + text, data, key)
+    assert_rebuilt(snapshot_file)
+
+
+def test_the_layout_helpers_keep_a_good_entry_good(snapshot_file: Path, cached: Path, cache_home: Path) -> None:
+    table, data = entry_layout(cached)
+    write_layout(cached, json.dumps(table).encode(), data, owner_key(cache_home))
+    assert memlens.load(snapshot_file, cache=True).from_cache
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "one byte flipped"])
@@ -323,7 +400,7 @@ def test_an_entry_owned_by_someone_else_is_not_used(snapshot_file: Path, cached:
 
 
 def test_an_entry_that_is_a_symlink_is_not_followed(snapshot_file: Path, cached: Path, tmp_path: Path) -> None:
-    elsewhere = tmp_path / "elsewhere.npz"
+    elsewhere = tmp_path / "elsewhere.columns"
     cached.rename(elsewhere)
     cached.symlink_to(elsewhere)
     assert_rebuilt(snapshot_file)
@@ -423,24 +500,24 @@ def test_a_snapshot_with_a_self_referencing_setting_loads_without_hanging(tmp_pa
 
 def test_a_failed_write_leaves_no_temporary_and_no_entry(snapshot_file: Path, cache_home: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    def disk_full(handle: Any, **members: Any) -> None:
+    def disk_full(handle: Any, members: Any, key: bytes) -> None:
         handle.write(b"PK\x03\x04 partial")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(np, "savez", disk_full)
+    monkeypatch.setattr(cache, "_write_members", disk_full)
     snapshot = memlens.load(snapshot_file, cache=True)  # the load itself still succeeds
     assert not snapshot.from_cache
     assert temporaries(cache_home) == []
-    assert list(cache_home.glob("v*.npz")) == []
+    assert list(cache_home.glob("v*.columns")) == []
 
 
 def test_an_unexpected_error_while_writing_still_removes_the_temporary(snapshot_file: Path, cache_home: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    def interrupted(handle: Any, **members: Any) -> None:
+    def interrupted(handle: Any, members: Any, key: bytes) -> None:
         handle.write(b"PK\x03\x04 partial")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(np, "savez", interrupted)
+    monkeypatch.setattr(cache, "_write_members", interrupted)
     with pytest.raises(KeyboardInterrupt):
         memlens.load(snapshot_file, cache=True)
     assert temporaries(cache_home) == []
@@ -448,11 +525,11 @@ def test_an_unexpected_error_while_writing_still_removes_the_temporary(snapshot_
 
 def test_a_bug_while_writing_costs_the_cache_not_the_load(snapshot_file: Path, cache_home: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(handle: Any, **members: Any) -> None:
+    def broken(handle: Any, members: Any, key: bytes) -> None:
         handle.write(b"PK\x03\x04 partial")
-        raise ValueError("a numpy that cannot save")
+        raise ValueError("a writer with a bug")
 
-    monkeypatch.setattr(np, "savez", broken)
+    monkeypatch.setattr(cache, "_write_members", broken)
     snapshot = memlens.load(snapshot_file, cache=True)
     assert answer(snapshot) == answer(memlens.load(snapshot_file, cache=False))
     assert temporaries(cache_home) == []

@@ -77,7 +77,7 @@ def test_a_whatif_hashes_the_file_once_while_its_renderer_is_imported(
         assert pending.opened is not None and cache_folder.hash_started(pending.opened) is not None  # running
         first = pending.result().to_json()
     assert len(file_hashes) == 1
-    assert len(list((tmp_path / "cache").glob("v*.npz"))) == 1  # the loader's entry, named by that hash
+    assert len(list((tmp_path / "cache").glob("v*.columns"))) == 1  # the loader's entry, named by that hash
     with begin(sample, options) as pending:
         again = pending.result()
     assert again.to_json() == first and len(file_hashes) == 2  # the second what-if: one hash, read from the entry
