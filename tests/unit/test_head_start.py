@@ -8,6 +8,8 @@ import gc
 import gzip
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -218,3 +220,23 @@ def test_a_usage_error_after_a_scan_began_ends_in_one_line(tmp_path: Path) -> No
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2, done.stderr
     assert "--top" in done.stderr and "terminate" not in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("command", "code"), [
+    (["whatif", str(SAMPLE), "--expandable-segments", "--json"], 0),
+    (["triage", str(SAMPLE), "--json", "--no-cache"], 0),
+    (["whatif", str(SAMPLE), "--capacity", "0"], 2),  # a usage error: one line, status 2
+    (["triage", "/no/such/snapshot.pickle"], 2),
+])
+def test_the_quick_exit_keeps_the_output_and_the_status(command: list[str], code: int) -> None:
+    # triage and whatif end with os._exit once their output is flushed: every byte printed is
+    # still there, and the status is the command's.
+    expected = CliRunner().invoke(cli, command)
+    assert expected.exit_code == code
+    ran = subprocess.run([sys.executable, "-m", "memlens", *command], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "MEMLENS_CACHE_DIR": "/nonexistent/memlens-cache"})
+    assert ran.returncode == code, ran.stderr
+    if code == 0:
+        assert ran.stdout == expected.output
+    else:
+        assert ran.stderr.strip() and "Traceback" not in ran.stderr
