@@ -28,7 +28,6 @@ import hashlib
 import hmac
 import importlib.util
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from memlens.sidecar import sidecar_bytes_beside
 if TYPE_CHECKING:
     from memlens.analysis.report import Report
 
-log = logging.getLogger(__name__)
+log = cache_folder.QuietLog(__name__)
 
 ENTRY_KIND = "r"
 # A report is a few hundred KiB; an entry past this was not written by memlens.

@@ -236,13 +236,12 @@ def test_a_cached_triage_imports_neither_numpy_nor_the_analysis(tmp_path: Path) 
     triage_once = [sys.executable, "-m", "memlens", "triage", str(path), "--cache", "--no-color", "--width", "100"]
     first = subprocess.run(triage_once, capture_output=True, text=True, env=env, cwd=REPO_ROOT, check=True)
     probe = f"""
-import runpy, sys, io, contextlib
-sys.argv = {triage_once[2:]!r}
-sys.argv[0] = "memlens"
+import sys, io, contextlib
+from memlens.cli.launch import main
 out = io.StringIO()
 try:
     with contextlib.redirect_stdout(out):
-        runpy.run_module("memlens", run_name="__main__")
+        main({triage_once[3:]!r})  # the program's own path (given its arguments, it returns here)
 except SystemExit:
     pass
 heavy = sorted(m for m in ("numpy", "torch", "memlens.snapshot.model", "memlens.analysis.run") if m in sys.modules)
