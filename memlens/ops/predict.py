@@ -12,6 +12,7 @@ import os
 import runpy
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
     from memlens.analysis.report import Report
     from memlens.predict.session import PredictResult, PredictSession
     from memlens.sidecar import Sidecar
+
+# How long a signal that landed inside a finalizer waits before it is sent again (StopSignals).
+SIGNAL_RETRY_SECONDS = 0.005
 
 __all__ = ["SIGNAL_WORDS", "PredictOptions", "Prediction", "exit_status", "oom_line", "predict", "split_command"]
 
@@ -179,8 +183,6 @@ class StopSignals:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopSignals:
-        import threading
-
         if threading.current_thread() is threading.main_thread():
             defaults = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
             for signum, default in defaults.items():
@@ -193,9 +195,19 @@ class StopSignals:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         from memlens.recorder import Terminated
+        from memlens.recorder.session import inside_finalizer
 
         if self._held:
             self.pending = self.pending or signum
+            return
+        if inside_finalizer(frame):
+            # Python runs the handler at the next bytecode, which can be inside a finalizer (the
+            # simulated device's, as a tensor is freed): raised there, the exception is printed as
+            # "ignored" and lost, and the script would run on. The script has no step the signal
+            # could wait for, so it is sent again in a moment, once the finalizer has returned.
+            again = threading.Timer(SIGNAL_RETRY_SECONDS, os.kill, (os.getpid(), signum))
+            again.daemon = True
+            again.start()
             return
         if signum == signal.SIGINT:
             raise KeyboardInterrupt

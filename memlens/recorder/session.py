@@ -596,7 +596,7 @@ class Recorder:
         # Python runs the handler at the next bytecode, which can be inside a finalizer (the CPU
         # tracker's, on a tensor's free): an exception raised there is printed as "ignored" and
         # lost, and a Ctrl-C would not stop the run. It waits for the next step instead.
-        if self._writing or _inside_finalizer(frame):
+        if self._writing or inside_finalizer(frame):
             self._pending_signal = signum
             return
         _raise_for_signal(signum)
@@ -731,7 +731,7 @@ def file_peaks(path: Path, device: int = 0) -> tuple[int, int]:
 _FINALIZER_CALL = weakref.finalize.__call__.__code__
 
 
-def _inside_finalizer(frame: FrameType | None) -> bool:
+def inside_finalizer(frame: FrameType | None) -> bool:
     """Whether ``frame`` runs inside a ``weakref.finalize`` callback (whose exceptions are lost)."""
     while frame is not None:
         if frame.f_code is _FINALIZER_CALL:
