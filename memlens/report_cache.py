@@ -172,9 +172,9 @@ def code_identity() -> str:
         digest.update(len(encoded).to_bytes(8, "little") + encoded + len(data).to_bytes(8, "little"))
         digest.update(data)
 
-    package = Path(__file__).resolve().parent
-    for path in sorted(package.rglob("*.py")):
-        add(path.relative_to(package).as_posix(), path.read_bytes())
+    for relative, path in _sources(os.path.dirname(os.path.realpath(__file__))):
+        with open(path, "rb") as source:
+            add(relative, source.read())
     for module in (*_EXTENSIONS, "numpy"):
         try:
             spec = importlib.util.find_spec(module)  # finds, does not import
@@ -187,6 +187,22 @@ def code_identity() -> str:
     add("engine", engine_name().encode())
     add("python", sys.version.encode())
     return digest.hexdigest()
+
+
+def _sources(package: str) -> list[tuple[str, str]]:
+    """Every ``.py`` file under ``package``, as (its path from there with ``/``, its path), in that
+    order (a walk with ``os.scandir``: ``Path.rglob`` took 4 of the 11 ms of ``code_identity``)."""
+    found: list[tuple[str, str]] = []
+    pending = [(package, "")]
+    while pending:
+        folder, prefix = pending.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((entry.path, f"{prefix}{entry.name}/"))
+                elif entry.name.endswith(".py") and entry.is_file():
+                    found.append((prefix + entry.name, entry.path))
+    return sorted(found)
 
 
 __all__ = ["ReportSlot", "code_identity"]

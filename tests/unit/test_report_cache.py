@@ -201,15 +201,21 @@ def test_the_code_identity_names_the_engine() -> None:
 
 def test_the_code_identity_covers_every_module(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     package = tmp_path / "memlens"
-    package.mkdir()
+    (package / "analysis").mkdir(parents=True)
     (package / "a.py").write_text("x = 1\n")
+    (package / "analysis" / "b.py").write_text("y = 1\n")
     monkeypatch.setattr(report_cache, "__file__", str(package / "report_cache.py"))
     report_cache.code_identity.cache_clear()
     try:
-        before = report_cache.code_identity()
+        identities = [report_cache.code_identity()]
+        for edited in (package / "a.py", package / "analysis" / "b.py"):
+            report_cache.code_identity.cache_clear()
+            edited.write_text(edited.read_text().replace("1", "2"))  # same size, other source
+            identities.append(report_cache.code_identity())
+        assert len(set(identities)) == 3  # a module in a subpackage counts as much as one at the top
         report_cache.code_identity.cache_clear()
-        (package / "a.py").write_text("x = 2\n")  # same size, other source
-        assert report_cache.code_identity() != before
+        (package / "analysis" / "notes.txt").write_text("not code")
+        assert report_cache.code_identity() == identities[-1]
     finally:
         report_cache.code_identity.cache_clear()
 
