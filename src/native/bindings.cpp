@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <array>
 #include <map>
 #include <set>
 
@@ -203,41 +202,21 @@ class AddressHints {
 };
 
 // _RecordedSegments: the recorded run's live segments as the window goes.
-// base_of is asked at every alloc row and the segments change only at segment rows, so what it
-// found is remembered by 2 MiB stretch of address (a small direct-mapped table, cleared whenever a
-// segment opens or closes): the tree walk, a cache miss per level over thousands of segments, was
-// a quarter of the replay loop.
 class RecordedSegments {
  public:
   void opened(int64_t address, int64_t size) {
     sizes_[address] = size;
-    generation_ += 1;
+    memo_.forget();
   }
   void closed(int64_t address) {
     sizes_.erase(address);
-    generation_ += 1;
+    memo_.forget();
   }
-  std::optional<int64_t> base_of(int64_t address) {
-    Found& found = found_[(static_cast<uint64_t>(address) >> 21) % found_.size()];
-    if (found.generation == generation_ && found.base <= address && address < found.end) return found.base;
-    auto after = sizes_.upper_bound(address);
-    if (after == sizes_.begin()) return std::nullopt;
-    --after;
-    if (address < after->first + after->second) {
-      found = {generation_, after->first, after->first + after->second};
-      return after->first;
-    }
-    return std::nullopt;
-  }
+  std::optional<int64_t> base_of(int64_t address) { return memo_.start_of(sizes_, address); }
 
  private:
-  struct Found {
-    uint64_t generation = 0;  // valid while it equals generation_ (which starts at 1)
-    int64_t base = 0, end = 0;
-  };
   std::map<int64_t, int64_t> sizes_;
-  uint64_t generation_ = 1;
-  std::array<Found, 256> found_{};
+  RangeMemo memo_;
 };
 
 // Restores the simulator's segment-address hook however the replay leaves (an observer may raise).

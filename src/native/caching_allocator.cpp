@@ -216,11 +216,7 @@ std::tuple<int64_t, int64_t, int64_t, int64_t> CachingAllocator::cached_summary(
 }
 
 std::optional<int64_t> CachingAllocator::segment_base(int64_t address) const {
-  auto after = spans_.upper_bound(address);
-  if (after == spans_.begin()) return std::nullopt;
-  --after;
-  if (address < after->first + after->second) return after->first;
-  return std::nullopt;
+  return span_memo_.start_of(spans_, address);
 }
 
 int64_t CachingAllocator::device_free() const {

@@ -13,6 +13,7 @@
 // never looks inside them, it only keeps them with the blocks and hands them to the recorder.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -63,6 +64,37 @@ struct OutOfMemory : std::exception {
 };
 
 std::string hex(int64_t value);  // Python's f"{value:#x}"
+
+// The start of the range (in a start -> size map of disjoint ranges) that holds an address, with
+// what was found remembered per 2 MiB stretch of address in a small direct-mapped table, forgotten
+// whenever the map changes (``forget``). The replay asks at every allocation and the ranges (live
+// segments) change only at segment rows: the tree walk, a cache miss per level over thousands of
+// segments, was a quarter of the replay loop.
+class RangeMemo {
+ public:
+  void forget() { generation_ += 1; }
+
+  std::optional<int64_t> start_of(const std::map<int64_t, int64_t>& ranges, int64_t address) {
+    Found& found = found_[(static_cast<uint64_t>(address) >> 21) % found_.size()];
+    if (found.generation == generation_ && found.start <= address && address < found.end) return found.start;
+    auto after = ranges.upper_bound(address);
+    if (after == ranges.begin()) return std::nullopt;
+    --after;
+    if (address < after->first + after->second) {
+      found = {generation_, after->first, after->first + after->second};
+      return after->first;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  struct Found {
+    uint64_t generation = 0;  // valid while it equals generation_ (which starts at 1)
+    int64_t start = 0, end = 0;
+  };
+  uint64_t generation_ = 1;
+  std::array<Found, 256> found_{};
+};
 
 // A hash map keyed by address: open addressing with linear probing and backward-shift deletion,
 // so a lookup reads one or two adjacent slots instead of chasing std::unordered_map's nodes (the
@@ -382,8 +414,14 @@ class CachingAllocator {
   Block* alloc_block(BlockPool& pool, int64_t size, int64_t alloc_size, int64_t stream, const Frames& frames);
   int64_t new_segment_address(int64_t size);
   bool overlaps(int64_t address, int64_t size) const;
-  void add_span(int64_t address, int64_t size) { spans_[address] = size; }
-  void drop_span(int64_t address) { spans_.erase(address); }
+  void add_span(int64_t address, int64_t size) {
+    spans_[address] = size;
+    span_memo_.forget();
+  }
+  void drop_span(int64_t address) {
+    spans_.erase(address);
+    span_memo_.forget();
+  }
   void claim_span(int64_t address, int64_t size);
   void release_block(BlockPool& pool, Block* block, const Frames& frames);
   bool release_available_cached_blocks(BlockPool& pool, int64_t size, int64_t stream, const Frames& frames);
@@ -412,6 +450,7 @@ class CachingAllocator {
   std::vector<ExpandableSegment*> expandable_segments_;
   int64_t next_address_ = kDefaultBaseAddress;
   std::map<int64_t, int64_t> spans_;  // live cudaMalloc ranges and VA reservations: start -> size
+  mutable RangeMemo span_memo_;        // segment_base's lookups in spans_
 };
 
 int64_t get_allocation_size(int64_t size);
