@@ -29,7 +29,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -249,13 +249,10 @@ class EntryAhead:
     def open(cls, opened: OpenedFile) -> EntryAhead | None:
         """The entry ``opened``'s bytes would be cached under, opened; ``None`` when there is none
         (or no usable folder or key): then nothing is read ahead."""
-        folder = CacheFolder.open(create=False)
-        if folder is None:
-            return None
-        with folder:
-            key = folder.key(create=False)
-            if key is None:
+        with keyed_folder() as keyed:
+            if keyed is None:
                 return None
+            folder, key = keyed
             name = entry_name("v", fingerprint_fd(opened.fd, opened.size))
             try:
                 fd = os.open(name, OPEN_TO_READ, dir_fd=folder.fd)
@@ -311,17 +308,27 @@ def hash_started(opened: OpenedFile) -> BackgroundHash | None:
     return _HASHES.get(opened)
 
 
+@contextlib.contextmanager
+def keyed_folder() -> Iterator[tuple[CacheFolder, bytes] | None]:
+    """The cache folder, opened, and this user's key, for reading (neither is created); ``None``
+    when either is missing or unusable."""
+    folder = CacheFolder.open(create=False)
+    if folder is None:
+        yield None
+        return
+    with folder:
+        key = folder.key(create=False)
+        yield None if key is None else (folder, key)
+
+
 def read_signed(name: str, read: Callable[[CacheFolder, bytes], T], source: str) -> T | None:
     """``read(folder, key)`` of the entry ``name`` in the cache folder, with this user's key;
     ``None`` when there is no folder, key or entry, or when ``read`` fails in any way (logged):
     a cache that cannot be read costs speed only, never a crash or an answer."""
-    folder = CacheFolder.open(create=False)
-    if folder is None:
-        return None
-    with folder:
-        key = folder.key(create=False)
-        if key is None:
+    with keyed_folder() as keyed:
+        if keyed is None:
             return None
+        folder, key = keyed
         try:
             return read(folder, key)
         except FileNotFoundError:

@@ -201,23 +201,8 @@ class AddressHints {
   size_t head_ = 0;
 };
 
-// _RecordedSegments: the recorded run's live segments as the window goes.
-class RecordedSegments {
- public:
-  void opened(int64_t address, int64_t size) {
-    sizes_[address] = size;
-    memo_.forget();
-  }
-  void closed(int64_t address) {
-    sizes_.erase(address);
-    memo_.forget();
-  }
-  std::optional<int64_t> base_of(int64_t address) { return memo_.start_of(sizes_, address); }
-
- private:
-  std::map<int64_t, int64_t> sizes_;
-  RangeMemo memo_;
-};
+// _RecordedSegments: the recorded run's live segments as the window goes (segment start -> size).
+using RecordedSegments = RangeMap;
 
 // Restores the simulator's segment-address hook however the replay leaves (an observer may raise).
 struct HookGuard {
@@ -332,7 +317,7 @@ nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Col
   };
 
   RecordedSegments recorded_segments;
-  for (const auto& [address, size] : recorded_initial) recorded_segments.opened(address, size);
+  for (const auto& [address, size] : recorded_initial) recorded_segments.set(address, size);
   AddressMap<int64_t> mapping;  // recorded address -> simulated address of the live blocks
   for (int64_t address : seeded_live) mapping.set(address, address);
 
@@ -363,7 +348,7 @@ nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Col
       settle_pair(sim_address);
       mapping.set(address, sim_address);
       allocs += 1;
-      std::optional<int64_t> recorded_base = recorded_segments.base_of(address);
+      std::optional<int64_t> recorded_base = recorded_segments.start_of(address);
       if (recorded_base) {
         placed += 1;
         if (sim_address == address) {
@@ -408,11 +393,11 @@ nb::dict replay(nb::object simulator, Codes actions_in, Column addresses_in, Col
         if (sim_address >= 0 && sim.is_allocated(sim_address)) sim.complete_free(sim_address, none);
       }
     } else if (act == kSegmentAlloc) {
-      recorded_segments.opened(addresses[i], sizes[i]);
+      recorded_segments.set(addresses[i], sizes[i]);
       if (observing) observer(i, simulator);
       if (watching && watching->note(i, sim)) break;
     } else if (act == kSegmentFree) {
-      recorded_segments.closed(addresses[i]);
+      recorded_segments.erase(addresses[i]);
       if (empty_cache_at[i]) sim.empty_cache(none);
     } else if (act == kSegmentUnmap) {
       if (empty_cache_at[i]) sim.empty_cache(none);

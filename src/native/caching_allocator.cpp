@@ -216,7 +216,7 @@ std::tuple<int64_t, int64_t, int64_t, int64_t> CachingAllocator::cached_summary(
 }
 
 std::optional<int64_t> CachingAllocator::segment_base(int64_t address) const {
-  return span_memo_.start_of(spans_, address);
+  return spans_.start_of(address);
 }
 
 int64_t CachingAllocator::device_free() const {
@@ -557,8 +557,9 @@ int64_t CachingAllocator::new_segment_address(int64_t size) {
 
 // Spans never overlap each other, so of those starting before ``end`` the last one ends last.
 bool CachingAllocator::overlaps(int64_t address, int64_t size) const {
-  auto before_end = spans_.lower_bound(address + size);
-  if (before_end == spans_.begin()) return false;
+  const auto& spans = spans_.ranges();
+  auto before_end = spans.lower_bound(address + size);
+  if (before_end == spans.begin()) return false;
   --before_end;
   return address < before_end->first + before_end->second;
 }

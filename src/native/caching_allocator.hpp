@@ -65,20 +65,28 @@ struct OutOfMemory : std::exception {
 
 std::string hex(int64_t value);  // Python's f"{value:#x}"
 
-// The start of the range (in a start -> size map of disjoint ranges) that holds an address, with
-// what was found remembered per 2 MiB stretch of address in a small direct-mapped table, forgotten
-// whenever the map changes (``forget``). The replay asks at every allocation and the ranges (live
-// segments) change only at segment rows: the tree walk, a cache miss per level over thousands of
-// segments, was a quarter of the replay loop.
-class RangeMemo {
+// Disjoint address ranges (start -> size), and the one that holds an address. What ``start_of``
+// found is remembered per 2 MiB stretch of address in a small direct-mapped table, forgotten
+// whenever a range is added or removed: the replay asks at every allocation and the ranges (live
+// segments) change only at segment rows, and the tree walk, a cache miss per level over thousands
+// of segments, was a quarter of the replay loop.
+class RangeMap {
  public:
-  void forget() { generation_ += 1; }
+  void set(int64_t start, int64_t size) {
+    sizes_[start] = size;
+    generation_ += 1;
+  }
+  void erase(int64_t start) {
+    sizes_.erase(start);
+    generation_ += 1;
+  }
+  const std::map<int64_t, int64_t>& ranges() const { return sizes_; }
 
-  std::optional<int64_t> start_of(const std::map<int64_t, int64_t>& ranges, int64_t address) {
+  std::optional<int64_t> start_of(int64_t address) const {
     Found& found = found_[(static_cast<uint64_t>(address) >> 21) % found_.size()];
     if (found.generation == generation_ && found.start <= address && address < found.end) return found.start;
-    auto after = ranges.upper_bound(address);
-    if (after == ranges.begin()) return std::nullopt;
+    auto after = sizes_.upper_bound(address);
+    if (after == sizes_.begin()) return std::nullopt;
     --after;
     if (address < after->first + after->second) {
       found = {generation_, after->first, after->first + after->second};
@@ -92,8 +100,9 @@ class RangeMemo {
     uint64_t generation = 0;  // valid while it equals generation_ (which starts at 1)
     int64_t start = 0, end = 0;
   };
+  std::map<int64_t, int64_t> sizes_;
   uint64_t generation_ = 1;
-  std::array<Found, 256> found_{};
+  mutable std::array<Found, 256> found_{};  // a cache of lookups: no change to what the map holds
 };
 
 // A hash map keyed by address: open addressing with linear probing and backward-shift deletion,
@@ -414,14 +423,8 @@ class CachingAllocator {
   Block* alloc_block(BlockPool& pool, int64_t size, int64_t alloc_size, int64_t stream, const Frames& frames);
   int64_t new_segment_address(int64_t size);
   bool overlaps(int64_t address, int64_t size) const;
-  void add_span(int64_t address, int64_t size) {
-    spans_[address] = size;
-    span_memo_.forget();
-  }
-  void drop_span(int64_t address) {
-    spans_.erase(address);
-    span_memo_.forget();
-  }
+  void add_span(int64_t address, int64_t size) { spans_.set(address, size); }
+  void drop_span(int64_t address) { spans_.erase(address); }
   void claim_span(int64_t address, int64_t size);
   void release_block(BlockPool& pool, Block* block, const Frames& frames);
   bool release_available_cached_blocks(BlockPool& pool, int64_t size, int64_t stream, const Frames& frames);
@@ -449,8 +452,7 @@ class CachingAllocator {
   AddressMap<Block*> active_;                     // allocated or pending-free blocks by address
   std::vector<ExpandableSegment*> expandable_segments_;
   int64_t next_address_ = kDefaultBaseAddress;
-  std::map<int64_t, int64_t> spans_;  // live cudaMalloc ranges and VA reservations: start -> size
-  mutable RangeMemo span_memo_;        // segment_base's lookups in spans_
+  RangeMap spans_;  // live cudaMalloc ranges and VA reservations: start -> size
 };
 
 int64_t get_allocation_size(int64_t size);

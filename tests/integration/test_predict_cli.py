@@ -313,12 +313,17 @@ def test_a_signal_writes_the_prediction_then_exits_like_the_signal(
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     command = [sys.executable, "-m", "memlens", "predict", "--json", "--", "python", str(script)]
     run = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 200
-    while not (tmp_path / "started").exists():
-        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
-        time.sleep(0.1)
-    run.send_signal(signum)
-    stdout, stderr = run.communicate(timeout=120)
+    try:
+        deadline = time.monotonic() + 200
+        while not (tmp_path / "started").exists():
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+            time.sleep(0.1)
+        run.send_signal(signum)
+        stdout, stderr = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:  # a failed test leaves no endless loop behind it
+            run.kill()
+            run.communicate()
     assert run.returncode == status, stderr[-3000:]
     assert "Aborted!" not in stderr and "Traceback" not in stderr
     result = json.loads(stdout[stdout.index("{\n") :])

@@ -9,6 +9,7 @@ import pickle
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -224,16 +225,33 @@ elif mode == "os-exit":
 '''
 
 
+_STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_run_left_behind() -> Iterator[None]:
+    """A test that fails while a ``memlens record`` runs (a timeout) kills it: left behind, a
+    training loop waiting for a signal would run on, and slow every later test."""
+    yield
+    while _STARTED:
+        run = _STARTED.pop()
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+
+
 def memlens_record(tmp_path: Path, out: Path | str, mode: str, *options: str) -> subprocess.Popen[str]:
     script = tmp_path / "train_script.py"
     if not script.exists():
         script.write_text(SCRIPT)
     (tmp_path / "marks").mkdir(exist_ok=True)
-    return subprocess.Popen(
+    run = subprocess.Popen(
         [sys.executable, "-m", "memlens", "record", "--out", str(out), *options, "--",
          "python", str(script), mode, str(tmp_path / "marks")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )
+    _STARTED.append(run)
+    return run
 
 
 def wait_until_started(process: subprocess.Popen[str]) -> None:
