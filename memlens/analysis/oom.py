@@ -79,7 +79,6 @@ def find(ctx: DeviceContext) -> list[Finding]:
     trace = ctx.trace
     lt = ctx.lifetimes
     rows = np.flatnonzero(trace.action == Action.OOM) if ctx.events else np.zeros(0, dtype=np.int64)
-    largest_free = max((s.largest_free_block for s in ctx.segments), default=0)
     pool = None
     if rows.size:
         at = int(rows[-1])
@@ -124,6 +123,8 @@ def find(ctx: DeviceContext) -> list[Finding]:
             fact("pool_free_in_partly_used_segments_bytes", pool.free_in_pieces_bytes, "bytes", "context"),
         ]
     else:
+        # A pass over every block at the dump: only for the run that has this finding.
+        largest_free = max((s.largest_free_block for s in ctx.segments), default=0)
         evidence += [
             fact("moment", "oom" if event is not None else "dump", "text", "moment"),
             fact("largest_free_block_at_dump_bytes", largest_free, "bytes", "pattern"),
