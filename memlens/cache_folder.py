@@ -155,13 +155,16 @@ def signer(key: bytes, kind: str) -> hmac.HMAC:
 def read_signed_file(fd: int, key: bytes, kind: str) -> bytearray:
     """The whole of the entry open as ``fd`` but its signature, once the signature is found to be
     this key's (``EntryRefused`` otherwise). One read and one HMAC update, each without the GIL,
-    so it runs well beside a busy main thread (``EntryAhead``)."""
+    so it runs well beside a busy main thread (``EntryAhead``). An entry over the folder's size
+    limit is refused unread: the pruning after every write keeps none that big."""
     st = os.fstat(fd)
     if not trusted_file(st):
         raise EntryRefused("not a regular file owned by this user and private to it")
     size = st.st_size
     if size < SIGNATURE_BYTES:
         raise EntryRefused("shorter than its signature")
+    if size > size_limit():
+        raise EntryRefused(f"{size:,} bytes, over the cache's size limit")
     data = bytearray(size)
     view = memoryview(data)
     filled = 0

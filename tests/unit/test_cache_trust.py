@@ -550,3 +550,16 @@ def test_a_model_field_the_cache_does_not_know_turns_caching_off(snapshot_file: 
     snapshot = memlens.load(snapshot_file, cache=True)
     assert cache.write(snapshot_file, snapshot) is None
     assert not memlens.load(snapshot_file, cache=True).from_cache
+
+
+def test_an_entry_over_the_size_limit_is_not_read(snapshot_file: Path, cached: Path, cache_home: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pruning after each write keeps no entry over the limit: one that is (a limit lowered
+    # since, or a file grown by other means) is refused before it is read into memory.
+    size = cached.stat().st_size
+    monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, str(size - 1))
+    assert not memlens.load(snapshot_file, cache=True).from_cache
+    assert not cached.exists()  # rebuilt, and pruned again as over the limit
+    monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, str(size))
+    assert not memlens.load(snapshot_file, cache=True).from_cache  # written anew, within the limit
+    assert memlens.load(snapshot_file, cache=True).from_cache
