@@ -156,7 +156,8 @@ def read_signed_file(fd: int, key: bytes, kind: str) -> bytearray:
     """The whole of the entry open as ``fd`` but its signature, once the signature is found to be
     this key's (``EntryRefused`` otherwise). One read and one HMAC update, each without the GIL,
     so it runs well beside a busy main thread (``EntryAhead``). An entry over the folder's size
-    limit is refused unread: the pruning after every write keeps none that big."""
+    limit is refused unread: the pruning after every write keeps none that big. An entry that
+    passes is marked used (its modification time): the least recently used are pruned first."""
     st = os.fstat(fd)
     if not trusted_file(st):
         raise EntryRefused("not a regular file owned by this user and private to it")
@@ -182,6 +183,8 @@ def read_signed_file(fd: int, key: bytes, kind: str) -> bytearray:
     if not good:
         raise EntryRefused("MAC mismatch (not written by this user's memlens, or edited since)")
     del data[size - SIGNATURE_BYTES:]
+    with contextlib.suppress(OSError):
+        os.utime(fd)
     return data
 
 
@@ -267,8 +270,6 @@ class EntryAhead:
         try:
             if read:
                 self.data = read_signed_file(self._fd, self.key, "v")
-                with contextlib.suppress(OSError):
-                    os.utime(self._fd)  # the least recently used entries are pruned first
         except Exception as error:  # kept for the reader, which would have met it reading the entry
             self.error = error
         finally:
@@ -293,7 +294,7 @@ def hash_opened(opened: OpenedFile, read_ahead: bool = False) -> BackgroundHash:
     there is one (``EntryAhead``; the snapshot cache takes it with ``entry_read_ahead``)."""
     hashed = _HASHES.get(opened)
     if hashed is None:
-        ahead = EntryAhead.open(opened) if read_ahead and SUPPORTED else None
+        ahead = EntryAhead.open(opened) if read_ahead else None
         if ahead is not None:
             _AHEAD[opened] = ahead
         hashed = _HASHES[opened] = BackgroundHash(opened.fd, opened.name, then=ahead)

@@ -154,7 +154,6 @@ def replay_pool_states(snapshot: Snapshot, trace: DeviceTrace, capacity: int | N
     if not candidates and oom_row is None:
         return AllocatorEvidence(len(requests), (), None, 0, False, None)
 
-
     # The allocator's own free-and-retry runs (segment_free rows just before a segment_alloc or
     # the oom) are left to the simulator when the capacity is known: it releases inside the malloc
     # it replays after the row, so at the row it still holds what the recorded run held before the

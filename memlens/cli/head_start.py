@@ -42,8 +42,8 @@ def start(args: Sequence[str]) -> None:
     to ``triage`` or ``whatif``, if exactly one token can be it: hashing it when the cache will
     look it up, else scanning it (``memlens.snapshot.ahead``). Never fails: anything
     unexpected leaves the command to open and read its file itself."""
-    words = [arg for arg in args if not arg.startswith("-")]
-    if not words or words[0] not in HASHED_COMMANDS:
+    command = command_word(args)
+    if command not in HASHED_COMMANDS:
         return
     from memlens.cache_folder import caches, hash_opened
     from memlens.errors import MemlensError
@@ -51,17 +51,23 @@ def start(args: Sequence[str]) -> None:
     from memlens.snapshot import ahead
 
     with contextlib.suppress(OSError, MemlensError, FileRefused):
-        candidate = _candidate(words, args)
+        candidate = _candidate([arg for arg in args if not arg.startswith("-")], args)
         if candidate is None:
             return
         token, opened, asked = candidate
         if caches(opened.size, asked):
             # Waited for by whoever takes the file; one not taken is waited for by ``finish``.
-            hash_opened(opened, read_ahead=words[0] in READS_COLUMNS_AHEAD)
+            hash_opened(opened, read_ahead=command in READS_COLUMNS_AHEAD)
         elif not ahead.start_scan(opened):
             opened.close()
             return
         _started[token] = opened
+
+
+def command_word(args: Sequence[str]) -> str | None:
+    """The command ``args`` name: their first word that is not an option (the group's own
+    options, ``--debug`` and ``--version``, take no value)."""
+    return next((arg for arg in args if not arg.startswith("-")), None)
 
 
 def _candidate(words: list[str], args: Sequence[str]) -> tuple[str, OpenedFile, bool | None] | None:

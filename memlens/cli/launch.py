@@ -33,9 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     head_start.start(args)
     from memlens.cli.main import main as run_group
 
-    words = [arg for arg in args if not arg.startswith("-")]
     # Only as the program (a caller that passes ``argv``, a test among them, goes on running).
-    quick_exit = argv is None and bool(words) and words[0] in QUICK_EXIT_COMMANDS
+    quick_exit = argv is None and head_start.command_word(args) in QUICK_EXIT_COMMANDS
     try:
         run_group(args)
         status: object = 0

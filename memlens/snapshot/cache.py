@@ -472,8 +472,6 @@ def _read_entry(folder_fd: int, name: str, key: bytes, digest: Callable[[], str 
     fd = os.open(name, OPEN_TO_READ, dir_fd=folder_fd)
     try:
         data = read_signed_file(fd, key, "v")
-        with contextlib.suppress(OSError):
-            os.utime(fd)  # the least recently used entries are pruned first
     finally:
         os.close(fd)
     return _decode_entry(data, digest(), source)

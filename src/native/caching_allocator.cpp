@@ -555,14 +555,7 @@ int64_t CachingAllocator::new_segment_address(int64_t size) {
   return address;
 }
 
-// Spans never overlap each other, so of those starting before ``end`` the last one ends last.
-bool CachingAllocator::overlaps(int64_t address, int64_t size) const {
-  const auto& spans = spans_.ranges();
-  auto before_end = spans.lower_bound(address + size);
-  if (before_end == spans.begin()) return false;
-  --before_end;
-  return address < before_end->first + before_end->second;
-}
+bool CachingAllocator::overlaps(int64_t address, int64_t size) const { return spans_.overlaps(address, size); }
 
 void CachingAllocator::claim_span(int64_t address, int64_t size) {
   if (overlaps(address, size)) {

@@ -80,7 +80,14 @@ class RangeMap {
     sizes_.erase(start);
     generation_ += 1;
   }
-  const std::map<int64_t, int64_t>& ranges() const { return sizes_; }
+  // Whether [start, start + size) meets a range: of those starting before its end, the last one
+  // ends last (they never overlap each other).
+  bool overlaps(int64_t start, int64_t size) const {
+    auto before_end = sizes_.lower_bound(start + size);
+    if (before_end == sizes_.begin()) return false;
+    --before_end;
+    return start < before_end->first + before_end->second;
+  }
 
   std::optional<int64_t> start_of(int64_t address) const {
     Found& found = found_[(static_cast<uint64_t>(address) >> 21) % found_.size()];
