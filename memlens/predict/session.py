@@ -38,7 +38,13 @@ from memlens.predict.cuda_api import CudaApi
 from memlens.predict.gpus import DEFAULT_GPU, GpuSpec, cublas_workspace_bytes, gpu_spec, with_capacity
 from memlens.predict.guard import check_autograd_sees_cuda, ensure_cuda_guard
 from memlens.predict.sdpa import fused_sdpa
-from memlens.predict.tracking import CudaStorageTracker, MissingFakeKernel, PredictMode, PredictStackCapture
+from memlens.predict.tracking import (
+    CudaStorageTracker,
+    EmulatedDeviceFakeMode,
+    MissingFakeKernel,
+    PredictMode,
+    PredictStackCapture,
+)
 from memlens.predict.tracking import user_location as frame_location
 from memlens.recorder.cpu_tracker import monotonic_epoch_clock
 from memlens.recorder.roles import (
@@ -219,7 +225,7 @@ class PredictSession:
         check_autograd_sees_cuda()  # before anything is tracked: the probe is not the script's memory
         self._thread = threading.get_ident()
         # Before patching: building the mode imports torch._dynamo, which indexes torch.cuda.
-        self._fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self._fake_mode = EmulatedDeviceFakeMode(allow_non_fake_inputs=True)
         self._patch_all()
         self._mode = PredictMode(self.tracker, self.workspace_bytes)
         self._mode.op_hook = self._op_hook

@@ -24,6 +24,7 @@ from types import FrameType
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memlens.allocator import CachingAllocatorSimulator
@@ -196,6 +197,23 @@ def _is_missing_fake_kernel(error: BaseException) -> bool:
     return any(text in message for text in _NO_FAKE_KERNEL_MESSAGES)
 
 
+class EmulatedDeviceFakeMode(FakeTensorMode):
+    """``FakeTensorMode`` that knows the CUDA device is emulated, whatever ``torch.cuda`` says.
+
+    Fake tensors of one element keep a real CPU copy (their "constant", so ``.item()`` works),
+    and the mode runs an op on those copies when every input has one, unless the op moves them to
+    a device that does not exist (``avoid_device_init``, read from ``torch.cuda.is_available()``).
+    The session makes that answer True, so ``torch.tensor(3).to("cuda")`` (BatchNorm's
+    ``num_batches_tracked``, transformers' cache) ran for real, on a CUDA backend a CPU build
+    does not have (and on a real GPU would have put memory there). The emulated device never
+    exists for real: this mode always avoids it, which also makes ``torch.tensor(...,
+    device="cuda")`` build its data on the CPU and move a fake, as PyTorch does with no GPU."""
+
+    @property
+    def avoid_device_init(self) -> bool:
+        return True
+
+
 class PredictMode(TorchDispatchMode):
     """Runs each op (on the fake tensors below it) and shows its CUDA outputs to the tracker."""
 
@@ -260,6 +278,7 @@ class PredictMode(TorchDispatchMode):
 __all__ = [
     "CUBLAS_OPS",
     "CudaStorageTracker",
+    "EmulatedDeviceFakeMode",
     "MissingFakeKernel",
     "PredictMode",
     "PredictStackCapture",

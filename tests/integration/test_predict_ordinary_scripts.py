@@ -1,0 +1,123 @@
+"""``memlens predict`` on scripts written the way their libraries document them (issue 36).
+
+Each script runs unmodified through the CLI in a fresh process, as a user runs it: a small CNN
+with BatchNorm (``num_batches_tracked``: a one-element tensor made on the CPU and moved), HF
+GPT-2 built from a ``GPT2Config`` in code (nothing is downloaded) with its default ``use_cache``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+# What the dispatcher printed when a small tensor was made on the emulated device for real.
+DISPATCH_DUMP = "Could not run 'aten::empty_strided' with arguments from the 'CUDA' backend"
+
+
+def predict_script(tmp_path: Path, source: str, *options: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(source))
+    # Offline: the models are built from configs in code, and a test must never reach the network.
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    command = [sys.executable, "-m", "memlens", "predict", "--json", *options, "--", "python", str(script)]
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
+
+
+def json_result(completed: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert "{\n" in completed.stdout, completed.stdout[-2000:] + completed.stderr[-3000:]
+    loaded: dict[str, Any] = json.loads(completed.stdout[completed.stdout.index("{\n") :])
+    return loaded
+
+
+BATCHNORM_CNN = """
+    import torch
+    from torch import nn
+
+
+    class Block(nn.Module):
+        def __init__(self, channels):
+            super().__init__()
+            self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(channels)
+            self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(channels)
+
+        def forward(self, x):
+            out = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(x + self.bn2(self.conv2(out)))
+
+
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        Block(16), Block(16), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+    ).cuda()
+    alone = torch.nn.BatchNorm2d(8).cuda()
+    counter = torch.tensor(0, device="cuda")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(2):
+        images = torch.randn(8, 3, 32, 32, device="cuda")
+        labels = torch.randint(0, 10, (8,), device="cuda")
+        loss = nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    print("tracked on", model[1].num_batches_tracked.device, alone.num_batches_tracked.device, counter.device)
+"""
+
+
+def test_a_batchnorm_cnn_trains_on_the_emulated_device(tmp_path: Path) -> None:
+    completed = predict_script(tmp_path, BATCHNORM_CNN)
+    assert DISPATCH_DUMP not in completed.stderr
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
+    assert "tracked on cuda:0 cuda:0 cuda:0" in completed.stdout
+    result = json_result(completed)
+    assert result["fits"] is True and result["error"] is None
+    # Every parameter and buffer lives on the device: 5 BatchNorms' and the loose one's
+    # num_batches_tracked each take a block of their own, so the peak is well above the weights.
+    assert result["model"]["parameters_trainable"] == sum(
+        [3 * 16 * 9, 4 * 16 * 16 * 9, 5 * 2 * 16, 16 * 10 + 10, 2 * 8]
+    )
+    assert result["peak_allocated_bytes"] > result["model"]["parameter_bytes_total"]
+
+
+GPT2 = """
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128,
+                        bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(config).to("cuda")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5)
+    input_ids = torch.randint(0, config.vocab_size, (2, 32), device="cuda")
+    model.train()
+    for _ in range(2):
+        outputs = model(input_ids=input_ids, labels=input_ids)
+        outputs.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        cached = model(input_ids=input_ids)  # use_cache defaults to True: a DynamicCache
+    print("cache layers", len(cached.past_key_values))
+"""
+
+
+def test_hf_gpt2_with_its_default_cache(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    completed = predict_script(tmp_path, GPT2)
+    assert DISPATCH_DUMP not in completed.stderr
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
+    assert "cache layers 2" in completed.stdout
+    result = json_result(completed)
+    assert result["fits"] is True and result["optimizer"]["class"] == "AdamW"
+    assert result["peak_allocated_bytes"] > 2 * result["model"]["parameter_bytes_total"]
