@@ -12,8 +12,10 @@ CPU build has no accelerator: its CUDA hooks say "no CUDA". Those hooks are a fu
 static created when torch is imported, so the library replaces the object it points at (found
 through libtorch_cpu's ELF symbol table) with hooks that say "one CUDA device, device 0". Both
 stay installed for the life of the process; neither changes anything for real CPU tensors (code
-that asks for pinned memory or a CUDA generator gets PyTorch's "not available" errors). With a
-CUDA build of torch none of this is needed and nothing is loaded.
+that asks for pinned memory or a CUDA generator gets PyTorch's "not available" errors). A CUDA
+build of torch on a machine without a GPU needs the same (its guard calls the CUDA runtime, its
+hooks say "no device"): the library's guard is registered after torch's, and the registry keeps
+the last. Only a process that sees a real CUDA device loads nothing.
 """
 
 from __future__ import annotations
@@ -120,21 +122,36 @@ def _build(target: Path) -> None:
         source = Path(work) / "guard.cpp"
         source.write_text(_SOURCE)
         output = Path(work) / target.name
-        command = [
-            compiler, "-O1", "-std=c++17", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-            f"-I{torch_dir / 'include'}", str(source), f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu",
-            f"-Wl,-rpath,{torch_dir / 'lib'}", "-o", str(output),
-        ]  # fmt: skip
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise GuardBuildError(f"building the simulated CUDA device guard failed:\n{result.stderr[-2000:]}")
-        os.replace(output, target)  # atomic: concurrent predictions never load a half-written file
+        errors = []
+        for standard in _CXX_STANDARDS:
+            command = [
+                compiler, "-O1", f"-std={standard}", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                f"-I{torch_dir / 'include'}", str(source), f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu",
+                f"-Wl,-rpath,{torch_dir / 'lib'}", "-o", str(output),
+            ]  # fmt: skip
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            if result.returncode == 0:
+                os.replace(output, target)  # atomic: concurrent predictions never load a half-written file
+                return
+            errors.append(f"-std={standard}: " + _first_errors(result.stderr))
+        raise GuardBuildError("building the simulated CUDA device guard failed:\n" + "\n".join(errors))
+
+
+# torch's headers need C++17 up to 2.13 and C++20 from 2.14 on (std::strong_ordering,
+# string_view::starts_with); the older standard is tried first, as the releases CI covers it on.
+_CXX_STANDARDS = ("c++17", "c++20")
+
+
+def _first_errors(stderr: str, count: int = 5) -> str:
+    """The compiler's first error lines (its warnings about torch's headers fill pages before them)."""
+    lines = [line for line in stderr.splitlines() if "error" in line]
+    return "\n".join(lines[:count]) or stderr[-2000:]
 
 
 def ensure_cuda_guard() -> None:
     """Register the simulated CUDA device guard in this process (once; it cannot be removed)."""
     global _loaded
-    if _loaded or torch.backends.cuda.is_built():
+    if _loaded or has_real_cuda_device():
         return
     path = _library_path()
     if not path.exists() or not trusted_file(os.lstat(path)):
@@ -150,6 +167,19 @@ def ensure_cuda_guard() -> None:
             "symbol table to find them in (a stripped build?)"
         )
     _loaded = True
+
+
+def has_real_cuda_device() -> bool:
+    """Whether this process sees a real CUDA device. A CUDA build of torch (what ``pip install
+    torch`` gives on Linux) on a machine without a GPU has hooks that answer "no device" and a
+    guard that calls the CUDA runtime: autograd then fails with "hasPrimaryContext expects a valid
+    device index", so there the simulated guard and hooks are installed as on a CPU-only build."""
+    if not torch.backends.cuda.is_built():
+        return False
+    try:
+        return torch.cuda.device_count() > 0
+    except RuntimeError:  # a driver too old for this build, or a broken install: no usable device
+        return False
 
 
 def check_autograd_sees_cuda() -> None:
@@ -232,4 +262,4 @@ def _elf_symbol_values(path: Path, names: tuple[bytes, ...]) -> dict[bytes, int]
         return found
 
 
-__all__ = ["GuardBuildError", "check_autograd_sees_cuda", "ensure_cuda_guard"]
+__all__ = ["GuardBuildError", "check_autograd_sees_cuda", "ensure_cuda_guard", "has_real_cuda_device"]
