@@ -104,7 +104,7 @@ def plan(options: PlanOptions) -> PlanResult:
     if options.world_size < 1:
         raise MemlensUsageError(f"--world-size {options.world_size}: must be 1 or more")
     gpu_name, capacity = _device(options)
-    out = _fresh_out(Path(options.out))
+    out = _fresh_out(_absolute(options.out))
     runner = _Runner(options, out, capacity)
     configurations = expand(lever_sets, vary)
     results = runner.run_all(configurations) if searched is None else _search_all(runner, configurations, searched)
@@ -145,6 +145,12 @@ def _device(options: PlanOptions) -> tuple[str, int]:
     if reserve < 0 or reserve >= spec.total_memory:
         raise MemlensUsageError(f"--reserve-outside must be in [0, {spec.total_memory}), got {reserve}")
     return spec.name, spec.total_memory - reserve
+
+
+def _absolute(out: str) -> Path:
+    """``--out`` resolved once, before any script runs: a script that chdirs would otherwise have
+    its configuration's child write the result where the plan never looks."""
+    return Path(os.path.abspath(out))
 
 
 def _fresh_out(out: Path) -> Path:
@@ -219,7 +225,7 @@ def predict_configurations(options: PlanOptions, configurations: list[Configurat
     """Each configuration predicted (in parallel, as ``plan`` does), scored against the baseline
     at the same values when one is among them; into ``options.out`` (a new folder)."""
     _, capacity = _device(options)
-    runner = _Runner(options, _fresh_out(Path(options.out)), capacity)
+    runner = _Runner(options, _fresh_out(_absolute(options.out)), capacity)
     return _scored(runner.run_all(configurations))
 
 

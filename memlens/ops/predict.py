@@ -67,7 +67,8 @@ def predict(command: Sequence[str], options: PredictOptions | None = None,
 
     options = options or PredictOptions()
     kind, target, argv = split_command(tuple(command))
-    out = Path(options.out_dir)
+    # Resolved once, now: the script may chdir, and the prediction belongs where the user said.
+    out = Path(os.path.abspath(options.out_dir))
     _check_out_folder(out)  # before the run: a folder that cannot be written is a usage error now
     session = PredictSession(gpu=options.gpu, capacity=options.capacity, reserve_outside=options.reserve_outside,
                              stacks=options.stacks, placeholder_values=options.placeholder_values)

@@ -23,7 +23,9 @@ class SnapshotNames:
     """The file names of one session; ``reserve`` claims a run suffix ("", "-2", ...) for it."""
 
     def __init__(self, out: Path, name: str | None) -> None:
-        self.out = out
+        # Absolute from the start: the recorded script may chdir, and both the snapshot and the
+        # release of its reservation must still find the folder the user named.
+        self.out = Path(os.path.abspath(out))
         self.name = _file_name(name)
         # "-2", "-3", ... when an earlier run's files are where this one would write: set at
         # start, so the dumps of one session replace each other but never an earlier run's.
