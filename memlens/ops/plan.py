@@ -30,7 +30,7 @@ from memlens.plan.configurations import (
     expand,
     substitute,
 )
-from memlens.plan.levers import Lever, alloc_conf, cost_key, parse_max, parse_spec, parse_vary
+from memlens.plan.levers import Lever, alloc_conf, cost_key, is_whole_text, parse_max, parse_spec, parse_vary
 from memlens.plan.recommend import change_for
 from memlens.plan.search import largest_fitting
 
@@ -254,7 +254,7 @@ def _search_all(
 
 # ---------------------------------------------------------------------- scoring
 def _values(configuration: Configuration) -> dict[str, int | str]:
-    return {name: int(value) if value.isdigit() else value for name, value in configuration.values.items()}
+    return {name: int(value) if is_whole_text(value) else value for name, value in configuration.values.items()}
 
 
 def _scored(results: list[tuple[Configuration, ChildResult]]) -> list[PlanConfig]:
@@ -318,7 +318,7 @@ def _recommended(results: list[tuple[Configuration, ChildResult]], configs: list
 
     def key(index: int) -> tuple[Any, ...]:
         configuration = results[index][0]
-        values = tuple(-int(v) if v.isdigit() else 0 for v in configuration.values.values())
+        values = tuple(-int(v) if is_whole_text(v) else 0 for v in configuration.values.values())
         return (cost_key(configuration.levers), values, configs[index].peak_reserved_bytes)
 
     return min(candidates, key=key)

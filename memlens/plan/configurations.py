@@ -6,6 +6,7 @@ placeholders. The baseline (no lever) always comes first.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 from typing import Any
@@ -14,6 +15,10 @@ import msgspec
 
 from memlens.errors import MemlensUsageError
 from memlens.plan.levers import Lever
+
+# A configuration's folder name is its slug after "NN-": well inside the 255 bytes NAME_MAX
+# allows a file name on Linux's and macOS's file systems, the index's digits included.
+MAX_SLUG_CHARS = 120
 
 
 class Configuration(msgspec.Struct, frozen=True):
@@ -26,7 +31,13 @@ class Configuration(msgspec.Struct, frozen=True):
         return f"{levers} {values}".strip()
 
     def slug(self) -> str:
-        return re.sub(r"[^A-Za-z0-9=.,+-]+", "_", self.label().replace(" ", "_"))
+        """The label as a folder name: ASCII, and short enough for any file system (a long
+        ``--vary`` value or ``lora-targets`` list is cut, and told apart by a hash of it all)."""
+        slug = re.sub(r"[^A-Za-z0-9=.,+-]+", "_", self.label().replace(" ", "_"))
+        if len(slug) <= MAX_SLUG_CHARS:
+            return slug
+        digest = hashlib.sha256(self.label().encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        return f"{slug[: MAX_SLUG_CHARS - len(digest) - 1]}-{digest}"
 
 
 class ChildJob(msgspec.Struct, frozen=True):

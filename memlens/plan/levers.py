@@ -12,6 +12,7 @@ import re
 import msgspec
 
 from memlens.errors import MemlensUsageError
+from memlens.units import parse_whole, shown
 
 OPTIMIZERS = ("adamw8bit", "paged-adamw8bit", "adafactor", "sgd")
 OFFLOADS = ("optimizer", "params")
@@ -91,7 +92,7 @@ def usage() -> str:
 
 def parse_spec(spec: str) -> tuple[Lever, ...]:
     """``"ckpt+lora=8"`` -> (Lever("ckpt"), Lever("lora", "8")), checked; a mistake is one line."""
-    where = f"--try {spec!r}"
+    where = f"--try {shown(spec)}"
     if not spec.strip():
         raise MemlensUsageError(f"{where}: empty; give levers joined by '+' ({usage()})")
     levers: list[Lever] = []
@@ -99,7 +100,7 @@ def parse_spec(spec: str) -> tuple[Lever, ...]:
         name, has_value, value = word.strip().partition("=")
         info = LEVERS.get(name)
         if info is None:
-            raise MemlensUsageError(f"{where}: unknown lever {name!r} (levers: {usage()})")
+            raise MemlensUsageError(f"{where}: unknown lever {shown(name)} (levers: {usage()})")
         if any(lever.name == name for lever in levers):
             raise MemlensUsageError(f"{where}: {name} given twice")
         if not info.value:
@@ -121,17 +122,21 @@ def parse_spec(spec: str) -> tuple[Lever, ...]:
 
 def _checked_value(where: str, name: str, info: LeverInfo, value: str) -> str:
     if info.value in ("int", "mb"):
-        if not value.isdigit() or int(value) <= 0:
-            raise MemlensUsageError(f"{where}: {name}={value}: a positive whole number is needed")
-        return str(int(value))
+        # parse_whole, not int(): 5,000 digits (or a superscript digit, which isdigit() accepts)
+        # would be a ValueError from int(), not a usage line.
+        try:
+            return str(parse_whole(value, name, minimum=1))
+        except MemlensUsageError:
+            raise MemlensUsageError(f"{where}: {name}={shown(value)}: a positive whole number is needed") from None
     if info.value == "names":
         targets = [target.strip() for target in value.split(",")]
         if not all(_NAME_OF_VALUE.match(target) for target in targets):
-            raise MemlensUsageError(f"{where}: {name}={value}: give module names separated by commas, e.g. q,v")
+            raise MemlensUsageError(f"{where}: {name}={shown(value)}: give module names separated by commas, "
+                                    "e.g. q,v")
         return ",".join(targets)
     choices = info.value.split("|")
     if value not in choices:
-        raise MemlensUsageError(f"{where}: {name}={value}: one of {', '.join(choices)}")
+        raise MemlensUsageError(f"{where}: {name}={shown(value)}: one of {', '.join(choices)}")
     return value
 
 
@@ -160,28 +165,38 @@ def cost_key(levers: tuple[Lever, ...]) -> tuple[int, int]:
     return (max(ranks, default=-1), sum(ranks))
 
 
-_RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
+_RANGE = re.compile(r"^([0-9]+)\.\.([0-9]+)$")  # ASCII digits: \d also matches other scripts' digits
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def is_whole_text(value: str) -> bool:
+    """Whether a ``--vary`` value is a whole number (compared and ordered as one): ASCII digits,
+    since ``str.isdigit`` also says yes to superscripts, which ``int()`` refuses."""
+    return value.isascii() and value.isdigit()
+
+
 def parse_vary(text: str) -> tuple[str, tuple[str, ...]]:
-    """``"B=1,2,4"`` -> ("B", ("1", "2", "4"))."""
+    """``"B=1,2,4"`` -> ("B", ("1", "2", "4")); a whole-number value is at most ``MAX_WHOLE``."""
     name, _, values = text.partition("=")
     if not _VARIABLE.match(name) or not values:
-        raise MemlensUsageError(f"--vary {text!r}: give NAME=V1,V2,... (the command says {{NAME}})")
+        raise MemlensUsageError(f"--vary {shown(text)}: give NAME=V1,V2,... (the command says {{NAME}})")
     parsed = tuple(value.strip() for value in values.split(","))
     if any(not value for value in parsed):
-        raise MemlensUsageError(f"--vary {text!r}: an empty value")
+        raise MemlensUsageError(f"--vary {shown(text)}: an empty value")
+    for value in parsed:
+        if is_whole_text(value):
+            parse_whole(value, f"--vary {name}")
     return name, parsed
 
 
 def parse_max(text: str) -> tuple[str, int, int]:
-    """``"B=1..256"`` -> ("B", 1, 256)."""
+    """``"B=1..256"`` -> ("B", 1, 256), each bound at most ``MAX_WHOLE``."""
     name, _, bounds = text.partition("=")
     match = _RANGE.match(bounds)
     if not _VARIABLE.match(name) or match is None:
-        raise MemlensUsageError(f"--max {text!r}: give NAME=LO..HI with whole numbers, e.g. B=1..256")
-    low, high = int(match.group(1)), int(match.group(2))
+        raise MemlensUsageError(f"--max {shown(text)}: give NAME=LO..HI with whole numbers, e.g. B=1..256")
+    low = parse_whole(match.group(1), f"--max {name}: LO")
+    high = parse_whole(match.group(2), f"--max {name}: HI")
     if low > high:
-        raise MemlensUsageError(f"--max {text!r}: LO is above HI")
+        raise MemlensUsageError(f"--max {shown(text)}: LO is above HI")
     return name, low, high
