@@ -71,7 +71,7 @@ def predict(
     if as_json:
         click.echo(json_text(result.to_json()))
     else:
-        click.echo(render(result))
+        click.echo(render(result, prediction.world_size))
         budget = prediction.report.device(0).budget if prediction.report is not None else None
         if budget is not None:  # the budget (from the parameters found) beside the predicted categories
             from memlens.reporters.terminal import make_console, render_budget_check
@@ -81,10 +81,11 @@ def predict(
         raise click.exceptions.Exit(prediction.exit_status)
 
 
-def render(result: Any) -> str:
+def render(result: Any, world_size: int = 1) -> str:
     lines = [
         f"memlens predict on a simulated {result.gpu} ({format_bytes(result.capacity_bytes)} for PyTorch"
         + (f", {format_bytes(result.reserve_outside_bytes)} reserved outside" if result.reserve_outside_bytes else "")
+        + (f", rank 0 of {world_size}" if world_size > 1 else "")
         + ")",
     ]
     if result.used_cuda:

@@ -103,6 +103,7 @@ def plan(options: PlanOptions) -> PlanResult:
     check_placeholders(command, names)
     if options.world_size < 1:
         raise MemlensUsageError(f"--world-size {options.world_size}: must be 1 or more")
+    options = launched_options(options)  # ``command`` stays the launch the user typed, for the recommendation
     gpu_name, capacity = _device(options)
     out = _fresh_out(_absolute(options.out))
     runner = _Runner(options, out, capacity)
@@ -116,7 +117,7 @@ def plan(options: PlanOptions) -> PlanResult:
     change = None
     if recommended is not None:
         configuration, child = results[recommended]
-        change = change_for(configuration, child, options.command)
+        change = change_for(configuration, child, command)
     return PlanResult(
         configs=configs,
         recommended=recommended,
@@ -128,6 +129,22 @@ def plan(options: PlanOptions) -> PlanResult:
         out=str(out.resolve()),
         seconds=round(time.perf_counter() - started, 3),
     )
+
+
+def launched_options(options: PlanOptions) -> PlanOptions:
+    """A torchrun command line planned as what it launches: its script, at its world size (what
+    ``--world-size`` gives a plain command; the two must agree when both are given)."""
+    from memlens.predict.launcher import read_launcher
+
+    launched = read_launcher(options.command)
+    if launched.launcher is None:
+        return options
+    if options.world_size not in (1, launched.world_size):
+        raise MemlensUsageError(
+            f"--world-size {options.world_size} and {launched.launcher}'s {launched.world_size} ranks disagree: "
+            "give one of them"
+        )
+    return msgspec.structs.replace(options, command=list(launched.command), world_size=launched.world_size)
 
 
 # ---------------------------------------------------------------------- the device
@@ -224,6 +241,7 @@ class _Runner:
 def predict_configurations(options: PlanOptions, configurations: list[Configuration]) -> list[PlanConfig]:
     """Each configuration predicted (in parallel, as ``plan`` does), scored against the baseline
     at the same values when one is among them; into ``options.out`` (a new folder)."""
+    options = launched_options(options)
     _, capacity = _device(options)
     runner = _Runner(options, _fresh_out(_absolute(options.out)), capacity)
     return _scored(runner.run_all(configurations))

@@ -8,6 +8,7 @@ the file (one number per quantity).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import signal
@@ -26,6 +27,7 @@ from memlens.units import format_bytes
 
 if TYPE_CHECKING:
     from memlens.analysis.report import Report
+    from memlens.predict.launcher import LaunchedCommand
     from memlens.predict.session import PredictResult, PredictSession
     from memlens.sidecar import Sidecar
 
@@ -55,6 +57,7 @@ class Prediction:
     result: PredictResult
     report: Report | None
     exit_status: int
+    world_size: int = 1  # the ranks torchrun would start; the prediction is rank 0's
 
 
 def predict(command: Sequence[str], options: PredictOptions | None = None,
@@ -63,28 +66,45 @@ def predict(command: Sequence[str], options: PredictOptions | None = None,
     simulated GPU. ``on_stopped`` sees the result as soon as the script has stopped, before the
     files are written (to say "interrupted; writing the prediction" or show the script's own
     traceback); signals meanwhile wait until the files are written."""
+    from memlens.predict.launcher import read_launcher
     from memlens.predict.session import PredictSession, run_in_session
 
     options = options or PredictOptions()
-    kind, target, argv = split_command(tuple(command))
+    launched = read_launcher(command)  # torchrun's command line: its script, as rank 0 of its world
+    kind, target, argv = split_command(launched.command)
     # Resolved once, now: the script may chdir, and the prediction belongs where the user said.
     out = Path(os.path.abspath(options.out_dir))
     _check_out_folder(out)  # before the run: a folder that cannot be written is a usage error now
     session = PredictSession(gpu=options.gpu, capacity=options.capacity, reserve_outside=options.reserve_outside,
                              stacks=options.stacks, placeholder_values=options.placeholder_values)
     with StopSignals() as signals:
-        result = run_in_session(session, lambda: run_command(kind, target, argv), capture_errors=True)
+        with launched_world(launched, session):
+            result = run_in_session(session, lambda: run_command(kind, target, argv), capture_errors=True)
         signals.hold()  # a signal from now on waits until the prediction is written
         reopen_closed_streams()
         if on_stopped is not None:
             on_stopped(result)
         predicted = out / "predicted.pickle"
         write_snapshot(predicted, result.snapshot or {})
-        write_sidecar(sidecar_path(predicted), predicted_sidecar(session, result))
+        sidecar = predicted_sidecar(session, result)
+        if launched.world_size > 1:  # rank 0 of N: what triage and fleet read
+            sidecar = msgspec.structs.replace(sidecar, world_size=launched.world_size)
+        write_sidecar(sidecar_path(predicted), sidecar)
         result.snapshots.append(str(predicted.resolve()))
         result.value = None  # the script's globals: let them go
         report = predicted_report(predicted, result)
-    return Prediction(result, report, exit_status(result, signals.pending))
+    return Prediction(result, report, exit_status(result, signals.pending), launched.world_size)
+
+
+def launched_world(launched: LaunchedCommand, session: PredictSession) -> contextlib.AbstractContextManager[None]:
+    """What a launcher gives the script it starts: torchrun's rank 0 of its world (its variables,
+    a process group whose collectives return at once); a plain command runs as it is."""
+    if launched.launcher is None:
+        return contextlib.nullcontext()
+    from memlens.plan.apply import rank_zero_of
+
+    return rank_zero_of(launched.world_size, session.op_hooks)
+
 
 
 def split_command(command: tuple[str, ...]) -> tuple[str, str, list[str]]:

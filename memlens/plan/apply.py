@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -305,6 +305,22 @@ def install_fake_distributed(world_size: int) -> Callable[[], None]:
                 os.environ[key] = value
 
     return undo
+
+
+@contextlib.contextmanager
+def rank_zero_of(world_size: int, op_hooks: list[Callable[..., Any]]) -> Iterator[None]:
+    """This process as rank 0 of ``world_size`` while a predicted run lasts, as the rank 0 torchrun
+    starts is: the fake process group (``install_fake_distributed``) and DDP's collectives answered
+    on the emulated device (``collective_op_hook``, put in the session's ``op_hooks``)."""
+    from memlens.plan.ddp import collective_op_hook
+
+    undo = install_fake_distributed(world_size)
+    op_hooks.append(collective_op_hook)
+    try:
+        yield
+    finally:
+        op_hooks.remove(collective_op_hook)
+        undo()
 
 
 def shard_fully(

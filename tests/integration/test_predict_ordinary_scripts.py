@@ -121,3 +121,65 @@ def test_hf_gpt2_with_its_default_cache(tmp_path: Path) -> None:
     result = json_result(completed)
     assert result["fits"] is True and result["optimizer"]["class"] == "AdamW"
     assert result["peak_allocated_bytes"] > 2 * result["model"]["parameter_bytes_total"]
+
+
+# PyTorch's FSDP2 tutorial's shape: the process group from torchrun's variables, one GPU per
+# local rank, every block sharded, then the root.
+FSDP2 = """
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+
+
+    class Block(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.up = nn.Linear(width, 4 * width)
+            self.down = nn.Linear(4 * width, width)
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(x)))
+
+
+    model = nn.Sequential(*[Block(256) for _ in range(4)]).cuda()
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        loss = model(torch.randn(8, 256, device="cuda")).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    print("world", dist.get_world_size(), "rank", dist.get_rank())
+    dist.destroy_process_group()
+"""
+
+
+def run_memlens(tmp_path: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    command = [sys.executable, "-m", "memlens", *arguments]
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
+
+
+def test_torchrun_is_read_as_the_world_it_launches(tmp_path: Path) -> None:
+    (tmp_path / "fsdp2.py").write_text(textwrap.dedent(FSDP2))
+    launch = ["torchrun", "--standalone", "--nproc-per-node", "4", "fsdp2.py"]
+    predicted = run_memlens(tmp_path, "predict", "--out", "predicted", "--", *launch)
+    assert predicted.returncode == 0, predicted.stdout[-2000:] + predicted.stderr[-3000:]
+    assert "world 4 rank 0" in predicted.stdout and "rank 0 of 4" in predicted.stdout
+    sidecar = json.loads((tmp_path / "predicted" / "predicted.memlens.json").read_text())
+    assert sidecar["world_size"] == 4
+    # plan reads the same command line as the same world: its baseline is predict's rank 0.
+    planned = run_memlens(tmp_path, "plan", "--json", "--out", "planned", "--", *launch)
+    assert planned.returncode == 0, planned.stdout[-2000:] + planned.stderr[-3000:]
+    plan = json.loads(planned.stdout[planned.stdout.index("{") :])
+    baseline = plan["configs"][0]
+    assert plan["world_size"] == 4 and baseline["fits"] is True, baseline
+    assert baseline["peak_allocated_bytes"] == sidecar["peak_allocated_bytes"]
