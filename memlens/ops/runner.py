@@ -7,7 +7,8 @@ swallow the machine's memory. The dashboard's analyses, the MCP server's tool ca
 fleet's per-rank analyses therefore run that work here: in a child process forked from a
 ``forkserver`` (the modules named in ``preload`` are imported there once, so a child starts in
 milliseconds and inherits none of the server's threads or sockets). The child caps its own
-address space (``RLIMIT_AS``); the caller waits for the answer on a pipe with a wall-clock
+address space (``RLIMIT_AS``), never above the limits this process inherited (``ulimit -v`` on an
+HPC login node: the lower one is taken, and said once); the caller waits for the answer on a pipe with a wall-clock
 deadline and kills the child when the deadline passes. The caller's thread only waits on a pipe
 meanwhile, so every other request is answered.
 
@@ -70,6 +71,45 @@ def default_memory_limit() -> int:
     return max(GiB, total // 2)
 
 
+def _finite(value: int) -> int | None:
+    return None if value == resource.RLIM_INFINITY or value < 0 else value
+
+
+def inherited_limit(which: int) -> int | None:
+    """The lower of this process's soft and hard ``which`` limits; None when neither is set."""
+    soft, hard = resource.getrlimit(which)
+    finite = [value for value in (_finite(soft), _finite(hard)) if value is not None]
+    return min(finite) if finite else None
+
+
+def within_inherited(which: int, soft: int, hard: int) -> tuple[int, int]:
+    """``(soft, hard)`` lowered to what this process inherited: an unprivileged process cannot
+    raise its hard limit ("ValueError: not allowed to raise maximum limit"), and a soft limit
+    above the inherited soft one would lift the cap whoever started us chose."""
+    current_soft, current_hard = (_finite(value) for value in resource.getrlimit(which))
+    if current_hard is not None:
+        hard = min(hard, current_hard)
+    if current_soft is not None:
+        soft = min(soft, current_soft)
+    return min(soft, hard), hard
+
+
+_said_lock = threading.Lock()
+_said: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    """``line`` as one warning on the log (stderr unless the program set logging up), the first
+    time only: every child of a fleet or MCP server would otherwise repeat it."""
+    with _said_lock:
+        if line in _said:
+            return
+        _said.add(line)
+    import logging  # only when there is something to say: a triage's start does not pay for it
+
+    logging.getLogger("memlens").warning("memlens: %s", line)
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one run may use before it is stopped: wall-clock seconds and address space."""
@@ -78,7 +118,15 @@ class Limits:
     memory_bytes: int | None = None  # None: default_memory_limit()
 
     def memory_limit(self) -> int:
-        return self.memory_bytes if self.memory_bytes is not None else default_memory_limit()
+        """The address space a child gets: what was asked for (or the default), lowered to the
+        limit this process inherited, which it says once."""
+        wanted = self.memory_bytes if self.memory_bytes is not None else default_memory_limit()
+        inherited = inherited_limit(resource.RLIMIT_AS)
+        if inherited is None or inherited >= wanted:
+            return wanted
+        _say_once(f"the analysis processes get {format_bytes(inherited)} of address space, the limit this "
+                  f"process inherited (ulimit -v), not {format_bytes(wanted)}")
+        return inherited
 
 
 class Stopped(MemlensError):
@@ -154,6 +202,7 @@ def run_limited(function: Callable[..., Any], args: tuple[Any, ...] = (), *, lim
     group = group if group is not None else ProcessGroup()
     receiver, sender = context.Pipe(duplex=False)
     memory = limits.memory_limit()
+    _say_if_cpu_lowered(limits.timeout_s)
     process = context.Process(target=_child_main, args=(sender, function, args, memory, limits.timeout_s),
                               name=f"memlens-{what.replace(' ', '-')}", daemon=True)
     try:
@@ -238,6 +287,20 @@ def caused_by_memory_error(exc: BaseException) -> bool:
     return False
 
 
+def cpu_backstop_s(timeout_s: float) -> int:
+    """The CPU seconds a child may use: twice the wall-clock limit and a margin, which one thread
+    cannot reach before the deadline, so only a child whose parent is gone meets it."""
+    return int(2 * timeout_s) + 10
+
+
+def _say_if_cpu_lowered(timeout_s: float) -> None:
+    inherited = inherited_limit(resource.RLIMIT_CPU)
+    wanted = cpu_backstop_s(timeout_s)
+    if inherited is not None and inherited < wanted:
+        _say_once(f"the analysis processes get {inherited:,} s of CPU time, the limit this process inherited "
+                  f"(ulimit -t), not {wanted:,} s")
+
+
 def _die_with_parent() -> None:
     """prctl(PR_SET_PDEATHSIG, SIGKILL) where Linux offers it; elsewhere the CPU limit remains."""
     with contextlib.suppress(OSError, AttributeError):
@@ -247,12 +310,12 @@ def _die_with_parent() -> None:
 def _child_main(sender: Connection, function: Callable[..., Any], args: tuple[Any, ...], memory_bytes: int,
                 timeout_s: float) -> None:
     """Runs in the child: cap the address space, run, send back one (outcome, detail) pair."""
-    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    resource.setrlimit(resource.RLIMIT_AS, within_inherited(resource.RLIMIT_AS, memory_bytes, memory_bytes))
     # Backstops for a parent that dies without killing us (SIGKILL, OOM killer): the kernel
     # kills this child when the forkserver exits (it does when the parent goes), and when its
     # CPU time passes twice the wall-clock limit (a single thread cannot reach that in time).
-    cpu_s = int(2 * timeout_s) + 10
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
+    cpu_s = cpu_backstop_s(timeout_s)
+    resource.setrlimit(resource.RLIMIT_CPU, within_inherited(resource.RLIMIT_CPU, cpu_s, cpu_s + 5))
     _die_with_parent()
     # Ctrl-C in the terminal reaches the whole process group; the parent decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import textwrap
@@ -78,3 +79,68 @@ def test_out_is_resolved_before_the_script_changes_directory(tmp_path: Path, com
     else:
         # The snapshot and its sidecar, and no reservation left behind.
         assert written == ["snapshot.memlens.json", "snapshot.pickle"], written
+
+
+# --------------------------------------------------------------------------- ulimit -v / -t
+
+GiB = 1 << 30
+
+
+def _preexec_limit(which: int, soft: int, hard: int) -> object:
+    def limit() -> None:  # what `prlimit` or `ulimit` in the user's shell did before memlens started
+        resource.setrlimit(which, (soft, hard))
+
+    return limit
+
+
+def test_fleet_under_an_inherited_address_space_limit_analyses_every_rank(tmp_path: Path) -> None:
+    from memlens.ops.runner import default_memory_limit
+
+    # Below what the analysis children set for themselves, and enough for a small snapshot.
+    limit = min(4 * GiB, default_memory_limit() - GiB)
+    if limit < 2 * GiB:
+        pytest.skip(f"the machine's default analysis limit ({default_memory_limit():,} B) leaves no room below it")
+    ranks = [str(SAMPLES / "ddp_rank0.pickle"), str(SAMPLES / "ddp_rank1.pickle")]
+    completed = subprocess.run([sys.executable, "-m", "memlens", "fleet", "--json", *ranks], cwd=tmp_path,
+                               env=child_env(), capture_output=True, text=True, timeout=280,
+                               preexec_fn=_preexec_limit(resource.RLIMIT_AS, limit, limit))
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    rows = json.loads(completed.stdout)["ranks"]
+    assert [row["error"] for row in rows] == [None, None]
+    said = [line for line in completed.stderr.splitlines() if "inherited" in line]
+    assert len(said) == 1, completed.stderr  # once, not once per rank
+
+
+CHILD_LIMITS = textwrap.dedent(
+    """
+    import json
+    import resource
+    import sys
+
+    from memlens.ops.runner import Limits, run_limited
+
+    which = getattr(resource, sys.argv[1])
+    soft, hard = resource.getrlimit(which)
+    seen = run_limited(resource.getrlimit, (which,), limits=Limits(timeout_s=60, memory_bytes=64 << 30))
+    print(json.dumps({"parent": [soft, hard], "child": list(seen)}))
+    """
+)
+
+
+@pytest.mark.parametrize(("which", "soft", "hard"), [
+    ("RLIMIT_AS", 6 * GiB, resource.RLIM_INFINITY),  # a soft limit the child could raise, but must not
+    ("RLIMIT_AS", 6 * GiB, 7 * GiB),
+    ("RLIMIT_CPU", 100, resource.RLIM_INFINITY),
+    ("RLIMIT_CPU", 100, 100),
+])
+def test_a_child_never_raises_a_limit_it_inherited(tmp_path: Path, which: str, soft: int, hard: int) -> None:
+    completed = subprocess.run([sys.executable, "-c", CHILD_LIMITS, which], cwd=tmp_path, env=child_env(),
+                               capture_output=True, text=True, timeout=120,
+                               preexec_fn=_preexec_limit(getattr(resource, which), soft, hard))
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    seen = json.loads(completed.stdout)
+    assert seen["parent"] == [soft, hard]
+    child_soft, child_hard = seen["child"]
+    assert 0 <= child_soft <= soft, seen
+    assert hard == resource.RLIM_INFINITY or 0 <= child_hard <= hard, seen
+    assert len([line for line in completed.stderr.splitlines() if "inherited" in line]) == 1, completed.stderr
