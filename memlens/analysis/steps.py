@@ -94,7 +94,10 @@ def _steps_from_scopes(
         start, end = int(starts[position]), int(ends[position])
         if end <= start:
             continue
-        cut_start = start_us is None or (n > 0 and start_us < int(times[0]))
+        # memlens' own steps open where its recorder (or predict) starts the history: one that
+        # opens before the first row of a history that saw every live byte was not cut.
+        recorded_whole = pattern is MEMLENS_STEP and trace.window_complete
+        cut_start = start_us is None or (n > 0 and start_us < int(times[0]) and not recorded_whole)
         raw.append((index, start, end, start_us, end_us, cut_start or end_us is None))
     counts = sorted(end - start for _, start, end, _, _, _ in raw)  # sorted once: not per step
     steps: list[Step] = []

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from memlens.analysis.report import Report
     from memlens.predict.launcher import LaunchedCommand
     from memlens.predict.session import PredictResult, PredictSession
-    from memlens.sidecar import Sidecar
+    from memlens.sidecar import ModelInfo, Sidecar
 
 # How long a signal that landed inside a finalizer waits before it is sent again (StopSignals).
 SIGNAL_RETRY_SECONDS = 0.005
@@ -106,7 +106,6 @@ def launched_world(launched: LaunchedCommand, session: PredictSession) -> contex
     return rank_zero_of(launched.world_size, session.op_hooks)
 
 
-
 def split_command(command: tuple[str, ...]) -> tuple[str, str, list[str]]:
     """``python train.py A`` -> ("path", "train.py", ["train.py", "A"]); ``python -m pkg A`` ->
     ("module", "pkg", ["pkg", "A"]). The interpreter word is optional."""
@@ -128,7 +127,12 @@ def split_command(command: tuple[str, ...]) -> tuple[str, str, list[str]]:
 
 def run_command(kind: str, target: str, argv: list[str]) -> Any:
     """Run a script or module in this process as ``python`` would (``__main__``, argv, path);
-    returns its globals, which keeps a module-level model alive for the budget."""
+    returns its globals, which keeps a module-level model alive for the budget. This frame and
+    every frame outward of it are memlens' own: the stacks end at the script's ``<module>``, as
+    ``memlens record``'s do."""
+    from memlens.recorder.stacks import hide_frames_outward
+
+    hide_frames_outward(sys._getframe())
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = argv
     sys.path.insert(0, os.path.dirname(os.path.abspath(target)) if kind == "path" else os.getcwd())
@@ -241,10 +245,11 @@ class StopSignals:
 
 
 def predicted_sidecar(session: PredictSession, result: PredictResult) -> Sidecar:
-    """The recorder's sidecar for ``predicted.pickle``: device, peaks, OOM, the model and
-    optimizer found at the end, and the tensors' roles (``tensor_roles``, as the recorder
-    writes them), so ``triage`` knows parameters, gradients and optimizer state exactly and
-    sets the budget beside the prediction."""
+    """The recorder's sidecar for ``predicted.pickle``: device, peaks, OOM, the steps (one per
+    optimizer.step(), as ``memlens record`` marks them), the model (as the recorder's
+    ``ModelInspector`` saw it, else the parameters alive at the end) and optimizer, the tensors'
+    roles (``tensor_roles``) and who holds a leak (``leak_holders``), all as the recorder writes
+    them, so ``triage`` says of a prediction what it says of a recording of the same script."""
     oom = None
     if result.oom:
         oom = {"requested_bytes": result.oom_requested_bytes, "device_free_bytes": session.simulator.device_free_bytes}
@@ -264,17 +269,23 @@ def predicted_sidecar(session: PredictSession, result: PredictResult) -> Sidecar
         rank=0,
         world_size=1,
         local_rank=0,
-        steps=[],
+        steps=[dict(step) for step in session.steps.steps],
         steps_selected=None,
         peak_allocated_bytes=result.peak_allocated_bytes,
         peak_reserved_bytes=result.peak_reserved_bytes,
         oom=oom,
-        model=result.model,
+        model=inspected if (inspected := _inspected_model(session)) is not None else result.model,
         optimizer=result.optimizer,
         recorder={"stacks": session.tracker.stacks is not None, "max_entries": None,
                   "max_stack_depth": None, "dump_every": None, "predict": True},
         tensor_roles=session.roles.to_sidecar(),
+        leak_holders=session.leak_holders,
     )  # fmt: skip
+
+
+def _inspected_model(session: PredictSession) -> ModelInfo | None:
+    inspector = session.model_inspector
+    return inspector.stats if inspector is not None else None
 
 
 def predicted_report(predicted: Path, result: PredictResult) -> Report | None:

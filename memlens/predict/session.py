@@ -42,6 +42,7 @@ from memlens.predict.tracking import (
     CudaStorageTracker,
     EmulatedDeviceFakeMode,
     MissingFakeKernel,
+    OptimizerSteps,
     PredictMode,
     PredictStackCapture,
 )
@@ -55,6 +56,7 @@ from memlens.recorder.roles import (
     model_state,
     retained_graph_tensors,
 )
+from memlens.recorder.sidecar import ModelInspector
 
 _MEMLENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -195,6 +197,12 @@ class PredictSession:
         self._models: list[weakref.ref[Any]] = []
         self._optimizers: list[weakref.ref[Any]] = []
         self._hooks: list[Any] = []
+        # What the recorder's sidecar says of a run, found the recorder's way: the steps (one per
+        # optimizer.step()), the model's shapes from its forward calls, and who holds a leak
+        # (asked at the end, while the script's objects are still alive).
+        self.steps = OptimizerSteps(self.now)
+        self.model_inspector: ModelInspector | None = None
+        self.leak_holders: dict[str, Any] | None = None
         self.tracker.active = True
         self.tracker.on_oom = self._on_oom
         self.workspace_bytes = cublas_workspace_bytes(spec, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
@@ -238,6 +246,7 @@ class PredictSession:
             register_optimizer_step_pre_hook(self._before_optimizer_step),
             register_optimizer_step_post_hook(self._after_optimizer_step),
         ]
+        self.steps.begin()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -303,17 +312,23 @@ class PredictSession:
             model = find_model(optimizer)
             if model is not None and not any(ref() is model for ref in self._models):
                 self._models.append(weakref.ref(model))
+                self.model_inspector = ModelInspector(model)
                 self._hooks.append(model.register_forward_pre_hook(self._on_model_inputs, with_kwargs=True))
                 self._hooks.append(model.register_forward_hook(self._on_model_outputs))
         self.note_roles("optimizer.pre", self.now())
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.note_roles("optimizer.post", self.now())
+        self.steps.mark()
 
     def _on_model_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.model_inspector is not None:
+            self.model_inspector.on_inputs(module, args, kwargs)
         self.roles.note("forward", self.now(), {"inputs": forward_inputs(args, kwargs)})
 
     def _on_model_outputs(self, module: Any, args: Any, output: Any) -> None:
+        if self.model_inspector is not None:
+            self.model_inspector.on_outputs(module, output)
         self.roles.note("forward.end", self.now(), {"outputs": forward_outputs(output)})
 
     def note_roles(
@@ -476,9 +491,20 @@ class PredictSession:
         return snapshot
 
     def full_snapshot(self) -> dict[str, Any]:
-        """The whole run: every allocation since the session began, and the live blocks."""
+        """The whole run: every allocation since the session began, the live blocks, and the
+        steps' edges."""
         self.tracker.drain()
-        return self.simulator.snapshot()
+        snapshot = self.simulator.snapshot()
+        snapshot["external_annotations"] = list(self.steps.annotations)
+        return snapshot
+
+    def find_leak_holders(self, snapshot: dict[str, Any]) -> None:
+        """Who holds the blocks that outlive their step (``memlens.recorder.holders``, the
+        recorder's search, over the fake tensors): asked before ``close``, while the tracker still
+        knows every storage's address and the script's objects are alive."""
+        from memlens.recorder.holders import leak_holders
+
+        self.leak_holders = msgspec.to_builtins(leak_holders(snapshot, self.steps.steps, self))
 
 
 _MISSING = object()
@@ -642,8 +668,10 @@ def run_in_session(session: PredictSession, body: Callable[[], Any], capture_err
                 error_traceback = "".join(traceback.format_exception(failure))
             parameters = live_cuda_parameters()  # one scan of the heap for both
             model, optimizer = simulated_model_and_optimizer(parameters)
+            session.steps.finish(failed=bool(ended_by))
             session.note_roles("dump", None, graphs=True, parameters=parameters)
         snapshot = session.full_snapshot()
+        session.find_leak_holders(snapshot)
     finally:
         ended_by.clear()
         session.close()

@@ -214,6 +214,49 @@ class EmulatedDeviceFakeMode(FakeTensorMode):
         return True
 
 
+class OptimizerSteps:
+    """The run's training steps, marked as ``memlens record`` marks a script it cannot change: step
+    0 begins when the run does, every ``optimizer.step()`` ends one and begins the next, and what
+    follows the last is the script's tail, not a step, unless an error ends the run inside it
+    (then that step is kept, open to the end). ``steps`` are the recorder's ``{index, start_us,
+    end_us}`` (the sidecar's, and what the leak-holder search reads); ``annotations`` the
+    ``memlens.step#N`` START/END edges the analysis finds steps by."""
+
+    def __init__(self, now: Callable[[], int]) -> None:
+        self._now = now  # the trace's clock, after the queued frees
+        self.steps: list[dict[str, Any]] = []
+        self.annotations: list[dict[str, Any]] = []
+        self._open: dict[str, Any] | None = None
+
+    def begin(self) -> None:
+        index = len(self.steps)
+        self._open = {"index": index, "start_us": self._edge(index, "START"), "end_us": None}
+        self.steps.append(self._open)
+
+    def mark(self) -> None:
+        """An ``optimizer.step()`` returned: the open step ends and the next begins."""
+        if self._open is not None:
+            self._open["end_us"] = self._edge(self._open["index"], "END")
+        self.begin()
+
+    def finish(self, failed: bool) -> None:
+        """The run ended: an error's step ends here; a completed run's tail is dropped."""
+        open_step, self._open = self._open, None
+        if open_step is None:
+            return
+        if failed:
+            open_step["end_us"] = self._edge(open_step["index"], "END")
+            return
+        self.steps.remove(open_step)
+        name = f"memlens.step#{open_step['index']}"
+        self.annotations[:] = [edge for edge in self.annotations if edge["name"] != name]
+
+    def _edge(self, index: int, stage: str) -> int:
+        time_us = self._now()
+        self.annotations.append({"name": f"memlens.step#{index}", "stage": stage, "device": 0, "time_us": time_us})
+        return time_us
+
+
 class PredictMode(TorchDispatchMode):
     """Runs each op (on the fake tensors below it) and shows its CUDA outputs to the tracker."""
 
@@ -280,6 +323,7 @@ __all__ = [
     "CudaStorageTracker",
     "EmulatedDeviceFakeMode",
     "MissingFakeKernel",
+    "OptimizerSteps",
     "PredictMode",
     "PredictStackCapture",
     "user_location",

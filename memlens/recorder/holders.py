@@ -207,7 +207,9 @@ def gc_tensors() -> list[Any]:
     for obj in gc.get_objects():
         kind = type(obj)
         if issubclass(kind, tensor_type):
-            if not issubclass(kind, parameter_type):
+            # isinstance, once it is a tensor: a parameter made from a fake tensor (memlens
+            # predict) is a FakeTensor marked ``_is_param``, which only isinstance looks at.
+            if not isinstance(obj, parameter_type):
                 tensors.append(obj)
         elif issubclass(kind, optimizer_type):
             optimizers.append(obj)

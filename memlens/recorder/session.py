@@ -74,13 +74,10 @@ from memlens.recorder.roles import (
     retained_graph_tensors,
 )
 from memlens.recorder.sidecar import (
-    autocast_dtype,
+    ModelInspector,
     build_sidecar,
-    input_dimensions,
-    model_stats,
     optimizer_state_dtype,
     optimizer_stats,
-    output_vocab,
     parameter_stats,
     sidecar_path,
     write_sidecar,
@@ -88,7 +85,7 @@ from memlens.recorder.sidecar import (
 )
 from memlens.recorder.stacks import DEFAULT_MAX_DEPTH, StackCapture, hide_launcher_frames
 from memlens.sidecar import ModelInfo, Sidecar
-from memlens.units import format_bytes, parse_bytes
+from memlens.units import capacity_bytes, format_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -173,8 +170,8 @@ class Recorder:
         self._names = SnapshotNames(self.out, name)
         self._steps, self._first_step, self._last_step = _step_filter(steps)
         self._model_stats: ModelInfo | None = None
-        self._first_forward_seen = False  # of the model the sidecar describes: its shapes are kept
-        self._vocab_pending = False
+        # The model the sidecar describes: its shapes, from its forward calls (ModelInspector).
+        self._inspector: ModelInspector | None = None
         # Read at every step boundary and at the dump: at an exit dump the script's optimizer
         # may be gone already (memlens record), and its last known state still says the dtype.
         self._optimizer_state_dtype: str | None = None
@@ -182,7 +179,7 @@ class Recorder:
         # Weak references: recording must not keep the user's model or optimizer alive.
         self._models: list[weakref.ref[Any]] = []
         self._optimizers: list[weakref.ref[Any]] = []
-        self.capacity = parse_bytes(capacity) if capacity is not None else None
+        self.capacity = capacity_bytes(capacity) if capacity is not None else None
         self.max_entries = max_entries
         self.stacks = stacks
         self.context = context
@@ -344,8 +341,8 @@ class Recorder:
         """
         if model is not None and not any(ref() is model for ref in self._models):
             self._models.append(weakref.ref(model))
-            self._model_stats = model_stats(model)
-            self._first_forward_seen = False
+            self._inspector = ModelInspector(model)
+            self._model_stats = self._inspector.stats
             add_root = getattr(self.backend, "add_root", None)
             if add_root is not None:
                 add_root(model)
@@ -376,25 +373,14 @@ class Recorder:
             self._model_stats = parameter_stats(params)
 
     def _on_model_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        stats = self._model_stats
-        if stats is not None and stats.inputs is None and self._models and self._models[-1]() is module:
-            # the autocast dtype of the first call of the model the sidecar describes, and the
-            # batch and sequence length of the first that tells them (its outputs, below, show
-            # the vocabulary)
-            if not self._first_forward_seen:
-                self._first_forward_seen = True
-                stats.autocast_dtype = autocast_dtype(args, kwargs, module)
-            stats.inputs = input_dimensions(module, args, kwargs, stats.config)
-            self._vocab_pending = stats.inputs is not None and stats.config.vocab_size is None
+        if self._inspector is not None:
+            self._inspector.on_inputs(module, args, kwargs)
         if self._state == "recording":
             self._roles.note("forward", self.backend.now(), {"inputs": forward_inputs(args, kwargs)})
 
     def _on_model_outputs(self, module: Any, args: Any, output: Any) -> None:
-        stats = self._model_stats
-        if self._vocab_pending and stats is not None and stats.inputs is not None and self._models \
-                and self._models[-1]() is module:
-            self._vocab_pending = False
-            stats.config.vocab_size = output_vocab(output, stats.inputs, stats.config)
+        if self._inspector is not None:
+            self._inspector.on_outputs(module, output)
         if self._state == "recording":
             self._roles.note("forward.end", self.backend.now(), {"outputs": forward_outputs(output)})
 

@@ -31,6 +31,7 @@ import pickle
 import platform
 import re
 import socket
+import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -190,6 +191,42 @@ def model_stats(model: Any) -> ModelInfo | None:
     stats.source = "model"
     stats.config = model_dimensions(model)
     return stats
+
+
+class ModelInspector:
+    """What the sidecar says of one model, for ``memlens record`` and ``memlens predict`` alike:
+    its counts and declared dimensions (``model_stats``), then, from its forward calls, the
+    autocast dtype of the first, the batch and sequence length of the first that tells them
+    (``input_dimensions``) and the vocabulary its logits show (``output_vocab``). One inspector,
+    so a recording and a prediction of the same script describe the same model."""
+
+    def __init__(self, model: Any) -> None:
+        self.stats: ModelInfo | None = model_stats(model)
+        self._model = weakref.ref(model)  # the inspector must not keep the user's model alive
+        self._first_forward_seen = False
+        self._vocab_pending = False
+
+    def inspects(self, module: Any) -> bool:
+        return module is not None and module is self._model()
+
+    def on_inputs(self, module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None) -> None:
+        """A forward pre-hook's view of ``module``'s inputs (ignored for another module)."""
+        stats = self.stats
+        if stats is None or stats.inputs is not None or not self.inspects(module):
+            return
+        if not self._first_forward_seen:
+            self._first_forward_seen = True
+            stats.autocast_dtype = autocast_dtype(args, kwargs, module)
+        stats.inputs = input_dimensions(module, args, kwargs, stats.config)
+        self._vocab_pending = stats.inputs is not None and stats.config.vocab_size is None
+
+    def on_outputs(self, module: Any, output: Any) -> None:
+        """A forward hook's view of what ``module`` returned: its logits show the vocabulary."""
+        stats = self.stats
+        if not self._vocab_pending or stats is None or stats.inputs is None or not self.inspects(module):
+            return
+        self._vocab_pending = False
+        stats.config.vocab_size = output_vocab(output, stats.inputs, stats.config)
 
 
 def parameter_stats(params: Any) -> ModelInfo:
@@ -467,6 +504,7 @@ def _tensors(values: tuple[Any, ...] | list[Any], depth: int) -> Iterator[torch.
 
 __all__ = [
     "PICKLE_PROTOCOL",
+    "ModelInspector",
     "Reservation",
     "autocast_dtype",
     "build_sidecar",

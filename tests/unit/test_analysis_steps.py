@@ -96,3 +96,18 @@ def test_no_time_stamps_still_finds_steps_from_frames() -> None:
     device = memlens.analyze(snapshot).device(0)
     assert device.step_source == "optimizer_frames"
     assert all(s.start_us is None for s in device.steps)
+
+
+def test_a_memlens_step_that_opens_the_whole_history_is_not_partial() -> None:
+    """memlens record (and predict) begin step 0 where the history begins: its START comes before
+    the first row, and a first step does less than the others (the model is moved there, the
+    optimizer has no state yet), but nothing was cut when the history saw every live byte."""
+    builder = TraceBuilder()
+    for index, count in enumerate([6, 10, 10, 10]):
+        with builder.scope(f"memlens.step#{index}"):
+            blocks = [builder.alloc(MiB) for _ in range(count)]
+            for address in reversed(blocks):
+                builder.free(address)
+    device = analyze(builder.snapshot()).device(0)
+    assert device.window_complete
+    assert [(s.index, s.partial) for s in device.steps] == [(0, False), (1, False), (2, False), (3, False)]

@@ -458,3 +458,17 @@ def test_each_line_says_where_the_value_it_stores_can_have_been_allocated(tmp_pa
     assert values == {12: (10, 12), 14: (9, 14), 16: (16,), 17: (9, 10, 17), 18: (18,)}
     assert {line.function for line in found.lines} == {"step"}
     assert all(line.first_line == 7 and line.last_line == 18 for line in found.lines)
+
+
+def test_a_parameter_made_from_a_fake_tensor_is_the_model_not_a_leak_candidate() -> None:
+    """memlens predict's parameters are FakeTensors marked ``_is_param`` (not instances of the
+    Parameter class): they are the model, as a real one is, and never a holder's tensors."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        layer = torch.nn.Linear(4, 4)
+        kept = torch.empty(4, 4)
+    found = {id(tensor) for tensor in gc_tensors()}
+    assert id(kept) in found
+    assert id(layer.weight) not in found and id(layer.bias) not in found
