@@ -44,7 +44,7 @@ from memlens.files import FileRefused, OpenedFile, open_beneath, open_regular
 from memlens.ops.errors import describe
 from memlens.ops.runner import DEFAULT_PRELOAD, Crashed, Limits, ProcessGroup, run_limited
 from memlens.printable import printable
-from memlens.units import MAX_WHOLE, parse_bytes, parse_real, parse_whole
+from memlens.units import MAX_WHOLE, parse_capacity, parse_real, parse_whole
 
 if TYPE_CHECKING:
     from memlens.analysis.analysis import Analysis
@@ -208,17 +208,10 @@ class _Analyses:
 
 
 def _capacity(text: str | int | None) -> int | None:
-    """A device size (80GiB, 24GB, 1.5e9, or bytes as a JSON number), as the CLI's --capacity
-    reads it (``memlens.units.parse_bytes``); 0 B is no device."""
-    if text is None:
-        return None
-    try:
-        size = text if isinstance(text, int) and not isinstance(text, bool) else parse_bytes(text)
-    except MemlensUsageError as exc:
-        raise MemlensUsageError(f"capacity {printable(text, 100)}: {exc}") from None
-    if size <= 0:
-        raise MemlensUsageError(f"capacity {printable(text, 100)}: a device needs more than 0 bytes")
-    return size
+    """A device size with its unit (80GiB, 24GB), read as the CLI's --capacity reads it
+    (``memlens.units.parse_capacity``): a bare number, a JSON number among them, asks for a unit,
+    and 0 B or more than 1 EiB is refused before any engine sees it."""
+    return None if text is None else parse_capacity(text, "capacity")
 
 
 def _whole(value: int | None, name: str, minimum: int | None = 1, maximum: int | None = MAX_WHOLE) -> int | None:
@@ -353,8 +346,6 @@ class Tools:
                 chunked_loss: float | None, zero: int, world_size: int, offload_optimizer: bool,
                 offload_params: bool, capacity: list[str | float] | None) -> dict[str, Any]:
         from memlens.ops.budget import BudgetOptions, estimate_budget
-        from memlens.ops.vocab import parse_capacity
-
         hidden, layers, heads, kv_heads, vocab, ffn, galore_rank, lora_rank, seq = (
             _whole(value, name) for value, name in (
                 (hidden, "hidden"), (layers, "layers"), (heads, "heads"), (kv_heads, "kv_heads"), (vocab, "vocab"),
@@ -375,7 +366,8 @@ class Tools:
         payload = result.to_json()
         # A JSON number is echoed as the CLI echoes the same text (80, not 80.0).
         labels = [size if isinstance(size, str) else f"{size:g}" for size in capacity or []]
-        payload["capacities"] = [result.check(parse_capacity(label), label=label).to_json() for label in labels]
+        payload["capacities"] = [result.check(parse_capacity(label, "capacity"), label=label).to_json()
+                                 for label in labels]
         return payload
 
 
@@ -509,7 +501,7 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = (), limits: Limits | 
     Snapshot = Annotated[str, Field(description="Path of a snapshot file (.pickle or .pickle.gz) on the "
                                                 "server's machine; absolute is safest")]
     Device = Annotated[int | None, Field(description="CUDA device index (default: the busiest)")]
-    Capacity = Annotated[str | int | None, Field(description="Device memory, e.g. 80GiB or 24GB, or bytes "
+    Capacity = Annotated[str | int | None, Field(description="Device memory with its unit, e.g. 80GiB or 24GB "
                                                              "(default: the recorder's sidecar, if any)")]
 
     def triage(snapshot: Snapshot, device: Device = None, capacity: Capacity = None,
@@ -596,8 +588,8 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = (), limits: Limits | 
                chunked_loss: float | None = None, zero: int = 0, world_size: int = 1,
                offload_optimizer: bool = False, offload_params: bool = False,
                capacity: Annotated[list[str | float] | None, Field(
-                   description="Device sizes to check the fit against, e.g. [\"80GB\", \"24GiB\"]; a bare "
-                               "number is GiB, as --capacity reads it")] = None,
+                   description="Device sizes to check the fit against, each with its unit, e.g. "
+                               "[\"80GB\", \"24GiB\"] (a bare number asks for a unit, as --capacity does)")] = None,
                ) -> str:
         """The theoretical memory of a training step, as `memlens budget --json` prints it (the
         arguments are its flags): weights, gradients, master weights, optimizer state,

@@ -98,6 +98,44 @@ def parse_bytes(text: str | int | float) -> int:
     return int(size.to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
+_UNITLESS_RE = re.compile(r"^\s*[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*$")
+
+
+def parse_capacity(text: str | int | float, what: str = "--capacity") -> int:
+    """A device's memory as every face reads it (the CLI's options, the MCP tools, the dashboard's
+    forms, the Python API's strings): a size with its unit, ``"80GiB"``, ``"24GB"``, ``"512MiB"``.
+
+    A number without a unit, as text or as a JSON number, is a one-line usage error asking for
+    one: ``budget --capacity 80`` once meant 80 GiB while ``whatif --capacity 80`` meant 80 bytes
+    (and "ran out" at its first event), so no reading of a bare number is safe. The Python API
+    passes bytes as an ``int`` through ``capacity_bytes``; 0 B is no device."""
+    if isinstance(text, bool):
+        raise MemlensUsageError(f"{what} {text!r}: not a device size (give one with a unit, e.g. 80GiB or 80GB)")
+    if isinstance(text, int | float) or _UNITLESS_RE.match(str(text)):
+        bare = (shown(text) if isinstance(text, int | float) else shown(str(text).strip())).strip("'")
+        example = bare if len(bare) <= 8 else "80"  # 2**64 followed by GiB is no example
+        raise MemlensUsageError(f"{what} {bare}: give a unit, e.g. {example}GiB or {example}GB")
+    try:
+        size = parse_bytes(text)
+    except MemlensUsageError as exc:
+        raise MemlensUsageError(f"{what}: {exc}") from None
+    if size <= 0:
+        raise MemlensUsageError(f"{what} {shown(text)}: a device needs more than 0 bytes")
+    return size
+
+
+def capacity_bytes(value: str | int, what: str = "capacity") -> int:
+    """The Python API's capacity: an ``int`` is bytes (``analyze(snapshot, capacity=80 * GiB)``),
+    text is read as every face reads it (``parse_capacity``: a unit is required)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise MemlensUsageError(f"{what} {shown(value)} B: a device needs more than 0 bytes")
+        if value > MAX_INPUT_BYTES:
+            raise MemlensUsageError(f"{what} {shown(value)} B is larger than any device (at most 1 EiB)")
+        return value
+    return parse_capacity(value, what)
+
+
 _COUNT_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _COUNT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*$")
 

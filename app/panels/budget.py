@@ -18,7 +18,7 @@ from memlens.budget import Reconciliation
 from memlens.errors import MemlensError
 from memlens.ops.budget import BudgetOptions, estimate_budget, options_from_sidecar, reconcile_budget
 from memlens.sidecar import Sidecar
-from memlens.units import format_bytes, parse_bytes
+from memlens.units import format_bytes, parse_capacity
 from memlens_app.panels.common import alert, as_int, data_attributes, empty_figure, parse_count
 
 FP32_BYTES = 4  # a parameter count guessed from bytes assumes fp32 weights, and says so
@@ -157,7 +157,7 @@ def budget_panel(report: Report, device: int, form: BudgetForm) -> BudgetView:
             text = ("Enter the parameter count (and, for activations, the model shape) "
                     "to compare theory with what was measured.")
             return BudgetView(empty_figure(text), None, html.P(text, className="muted"))
-        capacity = parse_bytes(form.capacity) if form.capacity else report.device(device).capacity_bytes
+        capacity = parse_capacity(form.capacity, "capacity") if form.capacity else report.device(device).capacity_bytes
         estimate = estimate_budget(filled)
         reconciliation = reconcile_budget(report, device, options)
     except MemlensError as exc:

@@ -9,7 +9,7 @@ from dash import html
 
 from memlens.allocator.replay import RunFigures
 from memlens.analysis.report import DeviceReport
-from memlens.units import format_bytes, parse_bytes
+from memlens.units import format_bytes, parse_bytes, parse_capacity
 from memlens_app.worker import WhatIfAnswer
 
 WHATIF_ROWS = (
@@ -33,7 +33,7 @@ def whatif_request(device: DeviceReport, extra_text: str | None, capacity_text: 
     """The form's fields read (``MemlensError`` with the reason for a size that does not parse):
     the recorded capacity when the file has one, else the budget form's."""
     extra = parse_bytes(extra_text or "0")
-    capacity = device.capacity_bytes or (parse_bytes(capacity_text) if capacity_text else None)
+    capacity = device.capacity_bytes or (parse_capacity(capacity_text, "capacity") if capacity_text else None)
     return WhatIfRequest(capacity, extra)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memlens.units import MiB, parse_bytes
+from memlens.units import MiB, capacity_bytes
 
 # --------------------------------------------------------------------------- steps
 
@@ -130,7 +130,7 @@ class AnalysisSettings:
             raise MemlensUsageError(f"unknown analysis setting(s): {', '.join(unknown)}")
         capacity = settings.get("capacity")
         return cls(
-            capacity=None if capacity is None else parse_bytes(capacity),
+            capacity=None if capacity is None else capacity_bytes(capacity),
             device=settings.get("device"),
             bytes_per_param=int(settings.get("bytes_per_param") or DEFAULT_BYTES_PER_PARAM),
             top_stacks=int(settings.get("top_stacks") or TOP_STACKS),

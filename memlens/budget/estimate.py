@@ -18,7 +18,7 @@ from memlens.budget import formulas
 from memlens.budget.spec import Matrix, ModelSpec
 from memlens.budget.training import TrainingSetup
 from memlens.errors import MemlensUsageError
-from memlens.units import GiB, format_bytes, parse_bytes
+from memlens.units import GiB, capacity_bytes, format_bytes
 
 STATIC_ITEMS: tuple[str, ...] = ("weights", "gradients", "master_weights", "optimizer_state")
 BATCH_ITEMS: tuple[str, ...] = ("activations", "activation_recompute", "logits")
@@ -228,20 +228,20 @@ class Budget:
         """False when an item could not be estimated (the total then leaves it out)."""
         return all(line.estimated for line in self.items)
 
-    def fits(self, capacity: int | float | str) -> bool:
-        """Whether the total fits ``capacity`` (bytes, or a size string such as ``"80GB"``)."""
-        return self.total_bytes <= parse_bytes(capacity)
+    def fits(self, capacity: int | str) -> bool:
+        """Whether the total fits ``capacity`` (bytes as an int, or a size with its unit such as ``"80GB"``)."""
+        return self.total_bytes <= capacity_bytes(capacity)
 
-    def max_micro_batch(self, capacity: int | float | str) -> BatchFit:
+    def max_micro_batch(self, capacity: int | str) -> BatchFit:
         """The largest micro-batch that fits ``capacity`` and the item that limits it."""
         return max_micro_batch(self.spec, self.setup, capacity)
 
-    def check(self, capacity: int | float | str, label: str = "") -> CapacityCheck:
+    def check(self, capacity: int | str, label: str = "") -> CapacityCheck:
         """``fits`` and ``max_micro_batch`` together (the batch stays unknown, with why, if unsizable).
 
         ``label``: the capacity as the user wrote it (a string ``capacity`` is its own label).
         """
-        cap = parse_bytes(capacity)
+        cap = capacity_bytes(capacity)
         try:
             fit, why = self.max_micro_batch(cap), ""
         except MemlensUsageError as exc:
@@ -594,9 +594,9 @@ def _activation_items(spec: ModelSpec, setup: TrainingSetup, b: int, t: int, d: 
     return [stored, recompute]
 
 
-def max_micro_batch(spec: ModelSpec, setup: TrainingSetup, capacity: int | float | str) -> BatchFit:
+def max_micro_batch(spec: ModelSpec, setup: TrainingSetup, capacity: int | str) -> BatchFit:
     """The largest micro-batch B whose total fits ``capacity``; 0 when the static memory alone does not."""
-    cap = parse_bytes(capacity)
+    cap = capacity_bytes(capacity)
     at_one = estimate(spec, setup.with_batch(1))
     if not at_one.item("activations").estimated:
         raise MemlensUsageError(

@@ -17,8 +17,8 @@ def _size(n: int, binary: bool) -> str:
 def capacity_text(check: CapacityCheck, binary: bool) -> str:
     """The capacity as the user wrote it, with its size in the table's unit when that differs.
 
-    ``48GB`` in a GiB table reads "48GB (44.70 GiB)"; ``80GiB`` stays "80GiB"; a bare number
-    (GiB, as ``--capacity`` reads it) gets its unit.
+    ``48GB`` in a GiB table reads "48GB (44.70 GiB)"; ``80GiB`` stays "80GiB"; a label without a
+    unit (the Python API's, never ``--capacity``'s, which asks for one) reads as GiB.
     """
     size = _size(check.capacity_bytes, binary)
     label = check.label.strip()

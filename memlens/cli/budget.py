@@ -4,7 +4,7 @@ Prints weights, gradients, master weights, optimizer state, activations and logi
 (2**30 bytes, the unit of every memlens output and of torch.cuda's numbers; --units gb for
 1e9-byte GB), the static total and the total. Give the model as --params, as
 sizes (--hidden --layers --heads --kv-heads --vocab --ffn) or as a transformers config.json
-(--config, read from disk). With --capacity (e.g. 80GiB, 24GB; a bare number means GiB) it
+(--config, read from disk). With --capacity (e.g. 80GiB, 24GB; a unit is required) it
 says whether the step fits and the largest micro-batch that does, and which item limits it.
 
 Examples:
@@ -97,7 +97,7 @@ from memlens.ops.vocab import parse_capacity
 @click.option("--world-size", type=COUNT, default=1, show_default=True, help="Data-parallel ranks N.")
 @click.option("--offload-optimizer", is_flag=True, help="Keep master weights and optimizer state on the host.")
 @click.option("--offload-params", is_flag=True, help="Keep parameters on the host (ZeRO-3).")
-@click.option("--capacity", multiple=True, help="Device memory to fit, e.g. 80GiB, 24GB, 141 (GiB). Repeatable.")
+@click.option("--capacity", multiple=True, help="Device memory to fit, with its unit: 80GiB, 24GB, 141GB. Repeatable.")
 @click.option("--units", "units_name", type=click.Choice(["gib", "gb"]), default="gib", show_default=True,
               help="Print GiB (2**30 bytes, as triage) or GB (1e9 bytes, as spec sheets).")
 @click.option("--gib", is_flag=True, hidden=True, help="Kept for old scripts: GiB is the default.")
@@ -147,7 +147,7 @@ def budget(
         grad_accum=grad_accum, checkpointing=checkpointing, flash_attn=flash_attn,
         activation_formula=activation_formula, chunked_loss=chunked_loss, zero_stage=zero_stage,
         world_size=world_size, offload_optimizer=offload_optimizer, offload_params=offload_params))
-    checks = [result.check(parse_capacity(text), label=text.strip()) for text in capacity]
+    checks = [result.check(parse_capacity(text, "--capacity"), label=text.strip()) for text in capacity]
     if as_json:
         payload = result.to_json()
         payload["capacities"] = [check.to_json() for check in checks]

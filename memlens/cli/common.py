@@ -11,7 +11,7 @@ import click
 
 from memlens.errors import MemlensUsageError
 from memlens.reporters.jsontext import json_text as json_text  # ``--json``: the text the MCP tools return
-from memlens.units import MAX_WHOLE, parse_bytes, parse_real, parse_whole, shown
+from memlens.units import MAX_WHOLE, parse_bytes, parse_capacity, parse_real, parse_whole, shown
 
 if TYPE_CHECKING:
     from memlens.snapshot import Snapshot
@@ -71,8 +71,20 @@ class Real(click.ParamType):
         return parse_real(value, option_name(param), self.minimum, self.maximum)
 
 
+class DeviceCapacity(click.ParamType):
+    """A click type for a device's memory (``memlens.units.parse_capacity``, as the MCP tools and
+    the dashboard read it): a unit is required, so ``--capacity 80`` asks for one, and 0 B is refused."""
+
+    name = "SIZE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):  # a default already in bytes
+            return value
+        return parse_capacity(value, option_name(param, "--capacity"))
+
+
 BYTE_SIZE = ByteSize()
-CAPACITY = ByteSize(minimum=1)  # a device of 0 B answers every question with "no": refuse it
+CAPACITY = DeviceCapacity()
 COUNT = Whole(minimum=1)  # sizes of a model or a batch: 0 divides or means nothing
 DEVICE = Whole(minimum=0, maximum=1023)  # a device ordinal (memlens reads devices 0 to 1023)
 INDEX = Whole(minimum=0)

@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from memlens.cli.common import BYTE_SIZE, help_text, json_text
+from memlens.cli.common import BYTE_SIZE, CAPACITY, help_text, json_text
 from memlens.ops.predict import SIGNAL_WORDS, oom_line
 from memlens.predict.gpus import GPU_NAMES_HELP
 from memlens.units import format_bytes
@@ -29,7 +29,7 @@ from memlens.units import format_bytes
 
 @click.command(help=help_text(__doc__), context_settings={"ignore_unknown_options": True})
 @click.option("--gpu", default=None, help=GPU_NAMES_HELP)
-@click.option("--capacity", type=BYTE_SIZE, default=None, help="Device memory, e.g. 80GiB (overrides the GPU's).")
+@click.option("--capacity", type=CAPACITY, default=None, help="Device memory, e.g. 80GiB (overrides the GPU's).")
 @click.option(
     "--reserve-outside",
     type=BYTE_SIZE,

@@ -42,6 +42,7 @@ from typing import Any, NoReturn
 
 import click
 
+from memlens.cli.common import CAPACITY
 from memlens.errors import MemlensUsageError
 
 
@@ -108,7 +109,8 @@ def run_program(kind: str, target: str, argv: list[str]) -> dict[str, Any]:
 @click.option("--out", "out", default="memlens_runs", show_default=True, help="Directory for the snapshot.")
 @click.option("--name", default=None, help="File stem instead of 'snapshot'.")
 @click.option(
-    "--capacity", default=None, help="Device memory, e.g. 16GiB: simulated on the CPU, a cap for the session on CUDA."
+    "--capacity", type=CAPACITY, default=None,
+    help="Device memory, e.g. 16GiB: simulated on the CPU, a cap for the session on CUDA.",
 )
 @click.option(
     "--device",
@@ -152,7 +154,7 @@ def run_program(kind: str, target: str, argv: list[str]) -> dict[str, Any]:
 def record(
     out: str,
     name: str | None,
-    capacity: str | None,
+    capacity: int | None,
     device: str,
     steps: str | None,
     dump_every: int | None,

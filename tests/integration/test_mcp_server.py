@@ -183,9 +183,11 @@ def test_group_by_diff_whatif_and_budget_are_the_cli_json(client: StdioClient) -
                                capacity=["80GB", "24GiB"])) == cli_json(
         "budget", "--params", "7e9", "--seq", "2048", "--hidden", "4096", "--layers", "32", "--heads", "32",
         "--capacity", "80GB", "--capacity", "24GiB", "--json")
-    # Numbers where the CLI takes text: an assistant writes 7e9 and 80 as JSON numbers.
-    assert text_of(client.call("budget", params=7e9, capacity=[80])) == cli_json(
-        "budget", "--params", "7e9", "--capacity", "80", "--json")
+    # Numbers where the CLI takes text: an assistant writes 7e9 as a JSON number; a capacity
+    # without its unit is refused by both, in the same words.
+    assert text_of(client.call("budget", params=7e9, capacity=["80GiB"])) == cli_json(
+        "budget", "--params", "7e9", "--capacity", "80GiB", "--json")
+    assert "give a unit, e.g. 80GiB or 80GB" in error_of(client.call("budget", params=7e9, capacity=[80]))
 
 
 @pytest.mark.timeout(300)

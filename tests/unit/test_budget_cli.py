@@ -77,16 +77,16 @@ def test_capacity_prints_fit_and_max_micro_batch() -> None:
         "--capacity",
         "24GB",
         "--capacity",
-        "80",
+        "80GiB",
     ]
     out = run(*args)
     # A capacity is echoed as written, with its size in the table's unit (24GB is 22.35 GiB).
-    assert "fits 24GB (22.35 GiB): yes" in out and "fits 80 GiB: yes" in out
+    assert "fits 24GB (22.35 GiB): yes" in out and "fits 80GiB: yes" in out
     assert "largest micro-batch on 24GB (22.35 GiB):" in out and "limited by" in out
     assert "> 24GB (22.35 GiB);" in out  # the next batch's need in GiB, not raw bytes
     assert not re.search(r"\d{1,3}(,\d{3}){2,} B", out)  # no unformatted byte counts
     in_gb = run(*args, "--units", "gb")
-    assert "fits 24GB: yes" in in_gb and "fits 80 GiB (85.90 GB): yes" in in_gb
+    assert "fits 24GB: yes" in in_gb and "fits 80GiB (85.90 GB): yes" in in_gb
     payload = json.loads(run(*args, "--json"))
     small, big = payload["capacities"]
     assert small["capacity"] == "24GB" and small["capacity_bytes"] == 24 * 10**9
@@ -194,7 +194,7 @@ def test_help_is_the_module_docstring() -> None:
 def test_parsers() -> None:
     assert parse_count("7e9") == parse_count("7B") == 7_000_000_000
     assert parse_count("350M") == 350_000_000
-    assert parse_capacity("80") == parse_capacity("80GiB") == 80 * 2**30  # a bare number is GiB
+    assert parse_capacity("80GiB") == 80 * 2**30
     assert parse_capacity("80GB") == 80 * 10**9
     assert parse_capacity("24GiB") == 24 * 2**30
 
