@@ -327,8 +327,15 @@ class CudaApi:
             (memory, "_record_memory_history", self.record_memory_history),
             (memory, "_snapshot", self.snapshot),
             (memory, "_dump_snapshot", self.dump_snapshot),
+            # bitsandbytes' CUDA backend takes it at import (every kernel's stream argument): the
+            # emulated device's one stream is the default stream, whose raw handle is null.
+            (torch._C, "_cuda_getCurrentRawStream", _default_raw_stream),
         ]
         return patched
+
+
+def _default_raw_stream(device_index: int = 0) -> int:
+    return 0
 
 
 __all__ = ["CudaApi", "SimulatedDeviceProperties", "SimulatedEvent", "SimulatedStream"]

@@ -183,3 +183,39 @@ def test_torchrun_is_read_as_the_world_it_launches(tmp_path: Path) -> None:
     baseline = plan["configs"][0]
     assert plan["world_size"] == 4 and baseline["fits"] is True, baseline
     assert baseline["peak_allocated_bytes"] == sidecar["peak_allocated_bytes"]
+
+
+# peft's quicktour on GPT-2 (its Conv1D layers: fan_in_fan_out), with bitsandbytes installed:
+# both import bitsandbytes' CUDA backend once torch.cuda.is_available() says True.
+PEFT_GPT2 = """
+    import bitsandbytes
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128,
+                        bos_token_id=0, eos_token_id=0)
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["c_attn"], lora_dropout=0.05,
+                      fan_in_fan_out=True, task_type="CAUSAL_LM")
+    model = get_peft_model(GPT2LMHeadModel(config), lora).to("cuda")
+    optimizer = torch.optim.AdamW((p for p in model.parameters() if p.requires_grad), lr=2e-4)
+    input_ids = torch.randint(0, config.vocab_size, (2, 32), device="cuda")
+    for _ in range(2):
+        model(input_ids=input_ids, labels=input_ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    print("bitsandbytes", bitsandbytes.__version__)
+"""
+
+
+def test_peft_and_bitsandbytes_import_on_the_emulated_device(tmp_path: Path) -> None:
+    pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (pip install bitsandbytes)")
+    pytest.importorskip("peft", reason="peft is not installed (pip install peft)")
+    completed = predict_script(tmp_path, PEFT_GPT2)
+    assert "_cuda_getCurrentRawStream" not in completed.stdout + completed.stderr
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
+    assert "bitsandbytes " in completed.stdout
+    result = json_result(completed)
+    assert result["fits"] is True
+    # LoRA r=8 on each c_attn (64 -> 192): A is 8x64, B is 192x8, two layers.
+    assert result["model"]["parameters_trainable"] == 2 * (8 * 64 + 192 * 8)
