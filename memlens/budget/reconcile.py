@@ -1,10 +1,15 @@
 """``reconcile(budget, measured)``: each measured category next to its theoretical line.
 
 ``measured`` holds the analyzer's categories at the peak, in bytes (parameters, gradients,
-optimizer_state, activations, temporary, leaked, unknown), as a mapping or as an object with a
-``categories_at_peak`` mapping (the analyzer's DeviceReport). A category left out is "not
-measured" and compared with nothing. Where measured and theory differ by more than the
-tolerance, the row carries a note naming the likely cause.
+optimizer_state, activations, temporary, workspace, leaked, unknown), as a mapping or as an
+object with a ``categories_at_peak`` mapping (the analyzer's DeviceReport, whose leak findings
+then also say how much of the activations a leak keeps). A category left out is "not measured"
+and compared with nothing. Where measured and theory differ by more than the tolerance, the row
+carries a note naming the likely cause.
+
+Each row's "measured" is the category table's figure for that category, nothing added:
+temporary memory (the working memory of the moment, the optimizer's foreach buffers) and library
+workspaces (cuBLAS) are rows of their own, with no theory.
 """
 
 from __future__ import annotations
@@ -25,12 +30,21 @@ MEASURED_CATEGORIES: tuple[str, ...] = (
     "optimizer_state",
     "activations",
     "temporary",
+    "workspace",
     "leaked",
     "unknown",
 )
-# What a leak finding keeps (``leaked``) has no theory, and a healthy run has none: its row is
-# shown only where the run has some, and a measurement without it is still complete.
-OPTIONAL_CATEGORIES = frozenset({"leaked"})
+# What a leak finding keeps (``leaked``) and library workspaces (``workspace``: none on the CPU,
+# none in a report from before the category) have no theory, and many runs have none: their rows
+# are shown only where the run has some, and a measurement without them is still complete.
+OPTIONAL_CATEGORIES = frozenset({"leaked", "workspace"})
+# Rows with no theory at all: what they measure is reported, never judged.
+UNJUDGED_NOTES: dict[str, str] = {
+    "temporary": "working memory of the moment (freed within its step: the optimizer's foreach buffers, "
+    "a layer's scratch); the theory has none",
+    "workspace": "library workspaces (cuBLAS, one per thread that runs matmuls), kept for the process's life; "
+    "the theory has none",
+}
 
 # Relative tolerance: 10% covers allocator rounding and small buffers the formulas leave out
 # (Adam's step counters, norm statistics); the CPU integration test holds the profiler to it.
@@ -38,13 +52,16 @@ DEFAULT_TOLERANCE = 0.10
 
 # Which budget items each measured category is compared with. Master weights live inside the
 # optimizer in every framework that keeps them (apex O2, DeepSpeed, Megatron's distributed
-# optimizer), so they are compared with optimizer_state. Temporaries are counted with
-# activations: the logits and the recompute working set show up as either.
+# optimizer), so they are compared with optimizer_state. Temporaries are not counted with
+# activations: the category table shows them apart, and a row must say what the table says (an
+# AdamW step's 4 GiB of foreach buffers are no activations).
 THEORY_ITEMS: dict[str, tuple[str, ...]] = {
     "parameters": ("weights",),
     "gradients": ("gradients",),
     "optimizer_state": ("master_weights", "optimizer_state"),
     "activations": ("activations", "activation_recompute", "logits"),
+    "temporary": (),
+    "workspace": (),
     "leaked": (),
     "unknown": (),
 }
@@ -212,6 +229,26 @@ def _note(category: str, budget: Budget, theory: int, measured: int, tolerance: 
     return f"{ratio:.2f}x the theory"
 
 
+def leak_bytes_in_activations(measured: Any, values: Mapping[str, int]) -> int:
+    """Bytes the leak findings hold that the category table counts as activations: a kept loss's
+    graph is recorded by role (``graph``) as activations, so only what is left of the leaks' bytes
+    after ``leaked`` can be there. 0 for a plain mapping (no findings to read)."""
+    findings = getattr(measured, "findings", None) or ()
+    held = sum(int(finding.bytes) for finding in findings if getattr(finding, "kind", None) == "leak")
+    return max(0, min(held - values.get("leaked", 0), values.get("activations", 0)))
+
+
+def _leak_note(ratio: float, theory: int, measured: int, kept: int, tolerance: float) -> str:
+    """The activations' note when a leak finding holds part of them: the leak, not checkpointing
+    or attention, is named for the bytes it keeps."""
+    rest = measured - kept
+    held = f"{format_bytes(kept)} of it kept by the leak (see the leak finding)"
+    if rest <= theory * (1 + tolerance):
+        return f"{ratio:.2f}x the theory: {held}; the rest is within the theory"
+    return (f"{ratio:.2f}x the theory: {held}; the other {rest / theory:.2f}x: checkpointing not in effect, "
+            "attention scores materialised, fp32 logits kept, or a larger batch/sequence than assumed")
+
+
 def reconcile(
     budget: Budget,
     measured: Mapping[str, int] | Any,
@@ -232,15 +269,16 @@ def reconcile(
     rows: list[ReconciledRow] = []
     for category, items in THEORY_ITEMS.items():
         theory = sum(budget.bytes_of(name) for name in items)
-        if category == "activations" and ("activations" in values or "temporary" in values):
-            got: int | None = values.get("activations", 0) + values.get("temporary", 0)
-        else:
-            got = values.get(category)
+        got = values.get(category)
         tol = tolerance_of(category)
         if category in OPTIONAL_CATEGORIES and not got:
             continue
         if got is None:
             rows.append(ReconciledRow(category, theory, None, None, tol, None, items, ""))
+            continue
+        if category in UNJUDGED_NOTES:
+            note = UNJUDGED_NOTES[category] if got else ""
+            rows.append(ReconciledRow(category, 0, got, None, tol, None, items, note))
             continue
         missing = [line for line in budget.items if line.name in items and not line.estimated]
         if missing:
@@ -261,6 +299,9 @@ def reconcile(
             continue
         ratio = got / theory if theory else None
         note = _note(category, budget, theory, got, tol)
+        kept = leak_bytes_in_activations(measured, values) if category == "activations" else 0
+        if note and kept and ratio is not None and ratio > 1:
+            note = _leak_note(ratio, theory, got, kept, tol)
         rows.append(ReconciledRow(category, theory, got, ratio, tol, not note, items, note))
     if values:
         total = sum(values.values())

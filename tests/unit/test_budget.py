@@ -605,6 +605,47 @@ def test_reconcile_shows_what_a_leak_keeps_only_where_there_is_some() -> None:
     assert result.row("total").measured_bytes == sum(measured.values()) + 3 * GB
 
 
+def test_reconcile_measures_each_category_as_the_category_table_does() -> None:
+    """Temporaries are a row of their own: activations measured is the table's activations (an
+    AdamW step's foreach buffers, a leak run's working memory, are no activations)."""
+    budget = estimate(ModelSpec.from_numbers(**LLAMA_7B), TrainingSetup(seq_len=2048))  # type: ignore[arg-type]
+    measured = {**_theory_as_measured(budget), "temporary": 4 * GB, "workspace": 64 * 2**20}
+    result = reconcile(budget, FakeDeviceReport(measured))
+    assert result.row("activations").measured_bytes == measured["activations"]
+    assert result.row("activations").within_tolerance and not result.row("activations").note
+    temporary, workspace = result.row("temporary"), result.row("workspace")
+    assert (temporary.measured_bytes, temporary.theory_bytes, temporary.within_tolerance) == (4 * GB, 0, None)
+    assert "working memory" in temporary.note and "cuBLAS" in workspace.note
+    assert workspace.measured_bytes == 64 * 2**20 and workspace.within_tolerance is None
+    assert "workspace" not in [row.category for row in reconcile(budget, _theory_as_measured(budget)).rows]
+    assert result.row("total").measured_bytes == sum(measured.values())
+
+
+@dataclass
+class FakeFinding:
+    kind: str
+    bytes: int
+
+
+@dataclass
+class FakeDeviceReportWithFindings(FakeDeviceReport):
+    findings: list[FakeFinding]
+
+
+def test_reconcile_names_the_leak_for_the_activations_it_keeps() -> None:
+    """A kept loss's graph is recorded as activations; the note names the leak for those bytes,
+    never checkpointing or attention."""
+    budget = estimate(ModelSpec.from_numbers(**LLAMA_7B), TrainingSetup(seq_len=2048))  # type: ignore[arg-type]
+    theory = _theory_as_measured(budget)
+    kept = theory["activations"] // 2
+    measured = {**theory, "activations": theory["activations"] + kept}
+    row = reconcile(budget, FakeDeviceReportWithFindings(measured, [FakeFinding("leak", kept)])).row("activations")
+    assert f"{format_bytes(kept)} of it kept by the leak" in row.note and "the rest is within the theory" in row.note
+    assert "checkpointing" not in row.note
+    without_leak = reconcile(budget, FakeDeviceReportWithFindings(measured, [])).row("activations")
+    assert "checkpointing not in effect" in without_leak.note
+
+
 def test_reconcile_flags_state_for_frozen_parameters() -> None:
     spec = ModelSpec.from_numbers(**LLAMA_7B)  # type: ignore[arg-type]
     budget = estimate(spec, TrainingSetup(frozen_layers=16, seq_len=2048))
