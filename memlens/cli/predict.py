@@ -16,6 +16,7 @@ not reach its end (the script failed, or stopped needing a real value), so no fi
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -23,7 +24,7 @@ import click
 
 from memlens.cli.common import BYTE_SIZE, CAPACITY, help_text, json_text
 from memlens.ops.predict import SIGNAL_WORDS, oom_line
-from memlens.predict.gpus import GPU_NAMES_HELP
+from memlens.predict.gpus import GPU_NAMES_HELP, FitBasis, fit_basis
 from memlens.units import format_bytes
 
 
@@ -71,7 +72,8 @@ def predict(
     if as_json:
         click.echo(json_text(result.to_json()))
     else:
-        click.echo(render(result, prediction.world_size))
+        basis = fit_basis(gpu, capacity, reserve_outside, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+        click.echo(render(result, prediction.world_size, basis))
         budget = prediction.report.device(0).budget if prediction.report is not None else None
         if budget is not None:  # the budget (from the parameters found) beside the predicted categories
             from memlens.reporters.terminal import make_console, render_budget_check
@@ -81,7 +83,7 @@ def predict(
         raise click.exceptions.Exit(prediction.exit_status)
 
 
-def render(result: Any, world_size: int = 1) -> str:
+def render(result: Any, world_size: int = 1, basis: FitBasis | None = None) -> str:
     lines = [
         f"memlens predict on a simulated {result.gpu} ({format_bytes(result.capacity_bytes)} for PyTorch"
         + (f", {format_bytes(result.reserve_outside_bytes)} reserved outside" if result.reserve_outside_bytes else "")
@@ -115,6 +117,10 @@ def render(result: Any, world_size: int = 1) -> str:
             f"  {result.placeholder_values} value(s) read from the GPU were placeholders (NaN, 0, False), "
             f"first at {result.first_placeholder_at or '?'}: branches on them may differ from the real run"
         )
-    lines.append("  not counted: the CUDA context, NCCL and cuBLAS handles outside the allocator (--reserve-outside)")
+    if basis is not None:  # what "fits" was decided against: the board's figure, the reserve, what is outside
+        lines += [f"  {line}" for line in basis.lines()]
+    else:
+        lines.append("  not counted: the CUDA context, NCCL and cuBLAS handles outside the allocator "
+                     "(--reserve-outside)")
     lines += [f"  snapshot: {path}" for path in result.snapshots]
     return "\n".join(lines)

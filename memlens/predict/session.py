@@ -33,9 +33,15 @@ from torch._subclasses.fake_tensor import (
 )
 
 from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, SimulatedOOM
-from memlens.errors import MemlensUsageError
 from memlens.predict.cuda_api import CudaApi
-from memlens.predict.gpus import DEFAULT_GPU, GpuSpec, cublas_workspace_bytes, gpu_spec, with_capacity
+from memlens.predict.gpus import (
+    DEFAULT_GPU,
+    GpuSpec,
+    checked_reserve,
+    cublas_workspace_bytes,
+    gpu_spec,
+    with_capacity,
+)
 from memlens.predict.guard import check_autograd_sees_cuda, ensure_cuda_guard
 from memlens.predict.sdpa import fused_sdpa
 from memlens.predict.tracking import (
@@ -178,8 +184,7 @@ class PredictSession:
         spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu or DEFAULT_GPU)
         if capacity is not None:
             spec = with_capacity(spec, capacity)
-        if reserve_outside < 0 or reserve_outside >= spec.total_memory:
-            raise MemlensUsageError(f"reserve_outside must be in [0, {spec.total_memory}), got {reserve_outside}")
+        checked_reserve(spec, reserve_outside)  # in the user's units: "... is more than the 79.14 GiB board"
         self.gpu = spec
         self.reserve_outside = reserve_outside
         self.capacity = spec.total_memory - reserve_outside
