@@ -149,15 +149,13 @@ def launched_options(options: PlanOptions) -> PlanOptions:
 
 # ---------------------------------------------------------------------- the device
 def _device(options: PlanOptions) -> tuple[str, int]:
-    from memlens.predict.gpus import DEFAULT_GPU, gpu_spec, with_capacity
+    from memlens.predict.gpus import DEFAULT_GPU, checked_reserve, gpu_spec, with_capacity
     from memlens.units import capacity_bytes, parse_bytes
 
     spec = gpu_spec(options.gpu or DEFAULT_GPU)
     if options.capacity is not None:
         spec = with_capacity(spec, capacity_bytes(options.capacity, "--capacity"))
-    reserve = parse_bytes(options.reserve_outside)
-    if reserve < 0 or reserve >= spec.total_memory:
-        raise MemlensUsageError(f"--reserve-outside must be in [0, {spec.total_memory}), got {reserve}")
+    reserve = checked_reserve(spec, parse_bytes(options.reserve_outside))
     return spec.name, spec.total_memory - reserve
 
 
