@@ -137,6 +137,13 @@ _PASS_THROUGH = {
     0x82: 1, 0x83: 2, 0x84: 4,  # EXT1 EXT2 EXT4
 }
 _GLOBAL_OPCODES = {ord("c"), ord("i"), 0x93, 0x82, 0x83, 0x84}
+# The regular expression's opcodes with an argument of a fixed size: one it did not take, it
+# did not take because the input ends inside that argument.
+_FIXED_ARGUMENT = {
+    ord("j"): 4, ord("h"): 1, ord("q"): 1, ord("J"): 4, ord("K"): 1, ord("M"): 2, ord("G"): 8,  # GETs, PUT, ints
+    0x80: 1, 0x95: 8,  # PROTO, FRAME
+}
+_FRAME = 0x95
 _TUPLE_SIZES = {0x85: 1, 0x86: 2, 0x87: 3}
 _LARGE_INT_OPCODES = {0x8A, ord("I"), ord("L")}  # LONG1, INT, LONG
 _TEXT_LINES = {ord("S"), ord("V"), ord("I"), ord("L"), ord("F")}  # STRING UNICODE INT LONG FLOAT
@@ -170,6 +177,7 @@ class VettedStream:
         self._vetted = 0  # _buf[:_vetted] is vetted
         self._boundaries: list[int] = [0]  # recent token starts (absolute), ascending
         self._payload_left = 0  # bytes of a length-prefixed payload not yet vetted
+        self._payload_at = 0  # where that payload's opcode starts (absolute)
         self._large_ints = 0
         self._wide_tuples = 0
         self._eof = False
@@ -289,9 +297,25 @@ class VettedStream:
             except PickleRefused as exc:
                 self.refusal = exc
                 self._stopped = True
+        if self._eof and not self._stopped and self._vetted == len(self._buf):
+            # Every byte vetted and no STOP: the file was cut, at a token's end or in a payload.
+            self.refusal = self._ends_early(self._payload_at - self._base if self._payload_left else self._vetted)
+            self._stopped = True
 
     def _refuse(self, what: str, at: int) -> PickleRefused:
         return PickleRefused(f"refused to load: the pickle holds {what} at byte {self._base + at:,}")
+
+    def _ends_early(self, at: int, what: str = "") -> PickleRefused:
+        """The input ends inside the opcode at ``at`` (a buffer position), or before a STOP there.
+
+        Said with where reading stopped and the size of what there is, so a copy still being
+        written or a partial download is told apart from damage ("an opcode no snapshot uses")."""
+        if self._total is not None and not self._total_is_limit:
+            size, whole = self._total, "the file"
+        else:  # a gzip: its pickle's bytes, all of them inflated by now
+            size, whole = self._base + len(self._buf), "the pickle inside the gzip"
+        return PickleRefused(f"{whole} ends early at byte {self._base + at:,} of {size:,}{what}: it is truncated "
+                             "or was still being written")
 
     def _special(self, at: int) -> None:
         """The opcode at ``at`` (== _vetted) is one the regular expression does not take."""
@@ -308,19 +332,19 @@ class VettedStream:
         elif opcode in _PAYLOAD_PREFIX:
             width = _PAYLOAD_PREFIX[opcode]
             if not self._need(1 + width):
-                self._vetted = len(self._buf)  # truncated: the unpickler says so
-                return
+                raise self._ends_early(at)
             length = int.from_bytes(self._buf[at + 1:at + 1 + width], "little", signed=opcode == ord("T"))
-            self._vetted = at + 1 + width
             left = None if self._total is None else self._total - (self._base + at + 1 + width)
             if left is not None and length > left:
-                # BINBYTES8 / BYTEARRAY8 make the unpickler allocate the length before reading.
-                where = f"a {length:,}-byte string at byte {self._base + at:,}"
+                # Refused before the opcode is handed on: the unpickler allocates the length it
+                # declares (BYTEARRAY8, BINBYTES8: a gigabyte for a 75-byte file) before it reads.
                 if self._total_is_limit:
-                    raise PickleRefused(f"refused to load: {where} would inflate the stream past {self._total:,} bytes")
-                raise PickleRefused(f"the file ends early: {where} runs past its end (truncated, or still being "
-                                    "written)")
+                    raise PickleRefused(f"refused to load: a {length:,}-byte string at byte {self._base + at:,} "
+                                        f"would inflate the stream past {self._total:,} bytes")
+                raise self._ends_early(at, f" (a {length:,}-byte string there runs past its end)")
+            self._vetted = at + 1 + width
             self._payload_left = max(length, 0)
+            self._payload_at = self._base + at
             if not self._payload_left:
                 self._boundary(self._vetted)
         elif opcode in _TEXT_LINES:  # a text string or a long text number: one line
@@ -338,11 +362,20 @@ class VettedStream:
             elif self._need(1 + argument):
                 self._boundary(at + 1 + argument)
             else:
-                self._vetted = len(self._buf)
+                raise self._ends_early(at)
         elif opcode in _REFUSED:
             raise self._refuse(_REFUSED[opcode], at)
+        elif self._cut_here(at, opcode):
+            raise self._ends_early(at)
         else:
             raise self._refuse(f"an opcode no memory snapshot uses, or a malformed one (0x{opcode:02x})", at)
+
+    def _cut_here(self, at: int, opcode: int) -> bool:
+        """The regular expression did not take the opcode at ``at`` because the input ends
+        inside its argument (a fixed-size one, or a protocol 0 GET's line)."""
+        if opcode in _FIXED_ARGUMENT:
+            return not self._need(1 + _FIXED_ARGUMENT[opcode])
+        return opcode == ord("g") and self._eof and self._buf.find(b"\n", at) < 0
 
     def _global_name(self, at: int, opcode: int) -> str:
         """``module.name`` of a GLOBAL, or of a STACK_GLOBAL whose two strings come just before."""
@@ -366,16 +399,14 @@ class VettedStream:
                 self._fill(keep=True)
                 newline = self._buf.find(b"\n", position)
             if newline < 0:
-                self._vetted = len(self._buf)  # truncated: the unpickler says so
-                return
+                raise self._ends_early(at)
             position = newline + 1
         self._boundary(position)
 
     def _vet_put(self, at: int, opcode: int) -> None:
         if opcode == ord("r"):
             if not self._need(5):
-                self._vetted = len(self._buf)
-                return
+                raise self._ends_early(at)
             index = int.from_bytes(self._buf[at + 1:at + 5], "little")
             end = at + 5
         else:
@@ -383,9 +414,8 @@ class VettedStream:
             newline = self._buf.find(b"\n", at, at + 24)
             digits = self._buf[at + 1:newline] if newline > at else b""
             if not digits.isdigit():
-                if len(self._buf) - at < 24:
-                    self._vetted = len(self._buf)  # truncated: the unpickler says so
-                    return
+                if len(self._buf) - at < 24 and self._buf.find(b"\n", at) < 0:
+                    raise self._ends_early(at)
                 raise self._refuse("a malformed PUT", at)
             index = int(digits)
             end = newline + 1
@@ -424,7 +454,8 @@ class VettedStream:
         end = at
         while end > start and len(tokens) < count:
             begin = _run_end(self._buf, start, end - 1)  # the last token start before end
-            tokens.append((begin, end))
+            if self._buf[begin] != _FRAME:  # a frame may start between any two opcodes: no item
+                tokens.append((begin, end))
             if stop_at_mark and self._buf[begin] == ord("("):
                 break
             end = begin

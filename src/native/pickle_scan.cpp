@@ -671,7 +671,9 @@ class Machine {
         if (length > size_ - pos_) decline("truncated frame");
         check_room(static_cast<size_t>(length));  // a frame inside a frame must end within it
         if (pos_ + length > frame_end_) frame_end_ = pos_ + static_cast<size_t>(length);
-        break;
+        // Not a token for the tuple rule: a pickler may start a frame between any two opcodes, a
+        // tuple's items included (PyTorch's, at 64 KiB), and the tuple is the same without it.
+        return false;
       }
       case '.':
         // The Python path hands the unpickler nothing after STOP, so a frame that runs on past it
@@ -704,7 +706,8 @@ class Machine {
         uint64_t bits = 0;
         for (size_t k = 0; k < 8; ++k) bits = (bits << 8) | bytes[k];
         pos_ += 8;
-        push(Value{Kind::Float, static_cast<int64_t>(bits)});
+        arena_.floats.push_back(bits);
+        push(Value{Kind::Float, static_cast<int64_t>(arena_.floats.size() - 1)});
         break;
       }
       case 0x8C: push_string(static_cast<size_t>(little(1))); break;  // SHORT_BINUNICODE

@@ -39,7 +39,7 @@ struct Value {
   Value() = default;
   Value(Kind kind_, int64_t num_) : kind(kind_), num(num_) {}
   Kind kind = Kind::None;
-  int64_t num = 0;  // Bool/Int: the value; UInt64: the bits (> INT64_MAX); Float: the bits; else an index
+  int64_t num = 0;  // Bool/Int: the value; UInt64: the bits (> INT64_MAX); else an index (Float: into floats)
 };
 
 // The entry fields the columns read, by key string (None: any other string).
@@ -158,6 +158,9 @@ struct TraceColumns {
 struct Arena {
   TextPool text_pool;  // the strings' bytes (the input is not kept: it may be read a window at a time)
   std::vector<StrRef> strings;
+  // Each BINFLOAT's bits, one per opcode: a float is an object, and one met again through the memo
+  // must stay that object (a NaN dict key used twice is one key to CPython, as it finds it by identity).
+  std::vector<uint64_t> floats;
   std::vector<Container> containers;
   std::vector<TraceColumns> columns;  // of the lists whose entries are rows (at most kMaxColumnLists)
   Value root;

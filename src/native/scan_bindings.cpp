@@ -51,11 +51,7 @@ class Converter {
       case Kind::Bool: return nb::bool_(value.num != 0);
       case Kind::Int: return nb::steal(PyLong_FromLongLong(value.num));
       case Kind::UInt64: return nb::steal(PyLong_FromUnsignedLongLong(static_cast<uint64_t>(value.num)));
-      case Kind::Float: {
-        double number = 0;
-        std::memcpy(&number, &value.num, sizeof number);
-        return nb::steal(PyFloat_FromDouble(number));
-      }
+      case Kind::Float: return floating(value);
       case Kind::Str: return text(value);
       default: return container(value, depth);
     }
@@ -70,6 +66,18 @@ class Converter {
     if (made == nullptr) throw nb::python_error();
     nb::object object = nb::steal(made);
     strings_.emplace(value.num, object);
+    return object;
+  }
+
+  // One Python float per BINFLOAT opcode, shared by every memo GET of it (as the unpickler does).
+  nb::object floating(const Value& value) {
+    auto found = floats_.find(value.num);
+    if (found != floats_.end()) return found->second;
+    const uint64_t bits = arena_.floats.at(static_cast<size_t>(value.num));
+    double number = 0;
+    std::memcpy(&number, &bits, sizeof number);
+    nb::object object = nb::steal(PyFloat_FromDouble(number));
+    floats_.emplace(value.num, object);
     return object;
   }
 
@@ -112,6 +120,7 @@ class Converter {
   const Arena& arena_;
   std::unordered_set<int64_t> skipped_;
   std::unordered_map<int64_t, nb::object> strings_;
+  std::unordered_map<int64_t, nb::object> floats_;
   std::unordered_map<int64_t, nb::object> containers_;
 };
 

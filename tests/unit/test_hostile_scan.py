@@ -269,3 +269,47 @@ def test_random_opcode_streams_give_one_line_or_a_snapshot(data: bytes) -> None:
             memlens.load(path, cache=False)
         except MemlensFormatError as exc:
             assert "\n" not in str(exc) and str(exc).isprintable()
+
+
+_PREFIX = b"\x80\x04}(" + text("segments") + b"]" + text("device_traces") + b"]" + text("x")
+# Every length-prefixed opcode: its byte and the width of its length.
+_LENGTH_PREFIXED = {
+    "BYTEARRAY8": (b"\x96", 8), "BINBYTES8": (b"\x8e", 8), "BINUNICODE8": (b"\x8d", 8), "BINBYTES": (b"B", 4),
+    "BINUNICODE": (b"X", 4), "BINSTRING": (b"T", 4), "SHORT_BINBYTES": (b"C", 1), "SHORT_BINUNICODE": (b"\x8c", 1),
+    "SHORT_BINSTRING": (b"U", 1),
+}
+
+
+@pytest.mark.parametrize("pure_python", [True, False], ids=["python", "native"])
+@pytest.mark.parametrize("name", sorted(_LENGTH_PREFIXED))
+def test_a_declared_length_past_the_end_is_refused_before_anything_is_allocated(
+    name: str, pure_python: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 60-byte file declaring a 1 GiB string: the unpickler allocates what BYTEARRAY8 or
+    BINBYTES8 declare before it reads, so the opcode must never reach it."""
+    import tracemalloc
+
+    opcode, width = _LENGTH_PREFIXED[name]
+    declared = min(1 << 30, (1 << (8 * width)) - 1)
+    data = _PREFIX + opcode + declared.to_bytes(width, "little") + b"abc" + b"u."
+    path = tmp_path / "declared.pickle"
+    path.write_bytes(data)
+    if pure_python:
+        monkeypatch.setenv("MEMLENS_PURE_PYTHON", "1")
+    else:
+        monkeypatch.delenv("MEMLENS_PURE_PYTHON", raising=False)
+    warm = tmp_path / "warm.pickle"  # the imports a load makes, made outside the trace
+    warm.write_bytes(pickle.dumps(snapshot(), protocol=4))
+    memlens.load(warm, cache=False)
+    tracemalloc.start()
+    try:
+        with pytest.raises(MemlensFormatError) as refused:
+            memlens.load(path, cache=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"{peak:,} bytes allocated before the refusal"
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"ends early at byte {len(_PREFIX):,} of {len(data):,}" in message
+    assert f"a {declared:,}-byte string there runs past its end" in message

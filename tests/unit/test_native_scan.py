@@ -491,3 +491,32 @@ def test_frames_lists_of_the_same_objects_share_a_stack_as_they_end_up(
     snapshot = memlens.load(path, cache=False)
     trace = snapshot.devices[0]
     assert [len(snapshot.stacks.stacks[s]) for s in trace.stack_id.tolist()] == [2, 1, 1]
+
+
+def test_a_memoised_nan_used_twice_as_a_key_is_one_key_on_both_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A float is an object: the memo hands back the same one, and a dict finds a NaN key by
+    identity, so CPython keeps one key here; the scanner made a new float per use (two keys)."""
+    nan = b"G\x7f\xf8\x00\x00\x00\x00\x00\x00"  # BINFLOAT, big-endian NaN
+    # {"segments": [], "device_traces": [], "x": {nan: 1, <memo 7: the same nan>: 2}}
+    data = (b"\x80\x04}\x94(" + _text("segments") + b"\x94]\x94" + _text("device_traces") + b"\x94]\x94" +
+            _text("x") + b"\x94}\x94(" + nan + b"\x94K\x01h\x07K\x02uu.")
+    assert len(pickle.loads(data)["x"]) == 1
+    raw, _reason = native_scan.scan(data)
+    assert raw is not None and len(raw["x"]) == 1
+    nans = list(raw["x"])
+    assert len(nans) == 1 and nans[0] != nans[0]
+    path = _write(tmp_path, data)
+    assert outcome(path, False, monkeypatch) == outcome(path, True, monkeypatch)
+
+
+def test_floats_written_twice_stay_two_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two BINFLOAT opcodes of one NaN are two objects to CPython (two keys): not merged either."""
+    nan = b"G\x7f\xf8\x00\x00\x00\x00\x00\x00"
+    data = (b"\x80\x04}(" + _text("segments") + b"]" + _text("device_traces") + b"]" + _text("x") + b"}(" +
+            nan + b"K\x01" + nan + b"K\x02uu.")
+    assert len(pickle.loads(data)["x"]) == 2
+    monkeypatch.delenv("MEMLENS_PURE_PYTHON", raising=False)
+    raw, _reason = native_scan.scan(data)
+    assert raw is not None and len(raw["x"]) == 2
