@@ -100,6 +100,7 @@ class LeverHooks:
             missing.append(
                 f"{'+'.join(names)}: the model holds no nn.ModuleList of blocks (these levers act on its largest)"
             )
+        missing += self.notes.get("unmatched", [])
         replaced_optimizer = value_of(self.levers, "optim") or value_of(self.levers, "offload") == "optimizer"
         if replaced_optimizer and "optimizer_replaced" not in self.notes:
             missing.append("optim/offload: the script built no torch.optim optimizer to replace")
@@ -375,7 +376,7 @@ class LoraLinear(nn.Module):
     def __init__(self, base: Any, rank: int, adapter_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         weight = base.weight
-        in_features, out_features = base.in_features, base.out_features
+        in_features, out_features = linear_features(base)
         dtype = adapter_dtype or (torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype)
         if not dtype.is_floating_point:
             dtype = torch.float32
@@ -392,14 +393,34 @@ class LoraLinear(nn.Module):
         return result.to(result_dtype)
 
 
+def hf_conv1d(module: nn.Module) -> bool:
+    """transformers' ``Conv1D`` (GPT-2's attention and MLP): a Linear whose weight is stored
+    transposed, ``(in, out)``. Known by its class's home, so transformers need not be imported."""
+    return type(module).__name__ == "Conv1D" and type(module).__module__.startswith("transformers.")
+
+
+def is_linear(module: nn.Module) -> bool:
+    """A layer LoRA and 4-bit quantization act on, as peft's and transformers' bitsandbytes
+    integration take them: ``nn.Linear``, transformers' ``Conv1D``, or one already quantized."""
+    return isinstance(module, (nn.Linear, NF4Linear)) or hf_conv1d(module)
+
+
+def linear_features(module: Any) -> tuple[int, int]:
+    """``(in_features, out_features)`` of a Linear, or of a Conv1D from its transposed weight."""
+    if hf_conv1d(module):
+        fan_in, fan_out = module.weight.shape
+        return int(fan_in), int(fan_out)
+    return int(module.in_features), int(module.out_features)
+
+
 def _linear_names(model: nn.Module, blocks: list[nn.Module], targets: list[str] | None) -> list[str]:
-    """The qualified names of the Linear layers LoRA adapts: those named by ``targets`` (the
-    last part of the name, or a dotted suffix, as peft matches ``target_modules``) anywhere in
-    the model, else every Linear (or NF4 linear) inside the blocks."""
+    """The qualified names of the layers LoRA adapts: those named by ``targets`` (the last part
+    of the name, or a dotted suffix, as peft matches ``target_modules``) anywhere in the model,
+    else every Linear or Conv1D (or NF4 linear) inside the blocks (peft's "all-linear")."""
     in_blocks = {id(m) for block in blocks for m in block.modules()}
     names = []
     for name, module in model.named_modules():
-        if not isinstance(module, (nn.Linear, NF4Linear)):
+        if not is_linear(module):
             continue
         if targets is None:
             if id(module) in in_blocks:
@@ -417,15 +438,24 @@ def add_lora(
     notes: dict[str, Any],
     use_peft: bool = True,
 ) -> None:
+    """LoRA adapters of ``rank`` on the layers ``_linear_names`` finds (through peft when it is
+    installed); none found is noted in ``notes["unmatched"]``, and the model is left as it was."""
     names = _linear_names(model, blocks, targets)
     if not names:
-        wanted = ",".join(targets) if targets else "the blocks' Linear layers"
-        raise MemlensUsageError(f"lora: no Linear layer matches {wanted} in {type(model).__name__}")
+        wanted = ",".join(targets) if targets else "the blocks"
+        notes.setdefault("unmatched", []).append(
+            f"lora: no Linear or Conv1D layer matches {wanted} in {type(model).__name__}"
+        )
+        return
+    # Conv1D keeps its weight transposed: peft adapts it with fan_in_fan_out (its own default for
+    # GPT-2), and Linear layers without.
+    transposed = any(hf_conv1d(model.get_submodule(name)) for name in names)
     peft_used = use_peft and importlib.util.find_spec("peft") is not None
     if peft_used:
         from peft import LoraConfig, inject_adapter_in_model
 
-        inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=LORA_ALPHA, target_modules=names), model)
+        config = LoraConfig(r=rank, lora_alpha=LORA_ALPHA, target_modules=names, fan_in_fan_out=transposed)
+        inject_adapter_in_model(config, model)
     else:
         for name in names:
             parent_name, _, child = name.rpartition(".")
@@ -437,7 +467,7 @@ def add_lora(
         parameter.requires_grad_("lora_" in parameter_name)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     notes["lora"] = {"rank": rank, "targets": sorted({n.rsplit(".", 1)[-1] for n in names}), "layers": len(names),
-                     "trainable_parameters": trainable, "peft": peft_used}  # fmt: skip
+                     "trainable_parameters": trainable, "peft": peft_used, "fan_in_fan_out": transposed}  # fmt: skip
 
 
 # ---------------------------------------------------------------------- QLoRA
@@ -469,7 +499,7 @@ class NF4Linear(nn.Module):
         weight = base.weight
         count = weight.numel()
         device = weight.device
-        self.in_features, self.out_features = base.in_features, base.out_features
+        self.in_features, self.out_features = linear_features(base)
         self.weight_dtype = weight.dtype
         blocks = -(-count // NF4_BLOCK)
         self.weight = nn.Parameter(
@@ -501,12 +531,16 @@ def quantize_nf4(model: nn.Module, blocks: list[nn.Module], notes: dict[str, Any
     count = 0
     for block in blocks:
         for name, module in list(block.named_modules()):
-            if isinstance(module, nn.Linear):
+            if isinstance(module, nn.Linear) or hf_conv1d(module):
                 parent_name, _, child = name.rpartition(".")
                 parent = block.get_submodule(parent_name) if parent_name else block
                 setattr(parent, child, NF4Linear(module))
                 count += module.weight.numel()
     notes["qlora"] = {"quantized_parameters": count, "storage_bytes": qlora_storage_bytes(count)}
+    if not count:
+        notes.setdefault("unmatched", []).append(
+            f"qlora: the blocks of {type(model).__name__} hold no Linear or Conv1D"
+        )
 
 
 def qlora_storage_bytes(count: int) -> int:

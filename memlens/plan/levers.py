@@ -60,7 +60,10 @@ LEVERS: dict[str, LeverInfo] = {
         LeverInfo("ckpt", "", "non-reentrant activation checkpointing of each block of the largest nn.ModuleList", 4),
         LeverInfo("lora", "int", "LoRA adapters of rank R (peft where installed), everything else frozen", 5),
         LeverInfo(
-            "lora-targets", "names", "the Linear layers LoRA adapts, by name (default: every Linear of the blocks)", 0
+            "lora-targets",
+            "names",
+            "the Linear/Conv1D layers LoRA adapts, by name (default: every Linear and Conv1D of the blocks)",
+            0,
         ),
         LeverInfo(
             "qlora", "int", "4-bit NF4 base (bitsandbytes' storage and constants) with rank-R 16-bit adapters", 6

@@ -71,7 +71,8 @@ def _lever_change(lever: Lever, levers: tuple[Lever, ...], notes: dict[str, Any]
     if name in ("lora", "qlora"):
         lora = notes.get("lora") if isinstance(notes.get("lora"), dict) else {}
         targets = list(lora.get("targets", [])) if lora else []
-        config = f"LoraConfig(r={value}, lora_alpha=8, target_modules={targets!r})"
+        transposed = ", fan_in_fan_out=True" if lora and lora.get("fan_in_fan_out") else ""  # GPT-2's Conv1D
+        config = f"LoraConfig(r={value}, lora_alpha=8, target_modules={targets!r}{transposed})"
         if name == "lora":
             return f"from peft import LoraConfig, get_peft_model\nmodel = get_peft_model(model, {config})"
         quantize = (

@@ -219,3 +219,34 @@ def test_peft_and_bitsandbytes_import_on_the_emulated_device(tmp_path: Path) -> 
     assert result["fits"] is True
     # LoRA r=8 on each c_attn (64 -> 192): A is 8x64, B is 192x8, two layers.
     assert result["model"]["parameters_trainable"] == 2 * (8 * 64 + 192 * 8)
+
+
+GPT2_TRAINING = """
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128,
+                        bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(config).to("cuda")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5)
+    input_ids = torch.randint(0, config.vocab_size, (2, 32), device="cuda")
+    for _ in range(2):
+        model(input_ids=input_ids, labels=input_ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_plan_lora_adapts_gpt2s_conv1d_and_says_when_it_matches_nothing(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    (tmp_path / "train.py").write_text(textwrap.dedent(GPT2_TRAINING))
+    tries = ["--try", "lora=8", "--try", "lora=8+lora-targets=q_proj"]
+    planned = run_memlens(tmp_path, "plan", "--json", *tries, "--out", "planned", "--", "python", "train.py")
+    assert planned.returncode == 0, planned.stdout[-2000:] + planned.stderr[-3000:]
+    baseline, lora, unmatched = json.loads(planned.stdout[planned.stdout.index("{") :])["configs"]
+    # Per block, rank 8: c_attn 64->192, attn.c_proj 64->64, mlp.c_fc 64->256, mlp.c_proj 256->64.
+    assert lora["trainable_parameters"] == 2 * 8 * ((64 + 192) + (64 + 64) + (64 + 256) + (256 + 64))
+    assert lora["notes"]["lora"]["targets"] == ["c_attn", "c_fc", "c_proj"]
+    assert lora["fits"] is True and 0 < lora["peak_allocated_bytes"] < baseline["peak_allocated_bytes"]
+    assert unmatched["fits"] is False
+    assert unmatched["problem"] == "not applied: lora: no Linear or Conv1D layer matches q_proj in GPT2LMHeadModel"
