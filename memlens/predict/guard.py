@@ -153,20 +153,30 @@ def ensure_cuda_guard() -> None:
     global _loaded
     if _loaded or has_real_cuda_device():
         return
+    # Found first: where it is missing, building the library (against headers it may not even
+    # compile with) would only bury the reason under a compiler's errors.
+    offset = _hooks_offset()
+    if offset is None:
+        raise _hooks_not_found()
     path = _library_path()
     if not path.exists() or not trusted_file(os.lstat(path)):
         if path.exists():
             path = Path(tempfile.mkdtemp(prefix="memlens-predict-")) / path.name  # never load a foreign file
         _build(path)
     library = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-    offset = _hooks_offset()
-    status = library.memlens_install_cuda_hooks(ctypes.c_long(offset)) if offset is not None else -1
-    if status < 0:
-        raise GuardBuildError(
-            "memlens predict could not install its CUDA hooks: this torch build's libtorch_cpu has no "
-            "symbol table to find them in (a stripped build?)"
-        )
+    if library.memlens_install_cuda_hooks(ctypes.c_long(offset)) < 0:
+        raise _hooks_not_found()
     _loaded = True
+
+
+def _hooks_not_found() -> GuardBuildError:
+    """torch 2.1 keeps its CUDA hooks in a plain pointer, not the function-local static patched
+    here, and a stripped libtorch_cpu lists no symbols: either way nothing can be patched."""
+    return GuardBuildError(
+        f"memlens predict could not find torch {torch.__version__}'s CUDA hooks to stand in for (predict is "
+        "tested on torch 2.13 and 2.14; record, triage and the reader on 2.1 too), or this build's "
+        "libtorch_cpu is stripped of its symbol table"
+    )
 
 
 def has_real_cuda_device() -> bool:

@@ -92,3 +92,20 @@ def test_a_failed_build_shows_the_errors_not_the_warnings(tmp_path: Path, monkey
     assert "strong_ordering" in str(failure.value) and "noise" not in str(failure.value)
     assert not (tmp_path / "out" / "guard.so").exists()
     assert os.listdir(tmp_path / "out") == []
+
+
+def test_a_torch_whose_hooks_are_not_found_is_told_so_before_anything_is_built(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.1 (its hooks a plain pointer): one line naming the release and what works with it,
+    not the compiler's errors of a library that could not be used anyway."""
+
+    def never_built(target: Path) -> None:
+        raise AssertionError("the library was built for hooks that cannot be patched")
+
+    monkeypatch.setattr(guard, "_loaded", False)
+    monkeypatch.setattr(guard, "has_real_cuda_device", lambda: False)
+    monkeypatch.setattr(guard, "_hooks_offset", lambda: None)
+    monkeypatch.setattr(guard, "_build", never_built)
+    monkeypatch.setattr(guard, "_library_path", lambda: Path("/nonexistent/memlens-guard.so"))
+    with pytest.raises(guard.GuardBuildError, match=r"could not find torch .*'s CUDA hooks.*record, triage"):
+        guard.ensure_cuda_guard()
