@@ -26,6 +26,12 @@ Inferred from lifetime, phase and stack, per allocation (vectorised over all lif
   would inflate the budget's gradient line. The leak finding names their stacks;
 - anything else (e.g. forward outputs kept across steps): ``unknown``.
 
+Workspace, from the allocation's own frames and ahead of the inference: a block allocated by
+PyTorch's cuBLAS handle pool (``at::cuda::getNewWorkspace``/``getCurrentCUDABlasHandle``, C++
+frames of a ``stacks="all"`` recording, and the frame memlens predict gives the workspaces it
+models) is a library ``workspace``, kept for the process's life: one taken on autograd's thread,
+with no Python frame, is not guessed to be a gradient by the phase it falls in.
+
 Leaked, after the inference: the leak finder (``memlens.analysis.leak``) gives the blocks of a
 leak it found, that neither a recorded role nor the inference above named, the category
 ``leaked``: what its stacks (and the holder the recorder named) keep from step to step.
@@ -47,7 +53,7 @@ from memlens.analysis.stacks import StackFacts
 from memlens.sidecar import TensorRoles
 
 I64 = npt.NDArray[np.int64]
-PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARY, LEAKED, UNKNOWN = range(len(CATEGORIES))
+PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARY, WORKSPACE, LEAKED, UNKNOWN = range(len(CATEGORIES))
 
 
 @dataclass
@@ -227,6 +233,7 @@ def classify(
     """Category code (index into ``CATEGORIES``) of every lifetime: recorded roles first, then
     inference for the rest."""
     category = _infer(lifetimes, phases, facts, has_history)
+    category[facts.workspace[lifetimes.stack_id]] = WORKSPACE
     apply_roles(category, lifetimes, roles)
     return category
 

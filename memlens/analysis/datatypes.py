@@ -21,7 +21,9 @@ SCHEMA_VERSION = 2
 
 # Each vocabulary is defined once, as a ``Literal`` (what mypy checks and the JSON Schema's
 # ``enum`` is generated from); the tuples are the same names for code that iterates over them.
-Category = Literal["parameters", "gradients", "optimizer_state", "activations", "temporary", "leaked", "unknown"]
+Category = Literal[
+    "parameters", "gradients", "optimizer_state", "activations", "temporary", "workspace", "leaked", "unknown"
+]
 FindingKind = Literal["leak", "activation_plateau", "optimizer_spike", "fragmentation", "idle_cache", "oom"]
 Severity = Literal["high", "medium", "low"]
 StepSource = Literal[

@@ -19,8 +19,9 @@ freed but waiting on another stream are apart: ``pending_free_peak_bytes`` and
 ``pending_free_final_bytes`` (optional: absent in reports from before they existed);
 ``capacity_bytes`` (null if unknown);
 ``categories_at_peak`` (bytes live at the allocated peak for each of parameters, gradients,
-optimizer_state, activations, temporary, leaked, unknown: they sum to ``peak_allocated_bytes``;
-``leaked`` is absent in reports from before it existed),
+optimizer_state, activations, temporary, workspace, leaked, unknown: they sum to
+``peak_allocated_bytes``; ``leaked`` and ``workspace`` are absent in reports from before they
+existed),
 ``top_stacks_by_category`` (per category, stacks as below), ``optimizer_windows`` (row ranges
 ``[start, end)``) with ``optimizer_window_source`` (annotations | frames | none), ``notes`` (text)
 that device's ``findings``, ``start_time_us``/``peak_reserved_time_us`` (null without

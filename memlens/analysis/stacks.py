@@ -24,6 +24,10 @@ _OPTIM_STEP_FILE = re.compile(r"(^|[/\\])(optim|optimizer|optimizers)[^/\\]*\.py
 _AUTOGRAD_FILE = re.compile(r"torch[/\\](autograd[/\\]|_tensor\.py)")
 _BACKWARD_NAMES = frozenset({"backward", "_engine_run_backward", "run_backward"})
 # C++ frames (stacks="all") of autograd's engine thread: backward even without Python frames.
+# C++ frames of PyTorch's cuBLAS handle pool (aten/src/ATen/cuda/CublasHandlePool.cpp) that take
+# a workspace from the caching allocator, once per handle (per thread that runs matmuls) and kept
+# for the process's life; memlens predict gives its modelled workspaces the same frame.
+_CPP_WORKSPACE = re.compile(r"at::cuda::(getNewWorkspace|getCUDABlasLtWorkspace|getCurrentCUDABlasHandle)\b")
 _CPP_BACKWARD = re.compile(r"torch::autograd::(Engine::|generated::\w+Backward)")
 # C++ frames that every allocation shares (the unwinder, the allocator, empty-tensor helpers).
 _CPP_NOISE = re.compile(
@@ -50,6 +54,11 @@ def is_optimizer_frame(frame: Frame) -> bool:
     if _OPTIM_FILE.search(frame.filename):
         return True
     return frame.name == "step" and bool(_OPTIM_STEP_FILE.search(frame.filename))
+
+
+def is_workspace_frame(frame: Frame) -> bool:
+    """A C++ frame of the library code that allocates a cuBLAS workspace."""
+    return not frame.filename.endswith(".py") and bool(_CPP_WORKSPACE.search(frame.name))
 
 
 def is_backward_frame(frame: Frame) -> bool:
@@ -101,6 +110,8 @@ class StackFacts:
     backward: npt.NDArray[np.bool_]
     # Any frame called "backward" (custom autograd.Function, Lightning, ...): weaker evidence.
     backward_named: npt.NDArray[np.bool_]
+    # A library workspace's allocation (is_workspace_frame): its own category, never guessed.
+    workspace: npt.NDArray[np.bool_]
     # frames_for_display per stack id: top_stacks, diff and the lenses ask for the same stacks
     # again and again (per step, per finding), and a stack's frames are read once.
     _display: dict[int, list[str]] = field(default_factory=dict, repr=False, compare=False)
@@ -111,11 +122,13 @@ class StackFacts:
         optim = np.fromiter((is_optimizer_frame(f) for f in frames), dtype=bool, count=len(frames))
         backward = np.fromiter((is_backward_frame(f) for f in frames), dtype=bool, count=len(frames))
         named = np.fromiter((f.name in _BACKWARD_NAMES for f in frames), dtype=bool, count=len(frames))
+        workspace = np.fromiter((is_workspace_frame(f) for f in frames), dtype=bool, count=len(frames))
         return cls(
             table,
             reduce_per_stack(table, optim),
             reduce_per_stack(table, backward),
             reduce_per_stack(table, named | backward),
+            reduce_per_stack(table, workspace),
         )
 
     def frames_for_display(self, stack_id: int) -> list[str]:

@@ -40,10 +40,10 @@ MEASURED_CATEGORIES: tuple[str, ...] = (
 OPTIONAL_CATEGORIES = frozenset({"leaked", "workspace"})
 # Rows with no theory at all: what they measure is reported, never judged.
 UNJUDGED_NOTES: dict[str, str] = {
-    "temporary": "working memory of the moment (freed within its step: the optimizer's foreach buffers, "
-    "a layer's scratch); the theory has none",
+    "temporary": "working memory freed within its step (the optimizer's foreach buffers, a layer's scratch); "
+    "no theory",
     "workspace": "library workspaces (cuBLAS, one per thread that runs matmuls), kept for the process's life; "
-    "the theory has none",
+    "no theory",
 }
 
 # Relative tolerance: 10% covers allocator rounding and small buffers the formulas leave out
@@ -310,6 +310,8 @@ def reconcile(
         ratio = total / theory_total if theory_total and budget.complete else None
         within = ratio is not None and _near(ratio, 1.0, tol)
         note = "" if within or ratio is None else f"{ratio:.2f}x the theory in all"
+        if note and values.get("workspace"):
+            note += f", {format_bytes(values['workspace'])} of it library workspaces the theory leaves out"
         complete = all(category in values for category in MEASURED_CATEGORIES
                        if category not in OPTIONAL_CATEGORIES) and budget.complete
         rows.append(

@@ -22,6 +22,7 @@ CATEGORY_COLORS: dict[str, str] = {
     "optimizer_state": "#B279A2",
     "activations": "#54A24B",
     "temporary": "#EECA3B",
+    "workspace": "#72B7B2",
     "leaked": "#D62728",
     "unknown": "#9D9DA0",
 }

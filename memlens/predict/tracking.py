@@ -95,6 +95,15 @@ class PredictStackCapture(StackCapture):
         return super().capture(frame)
 
 
+# The innermost frame of a cuBLAS workspace's allocation, as a CUDA recording with C++ stacks
+# shows it (aten/src/ATen/cuda/CublasHandlePool.cpp): the analysis knows a workspace by it
+# (memlens.analysis.stacks.is_workspace_frame), also the one taken on autograd's thread, which has
+# no Python frame.
+WORKSPACE_FRAME: dict[str, object] = {
+    "filename": "aten/src/ATen/cuda/CublasHandlePool.cpp", "line": 0, "name": "at::cuda::getNewWorkspace()",
+}
+
+
 class CudaStorageTracker(StorageTracker):
     """The recorder's tracker, restricted to storages on the (simulated) CUDA device, keeping
     whole-run peaks that ``torch.cuda.reset_peak_memory_stats`` does not touch."""
@@ -146,7 +155,8 @@ class CudaStorageTracker(StorageTracker):
         thread = threading.get_ident()
         if thread in self.workspace_threads or size <= 0:
             return
-        frames = self.stacks.capture(sys._getframe(1)) if self.stacks is not None else None
+        python_frames = self.stacks.capture(sys._getframe(1)) if self.stacks is not None else []
+        frames = [WORKSPACE_FRAME, *python_frames]
         self.allocating_workspace = True  # what an OOM now was asking for
         try:
             with self._lock:

@@ -54,3 +54,25 @@ def test_forward_after_optimizer_kept_across_steps_is_not_gradients() -> None:
     names = [CATEGORIES[category_of_event[i]] for i in rows]
     assert names == ["unknown", "temporary", "leaked", "temporary", "leaked", "temporary"]
     assert device.categories_at_peak["gradients"] == 4 * 32 * MiB  # the real ones are still found
+
+
+def test_a_cublas_workspace_is_its_own_category_never_a_gradient() -> None:
+    """The workspace autograd's thread takes at the first backward matmul has no Python frame and
+    lives on: by its phase it would be a gradient. Its own C++ frame (what a CUDA recording with
+    C++ stacks shows, and what memlens predict writes) says it is a library workspace."""
+    from tests.unit.tracebuilder import MODEL, TraceBuilder, frame
+
+    builder = TraceBuilder()
+    builder.ghost(32 * MiB, MODEL)
+    workspace_frames = [frame("at::cuda::getNewWorkspace()", "aten/src/ATen/cuda/CublasHandlePool.cpp", 0)]
+    for index in range(3):
+        with builder.scope(f"memlens.step#{index}"):
+            activations = [builder.alloc(64 * MiB, MODEL) for _ in range(4)]
+            if index == 0:
+                builder.alloc(32 * MiB, workspace_frames)
+            for address in reversed(activations):
+                builder.free(address)
+    cats = analyze(builder.snapshot()).device(0).categories_at_peak
+    assert cats["workspace"] == 32 * MiB
+    assert cats["gradients"] == 0
+    assert cats["parameters"] == 32 * MiB
