@@ -34,13 +34,14 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from time import monotonic
 from typing import Any
 
 from memlens.errors import MemlensError
 from memlens.files import process_alive
 from memlens.units import GiB
-from memlens_app.scheduler import DEFAULT_WAIT_S, FairQueue, QueueState, ServerBusy
-from memlens_app.session import SERVER_SESSION
+from memlens_app.scheduler import DEFAULT_PER_ADDRESS, DEFAULT_WAIT_S, AddressBusy, FairQueue, QueueState, ServerBusy
+from memlens_app.session import SERVER_SESSION, current_address
 from memlens_app.sidecars import expected_sidecar, paired_path
 from memlens_app.worker import (
     AnalysisLimits,
@@ -48,6 +49,7 @@ from memlens_app.worker import (
     WhatIfAnswer,
     WorkerGroup,
     analyse_in_worker,
+    check_sidecars_in_worker,
     whatif_in_worker,
 )
 
@@ -66,8 +68,20 @@ DEFAULT_UPLOAD_BUDGET = 4 * GiB
 # Analyses running at once: each holds the raw pickle's Python objects (several times the file
 # size), so 50 simultaneous uploads must queue rather than all unpickle together.
 DEFAULT_CONCURRENT_ANALYSES = 2
-# Sidecars a session may have waiting for their snapshot (each at most SIDECAR_MAX_BYTES).
+# Sidecars a session may have waiting for their snapshot (each at most SIDECAR_MAX_BYTES), and
+# all sessions together (a client without a cookie is a new session each time): past that, the
+# oldest waiting is deleted, as when they are over the upload budget.
 MAX_PENDING_SIDECARS = 16
+MAX_PENDING_SIDECARS_IN_ALL = 1024
+# Uploads streaming in or being analysed at once: from one network address (a client that drops
+# its cookie is a new session with every upload; the queue's share per address), and in all
+# (each holds a server thread and a file growing on disk).
+DEFAULT_UPLOADS_PER_ADDRESS = DEFAULT_PER_ADDRESS
+DEFAULT_MAX_UPLOADS = 32
+# A browser session the server has heard nothing from for this long has gone (the page sends a
+# request with every click, and an upload in flight counts as heard from): the sidecars it left
+# waiting for their snapshots are deleted then.
+SESSION_IDLE_S = 30 * 60.0
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
 UPLOAD_DIR_PREFIX = "memlens-upload-"
 _UPLOAD_DIR_PATTERN = re.compile(re.escape(UPLOAD_DIR_PREFIX) + r"(\d+)-")
@@ -83,9 +97,12 @@ class Source:
     kind: str  # "cli" | "sample" | "upload"
     bytes: int = 0
     owner: str | None = None  # the browser session of an upload; None: seen by everyone
-    # The folder an upload came from (a dropped folder's, or inside a .zip): a sidecar pairs with
-    # the snapshot of its own folder only.
+    # The folder an upload came from (a dropped folder's, or inside a .zip), cleaned for its label.
     folder: str = ""
+    # That folder as the page or the archive named it (never shown, never a path): a sidecar pairs
+    # with the snapshot of its own folder only, which the cleaned names cannot tell ("run a" and
+    # "run_a" both clean to "run_a"). None: ``folder``.
+    origin_folder: str | None = None
 
     @property
     def label(self) -> str:
@@ -94,6 +111,18 @@ class Source:
 
     def visible_to(self, session: str | None) -> bool:
         return self.owner is None or self.owner == session
+
+    @property
+    def pairing_folder(self) -> str:
+        return self.folder if self.origin_folder is None else self.origin_folder
+
+
+@dataclass(frozen=True)
+class PendingSidecar:
+    """An uploaded sidecar waiting for its snapshot: its spooled file and size."""
+
+    path: str
+    bytes: int
 
 
 def analysis_bytes(analysis: Any) -> int:
@@ -141,6 +170,8 @@ class Library:
         limits: AnalysisLimits | None = None,
         queue: FairQueue | None = None,
         max_upload_bytes: int | None = None,
+        uploads_per_address: int = DEFAULT_UPLOADS_PER_ADDRESS,
+        max_uploads: int = DEFAULT_MAX_UPLOADS,
     ) -> None:
         self.report_cache = max(1, report_cache)
         self.report_cache_bytes = max(1, report_cache_bytes)
@@ -156,6 +187,9 @@ class Library:
         # The workers' turns, shared fairly by the browser sessions.
         self.queue = queue or FairQueue(concurrent_analyses, wait_s=DEFAULT_WAIT_S)
         self._uploading: Counter[str] = Counter()  # uploads in flight, by session
+        self._uploading_from: Counter[str] = Counter()  # ... by network address
+        self.uploads_per_address = max(1, uploads_per_address)
+        self.max_uploads = max(1, max_uploads)
         self._workers = WorkerGroup()
         # Uploads in least-recently-used order; those not yet analysed once, or being
         # analysed now, are never evicted (their file is still needed).
@@ -163,10 +197,15 @@ class Library:
         self._unanalysed: set[str] = set()
         self._unshown: set[str] = set()  # analysed by the upload, not yet asked for by the page
         self._busy: Counter[str] = Counter()
-        # Uploaded sidecars: those paired (snapshot id -> the sidecar's name), and those waiting
-        # for their snapshot ((session, folder, sidecar name) -> the spooled file).
+        # Uploaded sidecars: those paired (snapshot id -> the sidecar's name, and its bytes, which
+        # count in the upload budget with the snapshot's), and those waiting for their snapshot
+        # ((session, origin folder, sidecar name) -> the spooled file, oldest first), which count
+        # in the budget too and go when their session goes quiet (``SESSION_IDLE_S``).
         self._paired: dict[str, str] = {}
-        self._pending_sidecars: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+        self._paired_bytes: dict[str, int] = {}
+        self._pending_sidecars: OrderedDict[tuple[str, str, str], PendingSidecar] = OrderedDict()
+        # When each session with a sidecar waiting was last heard from.
+        self._heard_from: dict[str, float] = {}
         # Bumped when an upload's sidecar arrives: an analysis begun before is not cached.
         self._generation: Counter[str] = Counter()
         self._upload_dir: str | None = None
@@ -184,7 +223,9 @@ class Library:
             self._unanalysed.clear()
             self._unshown.clear()
             self._paired.clear()
+            self._paired_bytes.clear()
             self._pending_sidecars.clear()
+            self._heard_from.clear()
             upload_dir, self._upload_dir = self._upload_dir, None
         self._workers.kill_all()
         if upload_dir is not None:
@@ -213,21 +254,81 @@ class Library:
         return [self.add_path(p, kind) for p in files]
 
     @contextlib.contextmanager
-    def upload_turn(self, session: str) -> Iterator[None]:
+    def upload_turn(self, session: str, address: str = "") -> Iterator[None]:
         """Hold one of ``session``'s places while its upload streams in and is analysed: a session
-        has at most as many uploads in flight as it may have analyses queued (``ServerBusy``)."""
+        has at most as many uploads in flight as it may have analyses queued, and so has a network
+        ``address`` as many as ``uploads_per_address`` whatever sessions it claims (``AddressBusy``),
+        and the server ``max_uploads`` in all (``ServerBusy``)."""
         with self._lock:
             if self._uploading[session] >= self.queue.per_session:
                 raise ServerBusy(f"busy: you already have {self._uploading[session]} uploads in progress "
                                  f"(at most {self.queue.per_session} at once); try again when they are done")
+            if address and self._uploading_from[address] >= self.uploads_per_address:
+                raise AddressBusy(f"busy: your network address already has {self._uploading_from[address]} "
+                                  f"uploads in progress (at most {self.uploads_per_address} at once); try "
+                                  "again when they are done")
+            in_flight = sum(self._uploading.values())
+            if in_flight >= self.max_uploads:
+                raise ServerBusy(f"the server is busy ({in_flight} uploads in progress): try again in a moment")
             self._uploading[session] += 1
+            self._uploading_from[address] += 1
+            self._hear_from(session)
         try:
             yield
         finally:
             with self._lock:
-                self._uploading[session] -= 1
-                if self._uploading[session] <= 0:
-                    del self._uploading[session]
+                for counter, key in ((self._uploading, session), (self._uploading_from, address)):
+                    counter[key] -= 1
+                    if counter[key] <= 0:
+                        del counter[key]
+                self._hear_from(session)
+
+    def session_seen(self, session: str) -> None:
+        """A request from ``session`` came (its waiting sidecars wait on); sidecars of sessions
+        not heard from for ``SESSION_IDLE_S`` are deleted now."""
+        with self._lock:
+            self._hear_from(session)
+            expired = self._expire_quiet_sessions(monotonic())
+        for path in expired:
+            _remove_file(path)
+
+    def _hear_from(self, session: str) -> None:
+        """Note ``session`` as active, if it has sidecars waiting (caller holds the lock): only
+        those sessions are remembered, so a flood of cookie-less requests costs nothing here."""
+        if session in self._heard_from:
+            self._heard_from[session] = monotonic()
+
+    def _expire_quiet_sessions(self, now: float) -> list[str]:
+        """Forget the waiting sidecars of sessions quiet for ``SESSION_IDLE_S`` (or with an upload
+        in flight: never quiet); the files to delete (caller holds the lock)."""
+        quiet = {s for s, heard in self._heard_from.items()
+                 if now - heard > SESSION_IDLE_S and not self._uploading[s]}
+        if not quiet:
+            return []
+        expired = [key for key in self._pending_sidecars if key[0] in quiet]
+        for session in quiet:
+            del self._heard_from[session]
+        return [self._pending_sidecars.pop(key).path for key in expired]
+
+    def pending_sidecar_bytes(self) -> int:
+        """What the sidecars waiting for their snapshots hold on disk."""
+        with self._lock:
+            return sum(p.bytes for p in self._pending_sidecars.values())
+
+    def check_sidecars(self, sidecars: list[tuple[str, str]], session: str) -> list[str | None]:
+        """For each uploaded sidecar ``(path, name)``: None when it can be used, else why not in
+        one line. Read in an analysis worker, in ``session``'s turn and under the analyses' limits
+        (a 16 MiB sidecar of empty objects took the server itself 6.7 s and 500 MiB to parse)."""
+        if not sidecars:
+            return []
+        names = ", ".join(name for _, name in sidecars[:3]) + (", ..." if len(sidecars) > 3 else "")
+        try:
+            with self.queue.turn(session, f"the check of {names}", current_address()):
+                problems: list[str | None] = check_sidecars_in_worker(sidecars, limits=self.limits,
+                                                                      workers=self._workers)
+        except AnalysisStopped as exc:
+            return [f"{name}: {exc}" for _, name in sidecars]
+        return problems
 
     def queue_state(self, session: str) -> QueueState:
         return self.queue.state(session)
@@ -244,11 +345,13 @@ class Library:
             # The id keeps names unique; the user's name stays readable in the folder.
             return source_id, os.path.join(self._upload_dir, f"{source_id}-{name}")
 
-    def add_upload(self, source_id: str, name: str, path: str, size: int, owner: str, folder: str = "") -> Source:
+    def add_upload(self, source_id: str, name: str, path: str, size: int, owner: str, folder: str = "",
+                   origin_folder: str | None = None) -> Source:
         """Register a spooled upload of session ``owner``; kept at least until its first analysis is over.
 
-        A sidecar of the same session and folder already waiting for it is paired with it now."""
-        source = Source(source_id, name, path, "upload", size, owner, folder)
+        A sidecar of the same session and folder (``origin_folder``, the folder as it was named;
+        None: ``folder``) already waiting for it is paired with it now."""
+        source = Source(source_id, name, path, "upload", size, owner, folder, origin_folder)
         with self._lock:
             if self._closed:
                 _remove_file(path)
@@ -257,40 +360,55 @@ class Library:
             self._upload_lru[source_id] = None
             self._unanalysed.add(source_id)
             self._unshown.add(source_id)
-            waiting = self._pending_sidecars.pop((owner, folder, expected_sidecar(name)), None)
+            waiting = self._pending_sidecars.pop((owner, source.pairing_folder, expected_sidecar(name)), None)
             if waiting is not None:
-                os.replace(waiting, paired_path(path))
+                os.replace(waiting.path, paired_path(path))
                 self._paired[source_id] = expected_sidecar(name)
+                self._paired_bytes[source_id] = waiting.bytes
+                self._forget_quiet_check(owner)
         return source
 
-    def add_sidecar(self, name: str, path: str, owner: str, folder: str = "") -> Source | None:
+    def add_sidecar(self, name: str, path: str, owner: str, folder: str = "",
+                    origin_folder: str | None = None) -> Source | None:
         """Pair the sidecar spooled at ``path`` with ``owner``'s newest upload of its snapshot in
-        ``folder`` (the loader's pairing: ``run.memlens.json`` with ``run.pickle``), replacing a
-        sidecar it had: that upload's analysis is then redone. None: no such upload yet; the
-        sidecar waits for it (at most ``MAX_PENDING_SIDECARS`` per session)."""
+        the same folder (``origin_folder``, as it was named; None: ``folder``; the loader's
+        pairing: ``run.memlens.json`` with ``run.pickle``), replacing a sidecar it had: that
+        upload's analysis is then redone. None: no such upload yet; the sidecar waits for it (at
+        most ``MAX_PENDING_SIDECARS`` per session, counted in the upload budget, deleted when its
+        session goes quiet)."""
+        pairing_folder = folder if origin_folder is None else origin_folder
+        size = _file_bytes(path)
         with self._lock:
             if self._closed:
                 _remove_file(path)
                 raise MemlensError("the server is shutting down: upload again once it is back")
             for source in reversed(self._sources.values()):
-                if (source.kind == "upload" and source.owner == owner and source.folder == folder
+                if (source.kind == "upload" and source.owner == owner and source.pairing_folder == pairing_folder
                         and expected_sidecar(source.name) == name):
                     os.replace(path, paired_path(source.path))
                     self._paired[source.id] = name
+                    self._paired_bytes[source.id] = size
                     self._generation[source.id] += 1
                     self._drop_report(source.id)
                     self._unanalysed.add(source.id)
                     return source
-            key = (owner, folder, name)
+            key = (owner, pairing_folder, name)
             replaced = self._pending_sidecars.pop(key, None)
             if replaced is None and sum(1 for k in self._pending_sidecars if k[0] == owner) >= MAX_PENDING_SIDECARS:
                 _remove_file(path)
                 raise MemlensError(f"{name}: {MAX_PENDING_SIDECARS} sidecars are already waiting for their "
                                    "snapshots; upload the snapshots first")
-            self._pending_sidecars[key] = path
+            self._pending_sidecars[key] = PendingSidecar(path, size)
+            self._heard_from[owner] = monotonic()
         if replaced is not None:
-            _remove_file(replaced)
+            _remove_file(replaced.path)
+        self._evict_uploads()
         return None
+
+    def _forget_quiet_check(self, session: str) -> None:
+        """Stop watching ``session`` for quiet once it has no sidecar waiting (caller holds the lock)."""
+        if not any(key[0] == session for key in self._pending_sidecars):
+            self._heard_from.pop(session, None)
 
     def detach_sidecar(self, source_id: str) -> str | None:
         """Unpair (and delete) the uploaded sidecar of ``source_id``, whose analysis with it failed:
@@ -300,6 +418,7 @@ class Library:
             source = self._sources.get(source_id)
             if name is None or source is None:
                 return None
+            self._paired_bytes.pop(source_id, None)
             self._generation[source_id] += 1
             self._drop_report(source_id)
             self._unanalysed.add(source_id)
@@ -320,16 +439,35 @@ class Library:
             self._unanalysed.discard(source_id)
             self._unshown.discard(source_id)
             self._paired.pop(source_id, None)
+            self._paired_bytes.pop(source_id, None)
         if source is not None and source.kind == "upload":
             _remove_upload_files(source)
 
-    def _evict_uploads(self) -> None:
-        """Delete analysed uploads until the rest fit the byte budget: those the page has shown
-        first, least recently used first, then those it has not shown yet. Uploads not yet
-        analysed, or being analysed, stay whatever the total."""
-        evicted: list[Source] = []
+    def upload_bytes(self) -> int:
+        """What the uploads hold on disk, as the budget counts it: the snapshots, their paired
+        sidecars and the sidecars waiting for theirs."""
         with self._lock:
-            total = sum(self._sources[i].bytes for i in self._upload_lru)
+            return self._upload_bytes()
+
+    def _upload_bytes(self) -> int:
+        return (sum(self._sources[i].bytes for i in self._upload_lru) + sum(self._paired_bytes.values())
+                + sum(p.bytes for p in self._pending_sidecars.values()))
+
+    def _evict_uploads(self) -> None:
+        """Delete uploads until the rest fit the byte budget: sidecars still waiting for their
+        snapshots first, oldest first, then the analysed uploads the page has shown, least
+        recently used first, then those it has not shown yet. Uploads not yet analysed, or being
+        analysed, stay whatever the total."""
+        evicted: list[Source] = []
+        dropped_sidecars: list[str] = []
+        with self._lock:
+            total = self._upload_bytes()
+            while self._pending_sidecars and (total > self.upload_budget_bytes
+                                              or len(self._pending_sidecars) > MAX_PENDING_SIDECARS_IN_ALL):
+                (owner, _, _), pending = self._pending_sidecars.popitem(last=False)
+                self._forget_quiet_check(owner)
+                total -= pending.bytes
+                dropped_sidecars.append(pending.path)
             evictable = [i for i in self._upload_lru if i not in self._unanalysed and not self._busy[i]]
             shown_first = sorted(evictable, key=lambda i: i in self._unshown)  # stable: LRU within each
             for source_id in shown_first:
@@ -340,8 +478,10 @@ class Library:
                 self._drop_report(source_id)
                 self._unshown.discard(source_id)
                 self._paired.pop(source_id, None)
-                total -= source.bytes
+                total -= source.bytes + self._paired_bytes.pop(source_id, 0)
                 evicted.append(source)
+        for path in dropped_sidecars:
+            _remove_file(path)
         for source in evicted:
             _remove_upload_files(source)
 
@@ -386,7 +526,8 @@ class Library:
                     self._busy[source_id] += 1
                     generation = self._generation[source_id]
                 try:
-                    with self.queue.turn(session or SERVER_SESSION, f"the analysis of {source.name}"):
+                    with self.queue.turn(session or SERVER_SESSION, f"the analysis of {source.name}",
+                                         current_address()):
                         uploaded = source.kind == "upload"
                         report = analyse_in_worker(source.path, uploaded=uploaded, limits=self.limits,
                                                    workers=self._workers,
@@ -412,7 +553,7 @@ class Library:
         analysis = self.analysis(source_id, session)
         source = self.source(source_id, session)
         try:
-            with self.queue.turn(session or SERVER_SESSION, "the simulation"):
+            with self.queue.turn(session or SERVER_SESSION, "the simulation", current_address()):
                 return whatif_in_worker(analysis.snapshot, device, capacity, extra, limits=self.limits,
                                         workers=self._workers, abandoned=abandoned)
         except AnalysisStopped as exc:
@@ -467,6 +608,13 @@ class Library:
             self._reports.clear()
             self._report_bytes.clear()
         _release_memory()
+
+
+def _file_bytes(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _remove_file(path: str) -> None:

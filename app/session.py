@@ -83,6 +83,14 @@ def current_session() -> str:
     return session if isinstance(session, str) else SERVER_SESSION
 
 
+def current_address() -> str:
+    """The network address of the request being answered ("" outside a request): a client that
+    drops its cookie is a new session with every request, but not a new address."""
+    if not has_request_context():
+        return ""
+    return request.remote_addr or ""
+
+
 def client_gone_check() -> Callable[[], bool] | None:
     """A check that the client of the request being answered has closed its connection (None when
     that cannot be seen, outside werkzeug's server): a job it asked for can then be stopped.

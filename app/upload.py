@@ -7,9 +7,14 @@ a body that grows past it (chunked uploads) is refused when it does. A body that
 (the client went away), stalls longer than ``idle_timeout_s`` between reads, or is still
 arriving at its deadline (``idle_timeout_s`` plus its size at ``MIN_UPLOAD_RATE``) is dropped
 with its partial file. The answer is JSON: ``{"id", "name", ...}`` on success, ``{"error"}``
-with status 400 (not a snapshot, hostile pickle, a limit of the analysis), 408, 413, 500,
-503 (busy: the session already has its share of uploads or analyses in progress, or no worker
-came free in time; try again) or 507 (a declared size that the server's disk has no room for).
+with status 400 (not a snapshot, hostile pickle, a limit of the analysis), 408, 413, 429 (the
+client's network address already has its share of uploads or analyses in progress, whatever
+session cookie it sends or drops), 500, 503 (busy: the session already has its share of uploads
+or analyses in progress, the server has as many uploads as it takes at once, or no worker came
+free in time; try again) or 507 (a declared size that the server's disk has no room for).
+
+An uploaded sidecar is never parsed here: it is read in an analysis worker, under the analyses'
+limits (``Library.check_sidecars``), and one waiting for its snapshot counts in the upload budget.
 
 The upload belongs to the browser session that sent it (``memlens_app.session``).
 """
@@ -35,11 +40,11 @@ from werkzeug.exceptions import ClientDisconnected
 from memlens.errors import MemlensError, one_line
 from memlens.sidecar import SIDECAR_MAX_BYTES, SIDECAR_SUFFIX
 from memlens.units import GiB, KiB, format_bytes
-from memlens_app.archive import ArchiveRefused, run_folder_entries, unpack
+from memlens_app.archive import ArchiveEntry, ArchiveRefused, open_archive, run_folder_entries, unpack
 from memlens_app.library import Library, Source
-from memlens_app.scheduler import ServerBusy
-from memlens_app.session import current_session
-from memlens_app.sidecars import SidecarRefused, is_sidecar_name, read_uploaded_sidecar
+from memlens_app.scheduler import AddressBusy, ServerBusy
+from memlens_app.session import current_address, current_session
+from memlens_app.sidecars import is_sidecar_name
 from memlens_app.worker import AnalysisCrashed
 
 CHUNK_BYTES = 1 << 20
@@ -78,26 +83,33 @@ def safe_name(name: str) -> str:
 
 
 def register_upload_route(server: Flask, library: Library, limits: UploadLimits) -> None:
+    @server.before_request
+    def _heard_from_session() -> None:
+        library.session_seen(current_session())  # its waiting sidecars wait on
+
     @server.route("/upload", methods=["POST"])
     def upload() -> Any:
         name = safe_name(request.args.get("name", "") or request.headers.get("X-File-Name", ""))
-        folder = safe_folder(request.args.get("folder", ""))
+        given_folder = request.args.get("folder", "")
+        folder = _Folder(safe_folder(given_folder), origin_folder(given_folder))
         declared = request.content_length
         sidecar = is_sidecar_name(name)
+        if sidecar and not name.endswith(SIDECAR_SUFFIX):
+            return _error(400, _not_a_sidecar_name(name), close=True)
         if sidecar and declared is not None and declared > SIDECAR_MAX_BYTES:
             return _error(413, _sidecar_too_large(name, declared), close=True)
         if declared is not None and declared > limits.max_bytes:
             return _error(413, _too_large_message(name, limits.max_bytes), close=True)
         session = current_session()
         try:
-            with library.upload_turn(session):
+            with library.upload_turn(session, current_address()):
                 if sidecar:
                     return _store_sidecar(name, folder, declared, session)
                 if name.lower().endswith(ZIP_SUFFIX):
                     return _store_archive(name, declared, session)
                 return _store_and_analyse(name, folder, declared, session)
         except ServerBusy as exc:
-            return _error(503, f"{name}: {exc}", close=True)
+            return _error(_busy_status(exc), f"{name}: {exc}", close=True)
 
     @server.route("/upload/queue", methods=["GET"])
     def queue_state() -> Any:
@@ -131,13 +143,14 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
             return _error(400, f"{name}: the upload was empty")
         return source_id, path, written
 
-    def _store_and_analyse(name: str, folder: str, declared: int | None, session: str) -> Any:
+    def _store_and_analyse(name: str, folder: _Folder, declared: int | None, session: str) -> Any:
         received = _receive(name, declared, limits)
         if isinstance(received, Response):
             return received
         source_id, path, written = received
         try:
-            library.add_upload(source_id, name, path, written, owner=session, folder=folder)
+            library.add_upload(source_id, name, path, written, owner=session, folder=folder.label,
+                               origin_folder=folder.origin)
         except MemlensError as exc:
             return _error(503, str(exc))
         analysed = _analyse(source_id, name, path, session)
@@ -171,7 +184,7 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
         try:
             report = library.analysis(source_id, session, showing=False).report
         except ServerBusy as exc:
-            return _error(503, f"{name}: {exc}")
+            return _error(_busy_status(exc), f"{name}: {exc}")
         except MemlensError as exc:
             return _error(400, str(exc).replace(path, name))
         except Exception as exc:  # a bug, not the user's file: keep serving, log the traceback
@@ -182,10 +195,10 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
         return {"id": source_id, "name": name, "events": sum(d.events for d in report.devices.values()),
                 "findings": len(report.findings)}
 
-    def _store_sidecar(name: str, folder: str, declared: int | None, session: str) -> Any:
-        """A sidecar: checked, then paired with this session's snapshot of it (whose analysis is
-        redone with it) or kept until that snapshot comes; a sidecar that cannot be used is
-        answered with why, in one line."""
+    def _store_sidecar(name: str, folder: _Folder, declared: int | None, session: str) -> Any:
+        """A sidecar: checked in a worker, then paired with this session's snapshot of it (whose
+        analysis is redone with it) or kept until that snapshot comes; a sidecar that cannot be
+        used is answered with why, in one line."""
         received = _receive(name, declared, UploadLimits(SIDECAR_MAX_BYTES, limits.idle_timeout_s))
         if isinstance(received, Response):
             if received.status_code == 413:
@@ -193,11 +206,21 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
             return received
         _, path, _ = received
         try:
-            read_uploaded_sidecar(path, name)
-            snapshot = library.add_sidecar(name, path, owner=session, folder=folder)
+            (problem,) = library.check_sidecars([(path, name)], session)
+            if problem is not None:
+                _remove(path)
+                return _error(400, one_line(problem))
+            snapshot = library.add_sidecar(name, path, owner=session, folder=folder.label,
+                                           origin_folder=folder.origin)
+        except ServerBusy as exc:
+            _remove(path)
+            return _error(_busy_status(exc), f"{name}: {exc}")
         except MemlensError as exc:
             _remove(path)
             return _error(400, str(exc))
+        except BaseException:
+            _remove(path)
+            raise
         if snapshot is None:
             return jsonify(name=name, sidecar=name,
                            note=f"kept: no snapshot for it yet (upload {_snapshot_of(name)} to pair them)")
@@ -238,49 +261,85 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
     def _unpack_archive(name: str, path: str, session: str) -> tuple[list[dict[str, Any]], list[Source]] | Response:
         files: list[dict[str, Any]] = []
         snapshots: list[Source] = []
+        unregistered: list[str] = []  # unpacked files not yet the library's: removed if we stop
         try:
-            with zipfile.ZipFile(path) as zipped:
+            with open_archive(path, name) as zipped:
                 entries, skipped = run_folder_entries(zipped, name, limits.max_bytes)
                 inflated = sum(e.info.file_size for e in entries)
                 if not _room_for(path, inflated):
                     return _error(507, f"{name}: not enough free disk space on the server for "
                                        f"{format_bytes(inflated)}")
                 files.extend({"name": s, "note": "skipped: not a snapshot or a sidecar"} for s in skipped)
-                # Sidecars first: each snapshot then finds its own as it is added.
-                for entry in sorted(entries, key=lambda e: e.kind != "sidecar"):
-                    folder = safe_folder(f"{name}/{entry.folder}")
-                    label = f"{folder}/{entry.name}"
+                unpacked: list[_Unpacked] = []
+                for entry in entries:
                     entry_name = safe_name(entry.name)
                     source_id, entry_path = library.new_upload_file(entry_name)
-                    try:
-                        written = unpack(zipped, entry, entry_path)
-                        if entry.kind == "sidecar":
-                            read_uploaded_sidecar(entry_path, entry_name)
-                            library.add_sidecar(entry_name, entry_path, owner=session, folder=folder)
-                            files.append({"name": label, "sidecar": entry_name, "note": "sidecar"})
-                        else:
-                            snapshots.append(library.add_upload(source_id, entry_name, entry_path, written,
-                                                                owner=session, folder=folder))
-                    except SidecarRefused as exc:
-                        _remove(entry_path)
-                        files.append({"name": label, "error": str(exc)})
-                    except BaseException:
-                        _remove(entry_path)
-                        raise
+                    unregistered.append(entry_path)
+                    unpacked.append(_Unpacked(entry, _Folder(safe_folder(f"{name}/{entry.folder}"),
+                                                             f"{name}/{entry.folder}"),
+                                              entry_name, source_id, entry_path, unpack(zipped, entry, entry_path)))
+            # All the archive's sidecars read in one worker; then they are added before the
+            # snapshots, so that each snapshot finds its own as it is added.
+            sidecars = [u for u in unpacked if u.entry.kind == "sidecar"]
+            problems = library.check_sidecars([(u.path, u.name) for u in sidecars], session)
+            for sidecar, problem in zip(sidecars, problems, strict=True):
+                unregistered.remove(sidecar.path)
+                if problem is not None:
+                    _remove(sidecar.path)
+                    files.append({"name": sidecar.label, "error": one_line(problem)})
+                    continue
+                library.add_sidecar(sidecar.name, sidecar.path, owner=session, folder=sidecar.folder.label,
+                                    origin_folder=sidecar.folder.origin)
+                files.append({"name": sidecar.label, "sidecar": sidecar.name, "note": "sidecar"})
+            for snapshot in (u for u in unpacked if u.entry.kind != "sidecar"):
+                unregistered.remove(snapshot.path)
+                snapshots.append(library.add_upload(snapshot.source_id, snapshot.name, snapshot.path,
+                                                    snapshot.written, owner=session, folder=snapshot.folder.label,
+                                                    origin_folder=snapshot.folder.origin))
         except ArchiveRefused as exc:
             _forget_all(snapshots)
             return _error(400, str(exc))
         except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, ValueError) as exc:
             _forget_all(snapshots)
             return _error(400, one_line(f"{name}: not a readable zip archive ({exc})"))
+        except ServerBusy:
+            _forget_all(snapshots)
+            raise
         except MemlensError as exc:
             _forget_all(snapshots)
             return _error(503, str(exc))
+        finally:
+            for unpacked_path in unregistered:
+                _remove(unpacked_path)
         return files, snapshots
 
     def _forget_all(sources: list[Source]) -> None:
         for source in sources:
             library.forget(source.id)
+
+
+@dataclass(frozen=True)
+class _Folder:
+    """Where an upload came from: ``label``, cleaned, to show; ``origin``, as named, to pair by."""
+
+    label: str
+    origin: str
+
+
+@dataclass(frozen=True)
+class _Unpacked:
+    """An archive entry written to its upload file, not yet handed to the library."""
+
+    entry: ArchiveEntry
+    folder: _Folder
+    name: str
+    source_id: str
+    path: str
+    written: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.folder.label}/{self.entry.name}"
 
 
 def _spool(stream: IO[bytes], path: str, name: str, declared: int | None, limits: UploadLimits) -> int:
@@ -362,6 +421,22 @@ def safe_folder(folder: str) -> str:
     each part cleaned like a file name, at most ``MAX_FOLDER_PARTS`` parts."""
     parts = [re.sub(r"[^A-Za-z0-9._-]+", "_", p).strip("._") for p in folder.replace("\\", "/").split("/")]
     return "/".join([p for p in parts if p][-MAX_FOLDER_PARTS:])[-MAX_FOLDER_CHARS:]
+
+
+def origin_folder(folder: str) -> str:
+    """A dropped file's folder as the page named it, only made canonical (either slash, no empty
+    or "." parts): what its sidecar pairs by, since two folders can clean to one label."""
+    return "/".join(p for p in folder.replace("\\", "/").split("/") if p not in ("", "."))
+
+
+def _busy_status(busy: ServerBusy) -> int:
+    """429 for a network address over its share (whatever sessions it claims), else 503."""
+    return 429 if isinstance(busy, AddressBusy) else 503
+
+
+def _not_a_sidecar_name(name: str) -> str:
+    return (f"{name}: not a memlens sidecar name (the recorder writes RUN{SIDECAR_SUFFIX} "
+            "next to RUN.pickle)")
 
 
 def _snapshot_of(sidecar: str) -> str:

@@ -4,7 +4,8 @@ A hostile or simply enormous file can keep the unpickler busy in C code for ever
 machine's memory, so each analysis runs through ``memlens.ops.runner`` (a child forked from a
 ``forkserver``, its address space capped, killed at a wall-clock deadline); the server's threads
 only wait on a pipe meanwhile, so every other request is answered. The child runs the one
-per-file analysis, ``memlens.ops.runner.analyse_file``. The MCP server runs its tool calls, and
+per-file analysis, ``memlens.ops.runner.analyse_file``, and uploaded sidecars are read there too
+(``check_sidecars_in_worker``). The MCP server runs its tool calls, and
 ``memlens fleet`` its ranks, through the same runner, under the same limits.
 
 What comes back is the ``Analysis`` (the report with its snapshot's numpy columns), pickled through
@@ -32,6 +33,7 @@ from memlens.ops.runner import (
     run_limited,
 )
 from memlens.ops.runner import default_memory_limit as default_memory_limit
+from memlens_app.sidecars import check_uploaded_sidecars
 
 log = logging.getLogger("memlens.app")
 
@@ -56,6 +58,17 @@ def analyse_in_worker(path: str, *, uploaded: bool, limits: AnalysisLimits, work
     """
     return run_limited(analyse_file, (path, uploaded, max_content_bytes), limits=limits, group=workers,
                        what="analysis", preload=_PRELOAD)
+
+
+def check_sidecars_in_worker(sidecars: list[tuple[str, str]], *, limits: AnalysisLimits,
+                             workers: WorkerGroup) -> list[str | None]:
+    """Read each uploaded sidecar ``(path, name)`` in one child process under ``limits``: for each,
+    None when it can be used, else why not in one line (``check_uploaded_sidecars``). The server
+    never parses an uploaded sidecar itself: a 16 MiB one of empty objects is half a gigabyte of
+    Python objects."""
+    problems: list[str | None] = run_limited(check_uploaded_sidecars, (sidecars,), limits=limits,
+                                             group=workers, what="sidecar check", preload=_PRELOAD)
+    return problems
 
 
 @dataclass(frozen=True)
