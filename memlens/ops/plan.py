@@ -31,6 +31,7 @@ from memlens.plan.configurations import (
     substitute,
 )
 from memlens.plan.levers import Lever, alloc_conf, cost_key, is_whole_text, parse_max, parse_spec, parse_vary
+from memlens.plan.processes import ConfigurationProcesses, stop_on_signals
 from memlens.plan.recommend import change_for
 from memlens.plan.search import largest_fitting
 
@@ -108,7 +109,8 @@ def plan(options: PlanOptions) -> PlanResult:
     out = _fresh_out(_absolute(options.out))
     runner = _Runner(options, out, capacity)
     configurations = expand(lever_sets, vary)
-    results = runner.run_all(configurations) if searched is None else _search_all(runner, configurations, searched)
+    with stop_on_signals():  # SIGTERM, Ctrl-C: every configuration's process ends with the plan
+        results = runner.run_all(configurations) if searched is None else _search_all(runner, configurations, searched)
     configs = _scored(results)
     recommended = _recommended(results, configs)
     found_max: dict[str, int | None] = {}
@@ -191,12 +193,15 @@ class _Runner:
         self._count = 0
         self._lock = threading.Lock()
         self._context = _process_context()
+        self.processes = ConfigurationProcesses()
 
     def run_all(self, configurations: list[Configuration]) -> list[tuple[Configuration, ChildResult]]:
-        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool, self.processes.stopped_on_the_way_out():
             return list(zip(configurations, pool.map(self.run, configurations), strict=True))
 
     def run(self, configuration: Configuration) -> ChildResult:
+        if self.processes.stopping:  # the plan was stopped: the configurations still queued are not run
+            return ChildResult(problem="not run: the plan was stopped")
         with self._lock:
             index = self._count
             self._count += 1
@@ -219,11 +224,15 @@ class _Runner:
                 target=run_in_child, args=(str(job_path), str(folder / "script.log"), conf), daemon=True
             )
             process.start()
-            process.join(self.options.timeout_s)
-            if process.is_alive():
-                process.kill()
-                process.join()
-                return ChildResult(problem=f"the prediction took longer than {self.options.timeout_s:g} s")
+            self.processes.started(process)
+            try:
+                process.join(self.options.timeout_s)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+                    return ChildResult(problem=f"the prediction took longer than {self.options.timeout_s:g} s")
+            finally:
+                self.processes.finished(process)
         result_path = folder / "plan_result.json"
         if not result_path.is_file():
             tail = (folder / "script.log").read_bytes()[-300:].decode(errors="replace").strip().splitlines()
@@ -260,7 +269,7 @@ def _search_all(
         largest_fitting(fits, low, high)
         return [probes[value] for value in sorted(probes)]
 
-    with ThreadPoolExecutor(max_workers=max(1, len(configurations))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, len(configurations))) as pool, runner.processes.stopped_on_the_way_out():
         found = list(pool.map(search, configurations))
     return [probe for probes in found for probe in probes]
 

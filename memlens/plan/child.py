@@ -140,9 +140,13 @@ def run_job(job: ChildJob) -> ChildResult:
 
 def run_in_child(job_path: str, log_path: str, alloc_conf: str) -> None:
     """A child process's entry (``multiprocessing``): the script's output to ``log_path``, the
-    allocator levers in ``PYTORCH_CUDA_ALLOC_CONF``, then the job."""
+    allocator levers in ``PYTORCH_CUDA_ALLOC_CONF``, then the job; in a process group of its
+    own, which the plan ends whole when it is stopped."""
     import os
 
+    from memlens.plan.processes import lead_own_group
+
+    lead_own_group()
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)

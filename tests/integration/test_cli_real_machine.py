@@ -3,13 +3,17 @@ address-space limit, a full disk, a SIGTERM from a scheduler. Each runs the real
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,3 +148,54 @@ def test_a_child_never_raises_a_limit_it_inherited(tmp_path: Path, which: str, s
     assert 0 <= child_soft <= soft, seen
     assert hard == resource.RLIM_INFINITY or 0 <= child_hard <= hard, seen
     assert len([line for line in completed.stderr.splitlines() if "inherited" in line]) == 1, completed.stderr
+
+
+# --------------------------------------------------------------------------- SIGTERM to plan
+
+SLOW_SCRIPT = textwrap.dedent(
+    """
+    import pathlib
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    torch.zeros(4, device="cuda")
+    # A helper process of the script's own (a DataLoader worker, a tokenizer server) that would
+    # outlive a configuration process killed alone.
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    pathlib.Path(sys.argv[1] + ".started").write_text("")
+    time.sleep(300)
+    """
+)
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stopped_plan_ends_everything_it_started(tmp_path: Path, signum: int, status: int) -> None:
+    psutil = pytest.importorskip("psutil")
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_SCRIPT)
+    command = [sys.executable, "-m", "memlens", "plan", "--jobs", "2", "--vary", "B=1,2", "--out", "out", "--",
+               "python", str(script), str(tmp_path / "marker{B}")]
+    plan = subprocess.Popen(command, cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    descendants: list[Any] = []
+    try:
+        markers = [tmp_path / "marker1.started", tmp_path / "marker2.started"]
+        deadline = time.monotonic() + 200
+        while not all(marker.exists() for marker in markers):
+            assert plan.poll() is None, plan.communicate()
+            assert time.monotonic() < deadline, "the configurations never started the script"
+            time.sleep(0.2)
+        time.sleep(0.5)  # the script's own helper process is started before its marker
+        descendants = psutil.Process(plan.pid).children(recursive=True)
+        assert len(descendants) >= 5  # the fork server, two configurations, their helpers
+        plan.send_signal(signum)
+        assert plan.wait(60) == status
+        _, alive = psutil.wait_procs(descendants, timeout=15)
+        assert not alive, [process.cmdline() for process in alive]
+    finally:
+        for process in [*descendants, psutil.Process(plan.pid)] if plan.poll() is None else descendants:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        plan.communicate()
