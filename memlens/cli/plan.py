@@ -12,7 +12,8 @@ find_unused_parameters and static_graph are not supported); fsdp shards each blo
 (bisection: the answer fits, the next value does not). Every configuration's snapshot is
 written under --out (open it with memlens triage).
 
-Exit status: 0 a configuration fits (the recommendation is printed); 1 none fits; 2 a usage error.
+Exit status: 0 a configuration fits (the recommendation is printed); 1 none fits; 2 a usage error;
+143 / 130 after SIGTERM / Ctrl-C, which every configuration's process is stopped with.
 
   memlens plan --gpu h100-80gb --try ckpt --try lora=16 --try optim=adamw8bit -- python train.py
   memlens plan --capacity 24GiB --max B=1..256 --try ckpt -- python train.py --batch-size {B}
