@@ -207,3 +207,9 @@ def format_bytes(n: float, binary: bool = True, precision: int = 2) -> str:
         if n >= factor:
             return f"{sign}{n / factor:.{precision}f} {name}"
     return f"{sign}{int(n)} B"
+
+
+def counted(count: int, noun: str) -> str:
+    """``counted(1, "step") == "1 step"``, ``counted(1200, "step") == "1,200 steps"``: a count with
+    its noun, singular for one (every report once said "1 steps")."""
+    return f"{count:,} {noun if count == 1 else noun + 's'}"

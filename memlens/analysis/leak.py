@@ -76,7 +76,7 @@ from memlens.analysis.settings import (
 )
 from memlens.snapshot.holder_types import Holder, LeakHolders, StoreLine
 from memlens.snapshot.model import Frame
-from memlens.units import format_bytes
+from memlens.units import counted, format_bytes
 
 I64 = npt.NDArray[np.int64]
 
@@ -251,13 +251,13 @@ def find(ctx: DeviceContext) -> list[Finding]:
     if ctx.capacity:
         evidence.append(fact("capacity_bytes", ctx.capacity, "bytes", "context"))
     fills = (
-        f"; the device is full in about {steps_left:,} more steps"
+        f"; the device is full in about {counted(steps_left, 'more step')}"
         if basis == "capacity"
-        else f"; it adds another peak's worth in about {steps_left:,} steps"
+        else f"; it adds another peak's worth in about {counted(steps_left, 'step')}"
     )
     summary = (
         f"Allocations from {leaking.size} stack(s) outlive their step and pile up: "
-        f"{format_bytes(bytes_per_step)} per step, kept from {kept_steps} steps at once "
+        f"{format_bytes(bytes_per_step)} per step, kept from {counted(kept_steps, 'step')} at once "
         f"({format_bytes(held_bytes)} held at the end of step {last_step.index}){fills}."
     )
     recommendation = (

@@ -17,7 +17,7 @@ from memlens.printable import MAX_SHOWN_CHARS
 # name -> ("module:attribute", one-line help). Each module's docstring is its full help; the
 # one-liners here let ``memlens --help`` list everything without importing torch or dash.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "triage": ("memlens.cli.triage:triage", "One-screen OOM triage of one or more snapshots."),
+    "triage": ("memlens.cli.triage:triage", "One-screen OOM triage of one snapshot (several ranks: fleet)."),
     "group": ("memlens.cli.group:group", "What was live at a moment or window, grouped by category, scope, file, ..."),
     "stages": ("memlens.cli.group:stages", "Memory per record_function scope: what each added, and its peak."),
     "lines": ("memlens.cli.group:lines", "Bytes live at a moment by line of one source file."),

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from memlens.analysis.report import finding_rank, no_findings_text
 from memlens.files import write_atomic
-from memlens.units import format_bytes
+from memlens.units import counted, format_bytes
 
 if TYPE_CHECKING:
     from memlens.analysis.report import DeviceReport, Finding, Report
@@ -78,7 +78,7 @@ def render_html(report: Report, device: int | None = None) -> str:
 <style>{_STYLE}</style><script>{get_plotlyjs()}</script></head>
 <body><h1>{html.escape(title)}</h1>
 <p class="meta">{html.escape(report.source)} · torch {html.escape(report.format_guess)} format · device {dev.device}
- · {dev.events:,} events · {len(dev.steps)} steps ({html.escape(dev.step_source)}) · {html.escape(peaks)}</p>
+ · {dev.events:,} events · {counted(len(dev.steps), 'step')} ({html.escape(dev.step_source)}) · {html.escape(peaks)}</p>
 <h2>Findings</h2>{findings}
 <h2>Live at the peak</h2>{_categories_table(dev)}
 <h2>Figures</h2>{plots}

@@ -22,7 +22,7 @@ from rich.text import Text
 from memlens.analysis.report import finding_rank, no_findings_text
 from memlens.printable import printable
 from memlens.reporters.evidence import format_value, terminal_items
-from memlens.units import format_bytes
+from memlens.units import counted, format_bytes
 
 if TYPE_CHECKING:
     from memlens.analysis.report import BudgetCheck, DeviceReport, Finding, Report
@@ -153,7 +153,7 @@ def step_of_event(report: DeviceReport, event: int | None) -> int | None:
 def render_header(console: Console, report: Report, device: DeviceReport) -> None:
     console.print(Text(f"memlens triage  {elide_middle(printable(report.source), console.width - 16)}",
                        style="bold"))
-    steps = f"{len(device.steps)} steps ({device.step_source})" if device.steps else "no steps found"
+    steps = f"{counted(len(device.steps), 'step')} ({device.step_source})" if device.steps else "no steps found"
     capacity = f"capacity {format_bytes(device.capacity_bytes)}" if device.capacity_bytes else "capacity unknown"
     window = "complete history" if device.window_complete else "history starts mid-run"
     console.print(f"  torch {report.format_guess} format · device {device.device} · {capacity}")
