@@ -32,6 +32,11 @@ K_SMALL_BUFFER = 2 * MiB  # "small" allocations are packed in 2 MiB segments
 K_LARGE_BUFFER = 20 * MiB  # "large" allocations may be packed in 20 MiB segments
 K_MIN_LARGE_ALLOC = 10 * MiB  # allocations between 1 and 10 MiB may use kLargeBuffer
 K_ROUND_LARGE = 2 * MiB  # round up large allocations to 2 MiB
+# What the model covers, on both engines (the native one keeps every address sum inside int64):
+# requests up to 2**60 bytes, segments between address 0 and 2**62. PyTorch's own addresses are
+# user-space pointers (under 2**57); a file with others gets the same answer from either engine.
+MAX_MODELLED_REQUEST = 1 << 60
+MAX_MODELLED_ADDRESS = 1 << 62
 # roundup_power2_divisions intervals start at 1 MiB (log2 = 20).
 _ROUNDUP_INTERVAL_START_LOG2 = 20
 
@@ -46,10 +51,19 @@ _SEGMENT_ALIGNMENT = 2 * MiB
 _DEFAULT_DEVICE_MEMORY = 80 * GiB
 _KEY_SHIFT = 64
 _ADDRESS_MASK = (1 << _KEY_SHIFT) - 1
+# A free block's key is its size, then its address as a signed 64-bit pointer (the order of the
+# native model's int64 addresses): shifted by 2**63 into the key's low 64 bits, so an address
+# at or past 2**63 (read as negative) keeps its place and maps back to itself.
+_ADDRESS_OFFSET = 1 << 63
 # time_us of the first trace entry when no clock is given: deterministic, epoch-like.
 _DEFAULT_START_TIME_US = 1_700_000_000_000_000
 
 Frames = list[dict[str, Any]]
+
+
+def _key_address(key: int) -> int:
+    """The address of the free block whose key is ``key`` (``_Block.key``)."""
+    return (key & _ADDRESS_MASK) - _ADDRESS_OFFSET
 
 
 class SimulatedOOM(MemlensOutOfMemory):
@@ -122,7 +136,7 @@ class _Block:
 
     @property
     def key(self) -> int:
-        return (self.size << _KEY_SHIFT) | self.address
+        return (self.size << _KEY_SHIFT) | (self.address + _ADDRESS_OFFSET)
 
     @property
     def end(self) -> int:
@@ -222,6 +236,8 @@ class CachingAllocatorSimulator:
         """Allocate ``size`` bytes on ``stream``; returns the block address or raises SimulatedOOM."""
         if size < 0:
             raise MemlensUsageError(f"cannot allocate a negative size ({size})")
+        if size > MAX_MODELLED_REQUEST:
+            raise MemlensUsageError(f"cannot allocate {size} bytes: more than the allocator model covers (2**60)")
         rounded = self.round_size(size)
         pool = self._small if rounded <= K_SMALL_SIZE else self._large
         alloc_size = get_allocation_size(rounded)
@@ -280,7 +296,7 @@ class CachingAllocatorSimulator:
         ``empty_cache()`` would release) rather than a piece of a partly used one. Read only: the
         fragmentation analysis asks it at each cudaMalloc of a replay."""
         pool = self._small if small else self._large
-        blocks = (self._free[key & _ADDRESS_MASK] for key in pool.keys.get(stream, ()))
+        blocks = (self._free[_key_address(key)] for key in pool.keys.get(stream, ()))
         return [(b.size, not b.is_split and b.expandable is None) for b in blocks]
 
     def cached_summary(self, small: bool, stream: int, pieces_only: bool = False) -> tuple[int, int, int, int]:
@@ -326,6 +342,9 @@ class CachingAllocatorSimulator:
             is_small = total_size <= K_SMALL_BUFFER
         if total_size <= 0 or total_size % K_MIN_BLOCK_SIZE:
             raise MemlensUsageError(f"segment size {total_size} is not a positive multiple of 512")
+        if address < 0 or total_size > MAX_MODELLED_REQUEST or address > MAX_MODELLED_ADDRESS:
+            raise MemlensUsageError(f"segment {address:#x}+{total_size} lies outside the address space the allocator "
+                                    "model covers (0 to 2**62)")
         self._claim_span(address, total_size)
         pool = self._small if is_small else self._large
         pieces: list[_Block] = []
@@ -485,13 +504,13 @@ class CachingAllocatorSimulator:
         index = bisect_left(keys, size << _KEY_SHIFT)
         if index == len(keys):
             return None
-        block = self._free[keys[index] & _ADDRESS_MASK]
+        block = self._free[_key_address(keys[index])]
         if block.expandable is not None:
             if self._expandable:
                 # Best fit counts the unmapped space after a block as room it can grow into.
                 best = _expandable_size(block)
                 while block.expandable is not None and index + 1 < len(keys):
-                    candidate = self._free[keys[index + 1] & _ADDRESS_MASK]
+                    candidate = self._free[_key_address(keys[index + 1])]
                     candidate_size = _expandable_size(candidate)
                     if candidate_size >= best:
                         break
@@ -500,11 +519,11 @@ class CachingAllocatorSimulator:
             else:
                 # Expandable segments were switched off: only plain blocks qualify.
                 index += 1
-                while index < len(keys) and self._free[keys[index] & _ADDRESS_MASK].expandable is not None:
+                while index < len(keys) and self._free[_key_address(keys[index])].expandable is not None:
                     index += 1
                 if index == len(keys):
                     return None
-                block = self._free[keys[index] & _ADDRESS_MASK]
+                block = self._free[_key_address(keys[index])]
         max_split = self._max_split
         # Do not return an oversized block for a request below max_split_size ...
         if size < max_split and block.size >= max_split:
@@ -667,7 +686,7 @@ class CachingAllocatorSimulator:
         target = max(size, self._max_split)
         index = bisect_left(keys, target << _KEY_SHIFT)
         if index < len(keys):
-            block = self._free[keys[index] & _ADDRESS_MASK]
+            block = self._free[_key_address(keys[index])]
             if block.expandable is not None or block.is_split:
                 return False
             self._release_block(pool, block, frames)
@@ -677,7 +696,7 @@ class CachingAllocatorSimulator:
         for key in reversed(list(keys)):
             if released >= target:
                 break
-            block = self._free[key & _ADDRESS_MASK]
+            block = self._free[_key_address(key)]
             if block.size < self._max_split:
                 break
             if block.expandable is not None or block.is_split:
@@ -691,7 +710,7 @@ class CachingAllocatorSimulator:
             to_unmap: list[_Block] = []
             for stream in sorted(pool.keys):
                 for key in list(pool.keys[stream]):
-                    block = self._free[key & _ADDRESS_MASK]
+                    block = self._free[_key_address(key)]
                     if block.expandable is not None:
                         to_unmap.append(block)
                     elif not block.is_split:
@@ -709,7 +728,7 @@ class CachingAllocatorSimulator:
             return
         target = self.reserved_bytes - gc_threshold
         pool = self._large
-        candidates = [self._free[key & _ADDRESS_MASK] for stream in sorted(pool.keys) for key in pool.keys[stream]]
+        candidates = [self._free[_key_address(key)] for stream in sorted(pool.keys) for key in pool.keys[stream]]
         freeable = [b for b in candidates if not b.is_split]
         if not freeable:
             return
@@ -722,7 +741,7 @@ class CachingAllocatorSimulator:
             block_freed = False
             for stream in sorted(pool.keys):
                 for key in list(pool.keys[stream]):
-                    block = self._free[key & _ADDRESS_MASK]
+                    block = self._free[_key_address(key)]
                     age = pool.free_calls - block.gc_base
                     if not block.is_split and block.expandable is None and age >= age_threshold:
                         block_freed = True

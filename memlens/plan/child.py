@@ -84,11 +84,15 @@ def run_job(job: ChildJob) -> ChildResult:
     PLACEHOLDER_VALUES[:] = [placeholder_values]
 
     def body() -> Any:
-        with counter.mode:
-            return run_command(kind, target, argv)
+        return run_command(kind, target, argv)
 
     try:
-        result = run_in_session(session, body, capture_errors=True)
+        # Entered before the session, the counter sits below predict's own mode. Above it, its
+        # frame held each op's arguments while predict asked whether anything but the op holds a
+        # backward operand (to add in place, as the GPU does): the plan's run then allocated where
+        # predict's does not, and a configuration that fits in predict ran out of memory here.
+        with counter.mode:
+            result = run_in_session(session, body, capture_errors=True)
     finally:
         hooks.uninstall()
         if undo_distributed is not None:

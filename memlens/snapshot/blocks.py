@@ -296,7 +296,10 @@ def _measure_large_blocks(
     state = kind[last_change]
     keys = rank * (n + 1) + large_rows  # sorted: by address rank, then row
 
-    lo = np.searchsorted(starts, start + rounded, "left")
+    # From just past the block's own start, as the sweep looks: an occupied start inside the
+    # rounded request (a history no allocator wrote) leaves the block as it is, never extended
+    # over that start to one further on.
+    lo = np.searchsorted(starts, start, "right")
     hi = np.searchsorted(starts, start + rounded + window, "right")
     counts = hi - lo
     total = int(counts.sum())
@@ -327,6 +330,8 @@ def _measure_large_blocks(
         next_start[found] = np.minimum(next_start[found], always[at[found]])
 
     segment_end = _segment_ends(start, when, action, address, out, segments)
+    if segment_end is None:
+        return False
     known = segment_end > 0
     end = np.minimum(next_start, segment_end)
     whole = end - start
@@ -335,16 +340,19 @@ def _measure_large_blocks(
     keep &= np.where(when >= 0, ~((rounded < max_split) & (remaining > K_SMALL_SIZE)), remaining <= K_SMALL_SIZE)
     keep &= ~oversize | (remaining < K_LARGE_BUFFER)
     out[measured[keep]] = whole[keep]
-    _cut_overlaps(out, action, address, large, rows, group_start, release, measured[keep], rounded[keep])
+    _cut_overlaps(out, action, address, large, rows, group_start, release, measured[keep], rounded[keep],
+                  when[keep])
     return True
 
 
 def _segment_ends(
     start: Int64Array, when: Int64Array, action: np.ndarray, address: Int64Array, out: Int64Array,
     segments: Sequence[Segment],
-) -> Int64Array:
+) -> Int64Array | None:
     """The end of the large-pool segment holding each ``start`` at row ``when`` (0: none known;
-    a small-pool segment is 2 MiB, every large-pool one is larger)."""
+    a small-pool segment is 2 MiB, every large-pool one is larger); None where two segments
+    overlap while both are open (a history no allocator wrote), for the sweep to measure: it
+    takes the one that starts nearest below an address, which this lookup by range cannot."""
     instances: list[tuple[int, int, int, int]] = []  # address, size, opened at row, closed at row
     opened: dict[int, tuple[int, int]] = {}
     n = action.shape[0]
@@ -362,6 +370,8 @@ def _segment_ends(
     before = {addr for addr, _, since, _ in instances if since == -2}
     instances.extend((s.address, s.total_size, -2, n) for s in segments
                      if s.address not in opened and s.address not in before)
+    if _open_segments_overlap(instances):
+        return None
     ends = np.zeros(start.size, dtype=np.int64)
     order = np.argsort(start, kind="stable")
     by_address = start[order]
@@ -374,13 +384,27 @@ def _segment_ends(
     return ends
 
 
+def _open_segments_overlap(instances: list[tuple[int, int, int, int]]) -> bool:
+    """Whether two of the (address, size, opened at row, closed at row) instances share bytes
+    while both are open (open between the rows: a row ``when`` sees one with since < when < until)."""
+    by_address = sorted(instances)
+    for index, (addr, size, since, until) in enumerate(by_address):
+        for other, other_size, other_since, other_until in by_address[index + 1:]:
+            if other >= addr + size:
+                break
+            if max(since, other_since) + 1 < min(until, other_until) and other_size > 0 and size > 0:
+                return True
+    return False
+
+
 def _cut_overlaps(
     out: Int64Array, action: np.ndarray, address: Int64Array, large: np.ndarray, rows: Int64Array,
-    group_start: np.ndarray, release: int, tailed: Int64Array, rounded: Int64Array,
+    group_start: np.ndarray, release: int, tailed: Int64Array, rounded: Int64Array, since: Int64Array,
 ) -> None:
-    """A block given a tail ends where a later large-pool alloc starts inside it while it lives:
-    only a history no allocator of PyTorch's rules wrote has one (as the sweep does, which sees
-    the large pool only, never below the rounded request)."""
+    """A block given a tail ends where a later large-pool alloc starts inside it while it lives
+    (after ``since``, its alloc's row, or -1 for a block from before the window): only a history
+    no allocator of PyTorch's rules wrote has one (as the sweep does, which sees the large pool
+    only, never below the rounded request)."""
     if tailed.size == 0:
         return
     n = action.shape[0]
@@ -401,7 +425,7 @@ def _cut_overlaps(
     pair = np.repeat(np.arange(tailed.size), counts)
     first_pair = np.cumsum(counts) - counts
     candidate = np.arange(total) - np.repeat(first_pair, counts) + np.repeat(lo, counts)
-    inside = (alloc_rows[candidate] > tailed[pair]) & (alloc_rows[candidate] < life_end[pair])
+    inside = (alloc_rows[candidate] > since[pair]) & (alloc_rows[candidate] < life_end[pair])
     value = np.where(inside, alloc_addresses[candidate], _NEVER)
     has = counts > 0
     cut_at = np.full(tailed.size, _NEVER, dtype=np.int64)

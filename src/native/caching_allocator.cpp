@@ -130,7 +130,8 @@ int64_t CachingAllocator::round_size(int64_t size) const {
 int64_t CachingAllocator::malloc(int64_t size, int64_t stream, const Frames& frames) {
   if (size < 0) throw UsageError("cannot allocate a negative size (" + std::to_string(size) + ")");
   if (size > kMaxRequest) {
-    throw UsageError("cannot allocate " + std::to_string(size) + " bytes: more than the native engine models");
+    throw UsageError("cannot allocate " + std::to_string(size) +
+                     " bytes: more than the allocator model covers (2**60)");
   }
   int64_t rounded = round_size(size);
   BlockPool& pool = rounded <= kSmallSize ? small_ : large_;
@@ -234,7 +235,7 @@ void CachingAllocator::restore_segment(int64_t address, int64_t total_size, int6
   }
   if (address < 0 || total_size > kMaxRequest || address > (int64_t(1) << 62)) {
     throw UsageError("segment " + hex(address) + "+" + std::to_string(total_size) +
-                     " lies outside the address space the native engine models");
+                     " lies outside the address space the allocator model covers (0 to 2**62)");
   }
   claim_span(address, total_size);
   BlockPool& pool = is_small ? small_ : large_;

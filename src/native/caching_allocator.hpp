@@ -13,9 +13,11 @@
 // never looks inside them, it only keeps them with the blocks and hands them to the recorder.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory_resource>
 #include <new>
@@ -96,7 +98,11 @@ class RangeMap {
     if (after == sizes_.begin()) return std::nullopt;
     --after;
     if (address < after->first + after->second) {
-      found = {generation_, after->first, after->first + after->second};
+      // Remembered up to the next range's start too: where ranges overlap (a hostile file's
+      // segments), an address past it belongs to that one, as the uncached walk finds.
+      const auto next = std::next(after);
+      const int64_t end = after->first + after->second;
+      found = {generation_, after->first, next != sizes_.end() ? std::min(end, next->first) : end};
       return after->first;
     }
     return std::nullopt;

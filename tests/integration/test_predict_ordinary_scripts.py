@@ -250,3 +250,42 @@ def test_plan_lora_adapts_gpt2s_conv1d_and_says_when_it_matches_nothing(tmp_path
     assert lora["fits"] is True and 0 < lora["peak_allocated_bytes"] < baseline["peak_allocated_bytes"]
     assert unmatched["fits"] is False
     assert unmatched["problem"] == "not applied: lora: no Linear or Conv1D layer matches q_proj in GPT2LMHeadModel"
+
+
+CNN_AT_BATCH = BATCHNORM_CNN.replace("(8, 3, 32, 32", "(int(sys.argv[1]), 3, 32, 32").replace(
+    "(8,), device", "(int(sys.argv[1]),), device"
+).replace("import torch\n", "import sys\n    import torch\n", 1)
+
+
+def trace_without_times(path: Path) -> list[dict[str, Any]]:
+    """A snapshot's trace, each entry but its time (the clock of the run that wrote it)."""
+    import pickle
+
+    with open(path, "rb") as handle:
+        snapshot = pickle.load(handle)
+    return [{key: value for key, value in entry.items() if key != "time_us"} for entry in snapshot["device_traces"][0]]
+
+
+def test_plan_runs_the_trace_predict_runs(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(textwrap.dedent(CNN_AT_BATCH))
+    predicted = run_memlens(tmp_path, "predict", "--no-stacks", "--out", "predicted", "--", "python", "train.py", "16")
+    assert predicted.returncode == 0, predicted.stdout[-2000:] + predicted.stderr[-3000:]
+    planned = run_memlens(tmp_path, "plan", "--out", "planned", "--", "python", "train.py", "16")
+    assert planned.returncode == 0, planned.stdout[-2000:] + planned.stderr[-3000:]
+    ours = trace_without_times(tmp_path / "predicted" / "predicted.pickle")
+    plans = trace_without_times(tmp_path / "planned" / "00-baseline" / "predicted.pickle")
+    assert len(ours) > 300
+    first_difference = next((i for i, (a, b) in enumerate(zip(ours, plans, strict=False)) if a != b), None)
+    assert (first_difference, len(plans)) == (None, len(ours))
+
+    # --max's answer is the last batch predict says fits; one more does not.
+    capacity = ["--capacity", "40MiB"]
+    searched = run_memlens(tmp_path, "plan", "--json", *capacity, "--max", "B=1..256", "--out", "searched",
+                           "--", "python", "train.py", "{B}")  # fmt: skip
+    assert searched.returncode in (0, 1), searched.stdout[-2000:] + searched.stderr[-3000:]
+    largest = json.loads(searched.stdout[searched.stdout.index("{") :])["max"]["B"]
+    assert largest is not None and 1 < largest < 256
+    for batch, status in ((largest, 0), (largest + 1, 1)):
+        command = ["python", "train.py", str(batch)]
+        answer = run_memlens(tmp_path, "predict", *capacity, "--out", f"at{batch}", "--", *command)
+        assert answer.returncode == status, (batch, answer.stdout[-1500:])
