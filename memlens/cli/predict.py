@@ -16,8 +16,10 @@ not reach its end (the script failed, or stopped needing a real value), so no fi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -67,7 +69,8 @@ def predict(
 
     options = PredictOptions(gpu=gpu, capacity=capacity, reserve_outside=reserve_outside, out_dir=out_dir,
                              placeholder_values=placeholder_values, stacks=not no_stacks)
-    prediction = run_predicted(command, options, on_stopped=stopped)
+    with script_output_to_stderr(as_json):
+        prediction = run_predicted(command, options, on_stopped=stopped)
     result = prediction.result
     if as_json:
         click.echo(json_text(result.to_json()))
@@ -81,6 +84,33 @@ def predict(
             render_budget_check(make_console(), budget)
     if prediction.exit_status:
         raise click.exceptions.Exit(prediction.exit_status)
+
+
+@contextlib.contextmanager
+def script_output_to_stderr(enabled: bool) -> Iterator[None]:
+    """With --json, what the script prints goes to stderr, so stdout is the JSON alone (as
+    ``plan --json``'s is): ``sys.stdout`` for Python's prints, and file descriptor 1 itself for
+    what a subprocess or a C extension writes there."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    try:
+        out_fd, err_fd = sys.stdout.fileno(), sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # not real files (a test's captured streams)
+        out_fd = err_fd = -1
+    saved = os.dup(out_fd) if out_fd >= 0 else -1
+    if saved >= 0:
+        os.dup2(err_fd, out_fd)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        if saved >= 0:
+            os.dup2(saved, out_fd)
+            os.close(saved)
 
 
 def render(result: Any, world_size: int = 1, basis: FitBasis | None = None) -> str:

@@ -57,10 +57,11 @@ def run_predict(tmp_path: Path, *options: str, batch: int = 64, huge: int = 1) -
 def test_json_result_and_snapshots(tmp_path: Path) -> None:
     completed = run_predict(tmp_path, "--json", "--gpu", "l4", "--out", "out")
     assert completed.returncode == 0, completed.stderr[-3000:]
-    printed_peak = int(completed.stdout.split("max allocated ")[1].split()[0])
-    result = json.loads(completed.stdout[completed.stdout.index("{\n") :])
+    # --json: stdout is the JSON alone; the script's own prints went to stderr.
+    printed_peak = int(completed.stderr.split("max allocated ")[1].split()[0])
+    result = json.loads(completed.stdout)
     assert set(result) >= {"peak_allocated_bytes", "peak_reserved_bytes", "oom", "snapshots"}
-    assert result["oom"] is False and "after huge" in completed.stdout
+    assert result["oom"] is False and "after huge" in completed.stderr
     # The script's own reading of torch.cuda.max_memory_allocated() is the simulator's peak.
     assert printed_peak == result["peak_allocated_bytes"]
     assert result["peak_reserved_bytes"] >= result["peak_allocated_bytes"]
@@ -128,7 +129,7 @@ def test_a_printed_loss_stops_the_run_or_takes_a_placeholder(tmp_path: Path) -> 
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     result = json.loads(went_on.stdout[went_on.stdout.index("{\n") :])
     assert result["stopped_at"] is None and result["placeholder_values"] == 1
-    assert result["first_placeholder_at"] == f"{script}:4" and "loss nan" in went_on.stdout
+    assert result["first_placeholder_at"] == f"{script}:4" and "loss nan" in went_on.stderr
 
 
 def test_a_module_runs_with_dash_m(tmp_path: Path) -> None:
@@ -347,3 +348,16 @@ def test_sys_exit_with_a_failure_is_a_result_too(tmp_path: Path) -> None:
     assert completed.returncode == 1 and "Traceback" not in completed.stderr
     assert f"the script failed: the script exited with status 3 (at {script}:3)" in completed.stdout
     assert (tmp_path / "memlens_predict" / "predicted.pickle").is_file()
+
+
+def test_json_is_all_of_stdout_and_the_scripts_prints_go_to_stderr(tmp_path: Path) -> None:
+    """As ``plan --json``: ``memlens predict --json ... | jq`` works, whatever the script prints,
+    from Python, from a subprocess writing to file descriptor 1, or straight to that descriptor."""
+    source = ("import os, subprocess, sys, torch\nprint('from print')\nx = torch.empty(10, device='cuda')\n"
+              "subprocess.run([sys.executable, '-c', 'print(\"from a child\")'], check=True)\n"
+              "os.write(1, b'from fd 1\\n')\n")
+    completed = predict_script(tmp_path, source, "--json")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert json.loads(completed.stdout)["fits"] is True
+    for printed in ("from print", "from a child", "from fd 1"):
+        assert printed in completed.stderr and printed not in completed.stdout
