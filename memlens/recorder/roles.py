@@ -186,6 +186,16 @@ def retained_graph_tensors(max_nodes: int = MAX_GRAPH_NODES) -> list[Any]:
     return found
 
 
+def live_parameters() -> list[Any]:
+    """Every ``nn.Parameter`` alive now, whoever holds it (found by the garbage collector): at a
+    dump before any optimizer.step() (an out-of-memory error in the first forward) no model is
+    watched yet, and the weights moved to the device are still parameters. type() first, as in
+    ``retained_graph_tensors``; then isinstance, which also knows a parameter made from a fake
+    tensor (memlens predict's, a FakeTensor marked ``_is_param``)."""
+    tensor_type, parameter_type = torch.Tensor, torch.nn.Parameter
+    return [obj for obj in gc.get_objects() if issubclass(type(obj), tensor_type) and isinstance(obj, parameter_type)]
+
+
 def find_model(optimizer: Any) -> torch.nn.Module | None:
     """The module that owns an optimizer's parameters, or None when that is not one answer.
 
@@ -231,6 +241,7 @@ __all__ = [
     "find_model",
     "forward_inputs",
     "forward_outputs",
+    "live_parameters",
     "model_state",
     "retained_graph_tensors",
 ]

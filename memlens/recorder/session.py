@@ -70,6 +70,7 @@ from memlens.recorder.roles import (
     find_model,
     forward_inputs,
     forward_outputs,
+    live_parameters,
     model_state,
     retained_graph_tensors,
 )
@@ -389,10 +390,12 @@ class Recorder:
 
     def _note_roles(self, at: str, time_us: int | None, graphs: bool = False) -> None:
         """Note the watched tensors by role (see ``memlens.recorder.roles``); at a dump
-        (``time_us`` None: the end of the trace) also the tensors live autograd graphs hold."""
+        (``time_us`` None: the end of the trace) also the tensors live autograd graphs hold, and
+        every parameter alive (a dump before the first optimizer.step() watches no model yet)."""
         state = model_state(self.models, self.optimizers)
         if graphs:
             state["graph"] = retained_graph_tensors()
+            state["parameters"] = [*state["parameters"], *live_parameters()]
         self._roles.note(at, time_us, state)
 
     def _at_step_boundary(self, at: str, time_us: int) -> None:

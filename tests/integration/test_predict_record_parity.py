@@ -210,3 +210,40 @@ def test_parameters_gradients_and_optimizer_state_at_the_peak_agree(runs: tuple[
     predicted_peak = predicted["devices"]["0"]["categories_at_peak"]
     for category in CATEGORIES_THAT_AGREE:
         assert _agree(recorded_peak[category], predicted_peak[category]), (category, recorded_peak, predicted_peak)
+
+
+EARLY_OOM = """
+    import torch
+    from torch import nn
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(3):
+        x = torch.randn(8192, 1024, device=device)  # 32 MiB: more than the 30 MiB device holds
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+"""
+# The two Linear layers' weights and biases, in the allocator's 512-byte blocks.
+EARLY_OOM_PARAMETER_BYTES = 2 * (1024 * 1024 * 4 + 4096)
+
+
+def test_weights_moved_before_an_early_oom_are_parameters(tmp_path: Path) -> None:
+    """Out of memory in the first forward: no optimizer.step() has told either run the model,
+    and the weights already on the device are still parameters (``group --by category``)."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(EARLY_OOM))
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    for words, snapshot in (
+        (["record", "--device", "cpu", "--capacity", "30MiB", "--out", "recorded"], "recorded/snapshot.pickle"),
+        (["predict", "--capacity", "30MiB", "--out", "predicted"], "predicted/predicted.pickle"),
+    ):
+        run = subprocess.run([sys.executable, "-m", "memlens", *words, "--", "python", str(script)], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=280)
+        assert run.returncode != 0 and "out of memory" in (run.stdout + run.stderr).lower(), run.stderr[-2000:]
+        report = _triage(tmp_path, tmp_path / snapshot)
+        assert report["devices"]["0"]["categories_at_peak"]["parameters"] == EARLY_OOM_PARAMETER_BYTES, snapshot
+        grouped = _memlens(tmp_path, "group", "--by", "category", str(tmp_path / snapshot)).stdout
+        assert any(line.split()[:1] == ["parameters"] for line in grouped.splitlines()), grouped
