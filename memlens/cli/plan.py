@@ -96,6 +96,22 @@ def _cost(config: object) -> str:
     return ", ".join(parts) or "-"
 
 
+def _fits_cell(config: object) -> str:
+    """The fits column: yes, OOM, "not applied" (a lever asked for found nothing to act on, so the
+    row is not the configuration its label names), or no (the script failed or stopped)."""
+    from memlens.ops.plan import PlanConfig
+    from memlens.plan.child import NOT_APPLIED
+
+    assert isinstance(config, PlanConfig)
+    problem = config.problem or ""
+    if config.fits:
+        return "yes"
+    if problem.startswith(NOT_APPLIED):
+        return "not applied"
+    return "OOM" if "OUT OF MEMORY" in problem else "no"
+
+
+
 def render(result: object) -> str:
     from memlens.ops.plan import PlanResult, max_per_lever_set
 
@@ -106,7 +122,7 @@ def render(result: object) -> str:
         label = "+".join(config.levers) or "baseline"
         if config.values:
             label += " " + " ".join(f"{name}={value}" for name, value in config.values.items())
-        fits = "yes" if config.fits else ("OOM" if config.problem and "OUT OF MEMORY" in config.problem else "no")
+        fits = _fits_cell(config)
         trainable = f"{config.trainable_parameters:,}" if config.trainable_parameters is not None else "-"
         mark = "*" if index == result.recommended else ""
         rows.append((f"{index}{mark}", label, format_bytes(config.peak_allocated_bytes),
@@ -119,8 +135,10 @@ def render(result: object) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)).rstrip(),
     ]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    # Every problem but a plain out-of-memory (the fits column says OOM) gets its line: a lever
+    # that found nothing to act on is said in the table, even when the run then ran out too.
     problems = [(i, c.problem) for i, c in enumerate(result.configs) if c.problem and not c.fits]
-    lines += [f"  {index}: {problem}" for index, problem in problems if "OUT OF MEMORY" not in (problem or "")]
+    lines += [f"  {index}: {problem}" for index, problem in problems if not problem.startswith("OUT OF MEMORY")]
     for name in result.max:
         for levers, value in max_per_lever_set(result, name):
             where = "+".join(levers) or "baseline"

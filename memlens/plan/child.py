@@ -20,6 +20,9 @@ import msgspec
 
 from memlens.plan.configurations import ChildJob, ChildResult
 
+# How a configuration's problem starts when a lever found nothing to act on (plan's table says so).
+NOT_APPLIED = "not applied: "
+
 RESULT_NAME = "plan_result.json"
 SNAPSHOT_NAME = "predicted.pickle"
 
@@ -122,7 +125,7 @@ def run_job(job: ChildJob) -> ChildResult:
     unapplied = hooks.unapplied()
     if unapplied:
         fits = False
-        problem = "not applied: " + "; ".join(unapplied) + (f" (and: {problem})" if problem else "")
+        problem = NOT_APPLIED + "; ".join(unapplied) + (f" (and: {problem})" if problem else "")
     trainable = (result.model or {}).get("parameters_trainable")
     return ChildResult(
         peak_allocated_bytes=result.peak_allocated_bytes,
