@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import stat
+import struct
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -95,6 +97,25 @@ def test_an_entry_inflating_far_beyond_any_snapshot_is_refused() -> None:
     with pytest.raises(ArchiveRefused, match=r"inflates [\d,]+ times its size"):
         entries_of([("run/bomb.pickle", zeros)])
     assert entries_of([("run/small.pickle", bytes(512 << 10))])[0]  # small entries may compress well
+
+
+def test_an_entry_whose_data_lies_inside_another_entrys_refuses_the_archive() -> None:
+    """The quoted overlap: entry a's stored data is entry b's local header and data, so the
+    directory lists b from inside a (one member's bytes inflated twice)."""
+    def local(name: bytes, data: bytes) -> bytes:
+        return struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, zlib.crc32(data), len(data), len(data),
+                           len(name), 0) + name + data
+
+    def central(name: bytes, data: bytes, offset: int) -> bytes:
+        return struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, zlib.crc32(data), len(data),
+                           len(data), len(name), 0, 0, 0, 0, 0, offset) + name
+
+    inner = local(b"run/b.pickle", b"b" * 1000)
+    outer = local(b"run/a.pickle", inner)
+    directory = central(b"run/a.pickle", inner, 0) + central(b"run/b.pickle", b"b" * 1000, len(outer) - len(inner))
+    data = outer + directory + struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 2, 2, len(directory), len(outer), 0)
+    with pytest.raises(ArchiveRefused, match=r"entry 'run/b\.pickle' shares its data with 'run/a\.pickle'; refused"):
+        run_folder_entries(zipfile.ZipFile(io.BytesIO(data)), "run.zip", LIMIT)
 
 
 def test_unpack_writes_the_entry_and_never_over_a_file(tmp_path: Path) -> None:
