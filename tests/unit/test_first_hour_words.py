@@ -31,3 +31,12 @@ def test_one_step_is_one_step() -> None:
     out = io.StringIO()
     render_header(make_console(out, width=120, color=False), report, report.device(0))
     assert "1 step (" in out.getvalue() and "1 steps" not in out.getvalue()
+
+
+def test_a_time_past_the_end_is_refused_as_an_event_past_it_is() -> None:
+    for moment in ("999999", "+99s"):
+        result = CliRunner().invoke(cli, ["group", LEAK, "--no-cache", "--at", moment])
+        assert result.exit_code == 2, (moment, result.output)
+        assert "outside the trace" in result.output or "past the end of the trace" in result.output
+    inside = CliRunner().invoke(cli, ["group", LEAK, "--no-cache", "--at", "+0.002s"])
+    assert inside.exit_code == 0, inside.output

@@ -141,6 +141,14 @@ def _check_event(trace: DeviceTrace, event: int) -> int:
     return event
 
 
+def _check_time(trace: DeviceTrace, point: Time) -> None:
+    times = sorted_times(trace)
+    if len(times) and _absolute_us(trace, point) > int(times[-1]):
+        ends = (int(times[-1]) - int(times[0])) / 1e6
+        raise MemlensUsageError(f"time {point.text} is past the end of the trace of device {trace.device} "
+                                f"(it ends at +{ends:.3f} s, event {len(trace) - 1:,})")
+
+
 def _first_row(inputs: LensInputs, point: Point) -> int:
     """The first row a window starting at ``point`` covers."""
     trace = inputs.trace
@@ -186,7 +194,9 @@ def resolve_moment(inputs: LensInputs, spec: MomentSpec | None = None) -> Moment
         first, last = chosen.start_event, chosen.end_event - 1
         return Moment(peak_in(trace, first, last), "step", f"the peak of step {spec.number}", (first, last))
     if isinstance(spec, Time):
-        # What was live then, i.e. after the last row at or before it.
+        # What was live then, i.e. after the last row at or before it; a time past the last row is
+        # refused as an event past it is (it once answered with the last row, as if it were then).
+        _check_time(trace, spec)
         event = _last_row(inputs, spec)
         return Moment(event, "time", f"{spec.text} ({event_text(event)})")
     if not len(trace):
