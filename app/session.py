@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import secrets
 import select
 import socket
@@ -25,6 +26,8 @@ COOKIE = "memlens_session"
 _TOKEN_BYTES = 32
 # The space of work done by the server itself (checking the files given on the command line).
 SERVER_SESSION = "server"
+# The prefix an IPv6 host is given (RFC 6177: a /64 per subnet, every address in it the host's).
+IPV6_HOST_PREFIX = 64
 
 
 class Sessions:
@@ -88,7 +91,21 @@ def current_address() -> str:
     drops its cookie is a new session with every request, but not a new address."""
     if not has_request_context():
         return ""
-    return request.remote_addr or ""
+    return client_network(request.remote_addr or "")
+
+
+def client_network(address: str) -> str:
+    """Who ``address`` is, for a share of the server: an IPv4 address itself, an IPv6 address's
+    /64 (one host is given a whole /64 and may send from any address in it)."""
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return address  # not an IP (a Unix socket, a test client): as it is
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{parsed}/{IPV6_HOST_PREFIX}", strict=False))
+    return str(parsed)
 
 
 def client_gone_check() -> Callable[[], bool] | None:

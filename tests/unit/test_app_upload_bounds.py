@@ -24,6 +24,7 @@ from memlens_app.archive import MAX_ENTRIES
 from memlens_app.library import Library
 from memlens_app.main import create_app
 from memlens_app.scheduler import DEFAULT_PER_ADDRESS
+from memlens_app.session import client_network
 from memlens_app.worker import AnalysisLimits
 from tests.conftest import SAMPLE_SNAPSHOTS_DIR
 from tests.integration.app_server import client_session
@@ -356,3 +357,10 @@ def test_a_client_with_one_cookie_still_gets_the_sessions_share(monkeypatch: pyt
         for thread in threads:
             thread.join(60)
         library.close()
+
+
+@pytest.mark.parametrize(("address", "network"), [
+    ("192.0.2.7", "192.0.2.7"), ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+    ("2001:db8:1:2:ffff:1:2:3", "2001:db8:1:2::/64"), ("::ffff:192.0.2.7", "192.0.2.7"), ("", "")])
+def test_an_ipv6_host_is_one_client_whichever_address_of_its_64_it_sends_from(address: str, network: str) -> None:
+    assert client_network(address) == network
