@@ -11,6 +11,9 @@
   descriptor (a regular file, within a size), so what is read is what was checked. Opening never
   blocks (a FIFO would wait for a writer for ever) and ``open_beneath`` follows no symbolic link
   on its way down from a folder descriptor (``memlens mcp --root``).
+* ``check_stdout`` / ``stdout_failure`` / ``stdout_reader_gone`` / ``discard_stdout``: the
+  program's standard output written whole or failed loudly (a full disk is a one-line error and
+  a non-zero exit, not a truncated report and exit 0; a reader that went away, a quiet 141).
 
 A leaf: imports nothing from memlens.
 """
@@ -20,8 +23,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import io
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -335,3 +340,104 @@ def _open_failure(exc: OSError, folder: bool = False) -> str:
     if exc.errno == errno.EACCES:
         return "not readable by this process"
     return f"cannot be opened ({exc.strerror or type(exc).__name__})"
+
+
+# --------------------------------------------------------------------------- standard output
+
+
+class WholeWrites(io.RawIOBase):
+    """A descriptor as a raw stream that writes every byte it is given or raises, and keeps the
+    error (``failure``) so that it can be told from any other ``OSError``.
+
+    Python's unbuffered standard output (``PYTHONUNBUFFERED=1``, ``-u``: common in containers
+    and batch jobs) hands each write to the descriptor once and drops whatever a short write
+    left: a disk that fills mid-report gave a truncated JSON file and exit 0. A reader that went
+    away (``BrokenPipeError``: ``| head``) is no failure; it is noted as ``reader_gone``.
+    """
+
+    def __init__(self, fd: int, name: str) -> None:
+        super().__init__()
+        self._fd = fd
+        self.name = name
+        self.failure: OSError | None = None
+        self.reader_gone = False
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: object) -> int:
+        view = memoryview(data).cast("B")  # type: ignore[arg-type]
+        done = 0
+        while done < len(view):
+            try:
+                done += os.write(self._fd, view[done:])
+            except BrokenPipeError:
+                self.reader_gone = True
+                raise
+            except OSError as exc:
+                self.failure = exc
+                raise
+        return done
+
+
+_checked_stdout: WholeWrites | None = None
+
+
+def check_stdout() -> None:
+    """Put ``sys.stdout`` over a ``WholeWrites`` of descriptor 1, as buffered as it was (line
+    buffering, encoding and errors kept). Only for the program's own standard output (not a
+    test's capture), and only once."""
+    global _checked_stdout
+    stream = sys.stdout
+    if _checked_stdout is not None or stream is not sys.__stdout__ or not isinstance(stream, io.TextIOWrapper):
+        return
+    try:
+        fd = stream.fileno()
+        unbuffered = isinstance(stream.buffer, io.FileIO)
+        stream.flush()
+    except (AttributeError, OSError, ValueError):  # not a real descriptor: leave it as it is
+        return
+    raw = WholeWrites(fd, getattr(stream, "name", "<stdout>"))
+    binary: io.RawIOBase | io.BufferedWriter = raw if unbuffered else io.BufferedWriter(raw)
+    sys.stdout = io.TextIOWrapper(binary, encoding=stream.encoding, errors=stream.errors,
+                                  line_buffering=stream.line_buffering, write_through=unbuffered)
+    _checked_stdout = raw
+
+
+def stdout_failure(exc: BaseException) -> OSError | None:
+    """The error that kept standard output from being written, when ``exc`` is it (or was raised
+    while it was); None for any other exception."""
+    failure = _checked_stdout.failure if _checked_stdout is not None else None
+    if failure is None or not isinstance(exc, OSError):
+        return None
+    return failure if exc is failure or exc.errno == failure.errno else None
+
+
+def stdout_reader_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` is standard output's reader having gone away (``memlens triage | head``)."""
+    return isinstance(exc, BrokenPipeError) and _checked_stdout is not None and _checked_stdout.reader_gone
+
+
+def discard_stdout() -> None:
+    """Point descriptor 1 at /dev/null: what is still buffered for a disk that is full is lost
+    either way, and the interpreter's last flush must not fail again ("Exception ignored")."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+
+
+# What a shell reports for a writer killed by SIGPIPE (128 + 13): how a command ends, quietly,
+# when the reader of its output went away (``| head``), as ``memlens export`` always has.
+EXIT_READER_GONE = 141
+
+
+def cannot_write_stdout(failure: OSError) -> str:
+    """The one line a failed standard output is reported with (as ``memlens export`` says it)."""
+    return f"cannot write standard output: {failure.strerror or type(failure).__name__}"

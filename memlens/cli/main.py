@@ -73,6 +73,16 @@ class LazyGroup(click.Group):
 def _one_line_exit(ctx: click.Context, exc: BaseException) -> NoReturn:
     """Never a traceback for the user: a bug of ours (or a file we did not foresee) is still one
     line, naming the exception, with --debug to see where."""
+    from memlens.files import EXIT_READER_GONE, cannot_write_stdout, discard_stdout, stdout_failure, stdout_reader_gone
+
+    if stdout_reader_gone(exc):  # `| head` has read what it wanted: nothing to say
+        discard_stdout()
+        ctx.exit(EXIT_READER_GONE)
+    failure = stdout_failure(exc)
+    if failure is not None:  # a full disk under the report: the user's to fix, in one line
+        discard_stdout()
+        click.echo(f"memlens: error: {cannot_write_stdout(failure)}", err=True)
+        ctx.exit(2)
     line = describe(exc, limit=MAX_SHOWN_CHARS)
     hint = " (rerun with --debug for the traceback, and please report it)" if line.kind == "bug" else ""
     click.echo(f"memlens: error: {line.text}{hint}", err=True)

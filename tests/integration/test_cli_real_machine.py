@@ -199,3 +199,71 @@ def test_a_stopped_plan_ends_everything_it_started(tmp_path: Path, signum: int, 
             with contextlib.suppress(psutil.Error):
                 process.kill()
         plan.communicate()
+
+
+# --------------------------------------------------------------------------- a full disk
+
+LEAK, HEALTHY = str(SAMPLES / "leak.pickle"), str(SAMPLES / "healthy.pickle")
+REPORT_COMMANDS = {
+    "triage-json": ["triage", "--json", LEAK],
+    "triage": ["triage", LEAK],
+    "whatif": ["whatif", "--json", LEAK],
+    "group": ["group", "--json", LEAK],
+    "diff": ["diff", "--json", LEAK, HEALTHY],
+    "fleet": ["fleet", "--json", str(SAMPLES / "ddp_rank0.pickle"), str(SAMPLES / "ddp_rank1.pickle")],
+    "budget": ["budget", "--json", "--params", "7B"],
+}
+
+
+def _output_env(unbuffered: bool) -> dict[str, str]:
+    env = child_env()
+    env.pop("PYTHONUNBUFFERED", None)
+    if unbuffered:  # as containers and batch scripts often set it
+        env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
+@pytest.mark.parametrize("name", list(REPORT_COMMANDS))
+def test_output_to_a_full_disk_is_one_line_and_a_failure(tmp_path: Path, name: str, unbuffered: bool) -> None:
+    with open("/dev/full", "w") as full:
+        completed = subprocess.run([sys.executable, "-m", "memlens", *REPORT_COMMANDS[name]], cwd=tmp_path,
+                                   env=_output_env(unbuffered), stdout=full, stderr=subprocess.PIPE, text=True,
+                                   timeout=200)
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr == "memlens: error: cannot write standard output: No space left on device\n"
+
+
+def _file_size_limit(limit: int) -> object:
+    def limited() -> None:  # a disk that fills after `limit` bytes: writes past it fail with EFBIG
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return limited
+
+
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
+def test_a_report_cut_short_by_the_disk_is_never_exit_0(tmp_path: Path, unbuffered: bool) -> None:
+    out = tmp_path / "out.json"
+    with out.open("w") as handle:
+        completed = subprocess.run([sys.executable, "-m", "memlens", "triage", "--json", LEAK], cwd=tmp_path,
+                                   env=_output_env(unbuffered), stdout=handle, stderr=subprocess.PIPE, text=True,
+                                   timeout=200, preexec_fn=_file_size_limit(20_000))
+    assert out.stat().st_size == 20_000  # the report is longer: it was cut
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr == "memlens: error: cannot write standard output: File too large\n"
+
+
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
+def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path: Path, unbuffered: bool) -> None:
+    # The report (245 KB) is longer than a pipe holds, so the writer is still writing when the
+    # reader goes.
+    command = [sys.executable, "-m", "memlens", *REPORT_COMMANDS["triage-json"]]
+    writer = subprocess.Popen(command, cwd=tmp_path, env=_output_env(unbuffered), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    assert writer.stdout is not None and writer.stderr is not None
+    writer.stdout.read(10)
+    writer.stdout.close()  # `| head -c 10`
+    with writer.stderr:
+        stderr = writer.stderr.read()
+    assert writer.wait(120) == 141 and stderr == b"", stderr
