@@ -33,6 +33,7 @@ from torch._subclasses.fake_tensor import (
 )
 
 from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator, SimulatedOOM
+from memlens.predict.bnb import EmulatedBitsandbytes
 from memlens.predict.cuda_api import CudaApi
 from memlens.predict.gpus import (
     DEFAULT_GPU,
@@ -210,6 +211,7 @@ class PredictSession:
         self.leak_holders: dict[str, Any] | None = None
         self.tracker.active = True
         self.tracker.on_oom = self._on_oom
+        self.bitsandbytes = EmulatedBitsandbytes(self.tracker.outside_allocator)
         self.workspace_bytes = cublas_workspace_bytes(spec, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
         self.snapshot_paths: list[str] = []
         self.placeholder_values = placeholder_values
@@ -290,8 +292,10 @@ class PredictSession:
         if FakeTensor not in supported:
             supported.append(FakeTensor)
             self._saved.append((supported, "__list__", FakeTensor))
+        self.bitsandbytes.install()
 
     def _unpatch_all(self) -> None:
+        self.bitsandbytes.uninstall()
         for owner, name, value in reversed(self._saved):
             if name == "__list__":
                 if value in owner:

@@ -15,11 +15,12 @@ it for the life of the process. It is allocated after the op's output, as in the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -114,11 +115,34 @@ class CudaStorageTracker(StorageTracker):
         self.workspace_threads: dict[int, int] = {}  # thread id -> workspace address
         self.allocating_workspace = False
         self.on_malloc: Callable[[], None] | None = None
+        # Storages outside the caching allocator (``outside_allocator``), by id while they live.
+        self._outside_storages: set[int] = set()
+        self._outside_depth = 0
 
     def _on_tensor(self, func: Any, tensor: torch.Tensor) -> None:
         if tensor.device.type != "cuda":
             return
+        outside = self._outside_storages
+        if self._outside_depth or outside:
+            storage = tensor.untyped_storage()
+            key = id(storage)
+            if key in outside:
+                return  # an op on memory outside the allocator (a fill, a view): still outside
+            if self._outside_depth:
+                outside.add(key)
+                weakref.finalize(storage, outside.discard, key)
+                return
         super()._on_tensor(func, tensor)
+
+    @contextlib.contextmanager
+    def outside_allocator(self) -> Iterator[None]:
+        """The CUDA storages made in this block are not the caching allocator's (CUDA managed
+        memory, as bitsandbytes' paged optimizers take it): never counted, nor freed into it."""
+        self._outside_depth += 1
+        try:
+            yield
+        finally:
+            self._outside_depth -= 1
 
     def _register(self, tensor: torch.Tensor, frames: list[dict[str, object]] | None) -> int | None:
         address = super()._register(tensor, frames)

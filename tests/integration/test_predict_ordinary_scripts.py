@@ -33,6 +33,12 @@ def predict_script(tmp_path: Path, source: str, *options: str) -> subprocess.Com
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
 
 
+def printed(completed: subprocess.CompletedProcess[str]) -> str:
+    """What the script printed: under --json, predict keeps stdout for its JSON and sends the
+    script's own output to stderr."""
+    return completed.stdout + completed.stderr
+
+
 def json_result(completed: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     assert "{\n" in completed.stdout, completed.stdout[-2000:] + completed.stderr[-3000:]
     loaded: dict[str, Any] = json.loads(completed.stdout[completed.stdout.index("{\n") :])
@@ -79,7 +85,7 @@ def test_a_batchnorm_cnn_trains_on_the_emulated_device(tmp_path: Path) -> None:
     completed = predict_script(tmp_path, BATCHNORM_CNN)
     assert DISPATCH_DUMP not in completed.stderr
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
-    assert "tracked on cuda:0 cuda:0 cuda:0" in completed.stdout
+    assert "tracked on cuda:0 cuda:0 cuda:0" in printed(completed)
     result = json_result(completed)
     assert result["fits"] is True and result["error"] is None
     # Every parameter and buffer lives on the device: 5 BatchNorms' and the loose one's
@@ -117,7 +123,7 @@ def test_hf_gpt2_with_its_default_cache(tmp_path: Path) -> None:
     completed = predict_script(tmp_path, GPT2)
     assert DISPATCH_DUMP not in completed.stderr
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
-    assert "cache layers 2" in completed.stdout
+    assert "cache layers 2" in printed(completed)
     result = json_result(completed)
     assert result["fits"] is True and result["optimizer"]["class"] == "AdamW"
     assert result["peak_allocated_bytes"] > 2 * result["model"]["parameter_bytes_total"]
@@ -173,7 +179,7 @@ def test_torchrun_is_read_as_the_world_it_launches(tmp_path: Path) -> None:
     launch = ["torchrun", "--standalone", "--nproc-per-node", "4", "fsdp2.py"]
     predicted = run_memlens(tmp_path, "predict", "--out", "predicted", "--", *launch)
     assert predicted.returncode == 0, predicted.stdout[-2000:] + predicted.stderr[-3000:]
-    assert "world 4 rank 0" in predicted.stdout and "rank 0 of 4" in predicted.stdout
+    assert "world 4 rank 0" in printed(predicted) and "rank 0 of 4" in predicted.stdout
     sidecar = json.loads((tmp_path / "predicted" / "predicted.memlens.json").read_text())
     assert sidecar["world_size"] == 4
     # plan reads the same command line as the same world: its baseline is predict's rank 0.
@@ -214,7 +220,7 @@ def test_peft_and_bitsandbytes_import_on_the_emulated_device(tmp_path: Path) -> 
     completed = predict_script(tmp_path, PEFT_GPT2)
     assert "_cuda_getCurrentRawStream" not in completed.stdout + completed.stderr
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
-    assert "bitsandbytes " in completed.stdout
+    assert "bitsandbytes " in printed(completed)
     result = json_result(completed)
     assert result["fits"] is True
     # LoRA r=8 on each c_attn (64 -> 192): A is 8x64, B is 192x8, two layers.
@@ -289,3 +295,56 @@ def test_plan_runs_the_trace_predict_runs(tmp_path: Path) -> None:
         command = ["python", "train.py", str(batch)]
         answer = run_memlens(tmp_path, "predict", *capacity, "--out", f"at{batch}", "--", *command)
         assert answer.returncode == status, (batch, answer.stdout[-1500:])
+
+
+# bitsandbytes' README: its optimizers in place of torch's, on a model already on the GPU.
+BNB_OPTIMIZERS = """
+    import sys
+
+    import bitsandbytes as bnb
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda()
+    optimizer_class = {"8bit": bnb.optim.AdamW8bit, "paged": bnb.optim.PagedAdamW8bit}[sys.argv[1]]
+    optimizer = optimizer_class(model.parameters(), lr=0.001, betas=(0.9, 0.995))
+    for step in range(2):
+        model(torch.randn(16, 1024, device="cuda")).pow(2).mean().backward()
+        before = torch.cuda.memory_allocated()
+        optimizer.step()
+        if step == 0:
+            print("state bytes", torch.cuda.memory_allocated() - before)
+        optimizer.zero_grad()
+"""
+
+
+def _block(size: int) -> int:
+    return -(-size // 512) * 512  # the caching allocator's smallest rounding
+
+
+def _adamw8bit_state_bytes(sizes: list[int], paged: bool) -> int:
+    """bitsandbytes' Optimizer2State.init_state: from 4096 values two uint8 states and an fp32
+    absmax per 256 values each; below, two fp32 states; the two 256-entry maps moved to the GPU.
+    Paged: state buffers of 100k values or more in managed memory, outside PyTorch's allocator."""
+    total = 2 * _block(256 * 4)
+    for n in sizes:
+        if n < 4096:
+            total += 2 * _block(4 * n)
+            continue
+        total += 2 * _block(4 * -(-n // 256))
+        if not (paged and n >= 100_000):
+            total += 2 * _block(n)
+    return total
+
+
+@pytest.mark.parametrize("variant", ["8bit", "paged"])
+def test_bitsandbytes_8bit_optimizers_lay_their_state_out_as_bitsandbytes_does(tmp_path: Path, variant: str) -> None:
+    pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (pip install bitsandbytes)")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(BNB_OPTIMIZERS))
+    completed = run_memlens(tmp_path, "predict", "--json", "--out", "out", "--", "python", "train.py", variant)
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
+    state_bytes = int(printed(completed).split("state bytes ")[1].split()[0])
+    sizes = [1024 * 4096, 4096, 4096 * 1024, 1024]
+    assert state_bytes == _adamw8bit_state_bytes(sizes, paged=variant == "paged")
+    assert json_result(completed)["optimizer"]["class"] == {"8bit": "AdamW8bit", "paged": "PagedAdamW8bit"}[variant]
