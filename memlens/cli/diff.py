@@ -41,7 +41,7 @@ def _delta(before: int, after: int) -> Text:
 @click.option("--color/--no-color", default=None, help="Force colour on or off.")
 def diff(before: str, after: str, device: int | None, top: int, as_json: bool, width: int | None,
          color: bool | None, file_path: str | None = None) -> None:
-    from memlens.reporters.terminal import make_console, short_frame
+    from memlens.reporters.terminal import elide_apart, make_console, short_frame
 
     with progress_bar("comparing") as update:
         answer = diff_files(before, after, DiffOptions(device=device, top=top, file=file_path), progress=update)
@@ -50,7 +50,10 @@ def diff(before: str, after: str, device: int | None, top: int, as_json: bool, w
         return
     result, file_diff = answer.snapshots, answer.file
     console = make_console(width=width, color=color)
-    console.print(Text("memlens diff", style="bold") + Text(f"  {printable(before)} -> {printable(after)}"))
+    # Two long names cut where they agree (run-a/snapshot.pickle and run-b/... keep a and b).
+    half = max((console.width - len("memlens diff  ->  ")) // 2, 12)
+    names = elide_apart([printable(before), printable(after)], half)
+    console.print(Text("memlens diff", style="bold") + Text(f"  {names[0]} -> {names[1]}"))
     table = Table(box=None, header_style="bold", pad_edge=False)
     for column in ("", "before", "after", "change"):
         table.add_column(column, justify="left" if not column else "right")
@@ -65,11 +68,14 @@ def diff(before: str, after: str, device: int | None, top: int, as_json: bool, w
     console.print(Text("\nStacks live at the peak that changed most", style="bold"))
     if not result.stacks:
         console.print("  none: the same code holds the same bytes at both peaks")
-    for change in result.stacks:
-        where = " ← ".join(short_frame(f) for f in change.frames[:3])
-        console.print(Text.assemble("  ", _delta(change.before_bytes, change.after_bytes),
-                                    f"  ({format_bytes(change.before_bytes)} -> {format_bytes(change.after_bytes)})  ",
-                                    where), overflow="ellipsis", no_wrap=True)
+    leads = [Text.assemble("  ", _delta(change.before_bytes, change.after_bytes),
+                           f"  ({format_bytes(change.before_bytes)} -> {format_bytes(change.after_bytes)})  ")
+             for change in result.stacks]
+    # Stacks that share their first frames are cut where they differ, not all at the same end.
+    room = max(console.width - max((len(lead) for lead in leads), default=0), 20)
+    wheres = elide_apart([" ← ".join(short_frame(f) for f in change.frames[:3]) for change in result.stacks], room)
+    for lead, where in zip(leads, wheres, strict=True):
+        console.print(lead + Text(where), overflow="ellipsis", no_wrap=True)
     if result.findings_before != result.findings_after:
         console.print(f"\nfindings: {', '.join(result.findings_before) or 'none'} -> "
                       f"{', '.join(result.findings_after) or 'none'}")

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memlens.printable import printable
-from memlens.reporters.terminal import elide_middle
+from memlens.reporters.terminal import elide_apart
 from memlens.units import format_bytes
 
 if TYPE_CHECKING:
@@ -66,8 +66,9 @@ def render_fleet(console: Console, fleet: FleetReport) -> None:
     over = sum(widths.values()) + 2 * len(shown) + MIN_LAST_COLUMN - console.width
     if over > 0 and 1 in widths:  # too narrow: long file names give way first, cut in the middle
         widths[1] = max(widths[1] - over, MIN_FILE_COLUMN)
-        for line in cells:
-            line[1] = elide_middle(line[1], widths[1])
+        # Cut where the names agree: job-...-rank17.pickle and job-...-rank18.pickle stay apart.
+        for line, name in zip(cells, elide_apart([line[1] for line in cells], widths[1]), strict=True):
+            line[1] = name
     room = max(console.width - sum(widths.values()) - 2 * len(shown), MIN_LAST_COLUMN)
     table = Table(title="Ranks  peak memory per rank", title_justify="left", box=None, header_style="bold")
     for i in shown:

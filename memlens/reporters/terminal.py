@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import itertools
 import os
 import re
 import sys
@@ -292,6 +293,54 @@ def elide_middle(text: str, width: int) -> str:
         return text
     keep = max(width - 1, 2)
     return f"{text[: (keep + 1) // 2]}…{text[len(text) - keep // 2:]}"
+
+
+def elide_apart(texts: Sequence[str], width: int) -> list[str]:
+    """Each text in ``width`` characters, cut where it agrees with the texts most like it, so that
+    texts that differ still differ once cut: ``job-2026-11-30-node0-rank17.pickle`` and
+    ``...-rank18.pickle`` keep their 17 and 18 (cut in the middle, both read the same)."""
+    distinct = sorted(set(texts))
+    if all(len(text) <= width for text in distinct) or len(distinct) < 2:
+        return [elide_middle(text, width) for text in texts]
+    starts = _shared_with_neighbours(distinct)
+    ends = _shared_with_neighbours(sorted(text[::-1] for text in distinct))
+    return [_elide_around(text, width, starts[text], ends[text[::-1]]) for text in texts]
+
+
+def _shared_with_neighbours(ordered: Sequence[str]) -> dict[str, int]:
+    """For each of the sorted ``ordered`` texts, the most leading characters it shares with any
+    other: the longest such prefix is with a sorted neighbour."""
+    def shared(a: str, b: str) -> int:
+        length = 0
+        while length < min(len(a), len(b)) and a[length] == b[length]:
+            length += 1
+        return length
+
+    between = [shared(a, b) for a, b in itertools.pairwise(ordered)]
+    return {text: max(between[index - 1] if index else 0, between[index] if index < len(between) else 0)
+            for index, text in enumerate(ordered)}
+
+
+def _elide_around(text: str, width: int, prefix: int, suffix: int) -> str:
+    """``text`` in ``width``: its part after the shared ``prefix`` and before the shared ``suffix``
+    kept whole, the shared parts cut in their middles to the room left."""
+    if len(text) <= width:
+        return text
+    start, end = min(prefix, len(text)), max(len(text) - suffix, min(prefix, len(text)))
+    lead, differing, tail = text[:start], text[start:end], text[end:]
+    room = width - len(differing)
+    if room < 2:
+        return elide_middle(differing, width)
+    tail_room = min(len(tail), room - min(len(lead), 3))
+    lead_room = room - tail_room
+    return elide_middle(_cut(lead, lead_room) + differing + _cut(tail, tail_room), width)
+
+
+def _cut(part: str, room: int) -> str:
+    """``part`` in ``room`` characters: cut in its middle, or its end alone when too short for that."""
+    if len(part) <= room:
+        return part
+    return elide_middle(part, room) if room >= 3 else part[len(part) - room:] if room > 0 else ""
 
 
 def render_finding(console: Console, rank: int, finding: Finding, full_stacks: bool = False) -> None:

@@ -4,6 +4,8 @@ singular for one."""
 from __future__ import annotations
 
 import io
+import shutil
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -40,3 +42,30 @@ def test_a_time_past_the_end_is_refused_as_an_event_past_it_is() -> None:
         assert "outside the trace" in result.output or "past the end of the trace" in result.output
     inside = CliRunner().invoke(cli, ["group", LEAK, "--no-cache", "--at", "+0.002s"])
     assert inside.exit_code == 0, inside.output
+
+
+def test_names_cut_to_fit_keep_the_part_that_differs() -> None:
+    from memlens.reporters.terminal import elide_apart
+
+    names = ["job-2026-11-30-node0-rank17-final.pickle", "job-2026-11-30-node0-rank18-final.pickle",
+             "job-2026-11-30-node1-rank3-final.pickle"]
+    for width in (12, 20, 30):
+        cut = elide_apart(names, width)
+        assert len(set(cut)) == 3 and all(len(name) <= width for name in cut), cut
+    assert [name for name in elide_apart(names, 30) if "rank17" in name and "rank18" not in name]
+    assert elide_apart(["short.pickle", "short.pickle"], 30) == ["short.pickle", "short.pickle"]
+
+
+def test_fleet_keeps_rank_files_apart_on_a_narrow_terminal(tmp_path: Path) -> None:
+    stems = []
+    for rank in (0, 1):
+        stem = f"experiment-2026-12-04-lr3e-4-seed1234-{rank}-of-2-checkpointed-final"
+        for suffix in (".pickle", ".memlens.json"):
+            source = SAMPLE_SNAPSHOTS_DIR / f"ddp_rank{rank}{suffix}"
+            if source.exists():
+                shutil.copy(source, tmp_path / f"{stem}{suffix}")
+        stems.append(str(tmp_path / f"{stem}.pickle"))
+    result = CliRunner().invoke(cli, ["fleet", *stems, "--no-cache", "--width", "100", "--no-color"])
+    assert result.exit_code in (0, 1), result.output
+    rows = [line for line in result.output.splitlines() if "…" in line and ("-0-of-2" in line or "-1-of-2" in line)]
+    assert len(rows) == 2, result.output
