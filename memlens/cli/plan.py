@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import click
 
-from memlens.cli.common import help_text, json_text
+from memlens.cli.common import COUNT, help_text, json_text
 from memlens.predict.gpus import GPU_NAMES_HELP
 from memlens.units import format_bytes
 
@@ -34,7 +34,7 @@ from memlens.units import format_bytes
 @click.option("--reserve-outside", default="0", help="Memory outside PyTorch's allocator (CUDA context, NCCL).")
 @click.option(
     "--world-size",
-    type=click.IntRange(min=1),
+    type=COUNT,  # one usage line for 0 or 5,000 digits, as every count memlens reads
     default=1,
     help="Predict one rank of N under a simulated (fake) process group: FSDP2 and DDP scripts, fsdp.",
 )
@@ -42,7 +42,7 @@ from memlens.units import format_bytes
 @click.option("--vary", multiple=True, metavar="NAME=V1,V2", help="Substitute each value for {NAME} in the command.")
 @click.option("--max", "maximum", default=None, metavar="NAME=LO..HI", help="The largest {NAME} that fits.")
 @click.option("--out", "out_dir", default="memlens_plan", help="A new folder for every configuration's snapshot.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Predictions at once (default: the CPUs).")
+@click.option("--jobs", type=COUNT, default=None, help="Predictions at once (default: the CPUs).")
 @click.option("--stacks", is_flag=True, help="Capture Python stacks in the snapshots (slower).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)

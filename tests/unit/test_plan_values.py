@@ -58,3 +58,16 @@ def test_long_labels_that_share_a_beginning_get_different_folders() -> None:
     second = Configuration(values={"B": "x" * 300 + "2"}).slug()
     assert first != second
     assert Configuration(values={"B": "8"}).slug() == "baseline_B=8"  # short labels as before
+
+
+@pytest.mark.parametrize("option", ["--jobs", "--world-size"])
+@pytest.mark.parametrize("value", ["0", DIGITS_5000], ids=["zero", "5000-digits"])
+def test_plan_counts_are_one_usage_line(option: str, value: str) -> None:
+    from click.testing import CliRunner
+
+    from memlens.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["plan", option, value, "--", "python", "train.py"])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"memlens: error: {option}"), result.output
