@@ -290,8 +290,13 @@ def _measure_large_blocks(
     kinds = action[large_rows]
     kind[kinds == _ALLOC] = 1
     kind[kinds == release] = 0
-    occupied_first = kinds[firsts] != _ALLOC
-    kind[firsts & (kind < 0)] = 1  # a first row that is a non-releasing free: occupied from before
+    # Occupied when the window opened: the blocks from before it (an address whose first row is a
+    # large free), as the sweep seeds them; an address whose first large row is a free after some
+    # other row (a history no allocator wrote) is not. A first row that is a non-releasing free
+    # leaves that state as it was.
+    occupied_first = np.isin(starts, address[ghost_rows])
+    first_free = firsts & (kind < 0)
+    kind[first_free] = occupied_first[rank[first_free]]
     last_change = np.maximum.accumulate(np.where(kind >= 0, np.arange(large_rows.size), 0))
     state = kind[last_change]
     keys = rank * (n + 1) + large_rows  # sorted: by address rank, then row
@@ -325,7 +330,7 @@ def _measure_large_blocks(
         next_start[np.arange(first, last)[has]] = np.minimum.reduceat(value, first_pair[has])
     if untouched:
         always = np.array(sorted(untouched), dtype=np.int64)
-        at = np.searchsorted(always, start + rounded, "left")
+        at = np.searchsorted(always, start, "right")  # from just past the start, as above
         found = at < always.size
         next_start[found] = np.minimum(next_start[found], always[at[found]])
 
@@ -360,6 +365,9 @@ def _segment_ends(
     for row, act, addr, seg_size in zip(segment_rows.tolist(), action[segment_rows].tolist(),
                                         address[segment_rows].tolist(), out[segment_rows].tolist(), strict=True):
         if act == _SEGMENT_ALLOC:
+            if addr in opened:  # opened again without a free: the earlier one ends here (as the sweep has it)
+                size, since = opened[addr]
+                instances.append((addr, size, since, row))
             opened[addr] = (seg_size, row)
         elif addr in opened:
             size, since = opened.pop(addr)

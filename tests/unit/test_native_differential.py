@@ -26,7 +26,7 @@ from memlens.allocator import whatif
 from memlens.allocator.engine import native_module
 from memlens.allocator.settings import AllocatorSettings
 from memlens.snapshot.blocks import block_sizes
-from memlens.snapshot.model import Action, Segment
+from memlens.snapshot.model import Action, Block, Segment
 from memlens.snapshot.reader import parse, read_raw
 from tests.conftest import REAL_SNAPSHOTS_MISSING, real_snapshot_paths
 from tests.hostile_files import entry
@@ -155,9 +155,11 @@ _ALLOC, _FREE_REQUESTED, _FREE_COMPLETED = int(Action.ALLOC), int(Action.FREE_RE
 _SEGMENT_ALLOC = int(Action.SEGMENT_ALLOC)
 
 
-def _segment(address: int, total: int) -> Segment:
+def _segment(address: int, total: int, *live: int) -> Segment:
+    """A segment of the dump, with a 2 MiB block allocated at each of ``live``."""
+    blocks = [Block(at, 2 * MiB, 2 * MiB, "active_allocated") for at in live]
     return Segment(device=0, address=address, total_size=total, stream=0, segment_type="large", pool_id=(0, 0),
-                   is_expandable=False, blocks=[])
+                   is_expandable=False, blocks=blocks)
 
 
 @pytest.mark.parametrize(("rows", "segments"), [
@@ -173,14 +175,27 @@ def _segment(address: int, total: int) -> Segment:
                   (_FREE_COMPLETED, BASE + 2 * MiB, 20 * MiB + 1000),
                   (_FREE_COMPLETED, BASE + 3 * MiB // 2, 2 * MiB)],
                  [(BASE, 4 * MiB)], id="a block over the next one's start"),
+    # A large free at an address whose first row was a small one: not a block from before the window
+    # (both passes agreed here before; a guard for the fast pass's seeding of what was occupied).
+    pytest.param([(_FREE_COMPLETED, BASE + 3 * MiB // 2, MiB // 2), (_FREE_REQUESTED, BASE + MiB, 2 * MiB + 1000),
+                  (_FREE_REQUESTED, BASE + 3 * MiB // 2, 2 * MiB + 512)],
+                 [(BASE, 4 * MiB)], id="a large free where a small block was"),
+    # A segment opened twice at one address: the second opening replaces the first from its row on.
+    pytest.param([(_SEGMENT_ALLOC, BASE + MiB // 2, MiB + 512), (_SEGMENT_ALLOC, BASE + MiB // 2, 20 * MiB + 1000),
+                  (_FREE_REQUESTED, BASE + 3 * MiB, 3 * MiB // 2 + 512), (_ALLOC, BASE + MiB // 2, 20 * MiB + 512),
+                  (_SEGMENT_ALLOC, BASE + MiB // 2, 20 * MiB + 512)],
+                 [(BASE, 4 * MiB)], id="a segment opened twice"),
+    # A block from before the window over blocks live at the dump that no row touches.
+    pytest.param([(_FREE_REQUESTED, BASE, 3 * MiB + 1000)], [(BASE, 4 * MiB, BASE + MiB)],
+                 id="a block from before the window over live blocks"),
 ])
 def test_the_fast_block_size_pass_measures_as_the_row_by_row_one(
-    rows: list[tuple[int, int, int]], segments: list[tuple[int, int]],
+    rows: list[tuple[int, int, int]], segments: list[tuple[int, ...]],
 ) -> None:
     action = np.array([r[0] for r in rows], dtype=np.int8)
     address = np.array([r[1] for r in rows], dtype=np.int64)
     size = np.array([r[2] for r in rows], dtype=np.int64)
-    known = [_segment(a, t) for a, t in segments]
+    known = [_segment(*segment) for segment in segments]
     fast = block_sizes(action, address, size, known, AllocatorSettings(), native=False)
     row_by_row = block_sizes(action, address, size, known, AllocatorSettings(), sweep=True)
     assert fast.tolist() == row_by_row.tolist()
