@@ -19,15 +19,17 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
+import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
 from memlens.cli.common import BYTE_SIZE, CAPACITY, help_text, json_text
 from memlens.ops.predict import SIGNAL_WORDS, oom_line
 from memlens.predict.gpus import GPU_NAMES_HELP, FitBasis, fit_basis
-from memlens.units import format_bytes
+from memlens.units import counted, format_bytes
 
 
 @click.command(help=help_text(__doc__), context_settings={"ignore_unknown_options": True})
@@ -69,7 +71,7 @@ def predict(
 
     options = PredictOptions(gpu=gpu, capacity=capacity, reserve_outside=reserve_outside, out_dir=out_dir,
                              placeholder_values=placeholder_values, stacks=not no_stacks)
-    with script_output_to_stderr(as_json):
+    with script_output_to_stderr(as_json), progress_line(sys.stderr if sys.stderr.isatty() else None):
         prediction = run_predicted(command, options, on_stopped=stopped)
     result = prediction.result
     if as_json:
@@ -84,6 +86,49 @@ def predict(
             render_budget_check(make_console(), budget)
     if prediction.exit_status:
         raise click.exceptions.Exit(prediction.exit_status)
+
+
+# How often the progress line is redrawn: often enough to see it move, rarely enough to cost nothing.
+PROGRESS_SECONDS = 0.5
+
+
+@contextlib.contextmanager
+def progress_line(stream: TextIO | None) -> Iterator[None]:
+    """On a terminal (``stream``: stderr when it is one, else None and nothing is drawn), one line
+    kept current while the script runs: the optimizer steps it has taken and the time so far.
+    Steps are counted by a global optimizer-step hook, as the prediction itself marks them."""
+    if stream is None:
+        yield
+        return
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    steps = [0]
+
+    def count(*_: object) -> None:
+        steps[0] += 1
+
+    handle = register_optimizer_step_post_hook(count)
+    started = time.monotonic()
+    done = threading.Event()
+
+    def draw() -> None:
+        while not done.wait(PROGRESS_SECONDS):
+            with contextlib.suppress(OSError, ValueError):  # the script may have closed the stream
+                stream.write(f"\r\x1b[Kmemlens predict: {counted(steps[0], 'step')}, "
+                             f"{time.monotonic() - started:,.0f} s")
+                stream.flush()
+
+    drawer = threading.Thread(target=draw, name="memlens-predict-progress", daemon=True)
+    drawer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        drawer.join()
+        handle.remove()
+        with contextlib.suppress(OSError, ValueError):
+            stream.write("\r\x1b[K")  # the line is gone before the figures are printed
+            stream.flush()
 
 
 @contextlib.contextmanager
@@ -125,21 +170,23 @@ def render(result: Any, world_size: int = 1, basis: FitBasis | None = None) -> s
             f"  peak allocated  {format_bytes(result.peak_allocated_bytes)}",
             f"  peak reserved   {format_bytes(result.peak_reserved_bytes)}",
         ]
-    else:
-        lines.append(
-            "  nothing was put on the GPU: the script made no CUDA tensor (a model left on the CPU, "
-            "or a device chosen without torch.cuda.is_available()?)"
-        )
     if result.oom:
         lines.append("  " + oom_line(result))
     elif result.interrupted:
         lines.append(
             f"  {SIGNAL_WORDS[result.interrupted]} at {result.stopped_at or '?'}: the figures are up to that point"
         )
+    elif result.error is not None and not result.used_cuda:  # argparse, an import, init_process_group
+        lines.append(f"  the script failed before it put anything on the GPU: {result.error}")
     elif result.error is not None:
         lines.append(f"  the script failed: {result.error}; the figures are up to that point")
     elif result.stopped_at is not None or result.stop_reason is not None:
         lines.append(f"  stopped at {result.stopped_at or '?'}: {result.stop_reason}")
+    elif not result.used_cuda:
+        lines.append(
+            "  no fit to claim: nothing was put on the GPU, the script made no CUDA tensor (a model left "
+            "on the CPU, or a device chosen without torch.cuda.is_available()?)"
+        )
     else:
         lines.append("  fits: the run completed within capacity")
     if result.placeholder_values:
