@@ -63,12 +63,64 @@ _REAP_S = 10.0
 
 
 def default_memory_limit() -> int:
-    """Half the machine's physical memory, at least 1 GiB: an analysis needs ~6x its file's size."""
+    """Half the memory this process may use (the machine's physical memory, or its cgroup's limit
+    where that is lower: a container, a Slurm job), at least 1 GiB: an analysis needs ~6x its
+    file's size."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         total = 8 * GiB
+    limited = cgroup_memory_limit()
+    if limited is not None:
+        total = min(total, limited)
     return max(GiB, total // 2)
+
+
+# cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit number, not "max".
+_CGROUP_V1_UNLIMITED = 1 << 62
+
+
+def cgroup_memory_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """The lowest memory limit on this process's cgroup path (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``), from its own group up to the root; None where there is none, or
+    nothing can be read (not Linux, no cgroup file system mounted)."""
+    try:
+        with open(proc_cgroup, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    candidates: list[tuple[str, str]] = []
+    for line in lines:
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        if controllers == "":  # v2, mounted at the root, or at unified/ beside v1's controllers
+            hybrid = not os.path.exists(os.path.join(root, "cgroup.controllers"))
+            candidates.append((os.path.join(root, "unified") if hybrid else root, path))
+        elif "memory" in controllers.split(","):
+            candidates.append((os.path.join(root, "memory"), path))
+    limits = [limit for base, path in candidates for limit in _limits_up_the_path(base, path)]
+    return min(limits) if limits else None
+
+
+def _limits_up_the_path(base: str, path: str) -> list[int]:
+    """The limits set on ``path`` and each folder above it under ``base`` (a path that is not
+    there, as inside a cgroup namespace, counts from ``base`` itself)."""
+    folder = os.path.normpath(os.path.join(base, path.lstrip("/")))
+    if not os.path.isdir(folder):
+        folder = base
+    found = []
+    while True:
+        for name in ("memory.max", "memory.limit_in_bytes"):
+            with contextlib.suppress(OSError, ValueError):
+                with open(os.path.join(folder, name), encoding="ascii") as handle:
+                    text = handle.read().strip()
+                if text != "max" and int(text) < _CGROUP_V1_UNLIMITED:
+                    found.append(int(text))
+        if os.path.normpath(folder) == os.path.normpath(base) or folder == os.path.dirname(folder):
+            return found
+        folder = os.path.dirname(folder)
 
 
 def _finite(value: int) -> int | None:
