@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
@@ -124,6 +126,38 @@ def progress_bar(label: str, enabled: bool | None = None) -> Iterator[Any]:
             bar.update(task, completed=fraction, description=f"{label}: {stage}")
 
         yield update
+
+
+# How often a status line is redrawn: often enough to see it move, rarely enough to cost nothing.
+STATUS_SECONDS = 0.5
+
+
+@contextmanager
+def status_line(stream: TextIO | None, text: Callable[[float], str]) -> Iterator[None]:
+    """One line on ``stream`` (stderr when it is a terminal, else None: nothing is drawn) redrawn
+    every ``STATUS_SECONDS`` from ``text(elapsed seconds)`` while the body runs, then cleared."""
+    if stream is None:
+        yield
+        return
+    started = time.monotonic()
+    done = threading.Event()
+
+    def draw() -> None:
+        while not done.wait(STATUS_SECONDS):
+            with suppress(OSError, ValueError):  # a script may have closed the stream
+                stream.write(f"\r\x1b[K{text(time.monotonic() - started)}")
+                stream.flush()
+
+    drawer = threading.Thread(target=draw, name="memlens-status-line", daemon=True)
+    drawer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        drawer.join()
+        with suppress(OSError, ValueError):
+            stream.write("\r\x1b[K")  # gone before the figures are printed
+            stream.flush()
 
 
 def load_with_progress(path: str, progress: bool | None = None, cache: bool | None = None) -> Snapshot:

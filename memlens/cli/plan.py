@@ -21,9 +21,11 @@ Exit status: 0 a configuration fits (the recommendation is printed); 1 none fits
 
 from __future__ import annotations
 
+import sys
+
 import click
 
-from memlens.cli.common import COUNT, help_text, json_text
+from memlens.cli.common import COUNT, help_text, json_text, status_line
 from memlens.predict.gpus import GPU_NAMES_HELP
 from memlens.units import format_bytes
 
@@ -67,13 +69,34 @@ def plan(
         command=list(command), gpu=gpu, capacity=capacity, reserve_outside=reserve_outside, world_size=world_size,
         tries=list(tries), vary=list(vary), max=maximum, out=out_dir, jobs=jobs, stacks=stacks,
     )  # fmt: skip
-    result = run_plan(options)
+    progress = PlanStatus()
+    with status_line(sys.stderr if sys.stderr.isatty() else None, progress.text):
+        result = run_plan(options, on_progress=progress.update)
     if as_json:
         click.echo(json_text(json_payload(result)))
     else:
         click.echo(render(result))
     if result.recommended is None:
         raise click.exceptions.Exit(1)
+
+
+class PlanStatus:
+    """The plan's progress line on a terminal: "configuration 3 of 8 (ckpt B=16), 2 done, 41 s"."""
+
+    def __init__(self) -> None:
+        self.started = self.finished = 0
+        self.total: int | None = None
+        self.label = ""
+
+    def update(self, started: int, finished: int, total: int | None, label: str) -> None:
+        self.started, self.finished, self.total, self.label = started, finished, total, label
+
+    def text(self, seconds: float) -> str:
+        if not self.started:
+            return f"memlens plan: starting, {seconds:,.0f} s"
+        of = f" of {self.total}" if self.total is not None else ""
+        return (f"memlens plan: configuration {self.started}{of} ({self.label}), {self.finished} done, "
+                f"{seconds:,.0f} s")
 
 
 def json_payload(result: object) -> dict[str, object]:

@@ -19,14 +19,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
 import click
 
-from memlens.cli.common import BYTE_SIZE, CAPACITY, help_text, json_text
+from memlens.cli.common import BYTE_SIZE, CAPACITY, help_text, json_text, status_line
 from memlens.ops.predict import SIGNAL_WORDS, oom_line
 from memlens.predict.gpus import GPU_NAMES_HELP, FitBasis, fit_basis
 from memlens.units import counted, format_bytes
@@ -88,10 +86,6 @@ def predict(
         raise click.exceptions.Exit(prediction.exit_status)
 
 
-# How often the progress line is redrawn: often enough to see it move, rarely enough to cost nothing.
-PROGRESS_SECONDS = 0.5
-
-
 @contextlib.contextmanager
 def progress_line(stream: TextIO | None) -> Iterator[None]:
     """On a terminal (``stream``: stderr when it is one, else None and nothing is drawn), one line
@@ -108,27 +102,11 @@ def progress_line(stream: TextIO | None) -> Iterator[None]:
         steps[0] += 1
 
     handle = register_optimizer_step_post_hook(count)
-    started = time.monotonic()
-    done = threading.Event()
-
-    def draw() -> None:
-        while not done.wait(PROGRESS_SECONDS):
-            with contextlib.suppress(OSError, ValueError):  # the script may have closed the stream
-                stream.write(f"\r\x1b[Kmemlens predict: {counted(steps[0], 'step')}, "
-                             f"{time.monotonic() - started:,.0f} s")
-                stream.flush()
-
-    drawer = threading.Thread(target=draw, name="memlens-predict-progress", daemon=True)
-    drawer.start()
     try:
-        yield
+        with status_line(stream, lambda seconds: f"memlens predict: {counted(steps[0], 'step')}, {seconds:,.0f} s"):
+            yield
     finally:
-        done.set()
-        drawer.join()
         handle.remove()
-        with contextlib.suppress(OSError, ValueError):
-            stream.write("\r\x1b[K")  # the line is gone before the figures are printed
-            stream.flush()
 
 
 @contextlib.contextmanager

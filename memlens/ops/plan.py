@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,12 @@ class PlanResult(msgspec.Struct):
     seconds: float
 
 
-def plan(options: PlanOptions) -> PlanResult:
+# Told of each configuration as it starts and ends: (started, finished, total or None while a
+# --max search has not settled how many it runs, the configuration's label). memlens plan draws it.
+PlanProgress = Callable[[int, int, int | None, str], None]
+
+
+def plan(options: PlanOptions, on_progress: PlanProgress | None = None) -> PlanResult:
     started = time.perf_counter()
     lever_sets = [parse_spec(spec) for spec in options.tries]
     vary = [parse_vary(text) for text in options.vary]
@@ -107,8 +113,8 @@ def plan(options: PlanOptions) -> PlanResult:
     options = launched_options(options)  # ``command`` stays the launch the user typed, for the recommendation
     gpu_name, capacity = _device(options)
     out = _fresh_out(_absolute(options.out))
-    runner = _Runner(options, out, capacity)
     configurations = expand(lever_sets, vary)
+    runner = _Runner(options, out, capacity, on_progress, len(configurations) if searched is None else None)
     with stop_on_signals():  # SIGTERM, Ctrl-C: every configuration's process ends with the plan
         results = runner.run_all(configurations) if searched is None else _search_all(runner, configurations, searched)
     configs = _scored(results)
@@ -184,8 +190,12 @@ def _fresh_out(out: Path) -> Path:
 class _Runner:
     """Runs configurations in child processes, at most ``jobs`` at once; one folder each."""
 
-    def __init__(self, options: PlanOptions, out: Path, capacity: int) -> None:
+    def __init__(self, options: PlanOptions, out: Path, capacity: int, on_progress: PlanProgress | None = None,
+                 total: int | None = None) -> None:
         self.options = options
+        self.on_progress = on_progress
+        self.total = total
+        self._finished = 0
         self.out = out
         self.capacity = capacity
         self.jobs = max(1, options.jobs or _cpus())
@@ -205,6 +215,19 @@ class _Runner:
         with self._lock:
             index = self._count
             self._count += 1
+        self._tell(configuration)
+        try:
+            return self._run(configuration, index)
+        finally:
+            with self._lock:
+                self._finished += 1
+            self._tell(configuration)
+
+    def _tell(self, configuration: Configuration) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self._count, self._finished, self.total, configuration.label())
+
+    def _run(self, configuration: Configuration, index: int) -> ChildResult:
         folder = self.out / f"{index:02d}-{configuration.slug()}"
         folder.mkdir()
         job = ChildJob(

@@ -8,11 +8,12 @@ import time
 import pytest
 import torch
 
+from memlens.cli import common
 from memlens.cli import predict as predict_cli
 
 
 def test_the_progress_line_counts_optimizer_steps_and_clears_itself(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(predict_cli, "PROGRESS_SECONDS", 0.05)
+    monkeypatch.setattr(common, "STATUS_SECONDS", 0.05)
     stream = io.StringIO()
     model = torch.nn.Linear(4, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
