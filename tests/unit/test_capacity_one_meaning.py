@@ -60,7 +60,7 @@ def test_mcp_tools_refuse_what_the_cli_refuses_before_any_engine_sees_it() -> No
     tools = Tools()
     for call in (lambda: tools.whatif(LEAK, capacity=2**64), lambda: tools.whatif(LEAK, capacity=80),
                  lambda: tools.triage(LEAK, capacity="80"), lambda: tools.budget(params="7B", capacity=[80])):
-        with pytest.raises(MemlensUsageError, match="capacity 80|give a unit"):
+        with pytest.raises(MemlensUsageError, match="give a unit"):
             call()
     with pytest.raises(MemlensUsageError, match="larger than any device"):
         tools.whatif(LEAK, capacity=f"{2**64}B")
