@@ -36,6 +36,9 @@ from memlens.plan.processes import ConfigurationProcesses, stop_on_signals
 from memlens.plan.recommend import change_for
 from memlens.plan.search import largest_fitting
 
+# The --out a plan writes to unless told otherwise: a second plan there gets memlens_plan-2, -3 ...
+DEFAULT_OUT = "memlens_plan"
+
 
 class PlanOptions(msgspec.Struct, frozen=True):
     """What to plan. ``command``: the script's command line (``python train.py ARGS``), with
@@ -50,7 +53,7 @@ class PlanOptions(msgspec.Struct, frozen=True):
     tries: list[str] = []
     vary: list[str] = []
     max: str | None = None
-    out: str = "memlens_plan"
+    out: str = DEFAULT_OUT
     jobs: int | None = None
     stacks: bool = False
     timeout_s: float = 900.0
@@ -112,7 +115,7 @@ def plan(options: PlanOptions, on_progress: PlanProgress | None = None) -> PlanR
         raise MemlensUsageError(f"--world-size {options.world_size}: must be 1 or more")
     options = launched_options(options)  # ``command`` stays the launch the user typed, for the recommendation
     gpu_name, capacity = _device(options)
-    out = _fresh_out(_absolute(options.out))
+    out = _fresh_out(_absolute(options.out), numbered=options.out == DEFAULT_OUT)
     configurations = expand(lever_sets, vary)
     runner = _Runner(options, out, capacity, on_progress, len(configurations) if searched is None else None)
     with stop_on_signals():  # SIGTERM, Ctrl-C: every configuration's process ends with the plan
@@ -173,17 +176,39 @@ def _absolute(out: str) -> Path:
     return Path(os.path.abspath(out))
 
 
-def _fresh_out(out: Path) -> Path:
-    """The plan's folder: new or empty (a plan never writes over another run's files)."""
+def _fresh_out(out: Path, numbered: bool = False) -> Path:
+    """The plan's folder: new or empty (a plan never writes over another run's files). Where an
+    earlier run's files are and ``numbered`` (the default --out, which the user did not choose),
+    the first free ``OUT-2``, ``OUT-3`` ... beside it, as ``memlens record`` numbers its runs."""
     try:
         if out.exists() and not out.is_dir():
             raise MemlensUsageError(f"--out {out}: it is a file, not a folder")
         if out.is_dir() and any(out.iterdir()):
+            if numbered:
+                return _next_free_folder(out)
             raise MemlensUsageError(f"--out {out}: the folder is not empty (a plan writes into a new folder)")
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise MemlensUsageError(f"--out {out}: {exc.strerror or exc}") from None
     return out
+
+
+# How many numbered folders a plan tries beside the default --out before it asks for another.
+MAX_NUMBERED_OUT = 10_000
+
+
+def _next_free_folder(out: Path) -> Path:
+    """``OUT-N`` for the least N >= 2 that is free or empty; made here, so two plans started at
+    once never share one (``mkdir`` fails for the second)."""
+    for number in range(2, MAX_NUMBERED_OUT):
+        candidate = out.with_name(f"{out.name}-{number}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            if candidate.is_dir() and not any(candidate.iterdir()):
+                return candidate
+    raise MemlensUsageError(f"--out {out}: {MAX_NUMBERED_OUT} earlier plans are beside it: give a new folder")
 
 
 # ---------------------------------------------------------------------- running children

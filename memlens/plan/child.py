@@ -117,6 +117,8 @@ def run_job(job: ChildJob) -> ChildResult:
             problem = oom_line(result)
         else:
             problem = result.error or result.stop_reason or result.interrupted
+            if problem is None and not result.used_cuda:
+                problem = "nothing was put on the GPU: the script made no CUDA tensor"
         if problem is not None:
             from memlens.errors import one_line
 

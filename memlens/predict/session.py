@@ -114,8 +114,9 @@ class PredictResult:
 
     @property
     def fits(self) -> bool:
-        """The whole program ran within the capacity: the one outcome that answers "it fits"."""
-        return self.completed
+        """The whole program ran within the capacity: the one outcome that answers "it fits". A
+        program that never put anything on the GPU answers nothing about it, so claims no fit."""
+        return self.completed and self.used_cuda
 
     def record(self) -> PredictRecord:
         """The result as its JSON form's struct (``memlens predict --json``, the MCP predict tool)."""

@@ -254,6 +254,16 @@ def test_out_is_never_written_over(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "theirs.txt").read_text() == "x"
 
 
+def test_a_second_plan_into_the_default_out_gets_a_fresh_folder(tmp_path: Path) -> None:
+    script = tmp_path / "small.py"
+    script.write_text("import torch\ntorch.nn.Linear(64, 64).cuda()(torch.randn(4, 64, device='cuda')).sum()\n")
+    for folder in ("memlens_plan", "memlens_plan-2"):
+        completed = run_cli("--", "python", str(script), cwd=tmp_path)
+        assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+        assert f"snapshots under {tmp_path / folder} " in completed.stdout
+        assert (tmp_path / folder / "00-baseline" / "predicted.pickle").is_file()
+
+
 FSDP_SCRIPT = textwrap.dedent(
     """
     import sys

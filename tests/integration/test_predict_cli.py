@@ -243,10 +243,29 @@ def test_gpu_names_people_type_and_the_help_lists_them(tmp_path: Path) -> None:
 def test_a_script_that_puts_nothing_on_the_gpu_says_so(tmp_path: Path) -> None:
     source = "import torch\nmodel = torch.nn.Linear(8, 8)\nprint(model(torch.randn(2, 8)).shape)\n"
     completed = predict_script(tmp_path, source)
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    assert "nothing was put on the GPU" in completed.stdout
-    assert "peak allocated" not in completed.stdout
-    assert json_result(predict_script(tmp_path, source, "--json"))["used_cuda"] is False
+    # Nothing on the GPU answers nothing about it: no "fits", and not the status of a fit.
+    assert completed.returncode == 1, completed.stderr[-2000:]
+    assert "no fit to claim: nothing was put on the GPU" in completed.stdout
+    assert "peak allocated" not in completed.stdout and "fits" not in completed.stdout
+    result = json_result(predict_script(tmp_path, source, "--json"))
+    assert result["used_cuda"] is False and result["fits"] is False
+
+
+@pytest.mark.parametrize(
+    ("source", "failure"),
+    [
+        ("import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument('--lr', type=float, required=True)\n"
+         "parser.parse_args()\n", "the script exited with status 2"),
+        ("import torch\nimport a_module_that_is_not_installed\n",
+         "ModuleNotFoundError: No module named 'a_module_that_is_not_installed'"),
+    ],
+    ids=["argparse", "import"],
+)  # fmt: skip
+def test_a_script_that_fails_before_the_gpu_is_told_what_failed(tmp_path: Path, source: str, failure: str) -> None:
+    completed = predict_script(tmp_path, source)
+    assert completed.returncode == 1
+    assert f"the script failed before it put anything on the GPU: {failure}" in completed.stdout
+    assert "nothing was put on the GPU" not in completed.stdout
 
 
 TRAINED = """
