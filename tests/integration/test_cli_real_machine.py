@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,7 @@ def test_out_is_resolved_before_the_script_changes_directory(tmp_path: Path, com
 GiB = 1 << 30
 
 
-def _preexec_limit(which: int, soft: int, hard: int) -> object:
+def _preexec_limit(which: int, soft: int, hard: int) -> Callable[[], None]:
     def limit() -> None:  # what `prlimit` or `ulimit` in the user's shell did before memlens started
         resource.setrlimit(which, (soft, hard))
 
@@ -234,7 +235,7 @@ def test_output_to_a_full_disk_is_one_line_and_a_failure(tmp_path: Path, name: s
     assert completed.stderr == "memlens: error: cannot write standard output: No space left on device\n"
 
 
-def _file_size_limit(limit: int) -> object:
+def _file_size_limit(limit: int) -> Callable[[], None]:
     def limited() -> None:  # a disk that fills after `limit` bytes: writes past it fail with EFBIG
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
@@ -267,3 +268,41 @@ def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path: Path, unbuff
     with writer.stderr:
         stderr = writer.stderr.read()
     assert writer.wait(120) == 141 and stderr == b"", stderr
+
+
+def test_an_mcp_tool_call_under_an_inherited_address_space_limit_answers() -> None:
+    pytest.importorskip("mcp")
+    from memlens.ops.runner import default_memory_limit
+
+    limit = min(4 * GiB, default_memory_limit() - GiB)
+    if limit < 2 * GiB:
+        pytest.skip(f"the machine's default analysis limit ({default_memory_limit():,} B) leaves no room below it")
+    # From the checkout, which is then the folder the server may read (the samples are in it).
+    server = subprocess.Popen([sys.executable, "-m", "memlens", "mcp"], cwd=REPO_ROOT, env=child_env(),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=_preexec_limit(resource.RLIMIT_AS, limit, limit))
+    assert server.stdin is not None and server.stdout is not None and server.stderr is not None
+
+    def send(message: dict[str, Any]) -> None:
+        assert server.stdin is not None
+        server.stdin.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
+        server.stdin.flush()
+
+    try:
+        send({"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                                          "clientInfo": {"name": "memlens-tests", "version": "0"}}})
+        assert json.loads(server.stdout.readline())["id"] == 1
+        send({"method": "notifications/initialized"})
+        send({"id": 2, "method": "tools/call", "params": {"name": "triage", "arguments": {"snapshot": LEAK}}})
+        reply = json.loads(server.stdout.readline())
+        assert reply["id"] == 2 and not reply["result"].get("isError"), reply
+        server.stdin.close()
+        errors = server.stderr.read()
+        assert server.wait(60) == 0, errors
+        assert len([line for line in errors.splitlines() if "inherited" in line]) == 1, errors
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        for stream in (server.stdin, server.stdout, server.stderr):
+            stream.close()
