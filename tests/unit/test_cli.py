@@ -76,7 +76,7 @@ def test_triage_json_is_the_report(healthy: Path) -> None:
     device = payload["devices"]["0"]
     assert device["events"] > 0 and device["peak_allocated_bytes"] > 0
     assert set(device["categories_at_peak"]) == {
-        "parameters", "gradients", "optimizer_state", "activations", "temporary", "leaked", "unknown"}
+        "parameters", "gradients", "optimizer_state", "activations", "temporary", "workspace", "leaked", "unknown"}
 
 
 def test_fail_on_leak_exits_1_only_with_a_leak(healthy: Path, leaky: Path) -> None:
