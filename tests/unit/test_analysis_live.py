@@ -59,7 +59,7 @@ def test_between_steps_gradients_and_optimizer_state_remain() -> None:
     end_of_step_1 = device.steps[0].end_event - 1
     live = live_at(report, 0, end_of_step_1)
     assert live.categories == {"parameters": PARAMS, "gradients": PARAMS, "optimizer_state": 2 * PARAMS,
-                               "activations": 0, "temporary": 0, "leaked": 0, "unknown": 0}
+                               "activations": 0, "temporary": 0, "workspace": 0, "leaked": 0, "unknown": 0}
     assert live.total_bytes == int(report.snapshot.device(0).allocated[end_of_step_1])
     assert live.top_stacks_by_category["optimizer_state"][0].count == 8
 
