@@ -9,6 +9,7 @@ from typing import Any
 
 from dash import dcc, html
 
+from memlens.reporters.terminal import elide_apart
 from memlens.units import format_bytes
 from memlens_app.library import Library, Source
 from memlens_app.panels.common import data_attributes
@@ -25,10 +26,18 @@ GROUP_BY_LABELS = {"category": "category (and stack)", "annotation": "annotation
                    "frame": "innermost frame", "stack": "whole stack"}
 
 
+# About what the picker's width shows of a label; the browser cuts a longer one at its end, where
+# rank files and runs of one job often read the same.
+PICKER_LABEL_CHARS = 60
+
+
 def source_options(library: Library, session: str | None) -> list[dict[str, str]]:
-    """The picker's choices for ``session``: the public files and its own uploads."""
-    return [{"label": f"{s.label}  ({KIND_LABELS.get(s.kind, s.kind)})", "value": s.id}
-            for s in library.sources(session)]
+    """The picker's choices for ``session``: the public files and its own uploads, each label cut
+    where it agrees with the others (elide_apart), so files that differ still differ."""
+    sources = library.sources(session)
+    labels = elide_apart([s.label for s in sources], PICKER_LABEL_CHARS)
+    return [{"label": f"{label}  ({KIND_LABELS.get(s.kind, s.kind)})", "value": s.id}
+            for s, label in zip(sources, labels, strict=True)]
 
 
 def default_source(library: Library, session: str | None) -> Source | None:

@@ -69,3 +69,18 @@ def test_fleet_keeps_rank_files_apart_on_a_narrow_terminal(tmp_path: Path) -> No
     assert result.exit_code in (0, 1), result.output
     rows = [line for line in result.output.splitlines() if "…" in line and ("-0-of-2" in line or "-1-of-2" in line)]
     assert len(rows) == 2, result.output
+
+
+def test_the_dashboards_picker_keeps_the_part_of_a_name_that_differs(tmp_path: Path) -> None:
+    from memlens_app.layout import PICKER_LABEL_CHARS, source_options
+    from memlens_app.library import Library
+
+    library = Library()
+    for rank in range(3):
+        path = tmp_path / f"experiment-2026-12-04-lr3e-4-seed1234-node0-rank{rank}-of-3-checkpointed-final.pickle"
+        path.write_bytes(b"")
+        library.add_path(path)
+    labels = [option["label"] for option in source_options(library, None)]
+    assert len(labels) == 3 and len(set(labels)) == 3
+    assert all(len(label.split("  (")[0]) <= PICKER_LABEL_CHARS for label in labels)
+    assert sorted(f"rank{rank}" in label for label in labels for rank in range(3)).count(True) == 3
