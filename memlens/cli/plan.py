@@ -135,6 +135,20 @@ def _fits_cell(config: object) -> str:
 
 
 
+def _why_the_lowest_does_not_fit(result: object, name: str, levers: list[str]) -> str:
+    """``not even the lowest value fits: B=1 OUT OF MEMORY at ...``: the lowest value tried with
+    these levers, and what stopped it."""
+    from memlens.ops.plan import PlanResult
+
+    assert isinstance(result, PlanResult)
+    tried = [c for c in result.configs if list(c.levers) == list(levers) and isinstance(c.values.get(name), int)]
+    if not tried:
+        return "not even the lowest value fits"
+    lowest = min(tried, key=lambda config: int(config.values[name]))
+    why = lowest.problem or "it did not fit"
+    return f"not even the lowest value fits: {name}={lowest.values[name]} {why}"
+
+
 def render(result: object) -> str:
     from memlens.ops.plan import PlanResult, max_per_lever_set
 
@@ -160,12 +174,14 @@ def render(result: object) -> str:
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     # Every problem but a plain out-of-memory (the fits column says OOM) gets its line: a lever
     # that found nothing to act on is said in the table, even when the run then ran out too.
+    # When nothing fits, where each ran out is the answer, so those are said too.
     problems = [(i, c.problem) for i, c in enumerate(result.configs) if c.problem and not c.fits]
-    lines += [f"  {index}: {problem}" for index, problem in problems if not problem.startswith("OUT OF MEMORY")]
+    lines += [f"  {index}: {problem}" for index, problem in problems
+              if result.recommended is None or not problem.startswith("OUT OF MEMORY")]  # fmt: skip
     for name in result.max:
         for levers, value in max_per_lever_set(result, name):
             where = "+".join(levers) or "baseline"
-            said = f"{value}" if value is not None else "none (not even the lowest value fits)"
+            said = f"{value}" if value is not None else f"none ({_why_the_lowest_does_not_fit(result, name, levers)})"
             lines.append(f"largest {name} that fits, {where}: {said}")
     if result.recommended is None:
         lines.append("no configuration fits: try more levers (--try), a smaller --vary value, or a larger GPU")

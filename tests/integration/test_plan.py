@@ -254,6 +254,19 @@ def test_out_is_never_written_over(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "theirs.txt").read_text() == "x"
 
 
+def test_when_nothing_fits_the_plan_says_where_it_ran_out(tmp_path: Path) -> None:
+    script = tmp_path / "small.py"
+    script.write_text("import sys, torch\ntorch.empty(int(sys.argv[1]) << 20, dtype=torch.uint8, device='cuda')\n")
+    completed = run_cli("--capacity", "1MiB", "--max", "B=1..4", "--out", "out", "--", "python", str(script), "{B}",
+                        cwd=tmp_path)  # fmt: skip
+    assert completed.returncode == 1, completed.stdout[-2000:] + completed.stderr[-2000:]
+    out_of_memory = f"OUT OF MEMORY at {script}:2: aten.empty.memory_format asked for 1.00 MiB"
+    assert f"largest B that fits, baseline: none (not even the lowest value fits: B=1 {out_of_memory})" in (
+        completed.stdout
+    )
+    assert f"  0: {out_of_memory}" in completed.stdout
+
+
 def test_a_second_plan_into_the_default_out_gets_a_fresh_folder(tmp_path: Path) -> None:
     script = tmp_path / "small.py"
     script.write_text("import torch\ntorch.nn.Linear(64, 64).cuda()(torch.randn(4, 64, device='cuda')).sum()\n")
