@@ -44,7 +44,7 @@ from memlens.files import FileRefused, OpenedFile, open_beneath, open_regular
 from memlens.ops.errors import describe
 from memlens.ops.runner import DEFAULT_PRELOAD, Crashed, Limits, ProcessGroup, run_limited
 from memlens.printable import printable
-from memlens.units import MAX_WHOLE, parse_capacity, parse_real, parse_whole
+from memlens.units import MAX_SPLIT_SIZE_MB, MAX_WHOLE, parse_capacity, parse_real, parse_whole
 
 if TYPE_CHECKING:
     from memlens.analysis.analysis import Analysis
@@ -225,6 +225,14 @@ def _real(value: float | None, name: str, minimum: float | None = None,
     return None if value is None else parse_real(value, name, minimum, maximum)
 
 
+def _flag(value: bool | None, name: str) -> bool | None:
+    """A true/false argument: the CLI's flag is one, so "yes" or 1 from JSON is refused, never
+    passed on to an engine that takes only a bool."""
+    if value is not None and not isinstance(value, bool):
+        raise MemlensUsageError(f"{name} must be true or false, not {printable(repr(value), 60)}")
+    return value
+
+
 def _device(value: int | None) -> int | None:
     return _whole(value, "device", 0, 1023)
 
@@ -313,8 +321,8 @@ class Tools:
         from memlens.ops.whatif import WhatIfOptions, whatif
 
         options = WhatIfOptions(
-            expandable_segments=expandable_segments,
-            max_split_size_mb=_whole(max_split_size_mb, "max_split_size_mb", 0),
+            expandable_segments=_flag(expandable_segments, "expandable_segments"),
+            max_split_size_mb=_whole(max_split_size_mb, "max_split_size_mb", 0, MAX_SPLIT_SIZE_MB),
             garbage_collection_threshold=_real(garbage_collection_threshold, "garbage_collection_threshold", 0.0, 1.0),
             capacity=_capacity(capacity), device=_device(device))
         with self.paths.open(snapshot) as opened:

@@ -43,6 +43,9 @@ MAX_NUMBER_CHARS = 64
 # far past any device, and small enough for every int64 column and sum it meets.
 MAX_INPUT_BYTES = 1 << 60
 MAX_COUNT = 10**15  # parameters: a thousand times today's largest models
+# max_split_size_mb as a user gives it: in bytes within the 1 EiB every size is held to (a larger
+# one reached the native allocator model as an "incompatible function arguments" TypeError).
+MAX_SPLIT_SIZE_MB = MAX_INPUT_BYTES >> 20
 MAX_WHOLE = (1 << 53) - 1  # a count, a dimension or an index typed by a user (exact as a float too)
 
 

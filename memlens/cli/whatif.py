@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import click
 
-from memlens.cli.common import CAPACITY, DEVICE, INDEX, Real, help_text, json_text
+from memlens.cli.common import CAPACITY, DEVICE, Real, Whole, help_text, json_text
+from memlens.units import MAX_SPLIT_SIZE_MB
 
 
 @click.command(help=help_text(__doc__))
@@ -21,7 +22,8 @@ from memlens.cli.common import CAPACITY, DEVICE, INDEX, Real, help_text, json_te
     default=None,
     help="Simulate expandable_segments:True (or force it off).",
 )
-@click.option("--max-split-size-mb", type=INDEX, default=None, help="max_split_size_mb (must be > 20).")
+@click.option("--max-split-size-mb", type=Whole(0, MAX_SPLIT_SIZE_MB), default=None,
+              help="max_split_size_mb (must be > 20).")
 @click.option(
     "--garbage-collection-threshold",
     type=Real(),

@@ -73,3 +73,16 @@ def test_the_python_api_reads_text_as_the_cli_does_and_an_int_as_bytes() -> None
     assert memlens.analyze(LEAK, capacity="80GiB").device(0).capacity_bytes == 80 * GiB
     with pytest.raises(MemlensUsageError, match="more than 0 bytes"):
         capacity_bytes(0)
+
+
+def test_whatifs_other_arguments_are_bounded_before_the_engine_sees_them() -> None:
+    """max_split_size_mb past 1 EiB and a non-bool expandable_segments reached the native engine
+    as "internal error: TypeError: incompatible function arguments", from the CLI and the MCP."""
+    tools = Tools()
+    with pytest.raises(MemlensUsageError, match="max_split_size_mb must be at most"):
+        tools.whatif(LEAK, max_split_size_mb=10**15)
+    with pytest.raises(MemlensUsageError, match="expandable_segments must be true or false"):
+        tools.whatif(LEAK, expandable_segments="yes")  # type: ignore[arg-type]
+    result = CliRunner().invoke(cli, ["whatif", LEAK, "--max-split-size-mb", str(10**15)])
+    assert result.exit_code == 2 and "internal error" not in result.output
+    assert "--max-split-size-mb must be at most" in result.output
