@@ -289,8 +289,9 @@ def test_plan_runs_the_trace_predict_runs(tmp_path: Path) -> None:
     searched = run_memlens(tmp_path, "plan", "--json", *capacity, "--max", "B=1..256", "--out", "searched",
                            "--", "python", "train.py", "{B}")  # fmt: skip
     assert searched.returncode in (0, 1), searched.stdout[-2000:] + searched.stderr[-3000:]
-    largest = json.loads(searched.stdout[searched.stdout.index("{") :])["max"]["B"]
-    assert largest is not None and 1 < largest < 256
+    plan = json.loads(searched.stdout[searched.stdout.index("{") :])
+    largest = plan["max"]["B"]
+    assert largest is not None and 1 < largest < 256, [config["problem"] for config in plan["configs"]]
     for batch, status in ((largest, 0), (largest + 1, 1)):
         command = ["python", "train.py", str(batch)]
         answer = run_memlens(tmp_path, "predict", *capacity, "--out", f"at{batch}", "--", *command)
