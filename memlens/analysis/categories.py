@@ -30,7 +30,12 @@ Workspace, from the allocation's own frames and ahead of the inference: a block 
 PyTorch's cuBLAS handle pool (``at::cuda::getNewWorkspace``/``getCurrentCUDABlasHandle``, C++
 frames of a ``stacks="all"`` recording, and the frame memlens predict gives the workspaces it
 models) is a library ``workspace``, kept for the process's life: one taken on autograd's thread,
-with no Python frame, is not guessed to be a gradient by the phase it falls in.
+with no Python frame, is not guessed to be a gradient by the phase it falls in. So is a cuDNN
+convolution's (``at::native::run_conv_plan``), freed when the convolution returns. A recording
+without C++ frames shows a cuBLAS workspace by its evidence instead (``untraced_cublas_workspaces``):
+the default workspace's size, never freed, taken by the first step's end, once, by torch's
+``F.linear`` frames or, with no frames at all, in a backward where no parameter (or, with the
+recorder's notes, no noted gradient) explains it.
 
 Leaked, after the inference: the leak finder (``memlens.analysis.leak``) gives the blocks of a
 leak it found, that neither a recorded role nor the inference above named, the category
@@ -49,11 +54,17 @@ import numpy.typing as npt
 
 from memlens.analysis.datatypes import CATEGORIES, Step
 from memlens.analysis.lifetimes import Lifetimes, lifetime_ranges
-from memlens.analysis.stacks import StackFacts
+from memlens.analysis.stacks import StackFacts, calls_cublas_from_python
 from memlens.sidecar import TensorRoles
 
 I64 = npt.NDArray[np.int64]
 PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARY, WORKSPACE, LEAKED, UNKNOWN = range(len(CATEGORIES))
+
+# The block PyTorch's cuBLAS handle pool takes when CUBLAS_WORKSPACE_CONFIG is unset
+# (CublasHandlePool.cpp, getChosenWorkspaceSize: the sum of its :SIZE_KiB:COUNT pairs): ":4096:8",
+# 32 MiB, from Hopper on (an H200 recording holds two); ":4096:2:16:8", 8 MiB + 128 KiB, before it.
+# memlens.predict.gpus.default_cublas_workspace_bytes models the same two.
+CUBLAS_DEFAULT_WORKSPACE_BYTES = (8 * 4096 * 1024, 2 * 4096 * 1024 + 8 * 16 * 1024)
 
 
 @dataclass
@@ -234,8 +245,66 @@ def classify(
     inference for the rest."""
     category = _infer(lifetimes, phases, facts, has_history)
     category[facts.workspace[lifetimes.stack_id]] = WORKSPACE
+    if has_history:
+        saw_gradients = roles is not None and bool((roles.category == GRADIENTS).any())
+        category[untraced_cublas_workspaces(lifetimes, phases, facts, category, saw_gradients)] = WORKSPACE
     apply_roles(category, lifetimes, roles)
     return category
+
+
+def untraced_cublas_workspaces(lifetimes: Lifetimes, phases: Phases, facts: StackFacts,
+                               category: npt.NDArray[np.int8], saw_gradients: bool) -> npt.NDArray[np.bool_]:
+    """The cuBLAS workspaces of a recording whose stacks carry no C++ frames (``stacks="python"``,
+    what ``memlens record`` and most scripts ask for), where ``is_workspace_frame`` has nothing to
+    see. A block is one when all of these hold:
+
+    - its size is a default cuBLAS workspace (``CUBLAS_DEFAULT_WORKSPACE_BYTES``), it was taken in
+      the window no later than the first step's end (a handle's first matmul) and never freed;
+    - no block of its stack and size made in a later step outlives that step (a workspace is
+      taken once per handle; a forward output kept every step, a leak, repeats);
+    - its stack is Python frames only, the innermost in one of torch's cuBLAS callers (F.linear's
+      module, the functional wrappers), or it has no frames and was taken in the backward part of
+      its step: autograd's engine thread, which has no Python frames, taking its own handle's.
+      Gradients come from that thread with the same empty stack, so a frameless block is a
+      workspace only where it cannot be a gradient: no parameter has its size (a gradient has its
+      parameter's), or the recorder noted the gradients it saw (``saw_gradients``; ``apply_roles``
+      then gives the ones it noted back their role, so none is lost).
+
+    ``category`` is the inference so far (its parameters are read); returns a mask over lifetimes.
+    """
+    a, f, size = lifetimes.alloc_event, lifetimes.free_event, lifetimes.size
+    found = np.zeros(len(lifetimes), dtype=bool)
+    if phases.start.size == 0 or len(lifetimes) == 0:
+        return found
+    sized = np.isin(size, CUBLAS_DEFAULT_WORKSPACE_BYTES)
+    candidate = sized & (a >= 0) & (f >= lifetimes.events) & (a < phases.end[0])
+    if not candidate.any():
+        return found
+    # Blocks made after the first step that outlive the step they were made in (never freed,
+    # when made outside every step): a stack and size found among them again is no workspace.
+    k = phases.step_of(np.where(a >= 0, a, -1))
+    step_end = np.where(k >= 0, phases.end[np.maximum(k, 0)], lifetimes.events)
+    outliving = sized & (a >= phases.end[0]) & (f >= step_end)
+    # (Only blocks of the workspace sizes are compared, so the key cannot collide.)
+    stack_size = lifetimes.stack_id.astype(np.int64) * (1 << 40) + size
+    candidate &= ~np.isin(stack_size, np.unique(stack_size[outliving]))
+    index = np.nonzero(candidate)[0]
+    stack_ids = lifetimes.stack_id[index]
+    framed: list[int] = []
+    frameless: list[int] = []
+    for stack_id in np.unique(stack_ids).tolist():  # once per distinct stack
+        frames = facts.table.innermost(stack_id)
+        if not frames:
+            frameless.append(stack_id)
+        elif calls_cublas_from_python(frames):
+            framed.append(stack_id)
+    ks = np.maximum(k[index], 0)
+    on_engine_thread = (np.isin(stack_ids, frameless) & (k[index] >= 0) & (a[index] > phases.forward_peak[ks])
+                        & (a[index] < phases.backward_end[ks]))
+    if not saw_gradients:
+        on_engine_thread &= ~np.isin(size[index], size[category == PARAMETERS])
+    found[index[np.isin(stack_ids, framed) | on_engine_thread]] = True
+    return found
 
 
 def _infer(lifetimes: Lifetimes, phases: Phases, facts: StackFacts, has_history: bool) -> npt.NDArray[np.int8]:

@@ -23,11 +23,22 @@ _OPTIM_FILE = re.compile(r"torch[/\\]optim[/\\]")
 _OPTIM_STEP_FILE = re.compile(r"(^|[/\\])(optim|optimizer|optimizers)[^/\\]*\.py$")
 _AUTOGRAD_FILE = re.compile(r"torch[/\\](autograd[/\\]|_tensor\.py)")
 _BACKWARD_NAMES = frozenset({"backward", "_engine_run_backward", "run_backward"})
-# C++ frames (stacks="all") of autograd's engine thread: backward even without Python frames.
 # C++ frames of PyTorch's cuBLAS handle pool (aten/src/ATen/cuda/CublasHandlePool.cpp) that take
 # a workspace from the caching allocator, once per handle (per thread that runs matmuls) and kept
 # for the process's life; memlens predict gives its modelled workspaces the same frame.
-_CPP_WORKSPACE = re.compile(r"at::cuda::(getNewWorkspace|getCUDABlasLtWorkspace|getCurrentCUDABlasHandle)\b")
+# cuDNN's convolution workspace (aten/src/ATen/native/cudnn/Conv_v8.cpp): run_conv_plan takes the
+# plan's workspace from the caching allocator and frees it when the convolution returns; on an H200
+# the backward-weight ones reached 250 MiB, and nothing else is allocated under that frame.
+_CPP_WORKSPACE = re.compile(
+    r"at::cuda::(getNewWorkspace|getCUDABlasLtWorkspace|getCurrentCUDABlasHandle)\b"
+    r"|at::native::run_conv_plan(_fused)?\b"
+)
+# torch's Python files whose innermost frame calls into cuBLAS (F.linear, the attention and
+# einsum wrappers): in a recording without C++ frames, the frame a cuBLAS workspace shows.
+_CUBLAS_CALLER_FILE = re.compile(
+    r"torch[/\\](nn[/\\]modules[/\\](linear|activation)\.py|nn[/\\]functional\.py|functional\.py)$"
+)
+# C++ frames (stacks="all") of autograd's engine thread: backward even without Python frames.
 _CPP_BACKWARD = re.compile(r"torch::autograd::(Engine::|generated::\w+Backward)")
 # C++ frames that every allocation shares (the unwinder, the allocator, empty-tensor helpers).
 _CPP_NOISE = re.compile(
@@ -57,8 +68,15 @@ def is_optimizer_frame(frame: Frame) -> bool:
 
 
 def is_workspace_frame(frame: Frame) -> bool:
-    """A C++ frame of the library code that allocates a cuBLAS workspace."""
+    """A C++ frame of the library code that allocates a cuBLAS or cuDNN workspace."""
     return not frame.filename.endswith(".py") and bool(_CPP_WORKSPACE.search(frame.name))
+
+
+def calls_cublas_from_python(frames: list[Frame]) -> bool:
+    """A stack of Python frames only whose innermost frame is one of torch's cuBLAS callers: what
+    a cuBLAS workspace taken in a forward looks like in a ``stacks="python"`` recording."""
+    return bool(frames) and all(is_python_frame(f) for f in frames) \
+        and bool(_CUBLAS_CALLER_FILE.search(frames[0].filename))
 
 
 def is_backward_frame(frame: Frame) -> bool:
