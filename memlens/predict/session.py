@@ -45,6 +45,7 @@ from memlens.predict.gpus import (
 )
 from memlens.predict.guard import check_autograd_sees_cuda, ensure_cuda_guard
 from memlens.predict.sdpa import fused_sdpa
+from memlens.predict.sharding import storage_released, storage_resize_patch
 from memlens.predict.tracking import (
     CudaStorageTracker,
     EmulatedDeviceFakeMode,
@@ -277,6 +278,7 @@ class PredictSession:
     def _patch_all(self) -> None:
         patches = CudaApi(self).patches()
         patches.append((torch.utils, "swap_tensors", _swap_fake_tensors(torch.utils.swap_tensors)))
+        patches.append(storage_resize_patch(self.tracker))
         patches += _skipped_initialisers()
         functional = torch.nn.functional
         patches.append(
@@ -719,12 +721,17 @@ def live_cuda_parameters() -> list[torch.Tensor]:
 
     type() first: isinstance reads __class__, which deprecated module attributes
     (torch.distributed.reduce_op) answer with a warning. A parameter made from a FakeTensor is a
-    FakeTensor marked ``_is_param`` (what isinstance(x, nn.Parameter) looks at)."""
+    FakeTensor marked ``_is_param`` (what isinstance(x, nn.Parameter) looks at). FSDP2's
+    unsharded parameters between all-gathers are left out: their storage is released and the
+    parameter is its sharded ``DTensor`` (counting both counted the model twice)."""
     tensor_type = torch.Tensor
     found = {
         id(obj): obj
         for obj in gc.get_objects()
-        if issubclass(type(obj), tensor_type) and isinstance(obj, torch.nn.Parameter) and obj.device.type == "cuda"
+        if issubclass(type(obj), tensor_type)
+        and isinstance(obj, torch.nn.Parameter)
+        and obj.device.type == "cuda"
+        and not storage_released(obj)
     }
     return list(found.values())
 

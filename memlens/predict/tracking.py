@@ -29,6 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memlens.allocator import CachingAllocatorSimulator
+from memlens.predict.sharding import local_tensors
 from memlens.recorder.cpu_tracker import StorageTracker
 from memlens.recorder.stacks import StackCapture
 
@@ -117,10 +118,18 @@ class CudaStorageTracker(StorageTracker):
         self.on_malloc: Callable[[], None] | None = None
         # Storages outside the caching allocator (``outside_allocator``), by id while they live.
         self._outside_storages: set[int] = set()
+        # CUDA storages resized to 0 bytes (FSDP2's freed all-gather outputs), by id while they
+        # live: resized back, they take a block again.
+        self._resized_to_nothing: set[int] = set()
         self._outside_depth = 0
 
     def _on_tensor(self, func: Any, tensor: torch.Tensor) -> None:
         if tensor.device.type != "cuda":
+            return
+        shards = local_tensors(tensor)
+        if shards is not None:  # a DTensor: the rank holds its local tensor, not the global one
+            for shard in shards:
+                self._on_tensor(func, shard)
             return
         outside = self._outside_storages
         if self._outside_depth or outside:
@@ -144,11 +153,35 @@ class CudaStorageTracker(StorageTracker):
         finally:
             self._outside_depth -= 1
 
-    def _register(self, tensor: torch.Tensor, frames: list[dict[str, object]] | None) -> int | None:
-        address = super()._register(tensor, frames)
+    def _register_storage(self, storage: Any, frames: list[dict[str, object]] | None) -> int | None:
+        address = super()._register_storage(storage, frames)
         if address is not None:
             self._after_malloc()
         return address
+
+    def storage_resized(self, storage: torch.UntypedStorage) -> None:
+        """``storage`` was resized in place (FSDP2 frees and refills its all-gathered parameters
+        so: ``memlens.predict.sharding``): as CUDA's resize does, a block of the new size is
+        taken, then the old one goes back to the allocator."""
+        self.drain()
+        key = id(storage)
+        if key not in self._live and key not in self._resized_to_nothing:
+            return  # not a CUDA storage this tracker holds (a CPU one, or one made empty)
+        with self._lock:
+            address = self._live.pop(key, None)
+            finalizer = self._finalizers.pop(key, None)
+        if finalizer is not None:
+            finalizer.detach()
+        frames = self.stacks.capture(sys._getframe(1)) if self.stacks is not None else None
+        if storage.nbytes() > 0:
+            self._resized_to_nothing.discard(key)
+            self._register_storage(storage, frames)
+        elif key not in self._resized_to_nothing:
+            self._resized_to_nothing.add(key)
+            weakref.finalize(storage, self._resized_to_nothing.discard, key)
+        if address is not None:
+            with self._lock:
+                self.simulator.free(address, frames if self.free_stacks else None)
 
     def _after_malloc(self) -> None:
         reserved = self.simulator.reserved_bytes

@@ -167,6 +167,9 @@ class StorageTracker:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse, nested, opaque subclasses
             return None
+        return self._register_storage(storage, frames)
+
+    def _register_storage(self, storage: Any, frames: list[dict[str, object]] | None) -> int | None:
         key = id(storage)
         if key in self._live:
             return None

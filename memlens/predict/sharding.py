@@ -1,0 +1,76 @@
+"""What sharded training asks of the emulated device: the memory of a ``DTensor`` is its local
+shard, and a storage resized in place is freed or allocated as the caching allocator does it.
+
+A ``DTensor`` (FSDP2's sharded parameters, their AdamW moments, tensor-parallel weights) is a
+wrapper subclass: its own storage is a placeholder the size of the *global* tensor, and its
+memory is the local tensor it wraps. Predict's dispatch mode sees the wrapper's op (the ops
+DTensor runs on the local tensors happen below the mode), so the wrapper is unwrapped here and
+only the local tensors are counted. Counting the wrapper gave every rank the full model.
+
+FSDP2 frees an all-gathered parameter by ``untyped_storage().resize_(0)`` and brings it back by
+``resize_(nbytes)`` before the next all-gather (``_fsdp_param.free_storage`` and
+``alloc_storage``). A storage method is no aten op, so no dispatch mode sees it; on a GPU it
+returns the block to the caching allocator or takes a new one. ``storage_resize_patch`` wraps
+``UntypedStorage.resize_`` so the tracker does the same; without it every all-gathered parameter
+stayed allocated to the end of the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+
+class ResizeListener(Protocol):
+    def storage_resized(self, storage: torch.UntypedStorage) -> None: ...
+
+
+def local_tensors(tensor: torch.Tensor) -> list[torch.Tensor] | None:
+    """The plain tensors a wrapper subclass (``DTensor``, nested wrappers too) holds its data
+    in; None for a plain tensor. Those are what a rank's device holds, not the wrapper."""
+    if not is_traceable_wrapper_subclass(tensor):
+        return None
+    found: list[torch.Tensor] = []
+    pending: list[torch.Tensor] = [tensor]
+    while pending:
+        outer = pending.pop()
+        names, _ = outer.__tensor_flatten__()
+        for name in names:
+            inner = getattr(outer, name)
+            if is_traceable_wrapper_subclass(inner):
+                pending.append(inner)
+            elif isinstance(inner, torch.Tensor):
+                found.append(inner)
+    return found
+
+
+def storage_released(tensor: torch.Tensor) -> bool:
+    """A plain tensor with elements whose storage was resized to nothing (FSDP2's unsharded
+    parameter between all-gathers): it holds no memory, and its values live in a shard."""
+    if is_traceable_wrapper_subclass(tensor) or tensor.numel() == 0:
+        return False
+    try:
+        return tensor.untyped_storage().nbytes() == 0
+    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+        return False
+
+
+def storage_resize_patch(listener: ResizeListener) -> tuple[Any, str, Callable[..., Any]]:
+    """``(owner, name, value)`` for the session's patches: ``UntypedStorage.resize_`` that tells
+    ``listener`` once the storage has its new size."""
+    resize: Callable[[torch.UntypedStorage, int], torch.UntypedStorage] = torch._C.StorageBase.resize_  # type: ignore[attr-defined]
+
+    def resize_(storage: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
+        before = storage.nbytes()
+        result = resize(storage, size)
+        if storage.nbytes() != before:  # a fake tensor's storage is on "meta": the listener knows its own
+            listener.storage_resized(storage)
+        return result
+
+    return torch.UntypedStorage, "resize_", resize_
+
+
+__all__ = ["ResizeListener", "local_tensors", "storage_released", "storage_resize_patch"]
