@@ -67,8 +67,9 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("h100-94gb", "NVIDIA H100 NVL", printed_gib(93.03), 9, 0, 132, (),
                 "estimated: nvidia-smi's 95,830 MiB less the 0.55 GiB the H100 80GB's driver keeps"),
         GpuSpec("h200", "NVIDIA H200", 150_109_880_320, 9, 0, 132, ("h200-141gb",),
-                "measured: torch.cuda.get_device_properties(0).total_memory as PyTorch 2.11 reported it "
-                "on one H200 (this project's own run, not published)"),
+                "measured by memlens on 2026-12-04, torch 2.11.0+cu130, driver 580.159.04: "
+                "torch.cuda.get_device_properties(0).total_memory 150,109,880,320 bytes, its OOM message "
+                "'GPU 0 has a total capacity of 139.80 GiB'; nvidia-smi 143,771 MiB (tests/data/h200/extra.txt)"),
         GpuSpec("a100-80gb", "NVIDIA A100-SXM4-80GB", printed_gib(79.14), 8, 0, 108, ("a100",),
                 "torch OOM message 'total capacity of 79.14 GiB' on an A100 80GB, "
                 "https://github.com/lianqi1008/Control-GIC/issues/6 (79.25 GiB on older drivers, "

@@ -63,9 +63,11 @@ def test_the_help_lists_every_board_and_the_aliases() -> None:
 # a run that fits by less than the difference was told it fits and then ran out.
 TORCH_REPORTS_AT_MOST_GIB = {
     "t4": 14.75, "a100-80gb": 79.25, "h100-80gb": 79.20, "rtx4090": 23.65, "a10g": 21.99, "l4": 22.03,
+    "h200": 139.80,
 }
 NVIDIA_SMI_MIB = {"t4": 15_360, "a100-80gb": 81_920, "h100-80gb": 81_559, "rtx4090": 24_564, "a10g": 23_028,
-                  "l4": 23_034, "a100-40gb": 40_960, "l40s": 46_068, "rtx3090": 24_576, "h100-94gb": 95_830}
+                  "l4": 23_034, "a100-40gb": 40_960, "l40s": 46_068, "rtx3090": 24_576, "h100-94gb": 95_830,
+                  "h200": 143_771}
 
 
 @pytest.mark.parametrize("key", sorted(TORCH_REPORTS_AT_MOST_GIB))
@@ -83,6 +85,21 @@ def test_every_board_says_where_its_figure_comes_from(key: str) -> None:
         assert "https://github.com/" in spec.source and ("torch" in spec.source or "deviceQuery" in spec.source)
     if key in NVIDIA_SMI_MIB:
         assert spec.total_memory < NVIDIA_SMI_MIB[key] << 20
+
+
+def test_the_h200_is_the_figure_torch_reported_on_ours() -> None:
+    """Measured on an H200 on 2026-12-04 (tests/data/h200/extra.txt): the board is torch's
+    total_memory to the byte, and its source says when, with which torch and driver."""
+    import json
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "data" / "h200" / "extra.txt").read_text()
+    measured = json.loads(text[:text.index("\nOOM message:")])
+    spec = GPUS["h200"]
+    assert spec.total_memory == measured["total_memory"] == measured["mem_get_info_total"] == 150_109_880_320
+    assert "total capacity of 139.80 GiB" in text and f"{spec.total_memory / (1 << 30):.2f}" == "139.80"
+    assert spec.source_kind == "measured" and (spec.major, spec.minor) == tuple(measured["capability"])
+    assert "2026-12-04" in spec.source and "torch 2.11.0+cu130" in spec.source and "driver 580.159.04" in spec.source
 
 
 def test_a_printed_figure_is_taken_at_the_least_it_can_be() -> None:
