@@ -60,7 +60,7 @@ def _references_of_a_list_item() -> int:
     return max(map(sys.getrefcount, [object()]))
 
 
-_SINGLE_REFERENCE = _references_of_a_list_item()
+SINGLE_REFERENCE = _references_of_a_list_item()
 
 
 def shorten(text: str, limit: int = MAX_TEXT) -> str:
@@ -122,7 +122,7 @@ class Checker:
         else:
             self._containers.add(id(items))
             self._walked.append(items)  # keeps the id unique while parsing
-        if max(map(sys.getrefcount, items), default=0) > _SINGLE_REFERENCE:
+        if max(map(sys.getrefcount, items), default=0) > SINGLE_REFERENCE:
             identities = set(map(id, items))
             new = identities - self._seen
             self._shared_visits += len(items) - len(new)

@@ -461,6 +461,7 @@ class Machine {
     entry.refs = 0;
     entry.row = false;
     entry.dropped = false;
+    entry.first_of = -1;
     ++entry.generation;
     free_containers_.push_back(index);
   }
@@ -580,8 +581,14 @@ class Machine {
       Container& target = arena_.containers.at(static_cast<size_t>(value.num));
       // A trace entry read as a row (its container since reused), or a list of them, met again:
       // the Python checker counts the sharing, and the dict or list would be needed whole.
-      if (target.generation != static_cast<uint32_t>(packed >> 32) || target.row || target.columns >= 0) {
-        decline("a trace entry met again");
+      if (target.columns >= 0) decline("a list of trace entries met again");
+      if (target.generation != static_cast<uint32_t>(packed >> 32) || target.row) {
+        // A trace entry read as a row, met again: carried as a Repeat, so that one appended to a
+        // device's trace again is refused as the Python path refuses it (without the million
+        // dicts the Python path would build first); anywhere else the scan declines at conversion.
+        const bool kept = target.generation == static_cast<uint32_t>(packed >> 32);
+        push(Value{Kind::Repeat, kept ? target.first_of : -1});
+        return;
       }
       if (target.refs < std::numeric_limits<uint8_t>::max()) ++target.refs;
     }
@@ -611,7 +618,9 @@ class Machine {
       Interning interning(next_tag_);
       next_tag_ += 4;
       if (!add_row(arena_, list.items[0], started, interning)) return;
-      arena_.containers.at(static_cast<size_t>(list.items[0].num)).row = true;
+      Container& first = arena_.containers.at(static_cast<size_t>(list.items[0].num));
+      first.row = true;
+      first.first_of = static_cast<int32_t>(arena_.columns.size());
       if (arena_.columns.size() < kReservedColumnLists) reserve_rows(started, (size_ - pos_) / 48 + 1);
       list.columns = static_cast<int32_t>(arena_.columns.size());
       arena_.columns.push_back(std::move(started));
@@ -623,10 +632,17 @@ class Machine {
     Interning& interning = interning_.at(static_cast<size_t>(list.columns));
     for (size_t k = from; k < list.items.size(); ++k) {
       const Value& item = list.items[k];
+      if (item.kind == Kind::Repeat) {
+        columns.repeats = true;
+        if (item.num >= 0) columns.repeat_origins.push_back(static_cast<int32_t>(item.num));
+        continue;
+      }
       if (!add_row(arena_, item, columns, interning)) {
         // Not a list of plain entries after all: the rows before this one are needed as dicts.
         if (columns.rows > 1) decline("a list of trace entries not all plain");
-        arena_.containers.at(static_cast<size_t>(list.items[0].num)).row = false;  // kept whole
+        Container& first = arena_.containers.at(static_cast<size_t>(list.items[0].num));
+        first.row = false;  // kept whole
+        first.first_of = -1;
         list.columns = -1;
         columns = TraceColumns{};
         interning = Interning{};  // tagless: the ids objects remember for this list are never read again
@@ -913,14 +929,38 @@ Extraction extract_traces(Arena& arena) {
   std::vector<uint8_t> taken(arena.columns.size(), 0);
   // Every list of rows whose columns are not taken here is read as Python objects from the arena:
   // where its entries' items were dropped, that cannot be, and the file is declined.
+  bool has_segments = false;
   auto finish = [&]() -> Extraction {
     for (size_t k = 0; k < arena.columns.size(); ++k) {
       if (!taken[k] && arena.columns[k].rows > 1) {
         extraction.traces.clear();
         extraction.ok = false;
         extraction.reason = "trace entries outside a device's trace";
-        break;
+        return std::move(extraction);
       }
+    }
+    // Entries met again: every list of rows is a device's trace by now, so a row dropped since came
+    // from one; a kept first entry, from the list it names. Met again only in device traces, the file
+    // holds one entry at two places there, which the Python path refuses (before any other check of
+    // a dict with 'segments'); met anywhere else, the Python path says what it makes of it.
+    bool repeats = false, all_in_traces = true;
+    for (const TraceColumns& trace : extraction.traces) {
+      repeats |= trace.repeats;
+      for (const int32_t origin : trace.repeat_origins) {
+        if (origin < 0 || static_cast<size_t>(origin) >= taken.size() || !taken.at(static_cast<size_t>(origin))) {
+          all_in_traces = false;
+        }
+      }
+    }
+    if (repeats && all_in_traces && has_segments) {
+      extraction.refusal =
+          "refused to load: device_traces refers to objects met elsewhere in the file: one trace entry at two "
+          "places (met again through the pickle memo; a snapshot never shares its trace entries, PyTorch writes "
+          "each event once)";
+    } else if (repeats) {
+      extraction.traces.clear();
+      extraction.ok = false;
+      extraction.reason = "a trace entry met again";
     }
     return std::move(extraction);
   };
@@ -930,6 +970,7 @@ Extraction extract_traces(Arena& arena) {
   for (size_t k = 0; k + 1 < root.items.size(); k += 2) {
     const Value& key = root.items.at(k);
     if (key.kind == Kind::Str && arena.text(key) == "device_traces") traces = &root.items.at(k + 1);
+    has_segments |= key.kind == Kind::Str && arena.text(key) == "segments";
   }
   if (traces == nullptr || traces->kind != Kind::List) return finish();
   // The columns replace the entries lists in the Python objects: only where nothing else (an

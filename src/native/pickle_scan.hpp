@@ -32,7 +32,9 @@
 
 namespace memlens::scan {
 
-enum class Kind : uint8_t { None, Bool, Int, UInt64, Float, Str, List, Dict, Tuple };
+// Repeat: a trace entry read as a row met again through the memo (num: the columns of the list whose
+// kept first entry it is, or -1 for a row since dropped); never converted to Python.
+enum class Kind : uint8_t { None, Bool, Int, UInt64, Float, Str, List, Dict, Tuple, Repeat };
 
 // One value: scalars inline; strings and containers by index into the arena's tables.
 struct Value {
@@ -71,6 +73,7 @@ struct Container {
   uint8_t refs = 0;  // times pushed: creation and each memo GET (saturating; only 1 or more matters)
   bool row = false;  // a dict read as a row of its list's columns
   bool dropped = false;  // a list of rows that keeps only its first entry (the rest are columns)
+  int32_t first_of = -1;  // a row kept whole: the columns of the list it is the first entry of
 };
 
 // The bytes of the strings the arena holds, in blocks that never move (a string_view into the pool
@@ -153,6 +156,10 @@ struct TraceColumns {
   std::vector<Value> metadata, context;  // distinct strings (by content) or None
   Value first_entry;  // for the format guess
   std::vector<uint8_t> action_is_oom;  // per distinct action
+  // Entries appended again through the memo (Kind::Repeat): the file is refused if they all come from
+  // device traces (the Python path's answer for such a file); the columns of each kept first entry met.
+  bool repeats = false;
+  std::vector<int32_t> repeat_origins;
 };
 
 struct Arena {
@@ -192,6 +199,9 @@ struct Extraction {
   std::string reason;
   bool has_traces_list = false;  // root is a dict whose 'device_traces' is a list
   Value traces_list;
+  // Set where the file holds one trace entry at two places in device_traces: the one-line refusal,
+  // word for word the Python path's (memlens.snapshot.reader.REPEATED_ENTRY).
+  std::string refusal;
   std::vector<TraceColumns> traces;  // the devices read as columns (others go the Python way)
 };
 

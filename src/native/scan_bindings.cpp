@@ -52,6 +52,7 @@ class Converter {
       case Kind::Int: return nb::steal(PyLong_FromLongLong(value.num));
       case Kind::UInt64: return nb::steal(PyLong_FromUnsignedLongLong(static_cast<uint64_t>(value.num)));
       case Kind::Float: return floating(value);
+      case Kind::Repeat: throw Dropped{};  // an entry met again outside a device's trace
       case Kind::Str: return text(value);
       default: return container(value, depth);
     }
@@ -149,6 +150,7 @@ nb::list values(Converter& converter, const std::vector<Value>& items) {
 nb::object to_python(ScanResult& result, Extraction& extraction) {
   if (!result.ok) return nb::make_tuple(false, result.reason);
   if (!extraction.ok) return nb::make_tuple(false, extraction.reason);
+  if (!extraction.refusal.empty()) return nb::make_tuple(false, extraction.refusal);
   std::unordered_set<int64_t> skipped;
   if (extraction.has_traces_list) {
     const Container& devices = result.arena.container(extraction.traces_list);

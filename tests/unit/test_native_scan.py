@@ -26,7 +26,7 @@ import memlens
 from memlens.errors import MemlensFormatError
 from memlens.snapshot import ahead, native_scan
 from tests.conftest import real_snapshot_paths
-from tests.hostile_files import dumps, entry, snapshot
+from tests.hostile_files import dumps, entry, get, snapshot, text
 from tests.unit.test_hostile_scan import opcode_streams
 
 REPO = Path(__file__).resolve().parents[2]
@@ -520,3 +520,76 @@ def test_floats_written_twice_stay_two_objects(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("MEMLENS_PURE_PYTHON", raising=False)
     raw, _reason = native_scan.scan(data)
     assert raw is not None and len(raw["x"]) == 2
+
+
+# ------------------------------------------------------------------ trace entries met again
+
+_REPEATED = "one trace entry at two places"
+
+
+def _entries_met_again(count: int, again: bytes = b"", second_device: bytes = b"", x: bytes = b"N") -> bytes:
+    """A trace of ``count`` entries, each its own dict memoised at 3 + its index (the first one's
+    strings at 0, 1, 2), then the opcodes ``again`` appending to it; a second device's trace of
+    ``second_device`` if given; ``x`` (opcodes of one value) under an unknown key after them."""
+    fields = text("action") + b"\x94" + text("alloc") + b"\x94" + text("addr") + b"\x94"  # MEMOIZE: 0, 1, 2
+    again_fields = get(0) + get(1) + get(2)
+    rows = b"".join(b"}(" + (fields if k == 0 else again_fields) + b"J" + (0x7000_0000 + 512 * k).to_bytes(4, "little")
+                    + text("size") + b"M\x00\x02u\x94a" for k in range(count))
+    traces = b"]" + rows + again + b"a" + (b"]" + second_device + b"a" if second_device else b"")
+    return (b"\x80\x04}(" + text("segments") + b"]" + text("device_traces") + b"]" + traces + text("x") + x
+            + b"u.")
+
+
+_GET_ROW = b"j\x08\x00\x00\x00"  # the sixth entry (a row whose dict the scanner dropped)
+_GET_FIRST = b"j\x03\x00\x00\x00"  # the first entry (the one the scanner keeps whole)
+
+
+@pytest.mark.parametrize(("case", "refused"), [
+    (dict(again=_GET_ROW + b"a"), True),
+    (dict(again=_GET_FIRST + b"a"), True),
+    (dict(second_device=_GET_ROW + b"a"), True),  # in another device's trace
+    (dict(x=_GET_ROW), False),  # under an unknown key: no trace holds it twice
+    (dict(again=_GET_ROW + b"0"), False),  # met again and popped: held nowhere
+], ids=["a row again", "the first entry again", "in another device", "under a key", "popped"])
+def test_a_trace_entry_met_again_is_refused_in_one_line_on_both_engines(
+    case: dict[str, bytes], refused: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PyTorch writes every event as a dict of its own; a file that names one again through the
+    memo made the Python path build a dict per reference (2 GB for a 9 MB gzip), where the scanner
+    declined: both refuse it, the scanner without building them."""
+    data = _entries_met_again(10, **case)
+    raw = pickle.loads(data)
+    assert len(raw["device_traces"][0]) == 10 + refused * ("again" in case)
+    path = _write(tmp_path, data)
+    native, python = outcome(path, False, monkeypatch), outcome(path, True, monkeypatch)
+    assert native == python
+    assert (native[0] == "error" and _REPEATED in native[1]) is refused, native[:2]
+    assert not refused or "\n" not in native[1]
+
+
+def test_a_gzip_of_entries_met_again_is_refused_with_memory_bounded_by_the_columns(tmp_path: Path) -> None:
+    """A million rows and one reference again (2 MB of gzip): refused by the scanner within a few
+    tens of megabytes, where the Python path builds the million dicts before its check refuses it."""
+    from memlens.snapshot.reader import REPEATED_ENTRY
+
+    data = _entries_met_again(1_000_000, _GET_ROW + b"a")
+    assert native_scan.scan(data) == (None, REPEATED_ENTRY)  # the scanner's own answer: no Python path after it
+    path = tmp_path / "again.pickle.gz"
+    path.write_bytes(gzip.compress(data, compresslevel=6))
+    code = ("import resource, sys, memlens\n"
+            "try:\n    memlens.load(sys.argv[1], cache=False)\n"
+            "except memlens.MemlensError as exc:\n    print(str(exc).replace(chr(10), ' '))\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+
+    def peak(target: Path, pure_python: bool) -> tuple[int, str]:
+        env = {k: v for k, v in os.environ.items() if k != "MEMLENS_PURE_PYTHON"}
+        if pure_python:
+            env["MEMLENS_PURE_PYTHON"] = "1"
+        result = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True, env=env,
+                                cwd=REPO, timeout=300, check=True)
+        *message, kib = result.stdout.splitlines()
+        return int(kib) << 10, " ".join(message)
+
+    (native, native_says), (python, python_says) = peak(path, False), peak(path, True)
+    assert native_says == python_says and _REPEATED in native_says
+    assert python - native > 32 << 20, (native, python)  # the million dicts, which the scanner never makes
