@@ -9,7 +9,10 @@ padded and the figures are exact."""
 
 from __future__ import annotations
 
+import json
 import pickle
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ import pytest
 
 from memlens.ops.plan import PlanOptions, predict_configurations
 from memlens.plan.configurations import Configuration
+from tests.conftest import REPO_ROOT
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -159,3 +163,49 @@ def test_tensor_parallel_rank_holds_its_shards_and_the_replicated_rest(tmp_path:
     assert config.held_bytes == {"parameters": 4 * owned, "gradients": 0, "optimizer_state": 8 * owned}
     assert _held_at_the_end(config.snapshot) == 12 * owned
     assert config.trainable_parameters == PARAMETERS
+
+
+ONE_CALL_AT_A_TIME = textwrap.dedent(
+    """
+    import json
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from memlens.plan.apply import install_fake_distributed
+    from memlens.predict import PredictSession
+
+    undo = install_fake_distributed(4)
+    figures = {}
+    with PredictSession(gpu="a100-80gb") as session:
+        full = torch.empty(1 << 20, device="cuda")  # 4 MiB
+        before = torch.cuda.memory_allocated()
+        full.untyped_storage().resize_(0)
+        figures["freed_by_resize"] = before - torch.cuda.memory_allocated()
+        full.untyped_storage().resize_(4 << 20)
+        figures["taken_by_resize"] = torch.cuda.memory_allocated() - before + figures["freed_by_resize"]
+        dist.init_process_group("nccl")
+        mesh = init_device_mesh("cuda", (4,))
+        sharded = distribute_tensor(torch.empty(1024, 1024, device="cuda"), mesh, [Shard(0)])
+        before = torch.cuda.memory_allocated()
+        moment = torch.zeros_like(sharded)
+        figures["zeros_like_of_a_shard"] = torch.cuda.memory_allocated() - before
+        figures["allocated_is_the_simulators"] = torch.cuda.memory_allocated() == session.simulator.allocated_bytes
+    session.close()
+    undo()
+    print(json.dumps(figures))
+    """
+)
+
+
+def test_a_resized_storage_and_a_dtensor_are_sized_as_on_the_gpu() -> None:
+    """One call at a time, in a fresh interpreter (predict needs one whose autograd engine has not
+    started): ``resize_(0)`` gives the block back and ``resize_(n)`` takes one, as CUDA's caching
+    allocator does; an op on a DTensor sharded over 4 ranks takes its local shard's bytes (a
+    quarter), not the global tensor's."""
+    completed = subprocess.run([sys.executable, "-c", ONE_CALL_AT_A_TIME], cwd=REPO_ROOT, capture_output=True,
+                               text=True, timeout=300)  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    figures = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert figures == {"freed_by_resize": 4 << 20, "taken_by_resize": 4 << 20,
+                       "zeros_like_of_a_shard": (1 << 20) * 4 // 4, "allocated_is_the_simulators": True}  # fmt: skip
