@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
 import click
@@ -73,10 +73,10 @@ def predict(
         prediction = run_predicted(command, options, on_stopped=stopped)
     result = prediction.result
     if as_json:
-        click.echo(json_text(result.to_json()))
+        click.echo(json_text(prediction.to_json()))
     else:
         basis = fit_basis(gpu, capacity, reserve_outside, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
-        click.echo(render(result, prediction.world_size, basis))
+        click.echo(render(result, prediction.world_size, basis, prediction.not_modelled))
         budget = prediction.report.device(0).budget if prediction.report is not None else None
         if budget is not None:  # the budget (from the parameters found) beside the predicted categories
             from memlens.reporters.terminal import make_console, render_budget_check
@@ -136,7 +136,7 @@ def script_output_to_stderr(enabled: bool) -> Iterator[None]:
             os.close(saved)
 
 
-def render(result: Any, world_size: int = 1, basis: FitBasis | None = None) -> str:
+def render(result: Any, world_size: int = 1, basis: FitBasis | None = None, not_modelled: Sequence[str] = ()) -> str:
     lines = [
         f"memlens predict on a simulated {result.gpu} ({format_bytes(result.capacity_bytes)} for PyTorch"
         + (f", {format_bytes(result.reserve_outside_bytes)} reserved outside" if result.reserve_outside_bytes else "")
@@ -172,6 +172,7 @@ def render(result: Any, world_size: int = 1, basis: FitBasis | None = None) -> s
             f"  {result.placeholder_values} value(s) read from the GPU were placeholders (NaN, 0, False), "
             f"first at {result.first_placeholder_at or '?'}: branches on them may differ from the real run"
         )
+    lines += [f"  {line}" for line in not_modelled]
     if basis is not None:  # what "fits" was decided against: the board's figure, the reserve, what is outside
         lines += [f"  {line}" for line in basis.lines()]
     else:

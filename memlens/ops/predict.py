@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +58,12 @@ class Prediction:
     report: Report | None
     exit_status: int
     world_size: int = 1  # the ranks torchrun would start; the prediction is rank 0's
+    # What the script did that the emulation cannot size, one line each (cuDNN's workspaces).
+    not_modelled: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``memlens predict --json`` prints: the result's JSON and ``not_modelled``."""
+        return {**self.result.to_json(), "not_modelled": list(self.not_modelled)}
 
 
 def predict(command: Sequence[str], options: PredictOptions | None = None,
@@ -66,6 +72,7 @@ def predict(command: Sequence[str], options: PredictOptions | None = None,
     simulated GPU. ``on_stopped`` sees the result as soon as the script has stopped, before the
     files are written (to say "interrupted; writing the prediction" or show the script's own
     traceback); signals meanwhile wait until the files are written."""
+    from memlens.predict.cudnn import ConvolutionCount
     from memlens.predict.launcher import read_launcher
     from memlens.predict.session import PredictSession, run_in_session
 
@@ -77,6 +84,8 @@ def predict(command: Sequence[str], options: PredictOptions | None = None,
     _check_out_folder(out)  # before the run: a folder that cannot be written is a usage error now
     session = PredictSession(gpu=options.gpu, capacity=options.capacity, reserve_outside=options.reserve_outside,
                              stacks=options.stacks, placeholder_values=options.placeholder_values)
+    convolutions = ConvolutionCount()
+    session.op_hooks.append(convolutions)
     with StopSignals() as signals:
         with launched_world(launched, session):
             result = run_in_session(session, lambda: run_command(kind, target, argv), capture_errors=True)
@@ -93,7 +102,9 @@ def predict(command: Sequence[str], options: PredictOptions | None = None,
         result.snapshots.append(str(predicted.resolve()))
         result.value = None  # the script's globals: let them go
         report = predicted_report(predicted, result)
-    return Prediction(result, report, exit_status(result, signals.pending), launched.world_size)
+    note = convolutions.note()
+    return Prediction(result, report, exit_status(result, signals.pending), launched.world_size,
+                      [note] if note else [])
 
 
 def launched_world(launched: LaunchedCommand, session: PredictSession) -> contextlib.AbstractContextManager[None]:
