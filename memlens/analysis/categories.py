@@ -35,7 +35,9 @@ convolution's (``at::native::run_conv_plan``), freed when the convolution return
 without C++ frames shows a cuBLAS workspace by its evidence instead (``untraced_cublas_workspaces``):
 the default workspace's size, never freed, taken by the first step's end, once, by torch's
 ``F.linear`` frames or, with no frames at all, in a backward where no parameter (or, with the
-recorder's notes, no noted gradient) explains it.
+recorder's notes, no noted gradient) explains it. And where the recorder noted the gradients it
+saw in a step, a block of that step the phase would call a gradient and the recorder did not note
+stays unknown (``unnoted_gradients``).
 
 Leaked, after the inference: the leak finder (``memlens.analysis.leak``) gives the blocks of a
 leak it found, that neither a recorded role nor the inference above named, the category
@@ -248,8 +250,27 @@ def classify(
     if has_history:
         saw_gradients = roles is not None and bool((roles.category == GRADIENTS).any())
         category[untraced_cublas_workspaces(lifetimes, phases, facts, category, saw_gradients)] = WORKSPACE
-    apply_roles(category, lifetimes, roles)
+        category[unnoted_gradients(category, lifetimes, phases, roles)] = UNKNOWN
+    apply_roles(category, lifetimes, roles)  # gives the gradients it noted back their role
     return category
+
+
+def unnoted_gradients(category: npt.NDArray[np.int8], lifetimes: Lifetimes, phases: Phases,
+                      roles: RecordedRoles | None) -> npt.NDArray[np.bool_]:
+    """The blocks the phase inference calls gradients in a step where the recorder noted the
+    gradients it saw (at ``optimizer.pre``, every ``.grad`` of the optimizer's parameters): a
+    gradient is noted there, so one it did not note is not guessed to be one (it stays unknown;
+    ``apply_roles`` then gives the noted ones their role). Steps without such a note, and
+    snapshots without the recorder's sidecar, keep the inference."""
+    none = np.zeros(len(lifetimes), dtype=bool)
+    if roles is None or phases.start.size == 0:
+        return none
+    noted_steps = np.unique(phases.step_of(roles.row[roles.category == GRADIENTS]))
+    noted_steps = noted_steps[noted_steps >= 0]
+    if noted_steps.size == 0:
+        return none
+    made_in = phases.step_of(np.where(lifetimes.alloc_event >= 0, lifetimes.alloc_event, -1))
+    return (category == GRADIENTS) & np.isin(made_in, noted_steps)
 
 
 def untraced_cublas_workspaces(lifetimes: Lifetimes, phases: Phases, facts: StackFacts,

@@ -166,3 +166,29 @@ def test_a_cudnn_convolution_workspace_is_workspace() -> None:
     device = analyze(builder.snapshot()).device(0)
     assert device.top_stacks_by_category["workspace"][0].bytes == 250 * MiB + 808 * 1024
     assert device.top_stacks_by_category["temporary"] == []
+
+
+def test_a_block_the_recorder_did_not_note_as_a_gradient_is_not_guessed_one() -> None:
+    """A frameless 6 MiB block kept from the backward (not a workspace's size) would be a gradient
+    by its phase; the recorder noted the step's gradients and not it, so it stays unknown."""
+    from tests.unit.tracebuilder import MODEL, TraceBuilder
+
+    builder = TraceBuilder()
+    builder.ghost(2 * MiB, MODEL)
+    records: list[dict[str, object]] = []
+    for index in range(2):
+        with builder.scope(f"memlens.step#{index}"):
+            activations = [builder.alloc(64 * MiB, MODEL) for _ in range(4)]
+            for address in reversed(activations):
+                builder.free(address)
+            if index == 0:
+                gradient = builder.alloc(2 * MiB)
+                builder.alloc(6 * MiB)  # autograd's thread, no frames: not seen by the recorder
+            records.append({"time_us": builder.clock, "at": "optimizer.pre", "device": 0,
+                            "gradients": [gradient, 2 * MiB]})
+    sidecar = {"memlens_sidecar_version": 2, "tensor_roles": {"version": 1, "records": records}}
+    cats = analyze(builder.snapshot(sidecar=sidecar)).device(0).categories_at_peak
+    assert cats["gradients"] == 2 * MiB
+    assert cats["unknown"] == 6 * MiB
+    without_notes = analyze(builder.snapshot()).device(0).categories_at_peak
+    assert without_notes["gradients"] == 8 * MiB  # a snapshot from elsewhere keeps the inference
