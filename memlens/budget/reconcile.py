@@ -42,8 +42,8 @@ OPTIONAL_CATEGORIES = frozenset({"leaked", "workspace"})
 UNJUDGED_NOTES: dict[str, str] = {
     "temporary": "working memory freed within its step (the optimizer's foreach buffers, a layer's scratch); "
     "no theory",
-    "workspace": "library workspaces (cuBLAS, one per thread that runs matmuls), kept for the process's life; "
-    "no theory",
+    "workspace": "library workspaces (cuBLAS's, one per thread that runs matmuls, kept for the process's life; "
+    "cuDNN's, taken for one convolution call); no theory",
 }
 
 # Relative tolerance: 10% covers allocator rounding and small buffers the formulas leave out

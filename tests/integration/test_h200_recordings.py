@@ -32,6 +32,8 @@ def test_a_python_stack_recordings_cublas_workspaces_are_workspace_and_its_gradi
     assert device.budget is not None
     gradients = next(row for row in device.budget.rows if row.category == "gradients")
     assert gradients.measured_bytes == gradients.theory_bytes == parameters
+    workspace = next(row for row in device.budget.rows if row.category == "workspace")
+    assert workspace.measured_bytes == 64 * MiB and "cuBLAS's" in workspace.note and "cuDNN's" in workspace.note
 
 
 def test_cudnn_convolution_workspaces_are_workspace() -> None:
