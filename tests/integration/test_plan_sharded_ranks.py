@@ -65,7 +65,7 @@ MODEL = textwrap.dedent(
 # AdamW over model.parameters().
 FSDP2_SCRIPT = MODEL + textwrap.dedent(
     f"""
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mode = sys.argv[1]
     dist.init_process_group("nccl")
@@ -76,10 +76,12 @@ FSDP2_SCRIPT = MODEL + textwrap.dedent(
             model = Model({WIDTH}, {BLOCKS})
     else:
         model = Model({WIDTH}, {BLOCKS}).to("cuda")
-    reshard = mode != "keep"
+    options = {{"reshard_after_forward": mode != "keep"}}
+    if mode == "mixed":  # bf16 all-gathers and compute, fp32 reduce-scatters and shards
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(layer, mesh=mesh, **options)
+    fully_shard(model, mesh=mesh, **options)
     if mode == "meta":
         model.to_empty(device="cuda")
         for module in model.modules():
@@ -136,10 +138,11 @@ def test_fsdp2_rank_holds_twelve_bytes_per_parameter_it_owns(tmp_path: Path) -> 
     """FSDP2 at world size 8: each rank ends holding 12P/8, in its snapshot as in the plan's
     figures, whether the model was built on the CPU and moved or built on meta and materialised
     with to_empty; with reshard_after_forward=False it ends the same (FSDP2 reshards after the
-    backward) and peaks no lower. The snapshot held the full weights and full-size moments before."""
+    backward) and peaks no lower; with a bf16 MixedPrecisionPolicy the fp32 shards and state are
+    the same. The snapshot held the full weights and full-size moments before."""
     world_size = 8
-    moved, meta, kept = _plan(tmp_path, FSDP2_SCRIPT, world_size, ["moved", "meta", "keep"])
-    for config in (moved, meta, kept):
+    moved, meta, kept, mixed = _plan(tmp_path, FSDP2_SCRIPT, world_size, ["moved", "meta", "keep", "mixed"])
+    for config in (moved, meta, kept, mixed):
         assert config.fits, config.problem
         assert config.held_bytes == {
             "parameters": 4 * PARAMETERS // world_size,
