@@ -221,8 +221,10 @@ class _Inflation:
     GZIP_MIN_LIMIT, so memory stays proportional to what was uploaded.
     """
 
-    def __init__(self, stream: Any, limit: int, why: str | None = None) -> None:
+    def __init__(self, stream: Any, limit: int, why: str | None = None, compressed: int | None = None) -> None:
+        """``compressed``: the gzip file's size, for the message when its stream is cut short."""
         self._stream = stream
+        self._compressed = compressed
         self._left = limit
         self._limit = limit
         self._why = why or (f"{GZIP_MAX_RATIO}x the file, at least {GZIP_MIN_LIMIT:,}; "
@@ -234,7 +236,15 @@ class _Inflation:
         return self._limit - max(self._left, 0)
 
     def read(self, size: int = -1) -> bytes:
-        data = self._stream.read(size if size is not None and 0 <= size <= self._left + 1 else self._left + 1)
+        try:
+            data = self._stream.read(size if size is not None and 0 <= size <= self._left + 1 else self._left + 1)
+        except EOFError:  # the compressed stream ends before its end-of-stream marker
+            if self._compressed is None:
+                raise
+            from memlens.snapshot.scan import PickleRefused
+
+            raise PickleRefused(f"the file ends early at byte {self._compressed:,} of {self._compressed:,} (its gzip "
+                                "stream stops before its end): it is truncated or was still being written") from None
         self._left -= len(data)
         if self._left < 0:
             from memlens.snapshot.scan import PickleRefused
@@ -263,7 +273,7 @@ def _read_raw(opened: OpenedFile, on_read: Callable[[float], None] | None = None
                 limit, why = max(GZIP_MIN_LIMIT, GZIP_MAX_RATIO * size), None
                 if max_content_bytes is not None and max_content_bytes < limit:
                     limit, why = max_content_bytes, "the largest snapshot accepted here, compressed or not"
-                inflation = _Inflation(io.BufferedReader(unzipped, buffer_size=1 << 20), limit, why)
+                inflation = _Inflation(io.BufferedReader(unzipped, buffer_size=1 << 20), limit, why, compressed=size)
                 stream: Any = inflation
                 if on_read is not None:  # progress follows the compressed bytes read
                     stream = _ProgressReader(stream, size, lambda _f: on_read(handle.tell() / max(size, 1)))

@@ -8,6 +8,7 @@ written, a partial download -- is told as such, with where reading stopped, at e
 
 from __future__ import annotations
 
+import gzip
 import pickle
 import pickletools
 import random
@@ -105,8 +106,8 @@ def test_a_frame_before_every_opcode_reads_as_one_frame(
 
 _SMALL = dumps(snapshot(device_traces=[[entry("alloc", 0, 512, user_metadata="m"), entry("oom", 0, 1 << 30)]]))
 _ENDS_EARLY = re.compile(r"(?:the file|the pickle inside the gzip) ends early at byte ([0-9,]+) of ([0-9,]+)"
-                         r"(?: \(a [0-9,]+-byte string there runs past its end\))?: it is truncated or was still "
-                         r"being written$")
+                         r"(?: \(a [0-9,]+-byte string there runs past its end\)| \(its gzip stream stops before its "
+                         r"end\))?: it is truncated or was still being written$")
 
 
 @pytest.mark.parametrize("pure_python", ENGINES)
@@ -138,3 +139,16 @@ def test_a_sample_cut_short_says_where_it_ends_early(
         answer = load_as(path, pure_python, monkeypatch)
         found = _ENDS_EARLY.match(answer[1].split(": ", 1)[1])
         assert found is not None and int(found.group(2).replace(",", "")) == cut, (cut, answer)
+
+
+@pytest.mark.parametrize("pure_python", ENGINES)
+def test_a_gzip_cut_short_says_where_it_ends_early(
+    pure_python: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = gzip.compress(SAMPLES[0].read_bytes())
+    path = tmp_path / "cut.pickle.gz"
+    for cut in [3, 10, 11, 100, *random.Random(1).sample(range(12, len(data)), 20), len(data) - 8, len(data) - 1]:
+        path.write_bytes(data[:cut])
+        answer = load_as(path, pure_python, monkeypatch)
+        found = _ENDS_EARLY.match(answer[1].split(": ", 1)[1])
+        assert found is not None, (cut, answer)
