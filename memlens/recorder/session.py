@@ -86,7 +86,7 @@ from memlens.recorder.sidecar import (
 )
 from memlens.recorder.stacks import DEFAULT_MAX_DEPTH, StackCapture, hide_launcher_frames
 from memlens.sidecar import ModelInfo, Sidecar
-from memlens.units import format_bytes, parse_bytes
+from memlens.units import capacity_bytes, format_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -180,7 +180,7 @@ class Recorder:
         # Weak references: recording must not keep the user's model or optimizer alive.
         self._models: list[weakref.ref[Any]] = []
         self._optimizers: list[weakref.ref[Any]] = []
-        self.capacity = parse_bytes(capacity) if capacity is not None else None
+        self.capacity = capacity_bytes(capacity) if capacity is not None else None
         self.max_entries = max_entries
         self.stacks = stacks
         self.context = context
