@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from memlens.analysis.datatypes import CATEGORIES, Step
+from memlens.analysis.datatypes import CATEGORIES, PeakPhase, Step
 from memlens.analysis.lifetimes import Lifetimes, lifetime_ranges
 from memlens.analysis.stacks import StackFacts, calls_cublas_from_python
 from memlens.sidecar import TensorRoles
@@ -87,6 +87,19 @@ class Phases:
         k_safe = np.where(valid, k, 0)
         inside = valid & (events < self.end[k_safe]) if self.end.size else np.zeros(events.shape, dtype=bool)
         return np.where(inside, k, -1)
+
+    def phase_of(self, event: int) -> PeakPhase:
+        """The phase of one trace row: forward before the step-local peak, backward from it to
+        the step's first optimizer row, then the optimizer's window and what follows it."""
+        rows = np.array([event], dtype=np.int64)
+        if self.optimizer_window_of(rows)[0] >= 0:
+            return "optimizer"
+        k = int(self.step_of(rows)[0])
+        if k < 0:
+            return "outside_steps"
+        if event < self.forward_peak[k]:
+            return "forward"
+        return "backward" if event < self.backward_end[k] else "after_optimizer"
 
     def optimizer_window_of(self, events: I64) -> I64:
         if self.opt_start.size == 0:

@@ -31,6 +31,10 @@ StepSource = Literal[
 ]
 OptimizerWindowSource = Literal["annotations", "frames", "none"]
 BlockState = Literal["active_allocated", "active_pending_free", "inactive"]
+# Where in its step the allocated peak fell (``Phases.phase_of``): backward runs from the step's
+# step-local peak (every activation of forward held, where backward begins) to its first
+# optimizer row.
+PeakPhase = Literal["forward", "backward", "optimizer", "after_optimizer", "outside_steps"]
 
 CATEGORIES: tuple[Category, ...] = get_args(Category)
 FINDING_KINDS: tuple[FindingKind, ...] = get_args(FindingKind)

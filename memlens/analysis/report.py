@@ -30,6 +30,7 @@ from memlens.analysis.datatypes import (
     EvidenceItem,
     Finding,
     OptimizerWindowSource,
+    PeakPhase,
     PlainData,
     SegmentMap,
     SegmentView,
@@ -119,6 +120,9 @@ class DeviceReport(PlainData):
     peak_reserved_bytes: int
     peak_reserved_event: int | None
     peak_time_us: int | None
+    # The phase of the step the allocated peak fell in; None without detected steps (the phase
+    # cannot be told) or in reports from before it existed.
+    peak_phase: PeakPhase | None = None
     # Time of the first trace row and of the reserved peak: to say "+1.234 s" without the trace.
     start_time_us: int | None = None
     peak_reserved_time_us: int | None = None

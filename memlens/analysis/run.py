@@ -128,6 +128,7 @@ def _device_report(ctx: DeviceContext, index: LiveIndex) -> DeviceReport:
         peak_reserved_bytes=peak_reserved,
         peak_reserved_event=peak_reserved_event,
         peak_time_us=ctx.time_at(ctx.peak_event if ctx.peak_event is not None else 0) if n else None,
+        peak_phase=ctx.phases.phase_of(ctx.peak_event) if ctx.steps and ctx.peak_event is not None else None,
         start_time_us=ctx.time_at(0) if n else None,
         outside_pytorch_bytes=outside_pytorch(ctx.snapshot.sidecar, ctx.device),
         peak_reserved_time_us=ctx.time_at(peak_reserved_event) if n and peak_reserved_event is not None else None,

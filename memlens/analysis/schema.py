@@ -12,7 +12,9 @@ the step); ``peak_allocated_bytes``/``peak_allocated_event`` (block bytes, as
 ``torch.cuda.memory_allocated`` counts them), ``peak_requested_bytes`` (what the program asked for
 in those blocks; optional), ``peak_reserved_bytes``/
 ``peak_reserved_event``, ``peak_time_us`` (a peak event of null on a device with rows: the peak
-is the instant before the first row, what was live when the history began);
+is the instant before the first row, what was live when the history began), ``peak_phase``
+(forward | backward | optimizer | after_optimizer | outside_steps: where in its step the
+allocated peak fell, backward from the step-local peak on; null without steps; optional);
 ``baseline_allocated_bytes`` (live before the first row), ``final_allocated_bytes``,
 ``final_reserved_bytes``; allocated counts what ``torch.cuda.memory_allocated`` counts, so blocks
 freed but waiting on another stream are apart: ``pending_free_peak_bytes`` and

@@ -3,7 +3,8 @@
 ``measured`` holds the analyzer's categories at the peak, in bytes (parameters, gradients,
 optimizer_state, activations, temporary, workspace, leaked, unknown), as a mapping or as an
 object with a ``categories_at_peak`` mapping (the analyzer's DeviceReport, whose leak findings
-then also say how much of the activations a leak keeps). A category left out is "not measured"
+then also say how much of the activations a leak keeps, and whose ``peak_phase`` says whether
+gradients were still to come at the peak). A category left out is "not measured"
 and compared with nothing. Where measured and theory differ by more than the tolerance, the row
 carries a note naming the likely cause.
 
@@ -160,8 +161,19 @@ def _near(ratio: float, target: float, tolerance: float) -> bool:
     return abs(ratio / target - 1.0) <= tolerance
 
 
-def _note(category: str, budget: Budget, theory: int, measured: int, tolerance: float) -> str:
-    """The likely cause of a difference beyond the tolerance (empty when within it)."""
+# The gradients' note by the phase the peak fell in (the analyzer's ``peak_phase``): a peak at the
+# turn into backward holds the activations and almost no gradients, nothing missing from the budget.
+_EARLY_GRADIENT_PHASES: dict[str, str] = {
+    "forward": "the peak comes in the forward pass, before this step's gradients exist",
+    "backward": "the peak comes in backward before most gradients exist",
+}
+
+
+def _note(category: str, budget: Budget, theory: int, measured: int, tolerance: float,
+          peak_phase: str | None = None) -> str:
+    """The likely cause of a difference beyond the tolerance (empty when within it).
+
+    ``peak_phase`` is the phase of the step the peak fell in (None: not known)."""
     setup = budget.setup
     all_params = budget.spec.n_params + budget.adapter_params
     frozen = all_params - budget.trainable_params
@@ -177,6 +189,10 @@ def _note(category: str, budget: Budget, theory: int, measured: int, tolerance: 
     if _near(ratio, 1.0, tolerance):
         return ""
     if measured == 0:
+        if category == "gradients" and peak_phase == "backward":
+            return "no gradients at the peak: it comes as backward begins, before any gradient exists"
+        if category == "gradients" and peak_phase == "forward":
+            return "no gradients at the peak: it came in the forward pass"
         return {
             "gradients": "no gradients at the peak: it came in the forward pass, or zero_grad(set_to_none) freed them",
             "optimizer_state": "no optimizer state at the peak: before the first optimizer.step(), or offloaded",
@@ -218,6 +234,8 @@ def _note(category: str, budget: Budget, theory: int, measured: int, tolerance: 
             )
         if ratio > 1:
             return f"{ratio:.2f}x the theory: a heavier optimizer or dtype than assumed, or unsharded state"
+        if category == "gradients" and peak_phase in _EARLY_GRADIENT_PHASES:
+            return f"{ratio:.2f}x the theory: {_EARLY_GRADIENT_PHASES[peak_phase]}"
         return f"{ratio:.2f}x the theory: a lighter optimizer, sharding (ZeRO) or offload not in the budget"
     if category == "activations":
         if ratio > 1:
@@ -298,7 +316,7 @@ def reconcile(
             rows.append(ReconciledRow(category, 0, got, None, tol, within, items, note))
             continue
         ratio = got / theory if theory else None
-        note = _note(category, budget, theory, got, tol)
+        note = _note(category, budget, theory, got, tol, getattr(measured, "peak_phase", None))
         kept = leak_bytes_in_activations(measured, values) if category == "activations" else 0
         if note and kept and ratio is not None and ratio > 1:
             note = _leak_note(ratio, theory, got, kept, tol)

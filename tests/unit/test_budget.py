@@ -646,6 +646,33 @@ def test_reconcile_names_the_leak_for_the_activations_it_keeps() -> None:
     assert "checkpointing not in effect" in without_leak.note
 
 
+@dataclass
+class FakeDeviceReportWithPhase(FakeDeviceReport):
+    peak_phase: str | None
+
+
+def test_reconcile_reads_low_gradients_by_the_phase_of_the_peak() -> None:
+    """A peak at the turn into backward holds almost no gradients (an H200 recording of
+    examples/train_tiny.py: 0.06x): the note says so, not "a lighter optimizer or ZeRO"."""
+    budget = estimate(ModelSpec.from_numbers(**LLAMA_7B), TrainingSetup(seq_len=2048))  # type: ignore[arg-type]
+    measured = {**_theory_as_measured(budget), "gradients": budget.bytes_of("gradients") // 16}
+
+    def gradients_note(phase: str | None, values: dict[str, int] = measured) -> str:
+        return reconcile(budget, FakeDeviceReportWithPhase(values, phase)).row("gradients").note
+
+    assert gradients_note("backward") == "0.06x the theory: the peak comes in backward before most gradients exist"
+    assert "lighter optimizer" not in gradients_note("backward")
+    assert "in the forward pass" in gradients_note("forward")
+    # In or after the optimizer's step every gradient exists: then fewer is the optimizer's doing.
+    for phase in ("optimizer", "after_optimizer", "outside_steps", None):
+        assert "a lighter optimizer, sharding (ZeRO) or offload" in gradients_note(phase)
+    none = {**measured, "gradients": 0}
+    assert gradients_note("backward", none) == (
+        "no gradients at the peak: it comes as backward begins, before any gradient exists")
+    assert gradients_note("forward", none) == "no gradients at the peak: it came in the forward pass"
+    assert "zero_grad" in gradients_note(None, none)
+
+
 def test_reconcile_flags_state_for_frozen_parameters() -> None:
     spec = ModelSpec.from_numbers(**LLAMA_7B)  # type: ignore[arg-type]
     budget = estimate(spec, TrainingSetup(frozen_layers=16, seq_len=2048))
@@ -709,3 +736,19 @@ def test_reconcile_names_an_unquantised_qlora_base() -> None:
     assert 3.4 < measured / budget.bytes_of("weights") < 3.6
     row = reconcile(budget, {"parameters": measured}).row("parameters")
     assert "the base is not quantised" in row.note
+
+
+def test_triage_reads_the_phase_of_the_peak_from_the_trace() -> None:
+    """examples/train_tiny.py's checkpointed sample peaks where backward begins (the step-local
+    peak, 129.50 KiB of 1.01 MiB of gradients made): the analyzer says so and the budget's
+    gradients row names it instead of an optimizer the run does not have."""
+    from memlens.ops.triage import TriageOptions, triage
+    from tests.conftest import SAMPLE_SNAPSHOTS_DIR
+
+    report = triage(str(SAMPLE_SNAPSHOTS_DIR / "activations_checkpointed.pickle"), TriageOptions(cache=False))
+    device = report.device()
+    assert device.peak_phase == "backward"
+    assert device.budget is not None
+    gradients = next(row for row in device.budget.rows if row.category == "gradients")
+    assert gradients.note == "0.12x the theory: the peak comes in backward before most gradients exist"
+    assert json.loads(json.dumps(report.to_json()))["devices"]["0"]["peak_phase"] == "backward"
