@@ -149,8 +149,10 @@ def block_sizes(
         untouched = _untouched_live_blocks(grouped.touched, segments)
         measured = core is not None and _native_sweep(
             out, action, address, large, release, segments, settings, ghost_rows, untouched)
-        if not measured and (sweep or rows is None or group_start is None or not _measure_large_blocks(
-                out, action, address, large, release, segments, settings, rows, group_start, ghost_rows, untouched)):
+        if not measured and (sweep or rows is None or group_start is None
+                             or not _history_is_consistent(out, action, rows, group_start, release, grouped)
+                             or not _measure_large_blocks(out, action, address, large, release, segments,
+                                                          settings, rows, group_start, ghost_rows, untouched)):
             _sweep_large_blocks(out, action, address, large, release, segments, settings, ghost_rows, untouched)
 
     if use_final_state and grouped.standing.size:
@@ -222,6 +224,32 @@ def _group_rows(
         standing=rows[last_alloc[standing_alloc]],
     )
     return rows, group_start, groups
+
+
+def _history_is_consistent(
+    out: Int64Array, action: np.ndarray, rows: Int64Array, group_start: np.ndarray, release: int, grouped: _Groups,
+) -> bool:
+    """Whether every block's rows agree as an allocator writes them: each free rounds to the block
+    it ends (its alloc's, or the first free of a block from before the window), and no alloc lands
+    at an address whose block there was never released. Called on the rounded sizes, before the
+    large-pool tails are measured. A history that breaks either (a damaged or crafted file) goes to
+    the sweep in row order, as overlapping segments do: the vectorised pass reads a block's life
+    from its address's rows, and on such a history the sweep's per-row bookkeeping (a small free
+    that leaves a large block occupied, a second alloc that takes over the address) reads
+    differently; the sweep is the reference."""
+    if bool((out[grouped.carry_rows] != out[grouped.carry_from]).any()):
+        return False
+    # Along each address's rows (sorted by address, then row): an alloc, or the block from before
+    # the window (an address whose first row is a free), occupies the address until a release.
+    is_alloc = action[rows] == _ALLOC
+    position = np.arange(rows.size)
+    first_of_group = np.maximum.accumulate(np.where(group_start, position, 0))
+    opened = np.maximum.accumulate(np.where(is_alloc | group_start, position, -1))
+    released = np.maximum.accumulate(np.where(action[rows] == release, position, -1))
+    opened_before = np.concatenate([[-1], opened[:-1]])
+    released_before = np.concatenate([[-1], released[:-1]])
+    reallocated = is_alloc & ~group_start & (opened_before >= first_of_group) & (opened_before > released_before)
+    return not bool(reallocated.any())
 
 
 def _native_groups(core: Any, action: np.ndarray, address: Int64Array, release: int) -> _Groups:

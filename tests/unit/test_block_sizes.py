@@ -266,3 +266,28 @@ def test_a_block_inside_another_ones_tail_is_measured_alike_by_both_python_passe
     vectorised = block_sizes(window.action, window.address, window.size, [], allocator, native=False)
     swept = block_sizes(window.action, window.address, window.size, [], allocator, sweep=True)
     assert vectorised.tolist() == swept.tolist()
+
+
+def test_a_history_the_allocator_wrote_is_measured_by_the_vectorised_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The row-by-row sweep measures only histories no allocator writes (a free at another size
+    than its block, an address allocated twice): the simulator's runs, whole or cut mid-run as a
+    ring buffer keeps them, stay on the vectorised pass."""
+    import memlens.snapshot.blocks as blocks
+
+    def no_sweep(*_: object) -> None:
+        raise AssertionError("the sweep ran on a history the allocator wrote")
+
+    monkeypatch.setattr(blocks, "_sweep_large_blocks", no_sweep)
+    for seed in range(20):
+        rng = random.Random(seed)
+        operations = [("malloc", rng.choice([rng.randint(1, MiB), rng.randint(MiB + 1, 30 * MiB)]), 0)
+                      if rng.random() < 0.55 else (rng.choice(["free", "request", "complete"]), rng.randint(0, 999), 0)
+                      for _ in range(90)]
+        sim = CachingAllocatorSimulator(AllocatorSettings())
+        _run(sim, operations)
+        snapshot = parse(sim.snapshot())
+        trace = snapshot.device(0)
+        for cut in (0, rng.randrange(trace.action.size)):
+            window = slice(cut, None)
+            block_sizes(trace.action[window], trace.address[window], trace.size[window], snapshot.segments,
+                        AllocatorSettings(), native=False)
