@@ -504,7 +504,8 @@ def _batch_items(spec: ModelSpec, setup: TrainingSetup) -> list[LineItem]:
     b, t, d = setup.micro_batch, setup.seq_len, spec.hidden_size
     items: list[LineItem] = []
     missing = [flag for flag, value in (("--hidden", d), ("--layers", spec.n_layers), ("--seq", t)) if value is None]
-    heads_needed = setup.activation_formula == "megatron" and not setup.flash_attention and spec.n_heads is None
+    heads_needed = (setup.activation_formula in ("megatron", "hf-eager") and not setup.flash_attention
+                    and spec.n_heads is None)
     if heads_needed:
         missing.append("--heads (attention scores without FlashAttention)")
     if missing:
@@ -533,6 +534,18 @@ def _activation_items(spec: ModelSpec, setup: TrainingSetup, b: int, t: int, d: 
         per_layer = formulas.activation_rule_of_thumb_bytes(b, t, d, 1, element)
         formula = f"{int(12 * element)}*B*T*d per layer"
         source = "rule of thumb, 12 values per token per layer"
+    elif setup.activation_formula == "hf-eager":
+        # Derived under 16-bit autocast only: without autocast the same block keeps other dtypes.
+        if not setup.precision.endswith("-mixed"):
+            raise MemlensUsageError(f"--activations hf-eager is derived for bf16-mixed or fp16-mixed training, "
+                                    f"not {setup.precision}")
+        element = 4  # the residual stream, and so each block's input, stays fp32 under autocast
+        per_layer = formulas.hf_eager_layer_activation_bytes(b, t, d, spec.n_heads,
+                                                             flash_attention=setup.flash_attention)
+        scale = 1.0
+        formula = ("(88*T*B*d + 4*a*T*B)" if setup.flash_attention else "(86*T*B*d + 7*a*T^2*B)") + " per layer"
+        source = ("eager kernels under bf16 autocast as HF's GPT-2 (fp32 residual stream, GELU's pow in fp32)"
+                  + (", SDPA" if setup.flash_attention else ", eager attention (fp32 softmax kept)"))
     else:
         per_layer = formulas.megatron_layer_activation_bytes(
             b,
@@ -544,7 +557,9 @@ def _activation_items(spec: ModelSpec, setup: TrainingSetup, b: int, t: int, d: 
             bytes_scale=scale,
         )
         formula = "(34*T*B*d" + ("" if setup.flash_attention else " + 5*a*T^2*B") + ") per layer"
-        source = "Megatron-LM count" + (", FlashAttention (no T^2 scores)" if setup.flash_attention else "")
+        source = ("Megatron-LM count, fused 16-bit kernels (bf16 GELU and residual; eager models keep more: "
+                  "--activations hf-eager)"
+                  + (", FlashAttention (no T^2 scores)" if setup.flash_attention else ""))
         if spec.kv_ratio != 1.0:
             source += f", GQA kv/heads = {spec.kv_ratio:g}"
     layer_text = f"{layers} layer(s)" + (

@@ -36,6 +36,34 @@ MEGATRON_ATTENTION_COEFF = 5
 # Of the 34: Q and K outputs (4) and V (2) scale with the number of KV heads under GQA
 # for K and V; see ``megatron_layer_activation_bytes``.
 MEGATRON_KV_COEFF = 4
+# What Megatron's 34 assumes: fused 16-bit kernels (a bf16 GELU, the residual stream in 16-bit,
+# dropout masks of 1 byte). A model written with eager PyTorch ops keeps more for backward under
+# bf16 autocast. Hugging Face's GPT-2 block, in bytes per T*B*d (its saved tensors, listed with
+# saved_tensors_hooks under `memlens predict`, transformers 5.25, torch 2.13):
+#   ln_1's fp32 input (the residual stream stays fp32: fp32 + bf16 adds give fp32)    4
+#   c_attn's bf16 input 2; q, k and v as the attention matmuls keep them (copies) 6      8
+#   attention's output, the input of attn c_proj (bf16)                                2
+#   the residual dropout's mask                                                         1
+#   ln_2's fp32 input 4, c_fc's bf16 input 2                                            6
+#   NewGELU on the 4d c_fc output: pow runs in fp32 under autocast, so its fp32 copy of
+#   the input (16), tanh's fp32 output (16), 1 + tanh (16) and 0.5*x in bf16 (8)       56
+#   mlp c_proj's bf16 input (the fp32 GELU output cast back)                            8
+#   the MLP dropout's mask                                                              1
+# = 86 with eager attention, which adds per a*T^2*B the fp32 softmax output (softmax runs in
+# fp32 under autocast) 4, the dropout mask 1 and the bf16 dropped-out weights the second matmul
+# keeps 2: 7. SDPA (the default) keeps q, k and v as views of c_attn's output (6), its own
+# output (2) beside the contiguous copy c_proj keeps, and an fp32 log-sum-exp per head and
+# token: 88 * T * B * d + 4 * a * T * B, no T^2 term.
+# Against `memlens predict` of GPT2Config models (the per-layer growth of memory_allocated
+# over forward, 3 layers against 1, less autocast's bf16 copies of the layer's weights, which
+# follow the parameters; tests/integration/test_budget_hf_eager.py): d=256, a=4, B=2, T=512:
+# eager 37,224,448 B per layer, the formula 37,224,448; SDPA 23,097,856, the formula
+# 23,085,056 (-0.06%). d=768, a=12, B=4, T=1024 (GPT-2 small's block): eager 622,774,784 B,
+# the formula 622,854,144 (+0.01%); SDPA 272,550,400, the formula 277,020,672 (+1.6%).
+HF_EAGER_LINEAR_COEFF = 86
+HF_EAGER_ATTENTION_COEFF = 7
+HF_SDPA_LINEAR_COEFF = 88
+HF_SDPA_LOGSUMEXP_BYTES = 4
 # Selective checkpointing as the reference defines it keeps matmul and attention outputs and
 # recomputes elementwise/normalisation ones. From Korthikanti's breakdown the kept outputs are
 # Q, K (4), V (2), the attention output (2) and the MLP up-projection (8), plus the block input
@@ -196,6 +224,19 @@ def megatron_layer_activation_bytes(
             raise MemlensUsageError("the attention-score term needs the number of heads")
         total += MEGATRON_ATTENTION_COEFF * heads * seq * seq * batch
     return round(total * bytes_scale)
+
+
+def hf_eager_layer_activation_bytes(batch: int, seq: int, hidden: int, heads: int | None, *,
+                                    flash_attention: bool) -> int:
+    """An eager-kernel block under bf16 autocast, as Hugging Face's GPT-2 writes it: with
+    ``flash_attention`` (SDPA, FlashAttention: no T x T weights kept) 88 * T * B * d + 4 * a * T * B
+    bytes, with eager attention 86 * T * B * d + 7 * a * T^2 * B; see ``HF_EAGER_LINEAR_COEFF``."""
+    if flash_attention:
+        lse = HF_SDPA_LOGSUMEXP_BYTES * (heads or 0) * seq * batch
+        return HF_SDPA_LINEAR_COEFF * seq * batch * hidden + lse
+    if heads is None:
+        raise MemlensUsageError("the attention-score term needs the number of heads")
+    return HF_EAGER_LINEAR_COEFF * seq * batch * hidden + HF_EAGER_ATTENTION_COEFF * heads * seq * seq * batch
 
 
 def selective_layer_activation_bytes(

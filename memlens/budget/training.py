@@ -25,7 +25,9 @@ OPTIMIZERS: tuple[str, ...] = (
     "galore",
 )
 CHECKPOINTING: tuple[str, ...] = ("none", "full", "selective", "every")
-ACTIVATION_FORMULAS: tuple[str, ...] = ("megatron", "rule-of-thumb")
+# megatron: fused 16-bit kernels (Megatron-LM, FlashAttention-era stacks); hf-eager: eager
+# PyTorch ops under bf16 autocast, as Hugging Face's GPT-2 (fp32 residual stream and GELU pow).
+ACTIVATION_FORMULAS: tuple[str, ...] = ("megatron", "rule-of-thumb", "hf-eager")
 STATE_DTYPES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 _PRECISION_ALIASES = {

@@ -84,7 +84,9 @@ from memlens.ops.vocab import parse_capacity
     "activation_formula",
     default="megatron",
     show_default=True,
-    help="Activation formula: megatron (34*T*B*d per layer) or rule-of-thumb (24*B*T*d per layer).",
+    help="Activation formula: megatron (34*T*B*d per layer, fused 16-bit kernels), hf-eager (88*T*B*d with SDPA, "
+    "eager ops under bf16 autocast as Hugging Face's GPT-2: fp32 residual stream and GELU) or rule-of-thumb "
+    "(24*B*T*d per layer).",
 )
 @click.option(
     "--chunked-loss",

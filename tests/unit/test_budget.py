@@ -227,6 +227,28 @@ def test_megatron_activations_and_flash_attention() -> None:
     assert plain == n_layers * (34 * t * b * d + 5 * a * t * t * b)
 
 
+def test_the_activation_formulas_say_which_kernels_they_assume() -> None:
+    """Megatron's 34 assumes fused 16-bit kernels; HF's eager GPT-2 under bf16 autocast keeps
+    fp32 residuals and GELU intermediates: 88*T*B*d with SDPA, 86*T*B*d + 7*a*T^2*B eager
+    (tests/integration/test_budget_hf_eager.py checks both against predict)."""
+    b, t, d, a = 4, 1024, 768, 12
+    spec = ModelSpec.from_numbers(124e6, hidden_size=d, n_layers=12, n_heads=a)
+    fused = estimate(spec, TrainingSetup(micro_batch=b, seq_len=t)).item("activations")
+    assert "fused 16-bit kernels" in fused.explanation and "--activations hf-eager" in fused.explanation
+    sdpa = estimate(spec, TrainingSetup(micro_batch=b, seq_len=t, activation_formula="hf-eager")).item("activations")
+    assert sdpa.bytes == 12 * (88 * t * b * d + 4 * a * t * b)
+    assert "fp32 residual stream" in sdpa.explanation and "GELU" in sdpa.explanation
+    eager = estimate(spec, TrainingSetup(micro_batch=b, seq_len=t, activation_formula="hf-eager",
+                                         flash_attention=False)).bytes_of("activations")
+    assert eager == 12 * (86 * t * b * d + 7 * a * t * t * b)
+    # Checkpointed, each block's input is the fp32 residual stream.
+    full = estimate(spec, TrainingSetup(micro_batch=b, seq_len=t, activation_formula="hf-eager",
+                                        checkpointing="full")).bytes_of("activations")
+    assert full == 12 * b * t * d * 4
+    with pytest.raises(MemlensUsageError, match="derived for bf16-mixed or fp16-mixed"):
+        estimate(spec, TrainingSetup(seq_len=t, precision="fp32", activation_formula="hf-eager"))
+
+
 def test_gqa_shrinks_the_attention_part() -> None:
     mha = ModelSpec.from_numbers(7e9, hidden_size=4096, n_layers=32, n_heads=32)
     gqa = ModelSpec.from_numbers(7e9, hidden_size=4096, n_layers=32, n_heads=32, n_kv_heads=8)
