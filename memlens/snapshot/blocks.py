@@ -540,7 +540,7 @@ def _sweep_large_blocks(
     """Give every large-pool alloc (and block freed before its alloc was seen) the tail
     ``should_split`` left on it, in place in ``out``: one pass in row order, the reference the
     vectorised ``_measure_large_blocks`` is tested against, and its fallback where a crafted
-    history would make the vectorised pairs too many."""
+    history would make the vectorised pairs too many, or breaks ``_history_is_consistent``."""
     is_segment = (action == _SEGMENT_ALLOC) | (action == _SEGMENT_FREE)
     large_alloc = large & (action == _ALLOC)
     relevant = np.flatnonzero(large_alloc | (large & (action == release)) | is_segment)
