@@ -101,6 +101,10 @@ class BudgetCheck(PlainData):
 
     ok: bool
     rows: list[BudgetRow]
+    # The largest micro-batch on the device's capacity, scaled from what was measured at the peak,
+    # and the line saying what it used; None/"" without a capacity or the measured batch.
+    largest_batch: int | None = None
+    largest_batch_note: str = ""
 
 
 @dataclass(kw_only=True)

@@ -36,7 +36,10 @@ without one; else ``ok`` and ``rows``, one per category and a ``total``: ``categ
 ``theory_bytes`` (null when the budget could not estimate it), ``measured_bytes`` (null: not
 measured), ``ratio`` (measured / theory, or null), ``verdict`` (within | outside | not_compared |
 not_estimated | not_measured), ``tolerance``, ``theory_items`` (the budget's lines it sums) and
-``note``; set by ``memlens.ops.triage`` from the budget options and the sidecar). The report also
+``note``, then ``largest_batch`` and ``largest_batch_note`` (the largest micro-batch on the
+device's capacity scaled from the activations measured at the peak, and what it used; null and
+"" without a capacity or the measured batch); set by ``memlens.ops.triage`` from the budget
+options and the sidecar). The report also
 carries the recorder's ``sidecar`` as read (``memlens.sidecar.Sidecar``, the current layout;
 null for files memlens did not record).
 

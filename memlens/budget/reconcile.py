@@ -111,8 +111,68 @@ class ReconciliationRecord(msgspec.Struct, frozen=True):
 
 
 @dataclass(frozen=True)
+class MeasuredBatchFit:
+    """The largest micro-batch on ``capacity_bytes``, scaled from a measurement: the activations at
+    the peak per sample of the measured batch, the rest of what was reserved held as measured.
+    ``basis`` says what it used ("measured", or "theory" where the peak held no activations);
+    ``ran_out``: the measured run itself ran out of memory, so its batch is no fit."""
+
+    capacity_bytes: int
+    measured_batch: int
+    micro_batch: int
+    per_sample_bytes: int
+    fixed_bytes: int
+    basis: str
+    ran_out: bool = False
+
+    def describe(self) -> str:
+        capacity = format_bytes(self.capacity_bytes)
+        if self.basis == "theory":
+            text = (f"largest micro-batch on {capacity}: {self.micro_batch}, from the budget's formulas (the "
+                    f"peak held no activations to scale)")
+        else:
+            text = (f"largest micro-batch on {capacity}: {self.micro_batch}, from what was measured: "
+                    f"{format_bytes(self.per_sample_bytes)} of activations per sample at the peak "
+                    f"(B = {self.measured_batch}), scaled; the other {format_bytes(self.fixed_bytes)} reserved "
+                    f"held as measured")
+        if self.ran_out:
+            text += f"; the measured run ran out of memory at B = {self.measured_batch}"
+        return text
+
+
+def measured_batch_fit(measured: Mapping[str, int] | Any, measured_batch: int, capacity_bytes: int,
+                       budget: Budget | None = None, *, reserved_bytes: int = 0,
+                       ran_out: bool = False) -> MeasuredBatchFit | None:
+    """The largest micro-batch on ``capacity_bytes`` from the categories at a measured peak
+    (``measured`` as for ``reconcile``) taken at micro-batch ``measured_batch``: activations
+    scale with the batch; everything else, and what the allocator had reserved beyond the
+    allocated peak (``reserved_bytes``: its cache and fragmentation), stays. A run that
+    ``ran_out`` of memory caps it below its own batch. Where the peak held no activations, the
+    budget's own ``max_micro_batch`` (``budget`` given and sizable), else None."""
+    values = _measured_mapping(measured)
+    if measured_batch < 1 or capacity_bytes < 1:
+        raise MemlensUsageError(f"the measured batch and the capacity must be >= 1, not {measured_batch} "
+                                f"and {capacity_bytes}")
+    activations = values.get("activations", 0)
+    fixed = max(sum(values.values()), reserved_bytes) - activations
+    if activations == 0:
+        if budget is None or not budget.item("activations").estimated:
+            return None
+        largest = budget.max_micro_batch(capacity_bytes).micro_batch
+        largest = min(largest, measured_batch - 1) if ran_out else largest
+        return MeasuredBatchFit(capacity_bytes, measured_batch, largest, 0, 0, "theory", ran_out)
+    per_sample = max(1, activations // measured_batch)
+    largest = max(0, (capacity_bytes - fixed) // per_sample)
+    largest = min(largest, measured_batch - 1) if ran_out else largest
+    return MeasuredBatchFit(capacity_bytes, measured_batch, int(largest), per_sample, fixed, "measured", ran_out)
+
+
+@dataclass(frozen=True)
 class Reconciliation:
     rows: tuple[ReconciledRow, ...]
+    # The largest micro-batch on the device's capacity, scaled from the measurement
+    # (``measured_batch_fit``); None without a capacity or the measured batch.
+    largest_batch: MeasuredBatchFit | None = None
 
     def row(self, category: str) -> ReconciledRow:
         for row in self.rows:

@@ -190,6 +190,19 @@ def reconcile_budget(report: Report, device: int | None, options: BudgetOptions 
     options = options_from_sidecar(options or BudgetOptions(), report.sidecar)
     if not options.describes_model:
         return None
-    from memlens.budget import reconcile  # only now: most triages have no budget to reconcile
+    import dataclasses
 
-    return reconcile(estimate_budget(options), report.device(device))
+    from memlens.budget import reconcile  # only now: most triages have no budget to reconcile
+    from memlens.budget.reconcile import measured_batch_fit
+
+    measured = report.device(device)
+    budget = estimate_budget(options)
+    reconciliation = reconcile(budget, measured)
+    if measured.capacity_bytes and options.batch:
+        # A recording's or a prediction's own activations, scaled, not the formula's: they hold
+        # what the model's kernels keep (HF's eager GPT-2 keeps 2.6x Megatron's fused count).
+        ran_out = any(finding.kind == "oom" for finding in measured.findings)
+        fit = measured_batch_fit(measured, options.batch, measured.capacity_bytes, budget,
+                                 reserved_bytes=measured.peak_reserved_bytes, ran_out=ran_out)
+        reconciliation = dataclasses.replace(reconciliation, largest_batch=fit)
+    return reconciliation

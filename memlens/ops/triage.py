@@ -166,7 +166,10 @@ def budget_check(reconciliation: Reconciliation) -> BudgetCheck:
     """The report's form of a reconciliation: a row per category with its verdict."""
     from memlens.analysis.report import BudgetCheck
 
-    return BudgetCheck(ok=reconciliation.ok, rows=[_budget_row(row) for row in reconciliation.rows])
+    fit = reconciliation.largest_batch
+    return BudgetCheck(ok=reconciliation.ok, rows=[_budget_row(row) for row in reconciliation.rows],
+                       largest_batch=fit.micro_batch if fit is not None else None,
+                       largest_batch_note=fit.describe() if fit is not None else "")
 
 
 def _budget_row(row: ReconciledRow) -> BudgetRow:

@@ -416,6 +416,8 @@ def render_budget_check(console: Console, budget: BudgetCheck) -> None:
         theory = "n/a" if row.theory_bytes is None else format_bytes(row.theory_bytes)
         table.add_row(printable(row.category), theory, measured, ratio, printable(row.note or ""))
     console.print(table)
+    if budget.largest_batch_note:
+        console.print(printable(budget.largest_batch_note))
 
 
 def render_triage(

@@ -774,3 +774,61 @@ def test_triage_reads_the_phase_of_the_peak_from_the_trace() -> None:
     gradients = next(row for row in device.budget.rows if row.category == "gradients")
     assert gradients.note == "0.12x the theory: the peak comes in backward before most gradients exist"
     assert json.loads(json.dumps(report.to_json()))["devices"]["0"]["peak_phase"] == "backward"
+
+
+def test_the_largest_batch_beside_a_measurement_scales_what_was_measured() -> None:
+    """Beside a recording or a prediction the largest batch comes from the activations measured
+    at the peak, per sample, scaled (issue 36: the formula's 84 where predict's --max gave 26),
+    and says so; with no activations at the peak, from the formulas, saying that instead."""
+    from memlens.budget.reconcile import measured_batch_fit
+
+    mib = 2**20
+    measured = {"parameters": 100 * mib, "gradients": 0, "optimizer_state": 200 * mib, "activations": 400 * mib,
+                "temporary": 20 * mib, "unknown": 0}
+    fit = measured_batch_fit(measured, 4, 2048 * mib)
+    assert fit is not None and fit.basis == "measured"
+    assert (fit.per_sample_bytes, fit.fixed_bytes) == (100 * mib, 320 * mib)
+    assert fit.micro_batch == (2048 - 320) // 100 == 17
+    assert fit.describe() == ("largest micro-batch on 2.00 GiB: 17, from what was measured: 100.00 MiB of "
+                              "activations per sample at the peak (B = 4), scaled; the other 320.00 MiB "
+                              "reserved held as measured")
+    # What the allocator reserved beyond the allocated peak stays too; a run that ran out of
+    # memory at its batch is told that batch does not fit, whatever the arithmetic says.
+    cached = measured_batch_fit(measured, 4, 2048 * mib, reserved_bytes=920 * mib)
+    assert cached is not None and (cached.fixed_bytes, cached.micro_batch) == (520 * mib, 15)
+    oom = measured_batch_fit(measured, 4, 2048 * mib, ran_out=True)
+    assert oom is not None and oom.micro_batch == 3 and oom.describe().endswith("ran out of memory at B = 4")
+    assert measured_batch_fit(measured, 4, 300 * mib).micro_batch == 0  # type: ignore[union-attr]
+    spec = ModelSpec.from_numbers(1e6, hidden_size=64, n_layers=2, n_heads=4, vocab_size=100)
+    budget = estimate(spec, TrainingSetup(seq_len=128))
+    idle = {**measured, "activations": 0}
+    theory = measured_batch_fit(idle, 4, 2048 * mib, budget)
+    assert theory is not None and theory.basis == "theory"
+    assert theory.micro_batch == budget.max_micro_batch(2048 * mib).micro_batch
+    assert "from the budget's formulas" in theory.describe()
+    assert measured_batch_fit(idle, 4, 2048 * mib) is None
+    with pytest.raises(MemlensUsageError, match="must be >= 1"):
+        measured_batch_fit(measured, 0, 2048 * mib)
+
+
+def test_triage_bases_the_largest_batch_on_the_recording() -> None:
+    from memlens.ops.triage import TriageOptions, triage
+    from tests.conftest import SAMPLE_SNAPSHOTS_DIR
+
+    report = triage(str(SAMPLE_SNAPSHOTS_DIR / "activations.pickle"), TriageOptions(cache=False, capacity=2**30))
+    device = report.device()
+    assert device.budget is not None
+    activations = device.categories_at_peak["activations"]
+    fixed = max(device.peak_allocated_bytes, device.peak_reserved_bytes) - activations
+    assert device.budget.largest_batch == (2**30 - fixed) // (activations // 16)  # the sidecar's B = 16
+    assert "from what was measured" in device.budget.largest_batch_note
+    assert json.loads(json.dumps(report.to_json()))["devices"]["0"]["budget"]["largest_batch"] == 212
+    unsized = triage(str(SAMPLE_SNAPSHOTS_DIR / "activations.pickle"), TriageOptions(cache=False)).device()
+    assert unsized.budget is not None and unsized.budget.largest_batch is None
+    from click.testing import CliRunner
+
+    from memlens.cli.main import cli
+
+    shown = CliRunner().invoke(cli, ["triage", str(SAMPLE_SNAPSHOTS_DIR / "activations.pickle"), "--capacity",
+                                     "1GiB", "--no-cache", "--width", "200", "--no-color"])
+    assert shown.exit_code == 0 and "largest micro-batch on 1.00 GiB: 212, from what was measured" in shown.output
