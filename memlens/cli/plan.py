@@ -22,12 +22,16 @@ Exit status: 0 a configuration fits (the recommendation is printed); 1 none fits
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from memlens.cli.common import COUNT, help_text, json_text, status_line
 from memlens.predict.gpus import GPU_NAMES_HELP
 from memlens.units import format_bytes
+
+if TYPE_CHECKING:
+    from memlens.ops.plan import PlanResult
 
 
 @click.command(help=help_text(__doc__), context_settings={"ignore_unknown_options": True})
@@ -149,6 +153,24 @@ def _why_the_lowest_does_not_fit(result: object, name: str, levers: list[str]) -
     return f"not even the lowest value fits: {name}={lowest.values[name]} {why}"
 
 
+def _margin_line(result: PlanResult) -> str:
+    """How much the recommended configuration leaves, and what the prediction does not count: a
+    last value that fits by a fraction of a GiB is no promise on a GPU that also holds the CUDA
+    context and NCCL's buffers."""
+    from memlens.ops.plan import max_per_lever_set
+
+    assert result.recommended is not None
+    config = result.configs[result.recommended]
+    spare = result.capacity_bytes - config.peak_reserved_bytes
+    last = [name for name in result.max
+            if any(levers == config.levers and value is not None and config.values.get(name) == value
+                   for levers, value in max_per_lever_set(result, name))]
+    what = f"the largest {' and '.join(last)} that fits" if last else "it fits"
+    return (f"  {what}, with {format_bytes(spare)} to spare of {format_bytes(result.capacity_bytes)} "
+            "(peak reserved); not counted: the CUDA context and NCCL's buffers, outside PyTorch's allocator "
+            "(--reserve-outside takes them off)")
+
+
 def render(result: object) -> str:
     from memlens.ops.plan import PlanResult, max_per_lever_set
 
@@ -188,5 +210,6 @@ def render(result: object) -> str:
     else:
         lines.append(f"recommended: #{result.recommended}, the cheapest configuration that fits:")
         lines += [f"  {line}" for line in (result.change or "").splitlines()]
+        lines.append(_margin_line(result))
     lines.append(f"snapshots under {result.out} (memlens triage FILE); {result.seconds:.1f} s")
     return "\n".join(lines)

@@ -379,19 +379,36 @@ def _offload_bytes(levers: tuple[Lever, ...], child: ChildResult) -> int | None:
     return int(paged) if paged else None
 
 
+# A configuration that fits at least this many times the work per step (the product of its
+# whole placeholder values: B, or B*T) of another is worth its levers' cost: half the gradient
+# accumulation steps or more. Below it, the cheaper levers win (issue 36: a 9x larger batch with
+# checkpointing was ranked below an 8-bit optimizer at batch 3).
+WORTH_ITS_COST_FACTOR = 2
+
+
+def _work_per_step(configuration: Configuration) -> int:
+    work = 1
+    for value in configuration.values.values():
+        work *= int(value) if is_whole_text(value) else 1
+    return work
+
+
 def _recommended(results: list[tuple[Configuration, ChildResult]], configs: list[PlanConfig]) -> int | None:
-    """The cheapest configuration that fits: lowest lever cost (``levers.cost_key``), then the
-    largest placeholder values (more work per step at the same cost), then the lower peak."""
+    """The configuration a user would take: among those that fit within a factor of
+    ``WORTH_ITS_COST_FACTOR`` of the most work per step, the lowest lever cost
+    (``levers.cost_key``), then the largest placeholder values, then the lower peak."""
     candidates = [index for index, config in enumerate(configs) if config.fits]
     if not candidates:
         return None
+    most = max(_work_per_step(results[index][0]) for index in candidates)
+    worth = [index for index in candidates if _work_per_step(results[index][0]) * WORTH_ITS_COST_FACTOR > most]
 
     def key(index: int) -> tuple[Any, ...]:
         configuration = results[index][0]
         values = tuple(-int(v) if is_whole_text(v) else 0 for v in configuration.values.values())
         return (cost_key(configuration.levers), values, configs[index].peak_reserved_bytes)
 
-    return min(candidates, key=key)
+    return min(worth, key=key)
 
 
 def _max_of_baseline(results: list[tuple[Configuration, ChildResult]], name: str) -> int | None:

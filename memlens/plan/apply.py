@@ -641,6 +641,7 @@ def _replacing_optimizer(original: type, optimizer: str | None, offload: str | N
         lr = _user_lr(args, kwargs, 1e-3)
         replaced: torch.optim.Optimizer
         notes["optimizer_replaced"] = original.__name__
+        notes["optimizer_lr"] = lr  # the script's (or torch's default): the recommendation writes it
         if offload == "optimizer":
             inner_class: Callable[..., Any] = original
             inner_args, inner_kwargs = args, kwargs

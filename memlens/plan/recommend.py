@@ -37,6 +37,16 @@ def _optimizer_name(notes: dict[str, Any]) -> str:
     return str(notes.get("optimizer_replaced") or "AdamW")
 
 
+def _learning_rate(notes: dict[str, Any]) -> str:
+    """The script's learning rate as it built its optimizer (the plan's run saw it), so the line
+    runs when pasted; never a literal ``lr=...``."""
+    lr = notes.get("optimizer_lr")
+    if isinstance(lr, int | float) and not isinstance(lr, bool):
+        return repr(float(lr))
+    # The optimizer was never built in the run: the script's own optimizer's, read back.
+    return 'optimizer.param_groups[0]["lr"]'
+
+
 def _lever_change(lever: Lever, levers: tuple[Lever, ...], notes: dict[str, Any]) -> str | None:
     blocks = notes.get("blocks") if isinstance(notes.get("blocks"), dict) else None
     block_class = str(blocks["class"]) if blocks else "Block"
@@ -90,13 +100,14 @@ def _lever_change(lever: Lever, levers: tuple[Lever, ...], notes: dict[str, Any]
         offloaded = any(other.name == "offload" for other in levers)
         if offloaded:
             return None  # said by the offload lever
+        lr = _learning_rate(notes)
         return {
-            "adamw8bit": "import bitsandbytes as bnb\noptimizer = bnb.optim.AdamW8bit(model.parameters(), lr=...)",
+            "adamw8bit": f"import bitsandbytes as bnb\noptimizer = bnb.optim.AdamW8bit(model.parameters(), lr={lr})",
             "paged-adamw8bit": (
-                "import bitsandbytes as bnb\noptimizer = bnb.optim.PagedAdamW8bit(model.parameters(), lr=...)"
+                f"import bitsandbytes as bnb\noptimizer = bnb.optim.PagedAdamW8bit(model.parameters(), lr={lr})"
             ),
-            "adafactor": "optimizer = torch.optim.Adafactor(model.parameters(), lr=...)",
-            "sgd": "optimizer = torch.optim.SGD(model.parameters(), lr=..., momentum=0.9)",
+            "adafactor": f"optimizer = torch.optim.Adafactor(model.parameters(), lr={lr})",
+            "sgd": f"optimizer = torch.optim.SGD(model.parameters(), lr={lr}, momentum=0.9)",
         }.get(value or "")
     if name == "fsdp" or (name == "offload" and value == "params"):
         if name == "offload" and any(other.name == "fsdp" for other in levers):
@@ -119,6 +130,7 @@ def _lever_change(lever: Lever, levers: tuple[Lever, ...], notes: dict[str, Any]
                 inner = "torch.optim.Adafactor"
             elif other.name == "optim" and other.value == "sgd":
                 inner = "torch.optim.SGD"
+        lr = _learning_rate(notes)
         return ("from torchao.optim import CPUOffloadOptimizer\n"
-                f"optimizer = CPUOffloadOptimizer(model.parameters(), {inner}, lr=...)")  # fmt: skip
+                f"optimizer = CPUOffloadOptimizer(model.parameters(), {inner}, lr={lr})")  # fmt: skip
     return None  # allocator levers: in the launch line
