@@ -29,6 +29,9 @@ from memlens.ops.predict import SIGNAL_WORDS, oom_line
 from memlens.predict.gpus import GPU_NAMES_HELP, FitBasis, fit_basis
 from memlens.units import counted, format_bytes
 
+# The lines whose GPU values stood in that the text lists, each on its own line; --json has all.
+MAX_PLACEHOLDER_SITES = 5
+
 
 @click.command(help=help_text(__doc__), context_settings={"ignore_unknown_options": True})
 @click.option("--gpu", default=None, help=GPU_NAMES_HELP)
@@ -168,10 +171,15 @@ def render(result: Any, world_size: int = 1, basis: FitBasis | None = None, not_
     else:
         lines.append("  fits: the run completed within capacity")
     if result.placeholder_values:
-        lines.append(
-            f"  {result.placeholder_values} value(s) read from the GPU were placeholders (NaN, 0, False), "
-            f"first at {result.first_placeholder_at or '?'}: branches on them may differ from the real run"
-        )
+        lines.append(f"  placeholders: {result.placeholder_values} value(s) read from the GPU (.item(), bool, "
+                     "tolist) stood in as NaN, 0 or False; branches on them may differ from the real run:")
+        sites = list(result.placeholder_sites.items()) or [(result.first_placeholder_at or "?",
+                                                            result.placeholder_values)]
+        lines += [f"    {count}x at {where}" for where, count in sites[:MAX_PLACEHOLDER_SITES]]
+        if len(sites) > MAX_PLACEHOLDER_SITES:
+            rest = sum(count for _, count in sites[MAX_PLACEHOLDER_SITES:])
+            others = len(sites) - MAX_PLACEHOLDER_SITES
+            lines.append(f"    and {rest} more at {others} other line(s) (--json lists all)")
     lines += [f"  {line}" for line in not_modelled]
     if basis is not None:  # what "fits" was decided against: the board's figure, the reserve, what is outside
         lines += [f"  {line}" for line in basis.lines()]

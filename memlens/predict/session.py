@@ -99,6 +99,8 @@ class PredictResult:
     optimizer: dict[str, Any] | None = None
     placeholder_values: int = 0
     first_placeholder_at: str | None = None
+    # Each line whose GPU values stood in, with how many, in the order first met.
+    placeholder_sites: dict[str, int] = field(default_factory=dict)
     error: str | None = None
     error_traceback: str | None = field(default=None, repr=False)
     # "terminated" (SIGTERM) or "interrupted" (Ctrl-C): the run was stopped from outside.
@@ -126,7 +128,7 @@ class PredictResult:
             self.oom_op, self.oom_requested_bytes, self.oom_in_backward, self.oom_forward_at, self.fits,
             self.interrupted, self.used_cuda, self.stopped_at, self.stop_reason, self.error, self.gpu,
             self.placeholder_values, self.first_placeholder_at, self.model, self.optimizer, self.capacity_bytes,
-            self.reserve_outside_bytes, round(self.seconds, 3))
+            self.reserve_outside_bytes, round(self.seconds, 3), dict(self.placeholder_sites))
 
     def to_json(self) -> dict[str, Any]:
         return msgspec.to_builtins(self.record())
@@ -158,6 +160,7 @@ class PredictRecord(msgspec.Struct, frozen=True):
     capacity_bytes: int
     reserve_outside_bytes: int
     seconds: float
+    placeholder_sites: dict[str, int] = {}  # "file:line" -> values that stood in there
 
 
 def user_location(tb: TracebackType | None) -> str | None:
@@ -219,6 +222,7 @@ class PredictSession:
         self.placeholder_values = placeholder_values
         self.placeholders_used = 0
         self.first_placeholder_at: str | None = None
+        self.placeholder_sites: dict[str, int] = {}
         self.oom_seen = False
         self.oom_at: str | None = None
         self.oom_message: str | None = None
@@ -376,8 +380,12 @@ class PredictSession:
         ``tolist``): NaN for floating point, so a check on it fails loudly rather than quietly
         ending a loop early; 0 for integers; False for booleans."""
         self.placeholders_used += 1
+        where = frame_location(sys._getframe(1))
+        # Counted per line of the script, so each .item() that stood in is told where it is.
+        site = where or "?"
+        self.placeholder_sites[site] = self.placeholder_sites.get(site, 0) + 1
         if self.first_placeholder_at is None:
-            self.first_placeholder_at = frame_location(sys._getframe(1))
+            self.first_placeholder_at = where
         if tensor.dtype == torch.bool:
             return False
         if tensor.dtype.is_complex:
@@ -706,6 +714,7 @@ def run_in_session(session: PredictSession, body: Callable[[], Any], capture_err
         optimizer=optimizer,
         placeholder_values=session.placeholders_used,
         first_placeholder_at=session.first_placeholder_at,
+        placeholder_sites=dict(session.placeholder_sites),
         error=error,
         error_traceback=error_traceback,
         interrupted=interrupted,
