@@ -592,7 +592,7 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = (), limits: Limits | 
                frozen_layers: int = 0, batch: int = 1, seq: int | None = None, grad_accum: int = 1,
                checkpointing: Annotated[str, Field(description="none, full, selective or every:K")] = "none",
                flash_attn: bool = True,
-               activations: Annotated[str, Field(description="megatron or rule-of-thumb")] = "megatron",
+               activations: Annotated[str, Field(description="megatron, hf-eager or rule-of-thumb")] = "megatron",
                chunked_loss: float | None = None, zero: int = 0, world_size: int = 1,
                offload_optimizer: bool = False, offload_params: bool = False,
                capacity: Annotated[list[str | float] | None, Field(
