@@ -31,8 +31,25 @@ if TYPE_CHECKING:
     from memlens.predict.session import PredictResult, PredictSession
     from memlens.sidecar import ModelInfo, Sidecar
 
-# How long a signal that landed inside a finalizer waits before it is sent again (StopSignals).
+# How long a signal that landed where it cannot be raised waits before it is sent again
+# (StopSignals), and how many times it waits before it is raised wherever it lands (1 s in all; a
+# script is back in its own code, or memlens', within microseconds to milliseconds).
 SIGNAL_RETRY_SECONDS = 0.005
+SIGNAL_RETRIES = 200
+# torch's own Python, which the fake tensors' C++ dispatcher calls back into (a dispatch rule's
+# lookup, the fake mode's handlers): an exception raised there by a signal handler can meet a C++
+# frame that cannot pass it on, and the process aborts ("terminate called after throwing an
+# instance of 'pybind11::error_already_set' ... KeyboardInterrupt"), writing nothing.
+
+
+def _inside_torch(frame: Any) -> bool:
+    """Whether the interrupted ``frame`` is torch's own Python (see above)."""
+    torch = sys.modules.get("torch")
+    torch_file = getattr(torch, "__file__", None)
+    if frame is None or not torch_file:
+        return False
+    return frame.f_code.co_filename.startswith(os.path.dirname(torch_file) + os.sep)
+
 
 __all__ = ["SIGNAL_WORDS", "PredictOptions", "Prediction", "exit_status", "oom_line", "predict", "split_command"]
 
@@ -216,6 +233,7 @@ class StopSignals:
     def __init__(self) -> None:
         self.pending: int | None = None
         self._held = False
+        self._retries = 0
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopSignals:
@@ -236,11 +254,13 @@ class StopSignals:
         if self._held:
             self.pending = self.pending or signum
             return
-        if inside_finalizer(frame):
+        if inside_finalizer(frame) or (_inside_torch(frame) and self._retries < SIGNAL_RETRIES):
             # Python runs the handler at the next bytecode, which can be inside a finalizer (the
             # simulated device's, as a tensor is freed): raised there, the exception is printed as
-            # "ignored" and lost, and the script would run on. The script has no step the signal
-            # could wait for, so it is sent again in a moment, once the finalizer has returned.
+            # "ignored" and lost, and the script would run on. Or inside torch's Python called from
+            # C++, where it can abort the process. The script has no step the signal could wait
+            # for, so it is sent again in a moment, once that frame has returned.
+            self._retries += 1
             again = threading.Timer(SIGNAL_RETRY_SECONDS, os.kill, (os.getpid(), signum))
             again.daemon = True
             again.start()

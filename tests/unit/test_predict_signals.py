@@ -57,3 +57,20 @@ def test_a_held_signal_waits_and_sets_the_status() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)
     assert signals.pending == signal.SIGTERM
+
+
+def test_a_signal_inside_torchs_own_python_waits_until_the_script_is_back() -> None:
+    """torch's Python that the fake tensors' C++ dispatcher calls back into (a dispatch rule's
+    lookup) cannot always pass an exception on: raised there, the process aborted with
+    "terminate called after throwing an instance of 'pybind11::error_already_set'". The signal is
+    sent again until it lands in the script's own code."""
+    import torch
+
+    torch_frame = type("Frame", (), {})()
+    torch_frame.f_code = torch.nn.Linear.forward.__code__  # torch's own file
+    torch_frame.f_back = None
+    signals = StopSignals()
+    with signals, pytest.raises(Terminated):
+        signals._on_signal(signal.SIGTERM, torch_frame)  # put off, sent again in 5 ms
+        time.sleep(10)  # the script's own code: raised here
+    assert signals._retries == 1
