@@ -106,7 +106,9 @@ def test_script_errors_are_shown_and_fail(tmp_path: Path) -> None:
                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert completed.returncode == 1
     assert "the script itself is wrong" in completed.stderr  # Python's traceback
-    assert f"the script failed: ValueError: the script itself is wrong (at {script}:1)" in completed.stdout
+    # It failed before anything reached the GPU, and says so (issue 36), with the error and its line.
+    failure = f"ValueError: the script itself is wrong (at {script}:1)"
+    assert f"the script failed before it put anything on the GPU: {failure}" in completed.stdout
     assert (tmp_path / "memlens_predict" / "predicted.pickle").is_file()
 
 
