@@ -455,3 +455,21 @@ def test_ddp_at_world_size_n_holds_its_gradient_buckets(tmp_path: Path) -> None:
     assert "INTERNAL ASSERT" not in unused["problem"]
     sidecar = json.loads(Path(str(configs["ddp"]["snapshot"]).replace(".pickle", ".memlens.json")).read_text())
     assert (sidecar["rank"], sidecar["world_size"]) == (0, 4)
+
+
+def test_plan_stacks_name_only_the_scripts_code_and_torchs(tmp_path: Path) -> None:
+    """``plan --stacks`` never attributes memory to memlens' own code (issue 36: its child.py,
+    which runs the script, appeared in the stacks)."""
+    import pickle
+
+    script = _script(tmp_path)
+    completed = run_cli("--json", "--stacks", "--capacity", "1GiB", "--out", "out", "--",
+                        "python", str(script), "plain", "2", cwd=tmp_path)  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    snapshot = json.loads(completed.stdout)["configs"][0]["snapshot"]
+    with open(snapshot, "rb") as file:
+        written = pickle.load(file)  # memlens' own file, written just now
+    files = {frame["filename"] for trace in written["device_traces"] for entry in trace for frame in entry["frames"]}
+    assert str(script) in files  # the stacks were recorded, down to the script's lines
+    package = str(REPO_ROOT / "memlens")
+    assert not [name for name in files if name.startswith(package)], sorted(files)
