@@ -14,17 +14,14 @@ import pickletools
 import random
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-import memlens
 from memlens.allocator.engine import native_module
-from memlens.errors import MemlensFormatError
 from memlens.snapshot import ahead
 from tests.conftest import real_snapshot_paths
 from tests.hostile_files import dumps, entry, snapshot
-from tests.unit.test_native_scan import fingerprint
+from tests.unit.test_native_scan import outcome
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((REPO / "sample_snapshots").glob("*.pickle"))
@@ -57,17 +54,6 @@ def reframed(data: bytes, seed: int, largest: int) -> bytes:
     return bytes(out)
 
 
-def load_as(path: Path, pure_python: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
-    if pure_python:
-        monkeypatch.setenv("MEMLENS_PURE_PYTHON", "1")
-    else:
-        monkeypatch.delenv("MEMLENS_PURE_PYTHON", raising=False)
-    try:
-        return fingerprint(memlens.load(path, cache=False))
-    except MemlensFormatError as exc:
-        return ("error", str(exc))
-
-
 def test_the_reframing_puts_a_frame_between_a_tuples_items() -> None:
     data = reframed(dumps(snapshot()), seed=0, largest=1 << 20)
     assert pickle.loads(data) == snapshot()
@@ -84,12 +70,12 @@ def test_a_snapshot_framed_at_awkward_places_reads_as_it_was_written(
     original = path.read_bytes()
     copy = tmp_path / "snapshot.pickle"
     copy.write_bytes(original)
-    expected = load_as(copy, pure_python, monkeypatch)
+    expected = outcome(copy, pure_python, monkeypatch)
     assert expected[0] != "error"
     # Tiny frames on the samples; frames up to 4 KiB (still one between every tuple's items)
     # on the real files, which are larger.
     copy.write_bytes(reframed(original, seed=len(original), largest=48 if path in SAMPLES else 4096))
-    assert load_as(copy, pure_python, monkeypatch) == expected
+    assert outcome(copy, pure_python, monkeypatch) == expected
 
 
 @pytest.mark.parametrize("pure_python", ENGINES)
@@ -99,9 +85,9 @@ def test_a_frame_before_every_opcode_reads_as_one_frame(
     raw = snapshot(device_traces=[[entry("alloc", 0x7000_0000, 512), entry("free_completed", 0x7000_0000, 512)]])
     path = tmp_path / "snapshot.pickle"
     path.write_bytes(dumps(raw))
-    expected = load_as(path, pure_python, monkeypatch)
+    expected = outcome(path, pure_python, monkeypatch)
     path.write_bytes(reframed(dumps(raw), seed=0, largest=1))
-    assert load_as(path, pure_python, monkeypatch) == expected
+    assert outcome(path, pure_python, monkeypatch) == expected
 
 
 _SMALL = dumps(snapshot(device_traces=[[entry("alloc", 0, 512, user_metadata="m"), entry("oom", 0, 1 << 30)]]))
@@ -119,7 +105,7 @@ def test_a_file_cut_at_any_point_says_where_it_ends_early(
     path = tmp_path / "cut.pickle"
     for cut in range(1, len(data)):
         path.write_bytes(data[:cut])
-        answer = load_as(path, pure_python, monkeypatch)
+        answer = outcome(path, pure_python, monkeypatch)
         assert answer[0] == "error", cut
         message = answer[1].split(": ", 1)[1]
         found = _ENDS_EARLY.match(message)
@@ -136,7 +122,7 @@ def test_a_sample_cut_short_says_where_it_ends_early(
     path = tmp_path / "cut.pickle"
     for cut in random.Random(0).sample(range(1, len(data)), 40):
         path.write_bytes(data[:cut])
-        answer = load_as(path, pure_python, monkeypatch)
+        answer = outcome(path, pure_python, monkeypatch)
         found = _ENDS_EARLY.match(answer[1].split(": ", 1)[1])
         assert found is not None and int(found.group(2).replace(",", "")) == cut, (cut, answer)
 
@@ -149,6 +135,6 @@ def test_a_gzip_cut_short_says_where_it_ends_early(
     path = tmp_path / "cut.pickle.gz"
     for cut in [3, 10, 11, 100, *random.Random(1).sample(range(12, len(data)), 20), len(data) - 8, len(data) - 1]:
         path.write_bytes(data[:cut])
-        answer = load_as(path, pure_python, monkeypatch)
+        answer = outcome(path, pure_python, monkeypatch)
         found = _ENDS_EARLY.match(answer[1].split(": ", 1)[1])
         assert found is not None, (cut, answer)
