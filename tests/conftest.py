@@ -25,9 +25,11 @@ needs_real_snapshots = pytest.mark.skipif(not REAL_SNAPSHOTS_DIR.is_dir(), reaso
 # memlens.predict registers an emulated CUDA device for the life of a process, and PyTorch's
 # autograd engine sizes its device queues once, at the first backward() of the process. The
 # in-process predict tests therefore run in an interpreter of their own
-# (tests/integration/test_predict_isolated.py starts it with this variable set).
+# (tests/integration/test_predict_isolated.py starts it with this variable set). Any test file that
+# calls memlens.predict in the test process belongs in this list.
 PREDICT_IN_PROCESS_ENV = "MEMLENS_PREDICT_TESTS_IN_PROCESS"
-collect_ignore = [] if os.environ.get(PREDICT_IN_PROCESS_ENV) else ["unit/test_predict_cuda_api.py"]
+PREDICT_IN_PROCESS_TESTS = ["unit/test_predict_cuda_api.py", "unit/test_predict_placeholder_sites.py"]
+collect_ignore = [] if os.environ.get(PREDICT_IN_PROCESS_ENV) else list(PREDICT_IN_PROCESS_TESTS)
 
 
 def real_snapshot_paths() -> list[Path]:

@@ -10,16 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PREDICT_IN_PROCESS_ENV, REPO_ROOT
+from tests.conftest import PREDICT_IN_PROCESS_ENV, PREDICT_IN_PROCESS_TESTS, REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(900)
 def test_emulated_cuda_api_suite_in_a_fresh_process() -> None:
-    """tests/unit/test_predict_cuda_api.py, one call of the emulated torch.cuda API at a time."""
+    """The in-process predict tests (tests/unit/test_predict_cuda_api.py, one call of the emulated
+    torch.cuda API at a time, and the others of PREDICT_IN_PROCESS_TESTS), in a process of their own."""
     env = dict(os.environ, **{PREDICT_IN_PROCESS_ENV: "1"})
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/test_predict_cuda_api.py"]
+    files = [f"tests/{name}" for name in PREDICT_IN_PROCESS_TESTS]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=880)
     assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-4000:]
     assert " passed" in result.stdout and " failed" not in result.stdout
