@@ -34,7 +34,10 @@ _UNITS = {
     "gib": GiB,
     "tib": TiB,
 }
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+# A number as anyone types one, declared once for every parser below: finite, unsigned, ASCII
+# digits (``\\d`` would take other scripts' digits too), with an optional exponent.
+_NUMBER = r"[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?"
+_SIZE_RE = re.compile(rf"^\s*({_NUMBER})\s*([a-zA-Z]*)\s*$")
 
 # What anyone types for a number: longer text is refused before it is parsed (a 5,000-digit
 # "moment" costs Python's int() a quadratic conversion, then cannot be used anyway).
@@ -101,7 +104,7 @@ def parse_bytes(text: str | int | float) -> int:
     return int(size.to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
-_UNITLESS_RE = re.compile(r"^\s*[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*$")
+_UNITLESS_RE = re.compile(rf"^\s*{_NUMBER}\s*$")
 
 
 def parse_capacity(text: str | int | float, what: str = "--capacity") -> int:
@@ -140,7 +143,7 @@ def capacity_bytes(value: str | int, what: str = "capacity") -> int:
 
 
 _COUNT_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
-_COUNT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*$")
+_COUNT_RE = re.compile(rf"^\s*({_NUMBER})\s*([kKmMbBgGtT]?)\s*$")
 
 
 def parse_count(text: str) -> int:
