@@ -4,7 +4,7 @@ A hostile or simply enormous file can keep the unpickler busy in C code for ever
 machine's memory, so each analysis runs through ``memlens.ops.runner`` (a child forked from a
 ``forkserver``, its address space capped, killed at a wall-clock deadline); the server's threads
 only wait on a pipe meanwhile, so every other request is answered. The child runs the one
-per-file analysis, ``memlens.ops.runner.analyse_file``, and uploaded sidecars are read there too
+load-and-analyse of every face, ``memlens.ops.triage.analyse``, and uploaded sidecars are read there too
 (``check_sidecars_in_worker``). The MCP server runs its tool calls, and
 ``memlens fleet`` its ranks, through the same runner, under the same limits.
 
@@ -29,10 +29,10 @@ from memlens.ops.runner import (
     Limits,
     ProcessGroup,
     Stopped,
-    analyse_file,
     run_limited,
 )
 from memlens.ops.runner import default_memory_limit as default_memory_limit
+from memlens.ops.triage import TriageOptions, analyse
 from memlens_app.sidecars import check_uploaded_sidecars
 
 log = logging.getLogger("memlens.app")
@@ -56,7 +56,9 @@ def analyse_in_worker(path: str, *, uploaded: bool, limits: AnalysisLimits, work
     Raises ``MemlensError`` for a file memlens cannot read (the reader's own message),
     ``AnalysisStopped`` when a limit was hit, ``AnalysisCrashed`` for a bug in memlens.
     """
-    return run_limited(analyse_file, (path, uploaded, max_content_bytes), limits=limits, group=workers,
+    # An upload gets no cache file beside it in the upload folder: it would only cost disk.
+    options = TriageOptions(cache=False) if uploaded else TriageOptions()
+    return run_limited(analyse, (path, options, None, max_content_bytes), limits=limits, group=workers,
                        what="analysis", preload=_PRELOAD)
 
 

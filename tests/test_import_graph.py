@@ -111,7 +111,7 @@ def test_the_graph_sees_both_packages_and_every_kind_of_import() -> None:
     assert "memlens_app.panels.ranks" in GRAPH and "memlens.ops.fleet" in GRAPH
     assert "memlens.ops.fleet" in GRAPH["memlens_app.panels.ranks"]  # module level
     assert "memlens.ops.fleet" in GRAPH["memlens.cli.fleet"]  # inside the command's function too
-    assert "memlens.analysis.analysis" in GRAPH["memlens.ops.runner"]  # under TYPE_CHECKING
+    assert "memlens.analysis.analysis" in GRAPH["memlens.ops.triage"]  # under TYPE_CHECKING
     assert GRAPH["memlens.cli.serve"]["memlens_app.main"] == {"create_app", "DEFAULT_SAMPLE_DIR"}
 
 

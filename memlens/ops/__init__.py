@@ -19,10 +19,10 @@ Modules, by question:
 - ``errors``: the one rule that turns an exception into a one-line message (a mistake, an input
   that ran memlens out of memory or stack depth, a bug), for every face.
 - ``runner``: the one sandboxed child-process runner (time and memory limits) that the
-  dashboard's analyses, the MCP server's tool calls and the fleet's ranks run in, and the one
-  per-file analysis a child runs (``analyse_file``).
+  dashboard's analyses, the MCP server's tool calls and the fleet's ranks run in.
 - ``fleet``: many ranks of one job in parallel, typed rows, the outlier rank and why.
-- ``triage``: one file loaded, analysed and its budget set beside each device (the report).
+- ``triage``: one file loaded and analysed (``analyse``: the one load-and-analyse of every face,
+  in a runner's child too) and its budget set beside each device (the report).
 - ``diff``: two files compared: peaks, categories, stacks and one source file's lines.
 - ``whatif``: a recorded run replayed with other allocator settings or another capacity.
 - ``predict``: a script run against a simulated GPU, written and triaged as a recorded run.

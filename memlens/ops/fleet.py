@@ -5,8 +5,8 @@ table, and the outlier rank(s) named with the reason they differ, as typed resul
     fleet = triage_fleet(paths, dask="tcp://scheduler:8786")                 # an existing Dask cluster
     fleet.to_json()                                                          # what --json prints
 
-Each rank is analysed by ``rank_job``: the one per-file analysis (``memlens.ops.runner.
-analyse_file``) and its table row (``rank_row``), built from the typed report. Here each runs in
+Each rank is analysed by ``rank_job``: the one per-file analysis (``memlens.ops.triage.
+analyse``) and its table row (``rank_row``), built from the typed report. Here each runs in
 its own child process under the runner's time and memory limits (``memlens.ops.runner.run_each``),
 at most ``jobs`` at once; on a Dask cluster, in the workers (which have their own memory limits).
 Only the row (and, when asked, the report) comes back, never the snapshot. Results come back in
@@ -41,7 +41,8 @@ from memlens.analysis.datatypes import CATEGORIES
 from memlens.analysis.report import Finding, Report, Step
 from memlens.errors import MemlensUsageError
 from memlens.ops.errors import describe
-from memlens.ops.runner import DEFAULT_PRELOAD, Limits, analyse_file, run_each
+from memlens.ops.runner import DEFAULT_PRELOAD, Limits, run_each
+from memlens.ops.triage import TriageOptions, analyse
 from memlens.printable import printable
 from memlens.units import format_bytes
 
@@ -249,7 +250,7 @@ def rank_job(path: str, capacity: int | None = None, device: int | None = None, 
              keep_report: bool = False) -> RankResult:
     """What one rank's child (or Dask task) runs: the one per-file analysis, and its row."""
     started = time.perf_counter()
-    report = analyse_file(path, cache=cache, capacity=capacity).report
+    report = analyse(path, TriageOptions(cache=cache, capacity=capacity)).report
     row = rank_row(path, report, device, seconds=time.perf_counter() - started)
     return RankResult(row, report if keep_report else None)
 

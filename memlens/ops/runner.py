@@ -18,11 +18,10 @@ Descriptors travel as ``multiprocessing.reduction.DupFd`` in ``args`` (the child
 ``detach()``). A ``MemlensError`` raised in the child is raised again here with its message;
 a limit reached, or the input running the child out of stack depth, is ``Stopped``; anything else
 is ``Crashed`` (with the child's traceback), told apart by ``memlens.ops.errors.describe``.
+The one per-file analysis a child runs for a face is ``memlens.ops.triage.analyse``.
 
 ``run_each(function, argument_tuples, jobs=N, ...)`` runs many such calls, at most ``N`` at once
 (the fleet's ranks): each its own child under the limits, each failure that item's one line.
-
-``analyse_file`` is the one per-file analysis a child runs (the dashboard's, the fleet's).
 """
 
 from __future__ import annotations
@@ -40,15 +39,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memlens.errors import MemlensError
 from memlens.ops.errors import Crashed, describe
 from memlens.printable import MAX_SHOWN_CHARS
 from memlens.units import GiB, format_bytes
-
-if TYPE_CHECKING:
-    from memlens.analysis.analysis import Analysis
 
 DEFAULT_TIMEOUT_S = 120.0
 # Modules every forked child should start with. memlens.cli.main too: a child re-runs the
@@ -56,7 +52,7 @@ DEFAULT_TIMEOUT_S = 120.0
 # The reader's cache and numpy.ma are imported by every analysis: loaded once there, a child
 # starts analysing ~0.1 s sooner (most of a small rank's time in a fleet).
 DEFAULT_PRELOAD = ("memlens", "memlens.analysis.run", "memlens.snapshot.reader", "memlens.snapshot.cache", "numpy.ma",
-                   "memlens.ops.runner", "memlens.cli.main")
+                   "memlens.ops.runner", "memlens.ops.triage", "memlens.cli.main")
 _PR_SET_PDEATHSIG = 1
 # How long a killed child may take to be reaped before we stop waiting for it.
 _REAP_S = 10.0
@@ -467,26 +463,6 @@ def _done_word(what: str) -> str:
     return "analysed" if what == "analysis" else "run"
 
 
-# --------------------------------------------------------------------------- the per-file analysis
-
-
-def analyse_file(path: str, uploaded: bool = False, max_content_bytes: int | None = None,
-                 cache: bool | None = None, capacity: int | None = None) -> Analysis:
-    """Load ``path`` with the safe reader and analyse it: what a child runs for one file (the
-    dashboard's analyses, each rank of a fleet).
-
-    ``uploaded``: a file in an upload folder (no cache file beside it: it would only cost disk);
-    ``max_content_bytes``: an upload's limit, which what a gzip inflates to counts against as a
-    plain file's size does; ``cache``: the reader's columnar cache (None: by size); ``capacity``:
-    the device's memory (None: the recorder's sidecar).
-    """
-    from memlens.analysis import analyze_snapshot
-    from memlens.snapshot.reader import load
-
-    snapshot = load(path, cache=False if uploaded else cache, max_content_bytes=max_content_bytes)
-    return analyze_snapshot(snapshot, capacity=capacity)
-
-
 __all__ = [
     "DEATHS_BEFORE_GIVING_UP",
     "DEFAULT_PRELOAD",
@@ -498,7 +474,6 @@ __all__ = [
     "Outcome",
     "ProcessGroup",
     "Stopped",
-    "analyse_file",
     "caused_by_memory_error",
     "default_memory_limit",
     "run_each",

@@ -50,16 +50,21 @@ class TriageOptions(msgspec.Struct, frozen=True, kw_only=True):
             raise MemlensUsageError(f"capacity {self.capacity:,} B: a device needs more than 0 bytes")
 
 
-def analyse(source: str | OpenedFile, options: TriageOptions | None = None,
-            progress: Progress | None = None) -> Analysis:
-    """``source`` loaded with the safe reader (its sidecar beside it) and analysed, every device.
+def analyse(source: str | OpenedFile, options: TriageOptions | None = None, progress: Progress | None = None,
+            max_content_bytes: int | None = None) -> Analysis:
+    """``source`` loaded with the safe reader (its sidecar beside it) and analysed, every device:
+    the one load-and-analyse of every face (the terminal's lenses and diff, the MCP tools, and in
+    a child of ``memlens.ops.runner`` the dashboard's files and the fleet's ranks).
 
-    ``source`` is a path or a file a face has already opened and checked (``memlens.files``)."""
+    ``source`` is a path or a file a face has already opened and checked (``memlens.files``);
+    ``max_content_bytes``: an upload's limit, which what a gzip inflates to counts against as a
+    plain file's size does. Its arguments are positional and picklable, so ``run_limited`` can
+    run it in a child as it is."""
     from memlens.analysis import analyze_snapshot
     from memlens.snapshot.reader import load
 
     options = options or TriageOptions()
-    snapshot = load(source, cache=options.cache, progress=progress)
+    snapshot = load(source, cache=options.cache, progress=progress, max_content_bytes=max_content_bytes)
     if progress is not None:
         progress("analysing", 1.0)
     return analyze_snapshot(snapshot, capacity=options.capacity)

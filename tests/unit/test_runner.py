@@ -18,10 +18,10 @@ from memlens.ops.runner import (
     Limits,
     ProcessGroup,
     Stopped,
-    analyse_file,
     run_each,
     run_limited,
 )
+from memlens.ops.triage import TriageOptions, analyse
 from memlens.units import GiB, parse_bytes
 from tests.conftest import SAMPLE_SNAPSHOTS_DIR
 
@@ -122,8 +122,8 @@ def test_a_died_child_is_a_crash_of_its_own_kind() -> None:
 
 def test_the_one_per_file_analysis_runs_in_a_child() -> None:
     leak = str(SAMPLE_SNAPSHOTS_DIR / "leak.pickle")
-    analysis = run_limited(analyse_file, (leak, True), limits=Limits(timeout_s=120))
+    analysis = run_limited(analyse, (leak, TriageOptions(cache=False)), limits=Limits(timeout_s=120))
     assert {f.kind for f in analysis.report.findings} >= {"leak"}
     assert analysis.live  # the per-allocation index came back with the report
     with pytest.raises(MemlensError, match="no such file"):
-        run_limited(analyse_file, (leak + ".missing",), limits=Limits(timeout_s=60))
+        run_limited(analyse, (leak + ".missing",), limits=Limits(timeout_s=60))
