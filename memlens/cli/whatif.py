@@ -50,7 +50,7 @@ def whatif(
                             garbage_collection_threshold=garbage_collection_threshold, capacity=capacity,
                             device=device)
     with snapshot_source(snapshot) as source, begin(source, options) as pending:
-        from memlens.allocator.report import render_whatif  # imported while the file is hashed
+        from memlens.reporters.whatif import render_whatif  # imported while the file is hashed
 
         result = pending.result()
     if as_json:

@@ -10,7 +10,8 @@ of one source file held it.
 Each takes an ``Analysis`` (what ``analyze_snapshot`` returns, and what the dashboard and the
 MCP server keep), so a lens sees the device, lifetimes, categories and steps the report shows.
 Moments are typed (``memlens.analysis.lenses.moments``; from text: ``memlens.ops.moments``);
-rules are loaded by the face that reads the file (``memlens.analysis.lenses.rules``).
+rules come from a file the face names (``rules_from_file``) or has opened and checked
+(``rules_from_opened``, at most ``MAX_RULES_FILE_BYTES``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from memlens.analysis.lenses.inputs import lens_inputs_of
 from memlens.analysis.lenses.labels import GROUP_BYS
 from memlens.analysis.lenses.lines import FileBreakdown, FileBreakdownRecord, file_lines
 from memlens.analysis.lenses.moments import MomentSpec, resolve_moment
-from memlens.analysis.lenses.rules import Rule
+from memlens.analysis.lenses.rules import MAX_RULES_FILE_BYTES, Rule, load_rules, rules_from_text, rules_text
 from memlens.analysis.lenses.stages import (
     StageRecord,
     StageRuns,
@@ -36,9 +37,11 @@ from memlens.errors import MemlensUsageError
 
 if TYPE_CHECKING:
     from memlens.analysis.analysis import Analysis
+    from memlens.files import OpenedFile
 
-__all__ = ["GROUP_BYS", "GroupOptions", "GroupResult", "GroupResultRecord", "LinesOptions", "LinesResult",
-           "LinesResultRecord", "StagesResult", "StagesResultRecord", "group", "lines", "stages"]
+__all__ = ["GROUP_BYS", "MAX_RULES_FILE_BYTES", "GroupOptions", "GroupResult", "GroupResultRecord", "LinesOptions",
+           "LinesResult", "LinesResultRecord", "StagesResult", "StagesResultRecord", "group", "lines",
+           "rules_from_file", "rules_from_opened", "stages"]
 
 
 class GroupOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -156,3 +159,13 @@ def lines(analysis: Analysis, options: LinesOptions) -> LinesResult:
     inputs = lens_inputs_of(analysis, options.device)
     moment = resolve_moment(inputs, options.moment)
     return LinesResult(analysis.report.source, inputs.device, inputs.start_us, file_lines(inputs, options.path, moment))
+
+
+def rules_from_file(path: str) -> tuple[Rule, ...]:
+    """The ordered name/pattern rules of a JSON or TOML file (``memlens group --rules FILE``)."""
+    return tuple(load_rules(path))
+
+
+def rules_from_opened(opened: OpenedFile) -> tuple[Rule, ...]:
+    """The rules of a file a face has opened and checked (the MCP ``group_by`` tool's ``rules``)."""
+    return tuple(rules_from_text(rules_text(opened), opened.name))

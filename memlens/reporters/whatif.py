@@ -1,4 +1,5 @@
-"""Plain-text rendering of a ``WhatIfResult``: shapes the figures, computes nothing new."""
+"""``memlens whatif`` on the terminal: the plain-text rendering of a ``WhatIfResult`` (the
+``memlens.ops.whatif`` answer); shapes the figures, computes nothing new."""
 
 from __future__ import annotations
 
