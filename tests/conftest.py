@@ -32,6 +32,19 @@ PREDICT_IN_PROCESS_TESTS = ["unit/test_predict_cuda_api.py", "unit/test_predict_
 collect_ignore = [] if os.environ.get(PREDICT_IN_PROCESS_ENV) else list(PREDICT_IN_PROCESS_TESTS)
 
 
+# The most workers `pytest` starts (pyproject.toml's `-n auto`): enough for the suite's longest
+# tests to overlap, few enough that each one's browser, servers and torch imports fit in memory.
+MAX_TEST_WORKERS = 8
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """One worker per CPU this process may run on: the affinity mask a job scheduler, ``taskset``
+    or a container's cpuset left it (not the machine's count, and not xdist's own guess of
+    physical cores, which is one on a 2-vCPU VM), at most MAX_TEST_WORKERS."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(usable, MAX_TEST_WORKERS))
+
+
 def real_snapshot_paths() -> list[Path]:
     """Every snapshot in the folder the tests run against: the invariants run on each of them,
     whatever the folder holds (a held-out set these tests have never seen included)."""

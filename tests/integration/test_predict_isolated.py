@@ -21,7 +21,7 @@ def test_emulated_cuda_api_suite_in_a_fresh_process() -> None:
     torch.cuda API at a time, and the others of PREDICT_IN_PROCESS_TESTS), in a process of their own."""
     env = dict(os.environ, **{PREDICT_IN_PROCESS_ENV: "1"})
     files = [f"tests/{name}" for name in PREDICT_IN_PROCESS_TESTS]
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
+    command = [sys.executable, "-m", "pytest", "-n", "0", "-q", "-p", "no:cacheprovider", *files]
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=880)
     assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-4000:]
     assert " passed" in result.stdout and " failed" not in result.stdout

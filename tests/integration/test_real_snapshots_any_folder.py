@@ -63,7 +63,7 @@ def test_every_real_snapshot_test_passes_or_skips_on_a_folder_of_unseen_files(tm
     report = tmp_path / "results.xml"
     env = {**os.environ, REAL_SNAPSHOTS_ENV: str(folder), "MEMLENS_CACHE_DIR": str(tmp_path / "cache")}
     completed = subprocess.run(
-        [sys.executable, "-m", "pytest", *MODULES, "-q", "-p", "no:cacheprovider", f"--junitxml={report}"],
+        [sys.executable, "-m", "pytest", "-n", "0", *MODULES, "-q", "-p", "no:cacheprovider", f"--junitxml={report}"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=880, check=False,
     )
     tail = completed.stdout[-6000:]
