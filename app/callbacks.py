@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 from dash import ALL, Dash, Input, Output, State, ctx, no_update, set_props
 from dash.exceptions import PreventUpdate
 
-from memlens.analysis import Analysis
+from memlens.analysis.analysis import Analysis
 from memlens.errors import MemlensError
 from memlens.ops.fleet import RankRow, failed_row, rank_row
 from memlens.units import format_bytes

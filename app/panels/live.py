@@ -1,10 +1,10 @@
 """What was live at one moment (the peak, the window's peak or a clicked row), grouped by a lens.
 
 The moment: a clicked trace row when there is one, else the peak within the zoomed window
-(``lenses.moments.resolve_moment(window)``, as ``memlens group --window`` finds it), else the peak.
-Grouped ``by="category"`` it is the category-and-stack treemap of ``live_at``; any other lens is
-``lenses.group_live`` at that same row. Every number is theirs; this module only picks the row
-and the words.
+(``memlens.ops.moments.peak_of``, as ``memlens group --window`` finds it), else the peak. What
+was live then comes from ``memlens.ops.group.live``: by category and stack (the treemap), or
+grouped by any other lens at that same row. Every number is theirs; this module only picks the
+row and the words.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import plotly.graph_objects as go
 from dash import html
 
 from memlens import figures
-from memlens.analysis import Analysis, LiveBreakdown, live_at
-from memlens.analysis.lenses.groups import GroupBreakdown, group_live
-from memlens.analysis.lenses.inputs import lens_inputs_of
-from memlens.analysis.lenses.labels import GROUP_BYS
-from memlens.analysis.lenses.moments import resolve_moment
+from memlens.analysis.analysis import Analysis
+from memlens.analysis.lenses.groups import GroupBreakdown
+from memlens.analysis.live import LiveBreakdown
 from memlens.errors import MemlensError
 from memlens.figures.groups import groups_figure
+from memlens.ops.group import GROUP_BYS, live
+from memlens.ops.moments import peak_of
 from memlens.units import format_bytes
 from memlens_app.panels.timeline import Window
 
@@ -67,22 +67,23 @@ def live_panel(analysis: Analysis, device: int, *, marker: int | None = None, wi
     if clicked:
         event = marker
     elif window is not None:
-        event = resolve_moment(lens_inputs_of(analysis, device), window.moment).event
+        event = peak_of(analysis, device, window.moment).moment.event
+    by = group_by if group_by in DASHBOARD_GROUP_BYS else DEFAULT_GROUP_BY
     try:
-        live = live_at(analysis, device, event)
+        answer = live(analysis, device, event, by)
     except MemlensError:  # a row from another snapshot or device: show the peak instead
-        live, clicked, window = live_at(analysis, device), False, None
-    words = moment_words(live, window, clicked)
-    heading = f"Live {words}: {format_bytes(live.total_bytes)}"
+        answer, clicked, window = live(analysis, device, None, by), False, None
+    breakdown = answer.live
+    words = moment_words(breakdown, window, clicked)
+    heading = f"Live {words}: {format_bytes(breakdown.total_bytes)}"
     tab_label = ("At the window's peak" if window is not None and not clicked
-                 else live.label[0].upper() + live.label[1:])
-    if group_by == DEFAULT_GROUP_BY or group_by not in DASHBOARD_GROUP_BYS:
-        fig = figures.categories_figure(analysis.device(device), live.categories, live.top_stacks_by_category,
-                                        title=f"{heading} by category and stack")
-        return LivePanel(fig, tab_label, heading, not clicked, live)
-    groups = group_live(lens_inputs_of(analysis, device), group_by, live.event)
-    fig = groups_figure(groups, title=f"{heading} by {group_by.replace('_', ' ')}")
-    return LivePanel(fig, tab_label, heading, not clicked, live, groups)
+                 else breakdown.label[0].upper() + breakdown.label[1:])
+    if answer.groups is None:
+        fig = figures.categories_figure(analysis.device(device), breakdown.categories,
+                                        breakdown.top_stacks_by_category, title=f"{heading} by category and stack")
+        return LivePanel(fig, tab_label, heading, not clicked, breakdown)
+    fig = groups_figure(answer.groups, title=f"{heading} by {by.replace('_', ' ')}")
+    return LivePanel(fig, tab_label, heading, not clicked, breakdown, answer.groups)
 
 
 def segments_panel(analysis: Analysis, device: int) -> go.Figure:

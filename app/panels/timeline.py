@@ -17,13 +17,11 @@ import plotly.graph_objects as go
 from dash import html
 
 from memlens import figures
-from memlens.analysis import Analysis
+from memlens.analysis.analysis import Analysis
 from memlens.analysis.datatypes import Finding, Timeline
-from memlens.analysis.lenses.inputs import allocated_at, lens_inputs_of
-from memlens.analysis.lenses.moments import Row, resolve_moment
 from memlens.analysis.lenses.moments import Window as RowsWindow
 from memlens.analysis.report import DeviceReport, no_findings_text
-from memlens.analysis.views import timeline_of
+from memlens.ops.moments import peak_of, rows_window, timeline_between
 from memlens.reporters.evidence import first_items, format_value, label
 from memlens.units import format_bytes
 
@@ -50,7 +48,7 @@ class Window:
     @property
     def moment(self) -> RowsWindow:
         """The lenses' window of these rows (what ``memlens group --window FIRST:LAST`` reads)."""
-        return RowsWindow(Row(self.first), Row(self.last))
+        return rows_window(self.first, self.last)
 
     def overlaps(self, start_event: int, end_event: int) -> bool:
         """Whether rows ``[start_event, end_event)`` (a finding's span) reach into the window."""
@@ -74,10 +72,10 @@ def window_text(analysis: Analysis, device: int, window: Window | None) -> Any:
     """The banner naming the window and its peak (found as ``memlens group --window`` finds it)."""
     if window is None:
         return None
-    moment = resolve_moment(lens_inputs_of(analysis, device), window.moment)
-    peak = allocated_at(analysis.trace(device), moment.event)
-    where = f" at event {moment.event:,}" if moment.event is not None and moment.event >= 0 else ""
-    return [html.B(f"Window: {window.text}"), f" · peak {format_bytes(peak)}{where}",
+    peak = peak_of(analysis, device, window.moment)
+    event = peak.moment.event
+    where = f" at event {event:,}" if event is not None and event >= 0 else ""
+    return [html.B(f"Window: {window.text}"), f" · peak {format_bytes(peak.allocated_bytes)}{where}",
             html.Span(" · the live breakdown shows this peak and the findings inside the window are marked;"
                       " double-click the timeline to clear", className="muted")]
 
@@ -118,8 +116,7 @@ def shown_timeline(analysis: Analysis, device: int, view: View | None) -> Timeli
     device_report = analysis.device(device)
     if view.get("start") is None and view.get("end") is None and device_report.timeline is not None:
         return device_report.timeline
-    return timeline_of(analysis.trace(device), device_report.steps, start=view.get("start") or 0,
-                       end=view.get("end"))
+    return timeline_between(analysis, device, start=view.get("start") or 0, end=view.get("end"))
 
 
 def view_after_relayout(analysis: Analysis, device: int, view: View | None, relayout: dict[str, Any] | None,

@@ -6,6 +6,8 @@ of one source file held it.
   ``compile_context``, ``module``, ``file``, ``frame``, ``stack`` or ``rules``.
 - ``stages(analysis)``: per ``record_function`` scope, what it added while it ran and its peak.
 - ``lines(analysis, LinesOptions(path=..., moment=...))``: bytes by line of one source file.
+- ``live(analysis, device, event, by=...)``: what was live after one trace row by category and
+  stack (the dashboard's treemap), and grouped by another lens at that same row.
 
 Each takes an ``Analysis`` (what ``analyze_snapshot`` returns, and what the dashboard and the
 MCP server keep), so a lens sees the device, lifetimes, categories and steps the report shows.
@@ -16,6 +18,7 @@ rules come from a file the face names (``rules_from_file``) or has opened and ch
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -37,11 +40,12 @@ from memlens.errors import MemlensUsageError
 
 if TYPE_CHECKING:
     from memlens.analysis.analysis import Analysis
+    from memlens.analysis.live import LiveBreakdown
     from memlens.files import OpenedFile
 
 __all__ = ["GROUP_BYS", "MAX_RULES_FILE_BYTES", "GroupOptions", "GroupResult", "GroupResultRecord", "LinesOptions",
-           "LinesResult", "LinesResultRecord", "StagesResult", "StagesResultRecord", "group", "lines",
-           "rules_from_file", "rules_from_opened", "stages"]
+           "LinesResult", "LinesResultRecord", "LiveResult", "StagesResult", "StagesResultRecord", "group", "lines",
+           "live", "rules_from_file", "rules_from_opened", "stages"]
 
 
 class GroupOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -169,3 +173,26 @@ def rules_from_file(path: str) -> tuple[Rule, ...]:
 def rules_from_opened(opened: OpenedFile) -> tuple[Rule, ...]:
     """The rules of a file a face has opened and checked (the MCP ``group_by`` tool's ``rules``)."""
     return tuple(rules_from_text(rules_text(opened), opened.name))
+
+
+@dataclass(frozen=True)
+class LiveResult:
+    """What was live after one trace row of one device: by category and allocating stack
+    (``live``), and grouped by another lens at that same row (``groups``; None by category)."""
+
+    live: LiveBreakdown
+    groups: GroupBreakdown | None = None
+
+
+def live(analysis: Analysis, device: int, event: int | None = None, by: str = "category") -> LiveResult:
+    """The blocks live on ``device`` after row ``event`` (None: the peak), by category and stack,
+    and by ``by`` too when it is another lens. A row outside the trace is a usage error; at the
+    peak the categories are the report's ``categories_at_peak``."""
+    from memlens.analysis.analysis import live_at
+
+    if by not in GROUP_BYS:
+        raise MemlensUsageError(f"cannot group by {by!r}: use one of {', '.join(GROUP_BYS)}")
+    breakdown = live_at(analysis, device, event)
+    if by == "category":
+        return LiveResult(breakdown)
+    return LiveResult(breakdown, group_live(lens_inputs_of(analysis, device), by, breakdown.event))

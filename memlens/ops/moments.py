@@ -5,18 +5,30 @@ A point is ``1234`` (an event index), ``1234567us`` (the trace's own clock; ``ms
 too), ``+1.5s`` (since the first row) or ``step3`` (step 3); a window is ``A:B`` of points,
 either side left out for the first or the last row. Each error names the option as the
 caller spells it (``option=``), so the CLI's say ``--at`` and the MCP server's say ``at``.
+
+The rows a moment names, for a face that keeps an analysis (the dashboard's zoomed window):
+``rows_window`` (trace rows first..last, as ``--window FIRST:LAST`` reads them), ``peak_of`` (the
+row a moment resolves to and the bytes allocated after it) and ``timeline_between`` (the curves
+of rows [start, end) at full resolution).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
+from typing import TYPE_CHECKING
 
-from memlens.analysis.lenses.moments import MAX_MOMENT, MomentSpec, Point, Row, StepNumber, Time, Window
+from memlens.analysis.lenses.moments import MAX_MOMENT, Moment, MomentSpec, Point, Row, StepNumber, Time, Window
 from memlens.errors import MemlensUsageError
 from memlens.units import MAX_NUMBER_CHARS, parse_whole, shown
 
-__all__ = ["moment_from_text", "parse_point", "parse_window"]
+if TYPE_CHECKING:
+    from memlens.analysis.analysis import Analysis
+    from memlens.analysis.datatypes import Timeline
+
+__all__ = ["MomentPeak", "moment_from_text", "parse_point", "parse_window", "peak_of", "rows_window",
+           "timeline_between"]
 
 TIME_UNITS_US = {"us": 1, "ms": 1_000, "s": 1_000_000}
 _TIME = re.compile(r"^(?P<plus>\+)?(?P<number>\d+(?:\.\d*)?)(?P<unit>us|µs|ms|s)$")
@@ -72,3 +84,36 @@ def moment_from_text(at: str | None = None, window: str | None = None, step: int
     if step is not None:
         return StepNumber(step)
     return None
+
+
+def rows_window(first: int, last: int) -> Window:
+    """Trace rows ``first..last`` (both included), as ``--window FIRST:LAST`` reads them."""
+    return Window(Row(first), Row(last))
+
+
+@dataclass(frozen=True)
+class MomentPeak:
+    """The row a moment resolves to (a window's or a step's: its peak) and the bytes allocated
+    after it, as ``torch.cuda.memory_allocated`` would have said then."""
+
+    moment: Moment
+    allocated_bytes: int
+
+
+def peak_of(analysis: Analysis, device: int, spec: MomentSpec | None) -> MomentPeak:
+    """Where ``spec`` falls on ``device`` (None: the peak), found as ``memlens group --at/--window``
+    finds it, and how much was allocated then."""
+    from memlens.analysis.lenses.inputs import allocated_at, lens_inputs_of
+    from memlens.analysis.lenses.moments import resolve_moment
+
+    moment = resolve_moment(lens_inputs_of(analysis, device), spec)
+    return MomentPeak(moment, allocated_at(analysis.trace(device), moment.event))
+
+
+def timeline_between(analysis: Analysis, device: int, start: int = 0, end: int | None = None) -> Timeline:
+    """The allocated and reserved curves of ``device``'s trace rows ``[start, end)`` (None: to the
+    last), cut from the trace at full resolution with the report's point budget: a one-row spike
+    inside a zoomed window still shows."""
+    from memlens.analysis.views import timeline_of
+
+    return timeline_of(analysis.trace(device), analysis.device(device).steps, start=start, end=end)
