@@ -229,7 +229,7 @@ def steady_search_time(sidecar: Path) -> None:
     samples say 0.0 so that regenerating them does not churn git (nothing reads the figure)."""
     import json  # here, not above: the samples' stacks name this file's lines, which stay put
 
-    from memlens.recorder.sidecar import write_json
+    from memlens.recorder.writing import write_json
 
     payload = json.loads(sidecar.read_text())
     holders = payload.get("leak_holders")

@@ -59,3 +59,26 @@ def test_no_two_packages_import_each_other() -> None:
     package is below it."""
     pairs = packages_both_ways(GRAPH)
     assert not pairs, "packages that import each other:\n  " + "\n  ".join(pairs)
+
+
+# ---------------------------------------------------------------- the sidecar's one home
+# (issue 35, the sidecar and record's options): the sidecar's format, reader and writer live in
+# memlens.sidecar, which the snapshot reader and model import; it imports nothing of them back.
+
+
+def sidecar_imports_of_the_snapshot(graph: dict[str, dict[str, set[str]]]) -> list[str]:
+    """Each import, anywhere in a module of ``memlens.sidecar``, of a module of ``memlens.snapshot``."""
+    return sorted(f"{importer} -> {target}" for importer, targets in graph.items()
+                  if package_of(importer) == "memlens.sidecar"
+                  for target in targets if package_of(target) == "memlens.snapshot")
+
+
+def test_the_sidecar_imports_nothing_of_the_snapshot() -> None:
+    """Before: memlens.sidecar (one module) took LeakHolders and read_leak_holders from
+    memlens.snapshot.holder_types, while memlens.snapshot.model and .reader import memlens.sidecar;
+    the holder types now live in memlens.sidecar.leak_holders."""
+    assert sidecar_imports_of_the_snapshot({"memlens.sidecar.reader": {"memlens.snapshot.scan": set()}}) == [
+        "memlens.sidecar.reader -> memlens.snapshot.scan"]
+    assert "memlens.sidecar" in GRAPH["memlens.snapshot.model"]  # the reader's side still imports it
+    found = sidecar_imports_of_the_snapshot(GRAPH)
+    assert not found, "the sidecar imports the snapshot:\n  " + "\n  ".join(found)

@@ -74,7 +74,7 @@ from memlens.analysis.settings import (
     LEAK_SHORT_RUN_STEPS,
     LEAK_WARMUP_STEPS,
 )
-from memlens.snapshot.holder_types import Holder, LeakHolders, StoreLine
+from memlens.sidecar.leak_holders import Holder, LeakHolders, StoreLine
 from memlens.snapshot.model import Frame
 from memlens.units import counted, format_bytes
 
@@ -323,7 +323,7 @@ UNDECIDED = "undecided"  # several lines can and the stacks cannot tell: all are
 
 @dataclass
 class HolderMatch:
-    """A holder the recorder named (``memlens.snapshot.holder_types.Holder``) and the leak's
+    """A holder the recorder named (``memlens.sidecar.leak_holders.Holder``) and the leak's
     blocks it holds at the dump, with the lines the finding names."""
 
     holder: Holder
@@ -354,7 +354,7 @@ class HolderMatch:
 
 def read_holders(section: LeakHolders | None) -> list[HolderMatch]:
     """The holders the recorder found at the dump (the sidecar's ``leak_holders``, already read
-    by the one reader of ``memlens.snapshot.holder_types`` with the sidecar), not yet matched to
+    by the one reader of ``memlens.sidecar.leak_holders`` with the sidecar), not yet matched to
     a leak."""
     holders = section.holders if section is not None else []
     return [HolderMatch(holder, holder.addresses) for holder in holders]

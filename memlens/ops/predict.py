@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from memlens.errors import MemlensUsageError
-from memlens.recorder.sidecar import build_sidecar, sidecar_path, write_sidecar, write_snapshot
+from memlens.recorder.writing import write_sidecar, write_snapshot
+from memlens.sidecar.writer import build_sidecar, sidecar_path
 from memlens.units import format_bytes
 
 if TYPE_CHECKING:

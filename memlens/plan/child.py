@@ -55,7 +55,8 @@ def run_job(job: ChildJob) -> ChildResult:
     from memlens.ops.predict import predicted_report, predicted_sidecar, run_command, split_command
     from memlens.plan.apply import PLACEHOLDER_VALUES, LeverHooks
     from memlens.predict.session import PredictSession, run_in_session
-    from memlens.recorder.sidecar import sidecar_path, write_sidecar, write_snapshot
+    from memlens.recorder.writing import write_sidecar, write_snapshot
+    from memlens.sidecar.writer import sidecar_path
 
     kind, target, argv = split_command(tuple(job.command))
     out = Path(job.out_dir)

@@ -56,6 +56,7 @@ from memlens.predict.tracking import (
 )
 from memlens.predict.tracking import user_location as frame_location
 from memlens.recorder.cpu_tracker import monotonic_epoch_clock
+from memlens.recorder.model_inspection import ModelInspector
 from memlens.recorder.roles import (
     RoleRecorder,
     find_model,
@@ -64,7 +65,6 @@ from memlens.recorder.roles import (
     model_state,
     retained_graph_tensors,
 )
-from memlens.recorder.sidecar import ModelInspector
 
 _MEMLENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -155,7 +155,7 @@ class PredictRecord(msgspec.Struct, frozen=True):
     gpu: str
     placeholder_values: int
     first_placeholder_at: str | None
-    model: dict[str, Any] | None  # the recorder's model stats (memlens.recorder.sidecar.model_stats)
+    model: dict[str, Any] | None  # the recorder's model stats (memlens.recorder.model_inspection.model_stats)
     optimizer: dict[str, Any] | None
     capacity_bytes: int
     reserve_outside_bytes: int
@@ -752,7 +752,7 @@ def simulated_model_and_optimizer(
     counts and bytes by dtype), and the optimizer holding most of them: what the budget needs.
     Found by the garbage collector at the end of the run, so a model that lived only in a
     function's locals is gone by then (None)."""
-    from memlens.recorder.sidecar import optimizer_stats
+    from memlens.recorder.model_inspection import optimizer_stats
 
     if parameters_alive is None:
         parameters_alive = live_cuda_parameters()

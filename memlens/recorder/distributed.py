@@ -70,7 +70,7 @@ def write_rank_summary(
 ) -> dict[str, Any] | None:
     """Gather every rank's peaks (a collective when a process group is up) and, on rank 0, write
     the summary to ``target``; returns what was written (None on other ranks or with one rank)."""
-    from memlens.recorder.sidecar import write_json
+    from memlens.recorder.writing import write_json
 
     if not ranks.distributed:
         return None

@@ -38,7 +38,7 @@ How a block is traced to a name
    lines was stored there (``memlens.analysis.leak``).
 
 Everything here is bounded by ``HolderLimits``; ``complete`` in the result says whether the
-search finished within them. The result is a ``memlens.snapshot.holder_types.LeakHolders``, the
+search finished within them. The result is a ``memlens.sidecar.leak_holders.LeakHolders``, the
 struct the analysis reads back.
 """
 
@@ -62,7 +62,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from memlens.snapshot.holder_types import Holder, HolderSearchLimits, LeakHolders, StoreLine
+from memlens.sidecar.leak_holders import Holder, HolderSearchLimits, LeakHolders, StoreLine
 
 _MEMLENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

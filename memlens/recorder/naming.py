@@ -16,7 +16,7 @@ from pathlib import Path
 
 from memlens.errors import MemlensUsageError
 from memlens.recorder.distributed import RankInfo
-from memlens.recorder.sidecar import Reservation, remove_stale_files, reserve
+from memlens.recorder.writing import Reservation, remove_stale_files, reserve
 
 
 class SnapshotNames:

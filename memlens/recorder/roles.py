@@ -15,7 +15,7 @@ lifetime that holds an address at that moment is the storage's whole life, so la
 add only the storages that are new (fresh gradients after ``zero_grad(set_to_none=True)``, the
 optimizer state made by its first step, each batch).
 
-The notes go into the sidecar as ``tensor_roles`` (see ``memlens.recorder.sidecar``):
+The notes go into the sidecar as ``tensor_roles`` (see ``memlens.sidecar.format.TensorRoles``):
 
     {"version": 1,
      "records": [{"time_us": T | null, "at": "step#3.end", "device": 0,

@@ -28,7 +28,7 @@ SIGTERM (then the process exits with 143, as SIGTERM's default would) or Ctrl-C 
 ``snapshot``; an ``out`` ending in ``.pickle`` is the file itself). The name is reserved when the
 session starts (which also checks that ``out`` can be written): files an earlier run left there,
 or a name another running session holds, are kept and this run writes ``snapshot-2.pickle``,
-``-3`` ... Each comes with a ``.memlens.json`` sidecar (keys in ``memlens.recorder.sidecar``).
+``-3`` ... Each comes with a ``.memlens.json`` sidecar (its fields in ``memlens.sidecar.format``).
 Closing prints ``memlens: wrote PATH (N steps; peak ...)`` on stderr. With more than one rank, rank 0
 also writes ``<out>/ranks.json`` (``<stem>_ranks.json`` beside an ``out`` file) with every rank's peak.
 
@@ -63,6 +63,7 @@ import msgspec
 from memlens.errors import MemlensError, MemlensUsageError
 from memlens.recorder.distributed import RankInfo, rank_info, write_rank_summary
 from memlens.recorder.holders import leak_holders
+from memlens.recorder.model_inspection import ModelInspector, optimizer_state_dtype, optimizer_stats, parameter_stats
 from memlens.recorder.module_scopes import ModuleScopes
 from memlens.recorder.naming import SnapshotNames
 from memlens.recorder.roles import (
@@ -74,18 +75,10 @@ from memlens.recorder.roles import (
     model_state,
     retained_graph_tensors,
 )
-from memlens.recorder.sidecar import (
-    ModelInspector,
-    build_sidecar,
-    optimizer_state_dtype,
-    optimizer_stats,
-    parameter_stats,
-    sidecar_path,
-    write_sidecar,
-    write_snapshot,
-)
 from memlens.recorder.stacks import DEFAULT_MAX_DEPTH, StackCapture, hide_launcher_frames
+from memlens.recorder.writing import write_sidecar, write_snapshot
 from memlens.sidecar import ModelInfo, Sidecar
+from memlens.sidecar.writer import build_sidecar, sidecar_path
 from memlens.units import capacity_bytes, format_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -556,7 +549,7 @@ class Recorder:
             self._add_module_scopes(snapshot)
             self._add_missing_step_annotations(snapshot)
             write_snapshot(path, snapshot)
-            # memlens.recorder.holders; the struct as JSON builtins (memlens.snapshot.holder_types)
+            # memlens.recorder.holders; the struct as JSON builtins (memlens.sidecar.leak_holders)
             holders = msgspec.to_builtins(leak_holders(snapshot, self.steps, self.backend))
             write_sidecar(sidecar_path(path), self._sidecar(reason, ranks, holders))
             self.paths.append(path)

@@ -1,7 +1,7 @@
 """Snapshots: the safe reader, the columnar model and the on-disk cache.
 
 The names below are imported on first use (PEP 562), so a module of this package that needs no
-numpy (``holder_types``, which the sidecar reads) costs none when imported on its own.
+numpy (``formats``, ``scan``) costs none when imported on its own.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import torch
 
 import memlens
 from memlens.recorder import record
-from memlens.recorder.sidecar import sidecar_path
+from memlens.sidecar.writer import sidecar_path
 
 
 @pytest.mark.timeout(300)

@@ -139,7 +139,7 @@ def test_the_recorder_s_struct_is_what_the_analysis_reads() -> None:
     reads back equal, and the leak finding names its holder and line."""
     import msgspec
 
-    from memlens.snapshot.holder_types import Holder, LeakHolders, StoreLine, read_leak_holders
+    from memlens.sidecar.leak_holders import Holder, LeakHolders, StoreLine, read_leak_holders
 
     builder = training_run(6, leak=8 * MiB)
     leaked = _leaked_addresses(builder)
@@ -156,7 +156,7 @@ def test_the_recorder_s_struct_is_what_the_analysis_reads() -> None:
 
 
 def test_a_holder_keeps_its_lines_that_fit_and_loses_the_rest() -> None:
-    from memlens.snapshot.holder_types import read_leak_holders
+    from memlens.sidecar.leak_holders import read_leak_holders
 
     section = {"holders": [{"holder": "list `kept`", "blocks": [[4096, 512]],
                             "lines": [{"file": "train.py", "line": 40}, {"file": 3, "line": True}]},

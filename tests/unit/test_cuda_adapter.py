@@ -16,7 +16,7 @@ import pytest
 
 from memlens.recorder import record
 from memlens.recorder.cuda_adapter import CudaBackend, CudaMemoryBackend
-from memlens.recorder.sidecar import sidecar_path
+from memlens.sidecar.writer import sidecar_path
 
 
 class FakeCudaMemory:

@@ -16,16 +16,10 @@ import torch
 from memlens.errors import MemlensUsageError
 from memlens.recorder import record
 from memlens.recorder.cpu_tracker import StorageTracker, live_tensors
-from memlens.recorder.sidecar import (
-    _host_tag,
-    model_stats,
-    remove_stale_files,
-    reservation_path,
-    reserve,
-    sidecar_path,
-    write_atomic,
-)
+from memlens.recorder.model_inspection import model_stats
 from memlens.recorder.stacks import StackCapture, relative_filename_map
+from memlens.recorder.writing import _host_tag, remove_stale_files, reservation_path, reserve, write_atomic
+from memlens.sidecar.writer import sidecar_path
 
 
 def fake_clock() -> Any:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from memlens.recorder import record
-from memlens.recorder.sidecar import input_dimensions, model_dimensions
+from memlens.recorder.model_inspection import input_dimensions, model_dimensions
 from memlens.sidecar import ModelConfig, ModelInputs
 
 NONE = ModelConfig()

@@ -26,8 +26,8 @@ from memlens.analysis.lifetimes import Lifetimes
 from memlens.recorder import record
 from memlens.recorder.module_scopes import ModuleScopes
 from memlens.recorder.roles import RoleRecorder, find_model, model_state
-from memlens.recorder.sidecar import sidecar_path
 from memlens.sidecar import sidecar_from_builtins
+from memlens.sidecar.writer import sidecar_path
 
 
 def lifetimes(rows: list[tuple[int, int, int]], events: int) -> Lifetimes:

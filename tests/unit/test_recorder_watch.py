@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from memlens.recorder import record
-from memlens.recorder.sidecar import sidecar_path
+from memlens.sidecar.writer import sidecar_path
 
 
 def tiny() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

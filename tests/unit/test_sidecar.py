@@ -15,17 +15,16 @@ from click.testing import CliRunner
 import memlens
 from memlens.analysis.report import Report
 from memlens.ops.budget import BudgetOptions, options_from_sidecar
-from memlens.recorder.sidecar import build_sidecar
 from memlens.sidecar import (
     SIDECAR_MAX_BYTES,
     SIDECAR_VERSION,
     Sidecar,
     SidecarError,
-    encode_sidecar,
     read_sidecar,
     sidecar_beside,
     sidecar_from_builtins,
 )
+from memlens.sidecar.writer import build_sidecar, encode_sidecar
 from tests.unit.tracebuilder import MiB, training_run
 
 GiB = 1 << 30
@@ -263,7 +262,7 @@ def test_free_form_parts_may_not_nest_deeply() -> None:
 def test_leak_holders_are_typed_and_one_bad_holder_is_skipped_not_the_sidecar() -> None:
     """The sidecar's ``leak_holders`` is the recorder's ``LeakHolders``; a holder of the wrong
     shape is dropped on the way in and the rest of the sidecar (and the other holders) read."""
-    from memlens.snapshot.holder_types import Holder, LeakHolders
+    from memlens.sidecar.leak_holders import Holder, LeakHolders
 
     good = {"holder": "list `kept` (global in train.py)", "blocks": [[4096, 512]], "bytes": 512}
     data = json.dumps({"memlens_sidecar_version": 2, "reason": "exit",

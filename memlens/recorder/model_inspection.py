@@ -1,184 +1,27 @@
-"""What the recorder writes next to each snapshot, and how it writes files.
+"""What the sidecar says of the model and the optimizer, for ``memlens record`` and ``memlens
+predict`` alike: ``ModelInspector`` (one model, from its parameters and its forward calls),
+``parameter_stats``, ``optimizer_stats`` and ``optimizer_state_dtype``.
 
-Files are written atomically: a temporary name in the same directory, ``fsync``, then
-``os.replace``. A crash (or an OOM kill) mid-write leaves the previous file or none, never a
-0-byte or half-written pickle. Snapshots use pickle protocol 4, which PyTorch's web viewer reads.
-
-Names are reserved: a run holds an exclusive ``flock`` on ``.NAME.pickle.reserved`` from its
-start to its last write, so two runs started at once into one folder never pick the same name
-(the second sees the lock, or the first's finished file, and takes ``NAME-2.pickle``). The kernel
-drops the lock when its process dies, however it dies. Temporary files are named
-``.NAME.pickle.HOST.PID.XXXXXXXX.tmp``; ``remove_stale_files`` deletes those whose process (on this
-host) is gone and reservation files nobody holds: what a ``kill -9`` leaves behind.
-
-The sidecar, ``<name>.memlens.json`` next to ``<name>.pickle``, is a
-``memlens.sidecar.Sidecar`` (its fields and layouts are documented there, where its one
-reader is): ``build_sidecar`` builds it and ``write_sidecar`` writes it. Gathered here: the
-model's parameter counts (``model_stats``), the dimensions it declares and its layer count
-(``model_dimensions``), its first forward's batch, sequence length and autocast dtype
-(``input_dimensions``, ``autocast_dtype``), the vocabulary its logits show (``output_vocab``),
-and the optimizer's class and state dtype (``optimizer_stats``, ``optimizer_state_dtype``).
+Gathered here: the model's parameter counts (``model_stats``), the dimensions it declares and its
+layer count (``model_dimensions``), its first forward's batch, sequence length and autocast dtype
+(``input_dimensions``, ``autocast_dtype``), the vocabulary its logits show (``output_vocab``), and
+the optimizer's class and state dtype (``optimizer_stats``, ``optimizer_state_dtype``): the
+sidecar's ``model`` and ``optimizer`` (``memlens.sidecar.format``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import itertools
-import json
-import os
-import pickle
-import platform
-import re
-import socket
 import weakref
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from memlens import files
-from memlens._version import __version__
-from memlens.sidecar import ModelConfig, ModelInfo, ModelInputs, OptimizerInfo, Sidecar, encode_sidecar
+from memlens.sidecar import ModelConfig, ModelInfo, ModelInputs
 
 if TYPE_CHECKING:  # torch is imported where tensors are looked at: reading a sidecar needs none
     import torch
-
-PICKLE_PROTOCOL = 4  # protocol 5 (the default) is not readable by the pytorch.org viewer
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part;
-    the temporary file names this host and process, for ``remove_stale_files``."""
-    files.write_atomic(path, data, temp_prefix=f".{path.name}.{_host_tag()}.{os.getpid()}.")
-
-
-def _host_tag() -> str:
-    """This host's name as it appears in temporary file names (no dots, no odd characters)."""
-    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
-
-
-RESERVATION_SUFFIX = ".reserved"
-
-
-def reservation_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}{RESERVATION_SUFFIX}")
-
-
-class Reservation:
-    """A claim on one snapshot name, held until ``release`` (or until the process dies)."""
-
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path = path
-        self._fd: int | None = fd
-
-    def release(self) -> None:
-        """Give the name up: its snapshot, if any, is written and stands for itself from now on."""
-        if self._fd is None:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(reservation_path(self.path))
-        os.close(self._fd)  # closing drops the lock
-        self._fd = None
-
-
-def reserve(path: Path) -> Reservation | None:
-    """Claim ``path`` for this run: None when another run holds it or its files exist already.
-
-    The lock is taken on ``.NAME.reserved`` (never on the snapshot itself, which stays absent
-    until its first complete write). Raises ``OSError`` when the folder cannot be written.
-    """
-    marker = reservation_path(path)
-    while True:
-        fd = os.open(marker, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None  # a running recorder has this name
-        except BaseException:
-            os.close(fd)
-            raise
-        if not _still_named(fd, marker):
-            os.close(fd)  # its holder released (unlinked) it between our open and our lock: again
-            continue
-        if path.exists() or sidecar_path(path).exists():
-            os.unlink(marker)
-            os.close(fd)
-            return None  # an earlier run's files
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
-        return Reservation(path, fd)
-
-
-def _still_named(fd: int, marker: Path) -> bool:
-    try:
-        return os.stat(marker).st_ino == os.fstat(fd).st_ino
-    except FileNotFoundError:
-        return False
-
-
-_TEMP_NAME = re.compile(r"^\..+\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp$")
-
-
-def remove_stale_files(directory: Path) -> list[Path]:
-    """Delete what killed recorders left in ``directory``; returns what was removed.
-
-    A temporary file goes when its writer, a process of this host, no longer exists (a writer
-    on another host sharing the folder cannot be checked and is left alone). A reservation goes
-    when nobody holds its lock.
-    """
-    removed: list[Path] = []
-    host = _host_tag()
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return removed
-    for name in names:
-        candidate = directory / name
-        temp = _TEMP_NAME.match(name)
-        if temp is not None and temp["host"] == host and not files.process_alive(int(temp["pid"])):
-            with contextlib.suppress(FileNotFoundError):
-                candidate.unlink()
-                removed.append(candidate)
-        elif name.startswith(".") and name.endswith(RESERVATION_SUFFIX) and _unheld(candidate):
-            removed.append(candidate)
-    return removed
-
-
-def _unheld(marker: Path) -> bool:
-    """Remove ``marker`` if no process holds its lock; True if it was removed."""
-    try:
-        fd = os.open(marker, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if not _still_named(fd, marker):
-            return False
-        os.unlink(marker)
-        return True
-    except OSError:
-        return False  # held by a running recorder
-    finally:
-        os.close(fd)
-
-
-def write_snapshot(path: Path, snapshot: dict[str, Any]) -> None:
-    write_atomic(path, pickle.dumps(snapshot, protocol=PICKLE_PROTOCOL))
-
-
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    write_atomic(path, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
-
-
-def write_sidecar(path: Path, sidecar: Sidecar) -> None:
-    write_atomic(path, encode_sidecar(sidecar))
-
-
-def sidecar_path(snapshot_path: Path) -> Path:
-    return snapshot_path.with_name(snapshot_path.name.removesuffix(".pickle") + ".memlens.json")
 
 
 def model_stats(model: Any) -> ModelInfo | None:
@@ -278,56 +121,6 @@ def optimizer_state_dtype(optimizers: Any) -> str | None:
                     key = str(value.dtype)
                     by_dtype[key] = by_dtype.get(key, 0) + value.numel() * value.element_size()
     return max(sorted(by_dtype), key=lambda name: by_dtype[name]) if by_dtype else None
-
-
-def build_sidecar(
-    *,
-    backend: str,
-    reason: str,
-    device: dict[str, Any],
-    allocator_settings: dict[str, Any],
-    rank: int,
-    world_size: int,
-    local_rank: int,
-    steps: list[dict[str, Any]],
-    steps_selected: list[int] | None,
-    peak_allocated_bytes: int,
-    peak_reserved_bytes: int,
-    oom: dict[str, Any] | None,
-    model: ModelInfo | dict[str, Any] | None,
-    optimizer: OptimizerInfo | dict[str, Any] | None,
-    recorder: dict[str, Any],
-    tensor_roles: dict[str, Any] | None = None,
-    outside_pytorch: list[dict[str, Any]] | None = None,
-    leak_holders: dict[str, Any] | None = None,
-) -> Sidecar:
-    """The sidecar of one dump, checked as its reader will check it (a value of the wrong type
-    is a bug here, raised now rather than written)."""
-    import torch
-
-    return msgspec.convert({
-        "memlens_version": __version__,
-        "backend": backend,
-        "reason": reason,
-        "torch_version": str(torch.__version__),
-        "python_version": platform.python_version(),
-        "device": device,
-        "allocator_settings": allocator_settings,
-        "rank": rank,
-        "world_size": world_size,
-        "local_rank": local_rank,
-        "steps": steps,
-        "steps_selected": steps_selected,
-        "peak_allocated_bytes": peak_allocated_bytes,
-        "peak_reserved_bytes": peak_reserved_bytes,
-        "oom": oom,
-        "model": model,
-        "optimizer": optimizer,
-        "recorder": recorder,
-        "tensor_roles": tensor_roles if tensor_roles is not None else {"version": 1, "records": []},
-        "outside_pytorch": outside_pytorch,
-        "leak_holders": leak_holders,
-    }, Sidecar)
 
 
 # ---------------------------------------------------------------- the model's shapes
@@ -503,11 +296,9 @@ def _tensors(values: tuple[Any, ...] | list[Any], depth: int) -> Iterator[torch.
 
 
 __all__ = [
-    "PICKLE_PROTOCOL",
+    "DIMENSION_NAMES",
     "ModelInspector",
-    "Reservation",
     "autocast_dtype",
-    "build_sidecar",
     "input_dimensions",
     "layer_stack",
     "model_dimensions",
@@ -516,12 +307,4 @@ __all__ = [
     "optimizer_stats",
     "output_vocab",
     "parameter_stats",
-    "remove_stale_files",
-    "reservation_path",
-    "reserve",
-    "sidecar_path",
-    "write_atomic",
-    "write_json",
-    "write_sidecar",
-    "write_snapshot",
 ]

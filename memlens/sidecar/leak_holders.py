@@ -3,7 +3,7 @@
 
 ``memlens.recorder.holders`` builds a ``LeakHolders`` at the dump (how it finds the names and
 lines is told there); ``memlens.analysis.leak`` matches its ``Holder`` entries to the leak's
-surviving blocks by address. A leaf module (msgspec only): the sidecar's own struct, the
+surviving blocks by address. A leaf module (msgspec only): the sidecar's format and reader, the
 recorder and the analysis all import it without importing each other, or torch.
 
 The sidecar is untrusted on the way in (a file anyone can write): ``read_leak_holders`` keeps
