@@ -32,13 +32,13 @@ import re
 import sys
 import threading
 import time
+import typing
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from memlens.analysis.lenses.rules import MAX_RULES_FILE_BYTES
 from memlens.errors import MemlensUsageError
 from memlens.files import FileRefused, OpenedFile, open_beneath, open_regular
 from memlens.ops.errors import describe
@@ -48,6 +48,8 @@ from memlens.units import MAX_SPLIT_SIZE_MB, MAX_WHOLE, parse_capacity, parse_re
 
 if TYPE_CHECKING:
     from memlens.analysis.analysis import Analysis
+    from memlens.analysis.lenses.rules import Rule
+    from memlens.analysis.report import Report
 
 log = logging.getLogger("memlens.mcp")
 
@@ -240,6 +242,25 @@ def _device(value: int | None) -> int | None:
 # --------------------------------------------------------------------------- what each tool returns
 
 
+@dataclass(frozen=True)
+class Doc:
+    """What a tool argument means, for the assistant: each tool's parameters are declared once,
+    on ``Tools``, and ``build_server`` hands the SDK this text as the argument's description
+    (pydantic's ``Field(description=...)``; this module needs no SDK and no pydantic)."""
+
+    text: str
+
+
+Snapshot = Annotated[str, Doc("Path of a snapshot file (.pickle or .pickle.gz) on the server's machine; absolute "
+                              "is safest")]
+Device = Annotated[int | None, Doc("CUDA device index (default: the busiest)")]
+Capacity = Annotated[str | int | None, Doc("Device memory with its unit, e.g. 80GiB or 24GB (default: the "
+                                           "recorder's sidecar, if any)")]
+# The tools, in the order the server lists them: each a method of ``Tools``.
+TOOL_NAMES = ("triage", "findings", "group_by", "diff", "whatif", "budget")
+
+
+
 @dataclass
 class Tools:
     """The payload behind each tool: the dict ``memlens <command> --json`` prints."""
@@ -247,11 +268,31 @@ class Tools:
     paths: PathPolicy | _PreOpened = dataclasses.field(default_factory=PathPolicy)
     analyses: _Analyses = dataclasses.field(default_factory=_Analyses)
 
-    def triage(self, snapshot: str, device: int | None = None, capacity: str | int | None = None,
-               params: str | float | None = None, optimizer: str | None = None, precision: str | None = None,
+    def triage(self, snapshot: Snapshot, device: Device = None, capacity: Capacity = None,
+               params: Annotated[str | float | None, Doc("Budget: parameter count (7e9, 7B, 350M); default: the "
+                                                         "recorder's sidecar")] = None,
+               optimizer: Annotated[str | None, Doc("Budget: adamw, sgd, adam-8bit, ...")] = None,
+               precision: Annotated[str | None, Doc("Budget: fp32, bf16-mixed, bf16, ...")] = None,
                hidden: int | None = None, layers: int | None = None, heads: int | None = None,
                vocab: int | None = None, batch: int | None = None, seq: int | None = None,
-               checkpointing: str | None = None) -> dict[str, Any]:
+               checkpointing: Annotated[str | None, Doc("Budget: none, full, selective or every:K")] = None,
+               ) -> dict[str, Any]:
+        """The report `memlens triage SNAPSHOT --json` prints (the budget arguments are its budget
+        flags): per device the peak allocated and reserved (event, time, step), steps, bytes by
+        category at the peak with top stacks, the findings (leak, activation_plateau,
+        optimizer_spike, fragmentation, oom), each with severity, bytes, evidence, stacks, a
+        recommendation and the estimated saving, and the budget beside the measurement where the
+        arguments or the recorder's sidecar describe the model (per category: theory, measured,
+        ratio, verdict)."""
+        return self._report(snapshot, device, capacity, params, optimizer, precision, hidden, layers, heads, vocab,
+                            batch, seq, checkpointing).to_json()
+
+    def _report(self, snapshot: str, device: int | None = None, capacity: str | int | None = None,
+                params: str | float | None = None, optimizer: str | None = None, precision: str | None = None,
+                hidden: int | None = None, layers: int | None = None, heads: int | None = None,
+                vocab: int | None = None, batch: int | None = None, seq: int | None = None,
+                checkpointing: str | None = None) -> "Report":
+        """The typed report `memlens triage --json` prints, the budget from the sidecar included."""
         from memlens.ops.budget import BudgetOptions
         from memlens.ops.triage import TriageOptions, triage_analysis
         from memlens.units import parse_count
@@ -264,48 +305,74 @@ class Tools:
         options = TriageOptions(capacity=_capacity(capacity), device=_device(device), budget=budget)
         with self.paths.open(snapshot) as opened:
             analysis = self.analyses.get(opened, options.capacity)
-        # The report `memlens triage --json` prints, the budget from the sidecar included.
-        return triage_analysis(analysis, options).to_json()
+        return triage_analysis(analysis, options)
 
-    def findings(self, snapshot: str, device: int | None = None, capacity: str | int | None = None,
-                 kinds: list[str] | None = None) -> dict[str, Any]:
+    def findings(self, snapshot: Snapshot, device: Device = None, capacity: Capacity = None,
+                 kinds: Annotated[list[str] | None, Doc("Only these kinds: leak, activation_plateau (or activations), "
+                                                        "optimizer_spike (or optimizer), fragmentation, oom")] = None,
+                 ) -> dict[str, Any]:
+        """The findings of `memlens triage --json` (most severe first), as {source, findings}:
+        every device's, or one device's with `device`."""
+        from memlens.ops.triage import findings
         from memlens.ops.vocab import parse_kinds
 
         wanted = parse_kinds(kinds or [])
-        report = self.triage(snapshot, device, capacity)
-        found = report["findings"] if device is None else report["devices"][str(device)]["findings"]
-        return {"source": report["source"],
-                "findings": [f for f in found if not wanted or f["kind"] in wanted]}
+        device = _device(device)
+        return findings(self._report(snapshot, device, capacity), device, wanted).to_json()
 
-    def group_by(self, snapshot: str, group_by: str = "category", device: int | None = None,
-                 at: str | None = None, window: str | None = None, step: int | None = None,
-                 rules: str | None = None, file: str | None = None) -> dict[str, Any]:
-        from memlens.analysis.lenses.rules import rules_from_text, rules_text
-        from memlens.ops.group import GROUP_BYS, GroupOptions, LinesOptions, group, lines
+    def group_by(self, snapshot: Snapshot,
+                 group_by: Annotated[str, Doc("category, annotation, compile_context, module, file, frame, stack or "
+                                              "rules")] = "category",
+                 device: Device = None,
+                 at: Annotated[str | None, Doc("The moment: an event index (1234), a time (1234567us, or +1.5s "
+                                               "since the first row) or stepN; default: the peak")] = None,
+                 window: Annotated[str | None, Doc("The peak within rows A:B (events, times or steps)")] = None,
+                 step: Annotated[int | None, Doc("The peak within step N")] = None,
+                 rules: Annotated[str | None, Doc("Path of a JSON or TOML rules file (name -> regular expression "
+                                                  "over the stack, first match wins), for group_by=rules")] = None,
+                 file: Annotated[str | None, Doc("Also bytes by line of this source file (matched on the end of "
+                                                 "the path)")] = None) -> dict[str, Any]:
+        """What was live at the peak (or a moment, window or step) grouped, as `memlens group
+        SNAPSHOT --by G --json` prints it; the groups add up to the allocated bytes then."""
+        from memlens.ops.group import (
+            GROUP_BYS,
+            MAX_RULES_FILE_BYTES,
+            GroupOptions,
+            LinesOptions,
+            group,
+            lines,
+            rules_from_opened,
+        )
         from memlens.ops.moments import moment_from_text
 
         device, step = _device(device), _whole(step, "step", 0)
         if group_by not in GROUP_BYS:
             raise MemlensUsageError(f"group_by {printable(group_by, 100)}: use one of {', '.join(GROUP_BYS)}")
         moment = moment_from_text(at, window, step, names=("at", "window", "step"))
-        loaded_rules = []
+        loaded_rules: tuple[Rule, ...] = ()
         if rules is not None:
             with self.paths.open(rules, "rules", MAX_RULES_FILE_BYTES) as opened_rules:
-                loaded_rules = rules_from_text(rules_text(opened_rules), opened_rules.name)
+                loaded_rules = rules_from_opened(opened_rules)
         if group_by == "rules" and not loaded_rules:
             raise MemlensUsageError("group_by 'rules' needs rules: the path of a JSON or TOML rules file")
         with self.paths.open(snapshot) as opened:
             analysis = self.analyses.get(opened, None)
         # The device ``memlens group`` picks by default (the report's: the highest peak), from the
         # kept analysis: the same lifetimes, categories and steps.
-        payload = group(analysis, GroupOptions(by=group_by, moment=moment, rules=tuple(loaded_rules),
+        payload = group(analysis, GroupOptions(by=group_by, moment=moment, rules=loaded_rules,
                                                device=device)).to_json()
         if file:
             payload["file"] = lines(analysis, LinesOptions(path=file, moment=moment, device=device)).to_json()["file"]
         return payload
 
-    def diff(self, before: str, after: str, device: int | None = None, top: int = 10,
-             file: str | None = None) -> dict[str, Any]:
+    def diff(self, before: Annotated[str, Doc("Path of the earlier snapshot")],
+             after: Annotated[str, Doc("Path of the later snapshot")],
+             device: Device = None,
+             top: Annotated[int, Doc("Stacks to list (1-100)")] = 10,
+             file: Annotated[str | None, Doc("Also per-line growth of this source file")] = None,
+             ) -> dict[str, Any]:
+        """What grew between two snapshots, as `memlens diff BEFORE AFTER --json` prints it: the
+        peaks, each category at the peak, the stacks that changed most, the findings of each."""
         from memlens.ops.diff import DiffOptions, diff_analyses
 
         options = DiffOptions(device=_device(device), top=_whole(top, "top", 1, 100) or 10, file=file)
@@ -315,9 +382,16 @@ class Tools:
             analysis_after = self.analyses.get(opened, None)
         return diff_analyses(analysis_before, analysis_after, options).to_json()
 
-    def whatif(self, snapshot: str, expandable_segments: bool | None = None, max_split_size_mb: int | None = None,
-               garbage_collection_threshold: float | None = None, capacity: str | int | None = None,
-               device: int | None = None) -> dict[str, Any]:
+    def whatif(self, snapshot: Snapshot,
+               expandable_segments: Annotated[bool | None, Doc("Simulate expandable_segments:True (false: force it "
+                                                               "off)")] = None,
+               max_split_size_mb: Annotated[int | None, Doc("max_split_size_mb (> 20)")] = None,
+               garbage_collection_threshold: Annotated[float | None, Doc("garbage_collection_threshold in (0, 1); "
+                                                                         "needs capacity")] = None,
+               capacity: Capacity = None, device: Device = None) -> dict[str, Any]:
+        """Replay the snapshot through memlens' caching-allocator simulator with other settings,
+        as `memlens whatif --json` prints it: recorded and simulated peak reserved, fragmentation,
+        cudaMalloc calls and whether (and where) it runs out of memory within capacity."""
         from memlens.ops.whatif import WhatIfOptions, whatif
 
         options = WhatIfOptions(
@@ -328,16 +402,30 @@ class Tools:
         with self.paths.open(snapshot) as opened:
             return whatif(opened, options).to_json()
 
-    def budget(self, params: str | float | None = None, hidden: int | None = None, layers: int | None = None,
-               heads: int | None = None, kv_heads: int | None = None, vocab: int | None = None,
-               ffn: int | None = None, tie_embeddings: bool = False, config: str | None = None,
-               precision: str = "bf16-mixed", optimizer: str = "adamw", optim_dtype: str = "fp32",
-               grad_dtype: str | None = None, galore_rank: int | None = None, lora_rank: int | None = None,
-               lora_targets: str = "q_proj,v_proj", qlora: bool = False, frozen_layers: int = 0, batch: int = 1,
-               seq: int | None = None, grad_accum: int = 1, checkpointing: str = "none", flash_attn: bool = True,
-               activations: str = "megatron", chunked_loss: float | None = None, zero: int = 0,
-               world_size: int = 1, offload_optimizer: bool = False, offload_params: bool = False,
-               capacity: list[str | float] | None = None) -> dict[str, Any]:
+    def budget(self, params: Annotated[str | float | None, Doc("Parameter count: 7e9, 7B, 350M")] = None,
+               hidden: int | None = None, layers: int | None = None, heads: int | None = None,
+               kv_heads: int | None = None, vocab: int | None = None, ffn: int | None = None,
+               tie_embeddings: bool = False,
+               config: Annotated[str | None, Doc("Path of a transformers config.json")] = None,
+               precision: Annotated[str, Doc("fp32, bf16-mixed, fp16-mixed, bf16, fp16")] = "bf16-mixed",
+               optimizer: Annotated[str, Doc("sgd, sgd-momentum, adam, adamw, adam-8bit, adafactor, muon, "
+                                             "galore")] = "adamw",
+               optim_dtype: str = "fp32", grad_dtype: str | None = None, galore_rank: int | None = None,
+               lora_rank: int | None = None, lora_targets: str = "q_proj,v_proj", qlora: bool = False,
+               frozen_layers: int = 0, batch: int = 1, seq: int | None = None, grad_accum: int = 1,
+               checkpointing: Annotated[str, Doc("none, full, selective or every:K")] = "none",
+               flash_attn: bool = True,
+               activations: Annotated[str, Doc("megatron, hf-eager or rule-of-thumb")] = "megatron",
+               chunked_loss: float | None = None, zero: int = 0, world_size: int = 1,
+               offload_optimizer: bool = False, offload_params: bool = False,
+               capacity: Annotated[list[str | float] | None, Doc(
+                   "Device sizes to check the fit against, each with its unit, e.g. [\"80GB\", \"24GiB\"] (a "
+                   "bare number asks for a unit, as --capacity does)")] = None,
+               ) -> dict[str, Any]:
+        """The theoretical memory of a training step, as `memlens budget --json` prints it (the
+        arguments are its flags): weights, gradients, master weights, optimizer state,
+        activations and logits in bytes, the totals, and for each capacity whether it fits and the
+        largest micro-batch that does."""
         with contextlib.ExitStack() as files:
             opened_config = (files.enter_context(self.paths.open(config, "config", CONFIG_MAX_BYTES))
                              if config is not None else None)
@@ -442,6 +530,8 @@ class ToolCalls:
         return text
 
     def _run(self, name: str, arguments: dict[str, Any]) -> tuple[bool, str]:
+        from memlens.ops.group import MAX_RULES_FILE_BYTES
+
         deadline = time.monotonic() + self.limits.timeout_s
         with contextlib.ExitStack() as files:
             opened = []
@@ -506,111 +596,37 @@ def build_server(roots: Sequence[str | os.PathLike[str]] = (), limits: Limits | 
     read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True,
                                 open_world_hint=False)
 
-    Snapshot = Annotated[str, Field(description="Path of a snapshot file (.pickle or .pickle.gz) on the "
-                                                "server's machine; absolute is safest")]
-    Device = Annotated[int | None, Field(description="CUDA device index (default: the busiest)")]
-    Capacity = Annotated[str | int | None, Field(description="Device memory with its unit, e.g. 80GiB or 24GB "
-                                                             "(default: the recorder's sidecar, if any)")]
-
-    def triage(snapshot: Snapshot, device: Device = None, capacity: Capacity = None,
-               params: Annotated[str | float | None, Field(
-                   description="Budget: parameter count (7e9, 7B, 350M); default: the recorder's sidecar")] = None,
-               optimizer: Annotated[str | None, Field(description="Budget: adamw, sgd, adam-8bit, ...")] = None,
-               precision: Annotated[str | None, Field(description="Budget: fp32, bf16-mixed, bf16, ...")] = None,
-               hidden: int | None = None, layers: int | None = None, heads: int | None = None,
-               vocab: int | None = None, batch: int | None = None, seq: int | None = None,
-               checkpointing: Annotated[str | None, Field(
-                   description="Budget: none, full, selective or every:K")] = None) -> str:
-        """The report `memlens triage SNAPSHOT --json` prints (the budget arguments are its budget
-        flags): per device the peak allocated and reserved (event, time, step), steps, bytes by
-        category at the peak with top stacks, the findings (leak, activation_plateau,
-        optimizer_spike, fragmentation, oom), each with severity, bytes, evidence, stacks, a
-        recommendation and the estimated saving, and the budget beside the measurement where the
-        arguments or the recorder's sidecar describe the model (per category: theory, measured,
-        ratio, verdict)."""
-        return calls.run("triage", locals())
-
-    def findings(snapshot: Snapshot, device: Device = None, capacity: Capacity = None,
-                 kinds: Annotated[list[str] | None, Field(
-                     description="Only these kinds: leak, activation_plateau (or activations), "
-                                 "optimizer_spike (or optimizer), fragmentation, oom")] = None) -> str:
-        """The findings of `memlens triage --json` (most severe first), as {source, findings}:
-        every device's, or one device's with `device`."""
-        return calls.run("findings", locals())
-
-    def group_by(snapshot: Snapshot,
-                 group_by: Annotated[str, Field(description="category, annotation, compile_context, module, "
-                                                            "file, frame, stack or rules")] = "category",
-                 device: Device = None,
-                 at: Annotated[str | None, Field(description="The moment: an event index (1234), a time "
-                                                             "(1234567us, or +1.5s since the first row) or "
-                                                             "stepN; default: the peak")] = None,
-                 window: Annotated[str | None, Field(description="The peak within rows A:B (events, times "
-                                                                 "or steps)")] = None,
-                 step: Annotated[int | None, Field(description="The peak within step N")] = None,
-                 rules: Annotated[str | None, Field(description="Path of a JSON or TOML rules file (name -> "
-                                                                "regular expression over the stack, first "
-                                                                "match wins), for group_by=rules")] = None,
-                 file: Annotated[str | None, Field(description="Also bytes by line of this source file "
-                                                               "(matched on the end of the path)")] = None) -> str:
-        """What was live at the peak (or a moment, window or step) grouped, as `memlens group
-        SNAPSHOT --by G --json` prints it; the groups add up to the allocated bytes then."""
-        return calls.run("group_by", locals())
-
-    def diff(before: Annotated[str, Field(description="Path of the earlier snapshot")],
-             after: Annotated[str, Field(description="Path of the later snapshot")],
-             device: Device = None,
-             top: Annotated[int, Field(description="Stacks to list (1-100)")] = 10,
-             file: Annotated[str | None, Field(description="Also per-line growth of this source file")] = None,
-             ) -> str:
-        """What grew between two snapshots, as `memlens diff BEFORE AFTER --json` prints it: the
-        peaks, each category at the peak, the stacks that changed most, the findings of each."""
-        return calls.run("diff", locals())
-
-    def whatif(snapshot: Snapshot,
-               expandable_segments: Annotated[bool | None, Field(
-                   description="Simulate expandable_segments:True (false: force it off)")] = None,
-               max_split_size_mb: Annotated[int | None, Field(description="max_split_size_mb (> 20)")] = None,
-               garbage_collection_threshold: Annotated[float | None, Field(
-                   description="garbage_collection_threshold in (0, 1); needs capacity")] = None,
-               capacity: Capacity = None, device: Device = None) -> str:
-        """Replay the snapshot through memlens' caching-allocator simulator with other settings,
-        as `memlens whatif --json` prints it: recorded and simulated peak reserved, fragmentation,
-        cudaMalloc calls and whether (and where) it runs out of memory within capacity."""
-        return calls.run("whatif", locals())
-
-    def budget(params: Annotated[str | float | None, Field(description="Parameter count: 7e9, 7B, 350M")] = None,
-               hidden: int | None = None, layers: int | None = None, heads: int | None = None,
-               kv_heads: int | None = None, vocab: int | None = None, ffn: int | None = None,
-               tie_embeddings: bool = False,
-               config: Annotated[str | None, Field(description="Path of a transformers config.json")] = None,
-               precision: Annotated[str, Field(description="fp32, bf16-mixed, fp16-mixed, bf16, fp16")] = "bf16-mixed",
-               optimizer: Annotated[str, Field(description="sgd, sgd-momentum, adam, adamw, adam-8bit, adafactor, "
-                                                           "muon, galore")] = "adamw",
-               optim_dtype: str = "fp32", grad_dtype: str | None = None, galore_rank: int | None = None,
-               lora_rank: int | None = None, lora_targets: str = "q_proj,v_proj", qlora: bool = False,
-               frozen_layers: int = 0, batch: int = 1, seq: int | None = None, grad_accum: int = 1,
-               checkpointing: Annotated[str, Field(description="none, full, selective or every:K")] = "none",
-               flash_attn: bool = True,
-               activations: Annotated[str, Field(description="megatron, hf-eager or rule-of-thumb")] = "megatron",
-               chunked_loss: float | None = None, zero: int = 0, world_size: int = 1,
-               offload_optimizer: bool = False, offload_params: bool = False,
-               capacity: Annotated[list[str | float] | None, Field(
-                   description="Device sizes to check the fit against, each with its unit, e.g. "
-                               "[\"80GB\", \"24GiB\"] (a bare number asks for a unit, as --capacity does)")] = None,
-               ) -> str:
-        """The theoretical memory of a training step, as `memlens budget --json` prints it (the
-        arguments are its flags): weights, gradients, master weights, optimizer state,
-        activations and logits in bytes, the totals, and for each capacity whether it fits and the
-        largest micro-batch that does."""
-        return calls.run("budget", locals())
-
-    for tool in (triage, findings, group_by, diff, whatif, budget):
+    for name in TOOL_NAMES:
+        tool = _sdk_tool(calls, name, Field)
         # The docstring, dedented, is what the assistant reads; the text is the CLI's JSON, so no
         # output schema (structured_output=False).
-        server.add_tool(tool, description=inspect.cleandoc(tool.__doc__ or ""), annotations=read_only,
+        server.add_tool(tool, name=name, description=inspect.cleandoc(tool.__doc__ or ""), annotations=read_only,
                         structured_output=False)
     return server
+
+
+def _sdk_tool(calls: ToolCalls, name: str, field: Callable[..., Any]) -> Callable[..., str]:
+    """The tool ``name`` as the SDK reads it: ``Tools.<name>``'s own parameters (each ``Doc`` made
+    the SDK's ``Field(description=...)``) and docstring, the call run by ``calls``."""
+    method = getattr(Tools, name)
+    parameters = [parameter.replace(annotation=_for_sdk(parameter.annotation, field))
+                  for parameter in inspect.signature(method).parameters.values() if parameter.name != "self"]
+
+    def tool(**arguments: Any) -> str:
+        return calls.run(name, arguments)
+
+    tool.__name__ = tool.__qualname__ = name
+    tool.__doc__ = method.__doc__
+    tool.__signature__ = inspect.Signature(parameters, return_annotation=str)  # type: ignore[attr-defined]
+    return tool
+
+
+def _for_sdk(annotation: Any, field: Callable[..., Any]) -> Any:
+    """``Annotated[T, Doc(text)]`` as ``Annotated[T, field(description=text)]``; others unchanged."""
+    if typing.get_origin(annotation) is not Annotated:
+        return annotation
+    base, *metadata = typing.get_args(annotation)
+    return Annotated[(base, *(field(description=m.text) if isinstance(m, Doc) else m for m in metadata))]
 
 
 async def _one_line_tool_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -21,13 +22,13 @@ from memlens.ops.budget import BudgetOptions, reconcile_budget
 
 if TYPE_CHECKING:
     from memlens.analysis.analysis import Analysis
-    from memlens.analysis.report import BudgetCheck, BudgetRow, BudgetVerdict, Report
+    from memlens.analysis.report import BudgetCheck, BudgetRow, BudgetVerdict, Finding, Report
     from memlens.budget import Reconciliation
     from memlens.budget.reconcile import ReconciledRow
     from memlens.files import OpenedFile
 
-__all__ = ["PendingTriage", "TriageOptions", "analyse", "begin", "budget_check", "triage", "triage_analysis",
-           "with_budget"]
+__all__ = ["FindingsResult", "PendingTriage", "TriageOptions", "analyse", "begin", "budget_check", "findings", "triage",
+           "triage_analysis", "with_budget"]
 
 Progress = Callable[[str, float], None]
 
@@ -144,6 +145,25 @@ def _import_all(modules: tuple[str, ...]) -> None:
 def triage_analysis(analysis: Analysis, options: TriageOptions | None = None) -> Report:
     """The triage of a file already analysed (a face that keeps analyses for the next question)."""
     return with_budget(analysis.report, options)
+
+
+@dataclass(frozen=True)
+class FindingsResult:
+    """The findings of one triage: every device's (most severe first), or one device's."""
+
+    source: str
+    findings: list[Finding]
+
+    def to_json(self) -> dict[str, Any]:
+        """``{source, findings}``, each finding as the report's JSON writes it."""
+        return {"source": self.source, "findings": [finding.to_json() for finding in self.findings]}
+
+
+def findings(report: Report, device: int | None = None, kinds: Collection[str] = ()) -> FindingsResult:
+    """The findings of ``report`` (a triage's): every device's as the report orders them, or
+    ``device``'s; only those of ``kinds`` when any are given."""
+    found = report.findings if device is None else report.device(device).findings
+    return FindingsResult(report.source, [finding for finding in found if not kinds or finding.kind in kinds])
 
 
 def with_budget(report: Report, options: TriageOptions | None = None) -> Report:
