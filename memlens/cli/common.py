@@ -7,17 +7,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 import click
 
 from memlens.errors import MemlensUsageError
 from memlens.reporters.jsontext import json_text as json_text  # ``--json``: the text the MCP tools return
 from memlens.units import MAX_WHOLE, parse_bytes, parse_capacity, parse_real, parse_whole, shown
-
-if TYPE_CHECKING:
-    from memlens.snapshot import Snapshot
-
 
 
 def option_name(param: click.Parameter | None, fallback: str = "the value") -> str:
@@ -159,9 +155,3 @@ def status_line(stream: TextIO | None, text: Callable[[float], str]) -> Iterator
             stream.write("\r\x1b[K")  # gone before the figures are printed
             stream.flush()
 
-
-def load_with_progress(path: str, progress: bool | None = None, cache: bool | None = None) -> Snapshot:
-    import memlens
-
-    with progress_bar(path.rsplit("/", 1)[-1], progress) as update:
-        return memlens.load(path, progress=update, cache=cache)

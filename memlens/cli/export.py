@@ -20,15 +20,11 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, cast
 
 import click
 
 from memlens.cli.common import CAPACITY, DEVICE, help_text, progress_bar
 from memlens.errors import MemlensUsageError
-
-if TYPE_CHECKING:
-    from memlens.stream_export import Format, Table
 
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a writer killed by SIGPIPE (128 + 13)
@@ -104,23 +100,13 @@ def export(snapshot: str, output: str | None, fmt: str | None, table: str, devic
 
 def _export_rows(snapshot_path: str, destination: str, fmt: str, table: str, device: int | None,
                  capacity: int | None, analysis: bool, cache: bool | None) -> None:
-    from memlens.ops.triage import TriageOptions, analyse
-    from memlens.snapshot.reader import load
-    from memlens.stream_export import event_labels, open_output, write_table
+    from memlens.ops.export import RowsOptions, rows_of
 
-    labels = None
+    options = RowsOptions(fmt=fmt, table=table, device=device, capacity=capacity, analysis=analysis, cache=cache)
     with progress_bar(snapshot_path.rsplit("/", 1)[-1]) as update:
-        if analysis and table == "events":  # each row's category and step: what the analysis gave it
-            analysed = analyse(snapshot_path, TriageOptions(capacity=capacity, cache=cache), progress=update)
-            snapshot, labels = analysed.snapshot, event_labels(analysed)
-        else:
-            snapshot = load(snapshot_path, cache=cache, progress=update)
-    devices = [device] if device is not None else None
-    if device is not None:
-        snapshot.device(device)  # an unknown device: one line naming the ones there are
+        rows = rows_of(snapshot_path, options, progress=update)
     try:
-        with open_output(destination) as handle:
-            rows = write_table(snapshot, handle, cast("Format", fmt), cast("Table", table), labels, devices)
+        written = rows.write(destination)
     except BrokenPipeError:
         # The reader went away (`| head`): stop quietly, as a command killed by SIGPIPE would,
         # and point stdout at /dev/null so the interpreter's last flush cannot fail again.
@@ -131,4 +117,4 @@ def _export_rows(snapshot_path: str, destination: str, fmt: str, table: str, dev
         raise _cannot_write(destination, exc) from None
     if destination != "-":
         size = os.path.getsize(destination)
-        click.echo(f"wrote {destination} ({rows:,} rows of {table}, {size / 2**20:.1f} MiB)")
+        click.echo(f"wrote {destination} ({written:,} rows of {table}, {size / 2**20:.1f} MiB)")

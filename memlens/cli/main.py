@@ -94,9 +94,9 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     if not value or ctx.resilient_parsing:
         return
     from memlens._version import __version__
-    from memlens.allocator.engine import engine_name
+    from memlens.ops.whatif import simulator_engine
 
-    click.echo(f"memlens, version {__version__} (engine: {engine_name()})")
+    click.echo(f"memlens, version {__version__} (engine: {simulator_engine()})")
     ctx.exit()
 
 

@@ -19,14 +19,13 @@ import sys
 
 import click
 
-from memlens.analysis.report import FINDING_KINDS
 from memlens.cli.common import CAPACITY, COUNT, DEVICE, Whole, help_text, json_text, progress_bar
 from memlens.cli.head_start import snapshot_source
 from memlens.errors import MemlensUsageError
 from memlens.ops.budget import BudgetOptions
 from memlens.ops.triage import TriageOptions
 from memlens.ops.triage import begin as begin_triage
-from memlens.ops.vocab import parse_kinds
+from memlens.ops.vocab import FINDING_KINDS, parse_kinds
 from memlens.units import parse_count
 
 EXIT_FINDING = 1

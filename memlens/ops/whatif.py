@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from memlens.files import OpenedFile
     from memlens.snapshot import Snapshot
 
-__all__ = ["PendingWhatIf", "WhatIfOptions", "begin", "whatif"]
+__all__ = ["PendingWhatIf", "WhatIfOptions", "begin", "simulator_engine", "whatif"]
 
 
 class WhatIfOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,3 +98,10 @@ class PendingWhatIf(contextlib.AbstractContextManager["PendingWhatIf"]):
 
     def __exit__(self, *exc_info: object) -> None:
         self._exits.close()
+
+
+def simulator_engine() -> str:
+    """Which engine replays a run: ``native`` (the C++ core) or ``python`` (the same answers, slower)."""
+    from memlens.allocator.engine import engine_name
+
+    return engine_name()
