@@ -2,6 +2,9 @@
 # is memlens.snapshot.native_scan.
 from typing import Any
 
+# The limits this extension was built with, by their Python names (memlens.snapshot.limits).
+DECLARED: dict[str, int]
+
 def scan(data: bytes) -> tuple[bool, Any]:
     """(False, reason) when the scanner declines the file, else (True, (raw, traces))."""
 

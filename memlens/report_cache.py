@@ -48,7 +48,7 @@ ENTRY_KIND = "r"
 MAX_ENTRY_BYTES = 256 << 20
 MAC_BYTES = 32
 # The native extensions whose code decides answers (their source is in src/native/).
-_EXTENSIONS = ("memlens._native", "memlens._scan")
+_EXTENSIONS = ("memlens._native", "memlens.snapshot._kernels", "memlens._scan")
 
 
 class ReportSlot:

@@ -20,9 +20,14 @@ python="${PYTHON:-python3}"
 clang="${CLANGXX:-clang++}"
 command -v "$clang" >/dev/null || { echo "fuzz_scanner: $clang not found (apt-get install -y clang libclang-rt-dev)" >&2; exit 2; }
 work="${FUZZ_WORK:-$(mktemp -d -t memlens-fuzz.XXXXXX)}"
-mkdir -p "$work/corpus" "$work/artifacts"
+mkdir -p "$work/corpus" "$work/artifacts" "$work/generated"
+# The scanner's limits are declared in memlens/snapshot/limits.py; CMake writes their header for the
+# extension, and this writes the same one for the harness.
+(cd "$repo" && "$python" src/native/generate_constants.py "$work/generated/scan_limits.hpp" kScanLimits \
+  memlens/snapshot/limits.py)
 "$clang" -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -I"$repo/src/native" "$repo/src/native/pickle_scan.cpp" "$repo/src/native/fuzz_scan.cpp" -o "$work/fuzz_scan"
+  -I"$repo/src/native" -I"$work/generated" "$repo/src/native/pickle_scan.cpp" "$repo/src/native/fuzz_scan.cpp" \
+  -o "$work/fuzz_scan"
 real="${MEMLENS_REAL_SNAPSHOTS:-$repo/../shared/real_snapshots}"
 cp "$repo"/sample_snapshots/*.pickle "$work/corpus/" 2>/dev/null || true
 if [ -d "$real" ]; then

@@ -2,45 +2,27 @@
 
 The native core (``memlens._native``, C++17, built by ``pip install``) is used whenever it
 imports; ``MEMLENS_PURE_PYTHON=1`` forces the Python model (``memlens.allocator.simulator``),
-which stays the reference the differential tests hold the native one to. An extension that
-cannot be imported (a checkout run without building it, a wheel for another platform) is not an
-error: memlens runs on Python and says so once per process, on stderr.
+which stays the reference the differential tests hold the native one to. The switch, and the one
+note on stderr when an extension cannot be imported, are the process's
+(``memlens.snapshot.engine``, which chooses for the snapshot's own passes the same way).
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from functools import cache
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from memlens.snapshot.engine import NATIVE, PYTHON, native_extension
+
 if TYPE_CHECKING:
     from memlens.allocator.simulator import CachingAllocatorSimulator
-
-PURE_PYTHON_ENV = "MEMLENS_PURE_PYTHON"
-NATIVE = "native"
-PYTHON = "python"
-
-
-def pure_python_requested() -> bool:
-    return os.environ.get(PURE_PYTHON_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
 @cache
 def native_module() -> ModuleType | None:
     """``memlens._native``, or None when the Python engine runs (asked for, or no extension)."""
-    if pure_python_requested():
-        return None
-    try:
-        from memlens import _native
-    except ImportError as exc:
-        sys.stderr.write(
-            f"memlens: the native core is not available ({exc}); running on the Python engine "
-            "(slower, same answers). Reinstall with a C++17 compiler to build it: pip install -e .\n"
-        )
-        return None
-    return _native
+    return native_extension("memlens._native")
 
 
 def engine_name() -> str:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
+from memlens.allocator.constants import ADDRESS_HINT_LOOKAHEAD
 from memlens.allocator.engine import native_module, simulator_class
 from memlens.allocator.initial_state import InitialState, infer_initial_state
 from memlens.allocator.releases import ALLOCATOR, EMPTY_CACHE, Release, classify_releases
@@ -63,9 +64,6 @@ _SEGMENT_FREE = int(Action.SEGMENT_FREE)
 _SEGMENT_MAP = int(Action.SEGMENT_MAP)
 _SEGMENT_UNMAP = int(Action.SEGMENT_UNMAP)
 _OOM = int(Action.OOM)
-# How far ahead in the recorded segment_alloc list a simulated cudaMalloc may look for a
-# segment of its size: a small window keeps the hint in step with the recorded order.
-_ADDRESS_HINT_LOOKAHEAD = 8
 
 # Called with (row, simulator) just before the replay handles a recorded segment_alloc or oom
 # row: the simulator's state is then what the allocator held when it called cudaMalloc (or gave up).
@@ -580,7 +578,7 @@ class _Replay:
         """Pair the new simulated segment with the recorded one of its size among the next few
         recorded cudaMallocs; place it there if the replay copies the recorded bases."""
         self._pending_pair = None
-        for i, (address, hinted_size) in enumerate(self._hints[:_ADDRESS_HINT_LOOKAHEAD]):
+        for i, (address, hinted_size) in enumerate(self._hints[:ADDRESS_HINT_LOOKAHEAD]):
             if hinted_size == size:
                 del self._hints[i]
                 self._pending_pair = address

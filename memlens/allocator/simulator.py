@@ -21,42 +21,37 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from memlens.allocator.settings import ROUNDUP_INTERVALS, AllocatorSettings
+from memlens.allocator.constants import (
+    DEFAULT_BASE_ADDRESS,
+    DEFAULT_DEVICE_MEMORY,
+    DEFAULT_START_TIME_US,
+    SEGMENT_ALIGNMENT,
+)
+from memlens.allocator.settings import AllocatorSettings
 from memlens.errors import MemlensOutOfMemory, MemlensUsageError
-from memlens.units import GiB, MiB, format_bytes
+from memlens.snapshot.block_rules import (
+    K_LARGE_BUFFER,
+    K_MIN_BLOCK_SIZE,
+    K_MIN_LARGE_ALLOC,
+    K_ROUND_LARGE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    MAX_MODELLED_ADDRESS,
+    MAX_MODELLED_REQUEST,
+    round_size,
+)
+from memlens.units import format_bytes
 
-# Constants from CUDACachingAllocator.cpp.
-K_MIN_BLOCK_SIZE = 512  # all sizes are rounded to at least 512 bytes
-K_SMALL_SIZE = 1 * MiB  # largest "small" allocation is 1 MiB
-K_SMALL_BUFFER = 2 * MiB  # "small" allocations are packed in 2 MiB segments
-K_LARGE_BUFFER = 20 * MiB  # "large" allocations may be packed in 20 MiB segments
-K_MIN_LARGE_ALLOC = 10 * MiB  # allocations between 1 and 10 MiB may use kLargeBuffer
-K_ROUND_LARGE = 2 * MiB  # round up large allocations to 2 MiB
-# What the model covers, on both engines (the native one keeps every address sum inside int64):
-# requests up to 2**60 bytes, segments between address 0 and 2**62. PyTorch's own addresses are
-# user-space pointers (under 2**57); a file with others gets the same answer from either engine.
-MAX_MODELLED_REQUEST = 1 << 60
-MAX_MODELLED_ADDRESS = 1 << 62
-# roundup_power2_divisions intervals start at 1 MiB (log2 = 20).
-_ROUNDUP_INTERVAL_START_LOG2 = 20
-
-# Where simulated cudaMalloc hands out addresses: a user-space GPU VA like real ones, aligned
-# to the 2 MiB granularity cudaMalloc uses for large allocations.
-DEFAULT_BASE_ADDRESS = 0x7F0000000000
-_SEGMENT_ALIGNMENT = 2 * MiB
-# Expandable segments reserve 1 1/8 of the GPU's memory in address space; with no capacity
-# given, at least an 80 GiB device (an A100/H100), and one large enough for the request that
-# makes the reservation: an unknown device never runs short, so a 100 GiB tensor of the trace
-# must fit in the address space too.
-_DEFAULT_DEVICE_MEMORY = 80 * GiB
+# CUDACachingAllocator.cpp's constants and what the model covers (MAX_MODELLED_*) are declared
+# once, with the C++ model and the snapshot's block sizes, in memlens.snapshot.block_rules; the
+# model's own defaults (base address, segment alignment, device memory, start time) in
+# memlens.allocator.constants.
 _KEY_SHIFT = 64
 _ADDRESS_MASK = (1 << _KEY_SHIFT) - 1
 # A free block's key is its size, then its address as a signed 64-bit pointer (the order of the
 # native model's int64 addresses): shifted by 2**63 into the key's low 64 bits, so an address
 # at or past 2**63 (read as negative) keeps its place and maps back to itself.
 _ADDRESS_OFFSET = 1 << 63
-# time_us of the first trace entry when no clock is given: deterministic, epoch-like.
-_DEFAULT_START_TIME_US = 1_700_000_000_000_000
 
 Frames = list[dict[str, Any]]
 
@@ -187,7 +182,7 @@ class CachingAllocatorSimulator:
         self.device = device
         self.record_history = record_history
         if clock is None:
-            counter = itertools.count(_DEFAULT_START_TIME_US)
+            counter = itertools.count(DEFAULT_START_TIME_US)
             self._clock: Callable[[], int] = counter.__next__
         else:
             self._clock = clock
@@ -225,12 +220,7 @@ class CachingAllocatorSimulator:
     # ================================================================== public API
     def round_size(self, size: int) -> int:
         """``round_size``: 512-byte multiples, or power-of-2 divisions where configured."""
-        if size < K_MIN_BLOCK_SIZE:
-            return K_MIN_BLOCK_SIZE
-        divisions = self._divisions_for(size)
-        if divisions > 1 and size > K_MIN_BLOCK_SIZE * divisions:
-            return _roundup_power2_next_division(size, divisions)
-        return K_MIN_BLOCK_SIZE * ((size + K_MIN_BLOCK_SIZE - 1) // K_MIN_BLOCK_SIZE)
+        return round_size(size, self._divisions)
 
     def malloc(self, size: int, stream: int = 0, frames: Frames | None = None) -> int:
         """Allocate ``size`` bytes on ``stream``; returns the block address or raises SimulatedOOM."""
@@ -426,11 +416,6 @@ class CachingAllocatorSimulator:
         assert len(seen) == len(self._active) + len(self._free)
 
     # ================================================================== allocator internals
-    def _divisions_for(self, size: int) -> int:
-        log_size = size.bit_length() - 1
-        index = log_size - _ROUNDUP_INTERVAL_START_LOG2 if log_size > _ROUNDUP_INTERVAL_START_LOG2 else 0
-        return self._divisions[min(index, ROUNDUP_INTERVALS - 1)]
-
     def _device_free(self) -> int:
         if self.capacity is None:
             return 1 << 62
@@ -637,12 +622,12 @@ class CachingAllocatorSimulator:
         if self._segment_addresses is not None:
             hinted = self._segment_addresses(size)
             if hinted is not None and not self._overlaps(hinted, size):
-                self._next_address = max(self._next_address, _align_up(hinted + size, _SEGMENT_ALIGNMENT))
+                self._next_address = max(self._next_address, _align_up(hinted + size, SEGMENT_ALIGNMENT))
                 return hinted
         address = self._next_address
         while self._overlaps(address, size):
-            address = _align_up(address + size, _SEGMENT_ALIGNMENT)
-        self._next_address = _align_up(address + size, _SEGMENT_ALIGNMENT)
+            address = _align_up(address + size, SEGMENT_ALIGNMENT)
+        self._next_address = _align_up(address + size, SEGMENT_ALIGNMENT)
         return address
 
     def _overlaps(self, address: int, size: int) -> bool:
@@ -668,7 +653,7 @@ class CachingAllocatorSimulator:
         if self._overlaps(address, size):
             raise MemlensUsageError(f"segment {address:#x}+{size} overlaps an existing segment")
         self._add_span(address, size)
-        self._next_address = max(self._next_address, _align_up(address + size, _SEGMENT_ALIGNMENT))
+        self._next_address = max(self._next_address, _align_up(address + size, SEGMENT_ALIGNMENT))
 
     def _release_block(self, pool: _Pool, block: _Block, frames: Frames | None) -> None:
         """cudaFree of a whole, unsplit, cached segment."""
@@ -781,7 +766,7 @@ class CachingAllocatorSimulator:
             if room >= size:
                 return candidate
         page = K_SMALL_BUFFER if pool.is_small else K_LARGE_BUFFER
-        device_memory = self.capacity or max(_DEFAULT_DEVICE_MEMORY, size)
+        device_memory = self.capacity or max(DEFAULT_DEVICE_MEMORY, size)
         handles = -(-(device_memory + device_memory // 8) // page)
         va_size = handles * page
         base = self._new_segment_address(va_size)
@@ -938,17 +923,6 @@ def get_allocation_size(size: int) -> int:
     if size < K_MIN_LARGE_ALLOC:
         return K_LARGE_BUFFER
     return K_ROUND_LARGE * ((size + K_ROUND_LARGE - 1) // K_ROUND_LARGE)
-
-
-def _roundup_power2_next_division(size: int, divisions: int) -> int:
-    if size & (size - 1) == 0:
-        return size
-    power2_floor = 1 << (size.bit_length() - 1)
-    step = power2_floor >> (divisions.bit_length() - 1)
-    if step == 0:
-        return power2_floor << 1
-    floor = size & ~(step - 1)
-    return size if floor == size else floor + step
 
 
 def _expandable_size(block: _Block) -> int:

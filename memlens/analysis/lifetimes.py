@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from memlens.allocator.engine import native_module
+from memlens.snapshot.engine import native_kernels
 from memlens.snapshot.model import Action, DeviceTrace, Int64Array, Segment
 
 I64 = npt.NDArray[np.int64]
@@ -104,7 +104,7 @@ def free_action(trace: DeviceTrace) -> int:
 def _pair_rows(trace: DeviceTrace, ends: int) -> tuple[Int64Array, Int64Array, Int64Array]:
     """The alloc rows and each one's end (the next alloc or ``ends`` row at its address, else the
     trace's length), by (address, row), and the ``ends`` rows no alloc precedes at their address
-    (their blocks predate the window). ``memlens._native.pair_lifetime_rows`` is its copy in C++
+    (their blocks predate the window). ``memlens.snapshot._kernels.pair_lifetime_rows`` is its copy in C++
     (a counting sort by address instead of a lexsort)."""
     n = len(trace)
     action = trace.action
@@ -138,7 +138,7 @@ def _pair_rows(trace: DeviceTrace, ends: int) -> tuple[Int64Array, Int64Array, I
 def build_lifetimes(trace: DeviceTrace, segments: list[Segment], native: bool = True) -> Lifetimes:
     """``native=False``: the rows paired by the Python reference (``_pair_rows``) on the native engine too."""
     n = len(trace)
-    core = native_module() if native else None
+    core = native_kernels() if native else None
     if core is not None:
         alloc_event, free_event, ghost_free_rows = core.pair_lifetime_rows(
             np.ascontiguousarray(trace.action, dtype=np.int8), np.ascontiguousarray(trace.address, dtype=np.int64),

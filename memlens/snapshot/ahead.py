@@ -21,8 +21,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Generic, TypeVar
 
-from memlens.allocator.engine import pure_python_requested
 from memlens.files import OpenedFile
+from memlens.snapshot.engine import pure_python_requested
 from memlens.snapshot.formats import looks_like_pickle
 
 _native_scan: ModuleType | None

@@ -11,7 +11,7 @@ at or over ``max_split_size``). This module recovers ``block->size`` for each ro
 the snapshot is read (the cache stores the column):
 
 * **Rounding** follows ``round_size`` under the recorded ``allocator_settings`` (the
-  simulator's own rule, ``CachingAllocatorSimulator.round_size``).
+  simulator's own rule, declared once for both in ``memlens.snapshot.block_rules``).
 * **Small pool** (rounded size up to 1 MiB): every size is a multiple of 512 B, so the
   remainder of a free block is 0 or at least ``kMinBlockSize`` and is always split off: the
   block is the rounded size. The same holds everywhere with expandable segments, where
@@ -27,7 +27,7 @@ the snapshot is read (the cache stores the column):
   allocator did. The measurement is vectorised (``_measure_large_blocks``); a pass in row order
   (``_sweep_large_blocks``) is its reference in the tests and its fallback. Where the native
   core is built, the rows are grouped by address and the reference pass runs there
-  (``memlens._native.group_memory_rows``, ``sweep_large_blocks``), held to both by the tests.
+  (``memlens.snapshot._kernels.group_memory_rows``, ``sweep_large_blocks``), held to both by the tests.
 * **Blocks live at the dump** take their size from the segments' blocks: the state is what
   PyTorch counted.
 * **Blocks allocated before the window** (a free with no alloc before it) have no alloc row to
@@ -46,15 +46,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from memlens.allocator.engine import native_module
-from memlens.allocator.settings import AllocatorSettings
-from memlens.allocator.simulator import (
-    K_LARGE_BUFFER,
-    K_MIN_BLOCK_SIZE,
-    K_SMALL_BUFFER,
-    K_SMALL_SIZE,
-    CachingAllocatorSimulator,
-)
+from memlens.snapshot.allocator_settings import RecordedAllocatorSettings
+from memlens.snapshot.block_rules import K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, round_size
+from memlens.snapshot.engine import native_kernels
 from memlens.snapshot.model import Action, Int64Array, Segment
 
 _ALLOC = int(Action.ALLOC)
@@ -65,18 +59,17 @@ _SEGMENT_FREE = int(Action.SEGMENT_FREE)
 _SEGMENT_MAPS = (int(Action.SEGMENT_MAP), int(Action.SEGMENT_UNMAP))
 
 
-def round_sizes(requested: Int64Array, settings: AllocatorSettings) -> Int64Array:
+def round_sizes(requested: Int64Array, settings: RecordedAllocatorSettings) -> Int64Array:
     """``round_size`` of every request (vectorised; the divisions rule per distinct size).
     ``block_sizes`` rounds by the default rule in place (``_round_in_place``), held to this."""
     rounded = np.maximum(-(-requested // K_MIN_BLOCK_SIZE), 1) * K_MIN_BLOCK_SIZE
     if _rounds_by_divisions(settings) and requested.size:
-        rounder = CachingAllocatorSimulator(settings, record_history=False)
         distinct, inverse = np.unique(requested, return_inverse=True)
-        rounded = np.array([rounder.round_size(int(s)) for s in distinct], dtype=np.int64)[inverse]
+        rounded = np.array([round_size(int(s), settings.divisions) for s in distinct], dtype=np.int64)[inverse]
     return rounded.astype(np.int64, copy=False)
 
 
-def _rounds_by_divisions(settings: AllocatorSettings) -> bool:
+def _rounds_by_divisions(settings: RecordedAllocatorSettings) -> bool:
     """``roundup_power2_divisions`` decides some sizes' rounding, beyond the 512 B multiples."""
     return any(d > 1 for d in settings.divisions)
 
@@ -92,7 +85,9 @@ def _round_in_place(out: Int64Array, rows: np.ndarray) -> None:
     np.multiply(out, K_MIN_BLOCK_SIZE, out=out, where=rows)
 
 
-def uses_expandable_segments(settings: AllocatorSettings, actions: np.ndarray, segments: Sequence[Segment]) -> bool:
+def uses_expandable_segments(
+    settings: RecordedAllocatorSettings, actions: np.ndarray, segments: Sequence[Segment]
+) -> bool:
     """The recorded allocator split with expandable segments' rule: the settings say so, or
     the file shows it (mapped pages, an expandable segment) where older builds wrote no settings."""
     return (
@@ -107,7 +102,7 @@ def block_sizes(
     address: Int64Array,
     size: Int64Array,
     segments: Sequence[Segment],
-    settings: AllocatorSettings,
+    settings: RecordedAllocatorSettings,
     *,
     use_final_state: bool = True,
     sweep: bool = False,
@@ -120,7 +115,7 @@ def block_sizes(
     measures the large-pool blocks with the reference pass in row order instead of the
     vectorised one (the tests show both give the same blocks). Where the native core is built,
     the rows are grouped (``_group_rows``) and the large-pool blocks measured by its copies of
-    those passes (``memlens._native.group_memory_rows``, ``sweep_large_blocks``);
+    those passes (``memlens.snapshot._kernels.group_memory_rows``, ``sweep_large_blocks``);
     ``native=False`` keeps to the Python passes (the differential tests).
     """
     out = size.astype(np.int64, copy=True)
@@ -136,7 +131,7 @@ def block_sizes(
         out[memory] = round_sizes(size[memory], settings)
 
     release = _FREE_COMPLETED if bool((action == _FREE_COMPLETED).any()) else _FREE_REQUESTED
-    core = native_module() if native is not False and not sweep else None
+    core = native_kernels() if native is not False and not sweep else None
     if core is not None:
         grouped = _native_groups(core, action, address, release)
         rows = group_start = None
@@ -184,7 +179,7 @@ def _group_rows(
     action: np.ndarray, address: Int64Array, memory_rows: Int64Array, release: int,
 ) -> tuple[Int64Array, np.ndarray, _Groups]:
     """The rows grouped by address (then row), vectorised: the rows so sorted, where each
-    address's group starts, and the ``_Groups``; ``memlens._native.group_memory_rows`` is its copy
+    address's group starts, and the ``_Groups``; ``memlens.snapshot._kernels.group_memory_rows`` is its copy
     in one pass in row order (``_native_groups``)."""
     # Group the rows by address (then row): each free belongs to the last alloc before it there.
     rows = memory_rows[np.argsort(address[memory_rows], kind="stable")]  # the rows are ascending already
@@ -276,7 +271,7 @@ def _measure_large_blocks(
     large: np.ndarray,
     release: int,
     segments: Sequence[Segment],
-    settings: AllocatorSettings,
+    settings: RecordedAllocatorSettings,
     rows: Int64Array,
     group_start: np.ndarray,
     ghost_rows: Int64Array,
@@ -501,13 +496,13 @@ def _native_sweep(
     large: np.ndarray,
     release: int,
     segments: Sequence[Segment],
-    settings: AllocatorSettings,
+    settings: RecordedAllocatorSettings,
     ghost_rows: Int64Array,
     untouched: list[int],
 ) -> bool:
     """``_sweep_large_blocks`` on the native core, in place in ``out``; False (nothing changed)
     where the core is not built or declines (an address or size whose sums int64 cannot hold)."""
-    core = native_module()
+    core = native_kernels()
     if core is None or out.dtype != np.int64 or not out.flags.c_contiguous:
         return False
     max_split = min(settings.max_split_size_or_max, (1 << 63) - 1)  # unset: above every block either way
@@ -533,7 +528,7 @@ def _sweep_large_blocks(
     large: np.ndarray,
     release: int,
     segments: Sequence[Segment],
-    settings: AllocatorSettings,
+    settings: RecordedAllocatorSettings,
     ghost_rows: Int64Array,
     untouched: list[int],
 ) -> None:

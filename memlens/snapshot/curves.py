@@ -13,9 +13,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from memlens.allocator.engine import native_module
-from memlens.allocator.settings import AllocatorSettings
+from memlens.snapshot.allocator_settings import RecordedAllocatorSettings
 from memlens.snapshot.blocks import block_sizes
+from memlens.snapshot.engine import native_kernels
 from memlens.snapshot.model import Action, Block, DeviceTrace, Int64Array, Segment
 
 MAX_TOTAL_BYTES = 1 << 56  # bytes live or reserved at once, summed over a trace
@@ -34,7 +34,7 @@ _RESERVE_DELTA[[Action.SEGMENT_FREE, Action.SEGMENT_UNMAP]] = -1
 
 
 def build_curves(
-    trace: DeviceTrace, segments: list[Segment], settings: AllocatorSettings | None = None, native: bool = True,
+    trace: DeviceTrace, segments: list[Segment], settings: RecordedAllocatorSettings | None = None, native: bool = True,
 ) -> None:
     """Absolute allocated/reserved curves: the final state minus what the window changed.
 
@@ -47,7 +47,7 @@ def build_curves(
     row (``free`` in old builds, or requests never completed) count the free at that row.
 
     On the native core the running sums are one pass over the rows
-    (``memlens._native.curve_changes``, ``_native_curve_changes``); ``_curve_changes``, numpy's
+    (``memlens.snapshot._kernels.curve_changes``, ``_native_curve_changes``); ``_curve_changes``, numpy's
     cumulative sums, is its reference, and ``native=False`` keeps to it and to the Python passes of
     the block sizes and the window test (the differential tests).
     """
@@ -58,8 +58,8 @@ def build_curves(
     if max(final_allocated, final_reserved) > MAX_TOTAL_BYTES:
         raise CurveOverflow(f"device {trace.device}: the segments hold more than 2**56 bytes in all")
     n = len(trace)
-    trace.block_size = block_sizes(trace.action, trace.address, trace.size, segments, settings or AllocatorSettings(),
-                                   native=native)
+    trace.block_size = block_sizes(trace.action, trace.address, trace.size, segments,
+                                   settings or RecordedAllocatorSettings(), native=native)
     _no_request_past_its_block(trace)
     trace.pending_free_final = trace.pending_free_peak = final_pending
     if n == 0:
@@ -125,12 +125,12 @@ class _CurveChanges(NamedTuple):
 
 
 def _native_curve_changes(trace: DeviceTrace, frees_at_request: bool, any_completed: bool) -> _CurveChanges | None:
-    """``_curve_changes`` on the native core (``memlens._native.curve_changes``): one pass that
+    """``_curve_changes`` on the native core (``memlens.snapshot._kernels.curve_changes``): one pass that
     writes the two running sums and keeps the figures taken from them, where numpy makes a sign
     column, its products, two sums and their absolute values. None where the core is not built,
     a column is not of the model's type, or the core declines (an action code that is not an
     Action: the reference's tables say what it gives)."""
-    core = native_module()
+    core = native_kernels()
     if core is None or trace.action.dtype != np.int8 or trace.block_size.dtype != np.int64 or \
             trace.size.dtype != np.int64:
         return None
@@ -151,7 +151,7 @@ def _native_curve_changes(trace: DeviceTrace, frees_at_request: bool, any_comple
 def _curve_changes(trace: DeviceTrace, requested: np.ndarray, completed: np.ndarray) -> _CurveChanges:
     """The running allocated and reserved changes, numpy's cumulative sums of each row's signed
     bytes (wrapping as int64 wraps, silently: the caller's test of their magnitudes is what catches
-    a sum past 2**56); the reference ``memlens._native.curve_changes`` is held to. A block leaves
+    a sum past 2**56); the reference ``memlens.snapshot._kernels.curve_changes`` is held to. A block leaves
     the allocated curve at its ``free_requested`` row where the trace has any, else at its
     ``free_completed`` row."""
     action = trace.action.astype(np.intp)
@@ -191,9 +191,9 @@ def _no_request_past_its_block(trace: DeviceTrace) -> None:
 def window_complete(trace: DeviceTrace, free_rows: np.ndarray, live_blocks: list[Block], native: bool = True) -> bool:
     """True when the history saw every live byte: nothing freed or live that it never allocated.
 
-    On the native core one pass over the rows (``memlens._native.history_allocates_first``);
+    On the native core one pass over the rows (``memlens.snapshot._kernels.history_allocates_first``);
     ``_window_complete``, which sorts every address, is its reference (``native=False``)."""
-    core = native_module() if native else None
+    core = native_kernels() if native else None
     # The native pass takes the free rows as an action code: those of one kind, as build_curves passes.
     free_action = next((int(a) for a in (Action.FREE_REQUESTED, Action.FREE_COMPLETED)
                         if np.array_equal(free_rows, trace.action == a)), None)

@@ -37,11 +37,11 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from memlens.allocator.settings import AllocatorSettings
 from memlens.errors import MemlensFormatError, MemlensUsageError
 from memlens.files import OpenedFile, opened_snapshot
 from memlens.sidecar import sidecar_beside
 from memlens.snapshot import ahead, native_scan
+from memlens.snapshot.allocator_settings import RecordedAllocatorSettings
 from memlens.snapshot.curves import CurveOverflow, build_curves
 from memlens.snapshot.formats import BARE_LIST_FORMAT, GZIP_MAGIC, ZIP_MAGIC, guess_format, looks_like_pickle, sniff
 from memlens.snapshot.model import (
@@ -620,7 +620,7 @@ def parse(raw: Any, source: str = "<memory>", *, text_budget: int = DEFAULT_TEXT
     )
 
 
-def _build_true_curves(trace: DeviceTrace, segments: list[Segment], rounding: AllocatorSettings,
+def _build_true_curves(trace: DeviceTrace, segments: list[Segment], rounding: RecordedAllocatorSettings,
                        check: Checker) -> None:
     """The trace's curves, unless its sizes add up past what any GPU holds (each may be
     plausible, thousands of frees of 10 TiB that were never allocated are not): then the
@@ -644,13 +644,14 @@ def _build_true_curves(trace: DeviceTrace, segments: list[Segment], rounding: Al
         raise check.fail(str(exc)) from None
 
 
-def _rounding_settings(settings: dict[str, Any]) -> tuple[AllocatorSettings, str | None]:
+def _rounding_settings(settings: dict[str, Any]) -> tuple[RecordedAllocatorSettings, str | None]:
     """The allocator settings that rounded the recorded blocks (``memlens.snapshot.blocks``);
     values PyTorch would never have accepted fall back to its defaults, with a note."""
     try:
-        return AllocatorSettings.from_snapshot_dict(settings), None
+        return RecordedAllocatorSettings.from_snapshot_dict(settings), None
     except (MemlensUsageError, ValueError, TypeError, OverflowError) as exc:
-        return AllocatorSettings(), f"allocator_settings not usable ({exc}): block sizes follow the default rounding"
+        return RecordedAllocatorSettings(), (f"allocator_settings not usable ({exc}): block sizes follow the "
+                                             "default rounding")
 
 
 def _parse_settings(raw: Any, check: Checker) -> dict[str, Any]:

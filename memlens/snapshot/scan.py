@@ -32,6 +32,7 @@ import bisect
 import contextlib
 import os
 import re
+import runpy
 import struct
 import subprocess
 import sys
@@ -42,10 +43,13 @@ try:
 except ImportError:  # not on a POSIX system: the pipe keeps its default size
     fcntl = None  # type: ignore[assignment]
 
-MAX_TUPLE_ITEMS = 8
-# Integers beyond +-2**61 a file may hold: PyTorch writes none, and a dict keyed by ints that
-# are equal modulo 2**61 - 1 (equal hashes) takes time quadratic in their number to build.
-MAX_LARGE_INTS = 10_000
+# The limits the native scanner holds to as well, declared once in limits.py beside this file.
+# Read by path, not imported: the vetting child runs this file by path under ``-I -S``, where
+# memlens is not importable (and a package import would cost the child its start-up).
+_LIMITS = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "limits.py"))
+MAX_TUPLE_ITEMS: int = _LIMITS["MAX_TUPLE_ITEMS"]
+MAX_LARGE_INTS: int = _LIMITS["MAX_LARGE_INTS"]
+MAX_WIDE_TUPLES: int = _LIMITS["MAX_WIDE_TUPLES"]
 CHUNK = 1 << 20
 PIECE = 16 << 10  # bytes tokenised per regex call
 # More than the longest token the regular expression matches (a short string: 129 bytes);
@@ -106,7 +110,6 @@ _TUPLE_ITEM = re.compile(b"(?s:(?:" + b"|".join(_TUPLE_ITEM_PARTS) + b"))")
 _WIDE_TUPLE_ITEM = re.compile(b"(?s:(?:" + b"|".join([
     *_TUPLE_ITEM_PARTS, _LONG1_SMALL, _LONG1_UINT64_MAX, rb"I-?[0-9]{1,18}\n", rb"L-?[0-9]{1,18}L?\n",
 ]) + b"))")
-MAX_WIDE_TUPLES = 10_000
 
 
 def _run_end(buffer: bytearray, start: int, end: int | None = None) -> int:

@@ -17,6 +17,10 @@ from typing import Any
 from memlens.errors import MemlensFormatError
 from memlens.snapshot.curves import MAX_TOTAL_BYTES
 
+# Shared with the native scanner, so declared in limits (PLAUSIBLE_BYTES: one size, or the bytes
+# live at once on a device; MAX_DEVICES: device ordinals).
+from memlens.snapshot.limits import MAX_DEVICES, PLAUSIBLE_BYTES
+
 # Two kinds of bound. What PyTorch's C++ types can hold bounds what a file may say: sizes are
 # size_t, addresses uintptr_t, streams a cudaStream_t pointer, frame lines uint64 (a Python
 # frame without a line is -1 cast to 2**64 - 1), times int64. A value outside those is no file
@@ -31,12 +35,10 @@ MAX_ADDRESS = UINT64_MAX  # uintptr_t
 MAX_TIME_US = INT64_MAX  # approx_time_t (int64 microseconds)
 MAX_LINE = UINT64_MAX  # unwind::Frame::lineno is uint64
 # What can be true, within those: larger values are read as unknown (see above).
-PLAUSIBLE_BYTES = 1 << 44  # one size, or bytes live at once on a device: 16 TiB (GPUs hold < 2**38)
 PLAUSIBLE_TIME_US = 1 << 60  # microseconds since the epoch: year 36,000
 PLAUSIBLE_LINE = (1 << 31) - 1  # CPython's line numbers are C ints
 UNKNOWN_LINE = 0  # lines start at 1; PyTorch's C++ frames say 0 when they know none
 # Resource limits (they bound the work, not the values).
-MAX_DEVICES = 1024  # device ordinals (one process sees at most a few dozen GPUs)
 MAX_TEXT = 4096  # characters kept of a frame's name or filename, a metadata or annotation string
 SHORT_TEXT = 256  # ... once the texts longer than this have used up the text budget
 DEFAULT_TEXT_BUDGET = 64 << 20  # characters of such long texts, for a file of unknown size

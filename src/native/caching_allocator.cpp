@@ -93,7 +93,7 @@ int64_t roundup_power2_next_division(int64_t size, int64_t divisions) {
 
 CachingAllocator::CachingAllocator(Settings settings) : settings_(std::move(settings)) {
   max_split_ = settings_.max_split_size.value_or(INT64_MAX);
-  if (settings_.divisions.size() != kRoundupIntervals) throw UsageError("roundup_power2_divisions needs 16 intervals");
+  if (settings_.divisions.size() != static_cast<size_t>(kRoundupIntervals)) throw UsageError("roundup_power2_divisions needs 16 intervals");
 }
 
 CachingAllocator::~CachingAllocator() {
@@ -129,7 +129,7 @@ int64_t CachingAllocator::round_size(int64_t size) const {
 // DeviceCachingAllocator::malloc: cached best fit, else cudaMalloc, else free-and-retry, else OOM.
 int64_t CachingAllocator::malloc(int64_t size, int64_t stream, const Frames& frames) {
   if (size < 0) throw UsageError("cannot allocate a negative size (" + std::to_string(size) + ")");
-  if (size > kMaxRequest) {
+  if (size > kMaxModelledRequest) {
     throw UsageError("cannot allocate " + std::to_string(size) +
                      " bytes: more than the allocator model covers (2**60)");
   }
@@ -233,7 +233,7 @@ void CachingAllocator::restore_segment(int64_t address, int64_t total_size, int6
   if (total_size <= 0 || total_size % kMinBlockSize) {
     throw UsageError("segment size " + std::to_string(total_size) + " is not a positive multiple of 512");
   }
-  if (address < 0 || total_size > kMaxRequest || address > (int64_t(1) << 62)) {
+  if (address < 0 || total_size > kMaxModelledRequest || address > kMaxModelledAddress) {
     throw UsageError("segment " + hex(address) + "+" + std::to_string(total_size) +
                      " lies outside the address space the allocator model covers (0 to 2**62)");
   }
@@ -354,7 +354,7 @@ std::string CachingAllocator::check_invariants() const {
 int CachingAllocator::divisions_for(int64_t size) const {
   int log_size = bit_length(size) - 1;
   int index = log_size > kRoundupIntervalStartLog2 ? log_size - kRoundupIntervalStartLog2 : 0;
-  return static_cast<int>(settings_.divisions[std::min(index, kRoundupIntervals - 1)]);
+  return static_cast<int>(settings_.divisions[std::min<int64_t>(index, kRoundupIntervals - 1)]);
 }
 
 Block* CachingAllocator::take_active(int64_t address) {
@@ -545,7 +545,7 @@ int64_t CachingAllocator::new_segment_address(int64_t size) {
   if (segment_addresses) {
     std::optional<int64_t> hinted = segment_addresses(size);
     // A hint outside the modelled address space (no real cudaMalloc returns one) is not taken.
-    if (hinted && *hinted >= 0 && *hinted <= (int64_t(1) << 62) && !overlaps(*hinted, size)) {
+    if (hinted && *hinted >= 0 && *hinted <= kMaxModelledAddress && !overlaps(*hinted, size)) {
       next_address_ = std::max(next_address_, align_up(*hinted + size, kSegmentAlignment));
       return *hinted;
     }

@@ -31,31 +31,23 @@
 
 #include <nanobind/nanobind.h>
 
+#include "address_map.hpp"
+#include "allocator_constants.hpp"
+#include "block_rules.hpp"
+#include "usage_error.hpp"
+
 namespace memlens {
 
 using Frames = nanobind::object;  // a Python list of frame dicts, None, or unset
 
-// Constants from CUDACachingAllocator.cpp.
-constexpr int64_t kMinBlockSize = 512;               // all sizes are rounded to at least 512 bytes
-constexpr int64_t kSmallSize = 1 << 20;              // largest "small" allocation is 1 MiB
-constexpr int64_t kSmallBuffer = 2 << 20;            // "small" allocations are packed in 2 MiB segments
-constexpr int64_t kLargeBuffer = 20 << 20;           // "large" allocations may be packed in 20 MiB segments
-constexpr int64_t kMinLargeAlloc = 10 << 20;         // allocations between 1 and 10 MiB may use kLargeBuffer
-constexpr int64_t kRoundLarge = 2 << 20;             // round up large allocations to 2 MiB
-constexpr int kRoundupIntervals = 16;                // roundup_power2_divisions intervals, from 1 MiB
-constexpr int kRoundupIntervalStartLog2 = 20;
-constexpr int64_t kDefaultBaseAddress = 0x7F0000000000LL;
-constexpr int64_t kSegmentAlignment = 2 << 20;
-constexpr int64_t kDefaultDeviceMemory = 80LL << 30;
-constexpr int64_t kDefaultStartTimeUs = 1700000000000000LL;
-// The largest request the native engine takes: far above any device, and small enough that every
-// rounding and address sum below stays inside int64.
-constexpr int64_t kMaxRequest = int64_t(1) << 60;
+// CUDACachingAllocator.cpp's constants (kMinBlockSize, kSmallSize, kSmallBuffer, kLargeBuffer,
+// kMinLargeAlloc, kRoundLarge, kRoundupIntervals, kRoundupIntervalStartLog2) and what the model
+// covers (kMaxModelledRequest: the largest request, far above any device and small enough that
+// every rounding and address sum below stays inside int64; kMaxModelledAddress) are declared once
+// in memlens/snapshot/block_rules.py, the model's defaults (kDefaultBaseAddress,
+// kSegmentAlignment, kDefaultDeviceMemory, kDefaultStartTimeUs) in memlens/allocator/constants.py:
+// CMake writes these two headers from them (src/native/generate_constants.py).
 
-// A usage error (memlens.errors.MemlensUsageError on the Python side), message as the Python model's.
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // malloc could not be satisfied within the capacity after freeing cached blocks (SimulatedOOM).
 struct OutOfMemory : std::exception {
@@ -116,100 +108,6 @@ class RangeMap {
   std::map<int64_t, int64_t> sizes_;
   uint64_t generation_ = 1;
   mutable std::array<Found, 256> found_{};  // a cache of lookups: no change to what the map holds
-};
-
-// A hash map keyed by address: open addressing with linear probing and backward-shift deletion,
-// so a lookup reads one or two adjacent slots instead of chasing std::unordered_map's nodes (the
-// replay looks an address up three or four times per event). Iteration order is the slots';
-// nothing that iterates one depends on it (the segment heads are sorted afterwards).
-template <typename Value>
-class AddressMap {
- public:
-  AddressMap() { rehash(16); }
-
-  size_t size() const { return size_; }
-
-  Value* find(int64_t key) {
-    for (size_t i = home(key);; i = (i + 1) & mask_) {
-      Slot& slot = slots_[i];
-      if (!slot.used) return nullptr;
-      if (slot.key == key) return &slot.value;
-    }
-  }
-  const Value* find(int64_t key) const { return const_cast<AddressMap*>(this)->find(key); }
-  bool contains(int64_t key) const { return find(key) != nullptr; }
-
-  void set(int64_t key, Value value) {  // insert, or replace the value held under key
-    if (Value* held = find(key)) {
-      *held = value;
-      return;
-    }
-    if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
-    place(key, value);
-    size_ += 1;
-  }
-
-  bool erase(int64_t key) {
-    size_t i = home(key);
-    for (;; i = (i + 1) & mask_) {
-      if (!slots_[i].used) return false;
-      if (slots_[i].key == key) break;
-    }
-    // Backward shift: pull each later slot of the run that may sit at ``i`` into the hole.
-    for (size_t j = (i + 1) & mask_; slots_[j].used; j = (j + 1) & mask_) {
-      size_t wanted = home(slots_[j].key);
-      bool stays = i <= j ? (i < wanted && wanted <= j) : (i < wanted || wanted <= j);
-      if (stays) continue;
-      slots_[i] = slots_[j];
-      i = j;
-    }
-    slots_[i].used = false;
-    size_ -= 1;
-    return true;
-  }
-
-  template <typename Visit>
-  void for_each(Visit&& visit) const {
-    for (const Slot& slot : slots_) {
-      if (slot.used) visit(slot.key, slot.value);
-    }
-  }
-
- private:
-  struct Slot {
-    int64_t key = 0;
-    Value value{};
-    bool used = false;
-  };
-
-  size_t home(int64_t key) const {  // Fibonacci hashing: the high bits of the product
-    return static_cast<size_t>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ULL) >> shift_);
-  }
-
-  void place(int64_t key, Value value) {
-    size_t i = home(key);
-    while (slots_[i].used) i = (i + 1) & mask_;
-    slots_[i].key = key;
-    slots_[i].value = value;
-    slots_[i].used = true;
-  }
-
-  void rehash(size_t capacity) {  // capacity: a power of two
-    std::vector<Slot> old;
-    old.swap(slots_);
-    slots_.assign(capacity, Slot{});
-    mask_ = capacity - 1;
-    shift_ = 64;
-    for (size_t c = capacity; c > 1; c >>= 1) shift_ -= 1;
-    for (const Slot& slot : old) {
-      if (slot.used) place(slot.key, slot.value);
-    }
-  }
-
-  std::vector<Slot> slots_;
-  size_t size_ = 0;
-  size_t mask_ = 0;
-  int shift_ = 64;
 };
 
 struct ExpandableSegment {  // a reserved virtual address range whose pages are mapped on demand

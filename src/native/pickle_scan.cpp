@@ -979,7 +979,7 @@ Extraction extract_traces(Arena& arena) {
   extraction.has_traces_list = true;
   extraction.traces_list = *traces;
   const Container& devices = arena.container(*traces);
-  if (devices.items.size() > kMaxDevices) return finish();  // the Python path refuses it
+  if (devices.items.size() > static_cast<size_t>(kMaxDevices)) return finish();  // the Python path refuses it
   for (size_t device = 0; device < devices.items.size(); ++device) {
     const Value& entries = devices.items.at(device);
     if (entries.kind != Kind::List) continue;

@@ -30,6 +30,8 @@
 #include <string_view>
 #include <vector>
 
+#include "scan_limits.hpp"
+
 namespace memlens::scan {
 
 // Repeat: a trace entry read as a row met again through the memo (num: the columns of the list whose
@@ -119,20 +121,17 @@ struct LazyColumn {
   T at(size_t row) const { return values.empty() ? first : values.at(row); }
 };
 
-// Limits of the Python vetting (memlens/snapshot/scan.py): the same numbers.
-inline constexpr int kMaxTupleItems = 8;
-inline constexpr int64_t kMaxLargeInts = 10'000;
-inline constexpr int64_t kMaxWideTuples = 10'000;
+// The limits of the Python path (kMaxTupleItems, kMaxLargeInts, kMaxWideTuples, kMaxDevices,
+// kPlausibleBytes) are declared once in memlens/snapshot/limits.py; CMake (and the fuzz harness's
+// script) writes scan_limits.hpp from it (src/native/generate_constants.py).
 // A memo index may run this far past the memo's length before the scanner declines (CPython's memo
 // is sparse-tolerant; the arena's is a vector, so a far index would cost its size in memory).
 inline constexpr uint64_t kMaxMemoGap = 1u << 20;
-inline constexpr size_t kMaxDevices = 1024;  // memlens.snapshot.validate.MAX_DEVICES
 // Lists read as columns: as many as devices are read (more go as plain dicts, the Python way).
-inline constexpr size_t kMaxColumnLists = kMaxDevices;
+inline constexpr size_t kMaxColumnLists = static_cast<size_t>(kMaxDevices);
 // The first lists' columns are reserved from the rest of the input's size (each reservation is
 // about that size again in address space, untouched; more lists would reserve too much of it).
 inline constexpr size_t kReservedColumnLists = 2;
-inline constexpr int64_t kPlausibleBytes = int64_t{1} << 44;  // validate.PLAUSIBLE_BYTES
 
 // A device's trace as columns. Local indices point into the distinct tables, in order of first
 // appearance (the order the Python reader meets them, so interning gives the same ids).

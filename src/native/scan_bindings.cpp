@@ -272,6 +272,11 @@ NB_MODULE(_scan, m) {
   // The memlens program leaves what is left at its exit to the OS, uncollected (gc.freeze in
   // memlens.cli.launch): nanobind would call those objects leaks.
   nb::set_leak_warnings(false);
+  // The limits this extension was built with, which tests/test_layers.py holds to
+  // memlens/snapshot/limits.py (the one declaration).
+  nb::dict declared;
+  for (const memlens::DeclaredConstant& constant : memlens::kScanLimits) declared[constant.python_name] = constant.value;
+  m.attr("DECLARED") = declared;
   nb::class_<memlens::scan::StopFlag>(m, "StopFlag", "A request to stop a scan_file: set() from any thread.")
       .def(nb::init<>())
       .def("set", [](memlens::scan::StopFlag& flag) { flag.stop.store(true, std::memory_order_relaxed); });

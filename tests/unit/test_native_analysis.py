@@ -1,6 +1,6 @@
 """The native core's analysis passes against their Python references (differential tests).
 
-``memlens._native.group_memory_rows`` and ``sweep_large_blocks`` are
+``memlens.snapshot._kernels.group_memory_rows`` and ``sweep_large_blocks`` are
 ``memlens.snapshot.blocks._group_rows`` and ``_sweep_large_blocks`` in C++: the block-size column
 they give must be the Python passes' (the reference sweep in row order and the vectorised one) on
 every sample and real snapshot, on random allocator runs cut at random rows (a window that opens
@@ -26,17 +26,18 @@ import numpy as np
 import pytest
 
 from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator
-from memlens.allocator.engine import native_module
 from memlens.analysis.lifetimes import _pair_rows
 from memlens.snapshot.blocks import _round_in_place, block_sizes, round_sizes
 from memlens.snapshot.curves import _curve_changes, _native_curve_changes, build_curves
+from memlens.snapshot.engine import native_kernels
 from memlens.snapshot.model import Action, Block, DeviceTrace, Segment
 from memlens.snapshot.reader import _rounding_settings, load, parse
 from memlens.snapshot.validate import PLAUSIBLE_BYTES
 from memlens.units import MiB
 from tests.conftest import REPO_ROOT, real_snapshot_paths
 
-pytestmark = pytest.mark.skipif(native_module() is None, reason="the native core is not built (or MEMLENS_PURE_PYTHON)")
+pytestmark = pytest.mark.skipif(native_kernels() is None,
+                                reason="the native kernels are not built (or MEMLENS_PURE_PYTHON)")
 
 SAMPLES = sorted((REPO_ROOT / "sample_snapshots").glob("*.pickle"))
 
@@ -123,12 +124,12 @@ def test_a_block_inside_another_ones_tail_is_cut_alike(inner: int) -> None:
 
 
 def test_the_native_sweep_declines_addresses_its_sums_cannot_hold() -> None:
-    from memlens import _native
+    from memlens.snapshot import _kernels
 
     n = 2
     out = np.array([20 * MiB, 3 * MiB], dtype=np.int64)
     before = out.copy()
-    handled = _native.sweep_large_blocks(
+    handled = _kernels.sweep_large_blocks(
         out, np.array([3, 0], dtype=np.int8), np.array([(1 << 63) - 40 * MiB] * n, dtype=np.int64),
         np.ones(n, dtype=np.uint8), 2, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), (1 << 63) - 1,
         np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
@@ -448,7 +449,7 @@ def test_native_pairing_matches_python_on_random_histories(seed: int) -> None:
     """Random alloc/free/segment rows over a dozen addresses (frees before any alloc, allocs that
     follow allocs at one address, both kinds of free as the end): the native counting sort pairs
     the rows as the reference's lexsort does, in its order."""
-    core = native_module()
+    core = native_kernels()
     if core is None:
         pytest.skip("the native core is not built")
     rng = np.random.default_rng(seed)

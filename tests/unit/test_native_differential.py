@@ -26,6 +26,7 @@ from memlens.allocator import whatif
 from memlens.allocator.engine import native_module
 from memlens.allocator.settings import AllocatorSettings
 from memlens.snapshot.blocks import block_sizes
+from memlens.snapshot.engine import native_kernels
 from memlens.snapshot.model import Action, Block, Segment
 from memlens.snapshot.reader import parse, read_raw
 from tests.conftest import REAL_SNAPSHOTS_MISSING, real_snapshot_paths
@@ -226,7 +227,7 @@ def test_the_fast_block_size_pass_measures_as_the_row_by_row_one(
     fast = block_sizes(action, address, size, known, AllocatorSettings(), native=False)
     row_by_row = block_sizes(action, address, size, known, AllocatorSettings(), sweep=True)
     assert fast.tolist() == row_by_row.tolist()
-    if native_module() is not None:
+    if native_kernels() is not None:
         assert block_sizes(action, address, size, known, AllocatorSettings()).tolist() == row_by_row.tolist()
 
 
@@ -256,7 +257,7 @@ def test_random_short_histories_get_one_block_size_from_every_pass() -> None:
         size = np.array([r[2] for r in rows], dtype=np.int64)
         row_by_row = block_sizes(action, address, size, segments, AllocatorSettings(), sweep=True).tolist()
         answers = [block_sizes(action, address, size, segments, AllocatorSettings(), native=False).tolist()]
-        if native_module() is not None:
+        if native_kernels() is not None:
             answers.append(block_sizes(action, address, size, segments, AllocatorSettings()).tolist())
         if any(answer != row_by_row for answer in answers):
             differ.append(rows)
@@ -271,11 +272,13 @@ def _whatif_both_ways(raw: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> t
         else:
             monkeypatch.delenv("MEMLENS_PURE_PYTHON", raising=False)
         native_module.cache_clear()
+        native_kernels.cache_clear()
         try:
             result = whatif(parse(raw))
             answers.append(json.dumps(result.to_json(), sort_keys=True))
         finally:
             native_module.cache_clear()
+            native_kernels.cache_clear()
     return answers[0], answers[1]
 
 
