@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tests.test_import_graph import GRAPH
+import pytest
+
+from tests.test_import_graph import GRAPH, face_of
 
 
 def package_of(module: str) -> str:
@@ -82,3 +84,282 @@ def test_the_sidecar_imports_nothing_of_the_snapshot() -> None:
     assert "memlens.sidecar" in GRAPH["memlens.snapshot.model"]  # the reader's side still imports it
     found = sidecar_imports_of_the_snapshot(GRAPH)
     assert not found, "the sidecar imports the snapshot:\n  " + "\n  ".join(found)
+
+
+# ---------------------------------------------------------------- the snapshot's native door
+# (issue 35, snapshot <-> allocator and the limits declared twice): the snapshot's kernels are an
+# extension of their own (memlens.snapshot._kernels, src/native/snapshot_kernels.cpp) behind the
+# snapshot's door (memlens.snapshot.engine); the rules and settings both packages read live in the
+# snapshot (block_rules, allocator_settings); the allocator, which replays snapshots, imports them.
+# Every number both C++ and Python hold to is declared once in Python, written into a header by
+# CMake (src/native/generate_constants.py) and given back by each extension as DECLARED.
+
+# The Python modules each number is declared in, and the extensions built from them.
+DECLARATIONS = {
+    "memlens.snapshot.limits": ("memlens._scan",),
+    "memlens.snapshot.block_rules": ("memlens._native", "memlens.snapshot._kernels"),
+    "memlens.allocator.constants": ("memlens._native",),
+    "memlens.snapshot.model.Action": ("memlens._native", "memlens.snapshot._kernels"),
+}
+
+
+def snapshot_imports_of_the_allocator(graph: dict[str, dict[str, set[str]]]) -> list[str]:
+    """Each import, anywhere in a module of ``memlens.snapshot``, of a module of ``memlens.allocator``."""
+    return sorted(f"{importer} -> {target}" for importer, targets in graph.items()
+                  if package_of(importer) == "memlens.snapshot"
+                  for target in targets if package_of(target) == "memlens.allocator")
+
+
+def test_the_snapshot_never_imports_the_allocator() -> None:
+    """Before: blocks, curves, ahead and reader imported memlens.allocator.engine, .settings and
+    .simulator (the snapshot's kernels sat in the allocator's extension, memlens._native), while
+    the allocator's fidelity, initial_state, releases and replay import the snapshot."""
+    assert snapshot_imports_of_the_allocator({"memlens.snapshot.blocks": {"memlens.allocator.engine": set()}}) == [
+        "memlens.snapshot.blocks -> memlens.allocator.engine"]
+    assert "memlens.snapshot.model" in GRAPH["memlens.allocator.replay"]  # the allocator still reads snapshots
+    found = snapshot_imports_of_the_allocator(GRAPH)
+    assert not found, "the snapshot imports the allocator:\n  " + "\n  ".join(found)
+
+
+def _python_value(qualified: str) -> int:
+    """``memlens.snapshot.limits.MAX_DEVICES`` (or ``...model.Action.ALLOC``, ``...Action.__len__``)."""
+    import importlib
+
+    owner, _, name = qualified.rpartition(".")
+    module_name, _, class_name = owner.rpartition(".")
+    try:
+        holder: object = importlib.import_module(owner)
+    except ImportError:
+        holder = getattr(importlib.import_module(module_name), class_name)
+    if name == "__len__":
+        return len(holder)  # type: ignore[arg-type]
+    value = getattr(holder, name)
+    return int(value)
+
+
+def _declared_in_python(declaration: str) -> dict[str, int]:
+    """The integer constants ``declaration`` (a module, or an enum class) declares, by qualified name."""
+    import importlib
+    import re
+
+    try:
+        holder: object = importlib.import_module(declaration)
+        items: list[tuple[str, object]] = list(vars(holder).items())
+    except ImportError:
+        module_name, _, class_name = declaration.rpartition(".")
+        enum_class = getattr(importlib.import_module(module_name), class_name)
+        items = [(member.name, int(member)) for member in enum_class]
+        items.append(("__len__", len(enum_class)))
+    return {f"{declaration}.{name}": value for name, value in items
+            if (re.fullmatch(r"[A-Z][A-Z0-9_]*", name) or name == "__len__")
+            and isinstance(value, int) and not isinstance(value, bool)}
+
+
+def test_each_extension_was_built_from_the_python_declarations() -> None:
+    """Every constant an extension was built with (its DECLARED) is the Python side's, and every
+    constant a declaration holds reached each extension built from it: a number changed on one
+    side only, or an extension not rebuilt since, fails here. Before: the numbers were written
+    twice (caching_allocator.hpp and allocator/simulator.py, pickle_scan.hpp and snapshot/scan.py
+    and validate.py, bindings.cpp's action codes and snapshot.model.Action), and no extension
+    had a DECLARED."""
+    import importlib
+
+    import pytest
+
+    from memlens.snapshot.engine import pure_python_requested
+
+    if pure_python_requested():
+        pytest.skip("MEMLENS_PURE_PYTHON: the extensions are not used")
+    built: dict[str, dict[str, int]] = {}
+    for extension in sorted({name for names in DECLARATIONS.values() for name in names}):
+        try:
+            built[extension] = dict(importlib.import_module(extension).DECLARED)
+        except ImportError:
+            pytest.skip(f"{extension} is not built")
+    differ = [f"{extension}: {name} = {value}, Python says {_python_value(name)}"
+              for extension, declared in built.items() for name, value in sorted(declared.items())
+              if _python_value(name) != value]
+    missing = [f"{extension} lacks {name}" for declaration, extensions in DECLARATIONS.items()
+               for name in _declared_in_python(declaration) for extension in extensions
+               if name not in built[extension]]
+    assert not differ and not missing, "\n  ".join(["the two sides differ:", *differ, *missing])
+
+
+def test_no_cpp_source_declares_a_generated_constant_again() -> None:
+    """The headers CMake writes are the C++ side's only declaration of those numbers: a
+    ``constexpr`` of the same name in src/native would be a second one (the test above sees only
+    the generated copy)."""
+    import re
+    import runpy
+
+    from tests.conftest import REPO_ROOT
+
+    cpp_name = runpy.run_path(str(REPO_ROOT / "src" / "native" / "generate_constants.py"))["_cpp_name"]
+    generated = {cpp_name(qualified.rpartition(".")[2]) for declaration in DECLARATIONS
+                 for qualified in _declared_in_python(declaration) if not qualified.endswith(".__len__")}
+    generated.add("kActionCount")
+    again = []
+    for source in sorted((REPO_ROOT / "src" / "native").glob("*.[ch]pp")):
+        for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
+            for name in re.findall(r"\bconstexpr\b[^=;(]*?\b(k[A-Z]\w*)\s*=", line):
+                if name in generated:
+                    again.append(f"{source.name}:{number}: {line.strip()}")
+    assert not again, "declared again in C++:\n  " + "\n  ".join(again)
+
+
+# ---------------------------------------------------------------- ops, the thin door for plan, predict and fleet
+# (issue 35, ops <-> plan): the machinery (each configuration's process, the signals, the run
+# written, the fleet's rows and verdicts) lives below the service layer, in memlens.plan,
+# memlens.predict and memlens.fleet; memlens.ops imports them and they never import it. Results
+# flow down to the renderers as typed values: memlens.reporters and memlens.figures never reach
+# up into memlens.ops either.
+
+
+def imports_into(graph: dict[str, dict[str, set[str]]], importers: tuple[str, ...], imported: str) -> list[str]:
+    """Each import, anywhere in a module of one of the ``importers`` packages, of a module of ``imported``."""
+    return sorted(f"{importer} -> {target}" for importer, targets in graph.items()
+                  if package_of(importer) in importers
+                  for target in targets if package_of(target) == imported)
+
+
+def test_the_rule_finds_an_engine_import_of_ops() -> None:
+    # Guards the rule: a function-local import of the service from the plan's child, as it was.
+    graph = {"memlens.plan.child": {"memlens.ops.predict": set(), "memlens.predict.written": set()}}
+    assert imports_into(graph, ("memlens.plan",), "memlens.ops") == ["memlens.plan.child -> memlens.ops.predict"]
+    assert "memlens.plan.planner" in GRAPH["memlens.ops.plan"]  # the door still calls the engine
+
+
+def test_plan_and_predict_never_import_ops() -> None:
+    """Before: memlens.plan (its callable package), plan.child and plan.preload imported
+    memlens.ops.plan and memlens.ops.predict, which imported the plan's child and processes."""
+    found = imports_into(GRAPH, ("memlens.plan", "memlens.predict"), "memlens.ops")
+    assert not found, "the plan or predict imports the service layer:\n  " + "\n  ".join(found)
+
+
+def test_the_fleet_never_imports_ops() -> None:
+    """The fleet's typed rows, statistics and verdicts (memlens.fleet) sit below the fleet service."""
+    found = imports_into(GRAPH, ("memlens.fleet",), "memlens.ops")
+    assert not found, "the fleet's rows or verdicts import the service layer:\n  " + "\n  ".join(found)
+
+
+# Renderers still typed by a result their service declares (type-only imports), left to the
+# lens and diff piece of issue 35 to move below ops: the list only shrinks (an entry no longer
+# found is taken off).
+RENDERERS_NOT_YET_BELOW_OPS = {
+    "memlens.reporters.diff -> memlens.ops.diff",  # DiffAnswer
+    "memlens.reporters.group -> memlens.ops.group",  # GroupResult, LinesResult, StagesResult
+}
+
+
+def test_renderers_never_import_ops() -> None:
+    """Before: reporters.fleet imported memlens.ops.fleet (FleetReport, RankRow, no_outlier_verdict)
+    and figures.ranks memlens.ops.fleet (RanksSideBySide)."""
+    found = set(imports_into(GRAPH, ("memlens.reporters", "memlens.figures"), "memlens.ops"))
+    assert not found - RENDERERS_NOT_YET_BELOW_OPS, "a renderer imports the service layer:\n  " + "\n  ".join(
+        sorted(found - RENDERERS_NOT_YET_BELOW_OPS))
+
+
+# ---------------------------------------------------------------- the faces reach the engine only through ops
+# (issue 35, the faces' piece): the terminal, the dashboard, the MCP server and the integrations
+# ask each question of the service layer (memlens.ops: one call per question) and render its answer
+# with the renderers. Beside those two, a face may import only what is listed below: modules whose
+# every name a face may take (None), or the few names, mostly result types, it may take from an
+# engine module. A call into the analysis, the lenses, the simulator, the reader or the exporter
+# goes through an ops function.
+
+FACE_MAY_IMPORT: dict[str, tuple[frozenset[str] | None, str]] = {
+    "memlens.ops": (None, "the service layer: one typed call per question a user asks"),
+    "memlens.reporters": (None, "the renderers: a typed answer as terminal text, JSON or HTML"),
+    "memlens.figures": (None, "the renderers: a typed answer as a plotly figure"),
+    "memlens.errors": (None, "the one error hierarchy, which a face catches and words"),
+    "memlens.units": (None, "sizes, counts and capacities parsed and printed alike on every face"),
+    "memlens.files": (None, "a file opened once and checked before anything reads it; stdout's failures"),
+    "memlens.printable": (None, "a snapshot's strings made safe for a terminal"),
+    "memlens._version": (None, "the version a face shows"),
+    "memlens.analysis.report": (None, "the report: plain dataclasses, and their own words, that a face renders"),
+    "memlens.analysis.datatypes": (None, "the report's leaf types (Finding, Timeline, Step)"),
+    "memlens.analysis.analysis": (frozenset({"Analysis"}),
+                                  "the analysed file a face keeps between questions and hands back to ops"),
+    "memlens.analysis.live": (frozenset({"LiveBreakdown"}), "the type of what ops.group.live answers"),
+    "memlens.analysis.lenses.groups": (frozenset({"GroupBreakdown"}), "the type of a grouping ops.group answers"),
+    "memlens.analysis.lenses.moments": (frozenset({"Moment", "MomentSpec", "Window"}),
+                                        "the typed moments ops.moments makes from text or rows"),
+    "memlens.analysis.lenses.rules": (frozenset({"Rule"}), "the type of a rule ops.group reads"),
+    "memlens.allocator.replay": (frozenset({"RunFigures", "SimulatedFigures"}),
+                                 "the types of the figures a what-if replay (ops.whatif) answers"),
+    "memlens.budget": (frozenset({"Reconciliation", "render_budget"}),
+                       "the type ops.budget reconciles into, and the budget's text, a renderer in "
+                       "memlens.budget's public API"),
+    "memlens.sidecar": (None, "the recorder's sidecar as a file (its name, size limit, type and one reader): "
+                              "the dashboard vets an upload before pairing it; its numbers reach the budget "
+                              "only through ops.budget"),
+    "memlens.snapshot.reader": (frozenset({"GZIP_MAX_RATIO", "GZIP_MIN_LIMIT"}),
+                                "the reader's inflation limits, which the dashboard applies to a zip's members"),
+    "memlens.snapshot.limits": (None, "the reader's limits, which the dashboard applies to a zip's members"),
+    "memlens.recorder": (None, "recording happens in the user's own process: `memlens record` and the "
+                               "integrations start the recorder; no question about a file is asked"),
+}
+
+# (importer, imported module) -> why: the one face module that may go below ops, and only there.
+HEAD_START = "the program's first lines: the file is hashed or scanned on another thread before click, ops and " \
+             "the command are imported, so it cannot wait for them"
+FACE_MAY_IMPORT_HERE: dict[tuple[str, str], str] = {
+    ("memlens.cli.head_start", "memlens.snapshot.ahead"): HEAD_START,
+    ("memlens.cli.head_start", "memlens.snapshot.formats"): HEAD_START,
+    ("memlens.cli.head_start", "memlens.cache_folder"): HEAD_START,
+}
+
+
+def _allowed_for_faces(target: str) -> frozenset[str] | None | bool:
+    """The names a face may take from ``target``: None for any, a set for those, False for none."""
+    for module, (names, _why) in FACE_MAY_IMPORT.items():
+        if target == module or (names is None and target.startswith(module + ".")):
+            return names
+    return False
+
+
+def faces_below_ops(graph: dict[str, dict[str, set[str]]]) -> list[str]:
+    """Each import by a face of memlens below the service layer that ``FACE_MAY_IMPORT`` (and
+    ``FACE_MAY_IMPORT_HERE``) does not allow; an import of another face is the face rule's."""
+    found = []
+    for importer, targets in sorted(graph.items()):
+        if face_of(importer) is None:
+            continue
+        for target, names in sorted(targets.items()):
+            if face_of(target) is not None or (importer, target) in FACE_MAY_IMPORT_HERE:
+                continue
+            allowed = _allowed_for_faces(target)
+            if allowed is None or (allowed is not False and names and names <= allowed):
+                continue
+            taken = f" ({', '.join(sorted(names))})" if names else ""
+            found.append(f"{importer} imports {target}{taken}")
+    return found
+
+
+@pytest.mark.parametrize(("importer", "target", "names", "wrong"), [
+    ("memlens_app.panels.live", "memlens.analysis.lenses.groups", {"group_live"}, True),
+    ("memlens_app.panels.live", "memlens.analysis.lenses.groups", {"GroupBreakdown"}, False),  # a type
+    ("memlens_app.panels.live", "memlens.analysis.lenses.groups", set(), True),  # the whole module
+    ("memlens_app.panels.live", "memlens.analysis", {"live_at"}, True),
+    ("memlens.cli.main", "memlens.allocator.engine", {"engine_name"}, True),
+    ("memlens.cli.export", "memlens.snapshot.reader", {"load"}, True),
+    ("memlens.mcp_server", "memlens.analysis.lenses.rules", {"rules_from_text"}, True),
+    ("memlens.cli.group", "memlens.ops.group", {"group"}, False),
+    ("memlens.cli.diff", "memlens.reporters.diff", {"render_diff"}, False),
+    ("memlens.cli.head_start", "memlens.snapshot.ahead", set(), False),  # named, for its importer only
+    ("memlens.cli.triage", "memlens.snapshot.ahead", set(), True),
+    ("memlens.ops.group", "memlens.analysis.lenses.groups", {"group_live"}, False),  # not a face
+])
+def test_the_rule_for_faces(importer: str, target: str, names: set[str], wrong: bool) -> None:
+    # Guards the rule itself: what it lets through and what it catches.
+    assert bool(faces_below_ops({importer: {target: names}})) == wrong
+
+
+def test_faces_reach_the_engine_only_through_ops() -> None:
+    """Before: the dashboard's live and timeline panels called live_at, group_live,
+    resolve_moment, allocated_at and timeline_of themselves; memlens group rendered in the command
+    and read rules with the lenses, memlens diff borrowed its renderer, whatif printed through
+    allocator.report, --version asked allocator.engine, export loaded through the reader; the MCP
+    server read rules with the lenses."""
+    found = faces_below_ops(GRAPH)
+    assert not found, "a face reaches below memlens.ops:\n  " + "\n  ".join(found)
