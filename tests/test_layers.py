@@ -310,7 +310,7 @@ FACE_MAY_IMPORT_HERE: dict[tuple[str, str], str] = {
 }
 
 
-def _allowed_for_faces(target: str) -> frozenset[str] | None | bool:
+def _allowed_for_faces(target: str) -> frozenset[str] | bool | None:
     """The names a face may take from ``target``: None for any, a set for those, False for none."""
     for module, (names, _why) in FACE_MAY_IMPORT.items():
         if target == module or (names is None and target.startswith(module + ".")):
@@ -334,6 +334,17 @@ def faces_below_ops(graph: dict[str, dict[str, set[str]]]) -> list[str]:
             taken = f" ({', '.join(sorted(names))})" if names else ""
             found.append(f"{importer} imports {target}{taken}")
     return found
+
+
+# Imports of the plan and predict commands (memlens.cli.plan, memlens.cli.predict), which the plan,
+# predict and fleet piece of issue 35 is moving behind memlens.ops: the list only shrinks (an entry
+# no longer found is taken off).
+FACES_NOT_YET_THROUGH_OPS = {
+    "memlens.cli.plan imports memlens.plan.options (PlanOptions, command_line_fields)",
+    "memlens.cli.predict imports memlens.predict.gpus (FitBasis, GPU_NAMES_HELP, fit_basis)",
+    "memlens.cli.predict imports memlens.predict.signals (SIGNAL_WORDS)",
+    "memlens.cli.predict imports memlens.predict.written (oom_line)",
+}
 
 
 @pytest.mark.parametrize(("importer", "target", "names", "wrong"), [
@@ -361,5 +372,6 @@ def test_faces_reach_the_engine_only_through_ops() -> None:
     and read rules with the lenses, memlens diff borrowed its renderer, whatif printed through
     allocator.report, --version asked allocator.engine, export loaded through the reader; the MCP
     server read rules with the lenses."""
-    found = faces_below_ops(GRAPH)
-    assert not found, "a face reaches below memlens.ops:\n  " + "\n  ".join(found)
+    found = set(faces_below_ops(GRAPH))
+    assert not found - FACES_NOT_YET_THROUGH_OPS, "a face reaches below memlens.ops:\n  " + "\n  ".join(
+        sorted(found - FACES_NOT_YET_THROUGH_OPS))
