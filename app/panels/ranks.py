@@ -4,7 +4,7 @@ A rank's row is ``memlens.ops.fleet.rank_row`` (a typed ``RankRow``, as ``memlen
 it in each rank's child), built from the report the dashboard already has (so no file is analysed
 twice and every analysis still runs in the library's limited worker). The outliers and their
 verdicts are ``memlens.ops.fleet.fleet_of_rows``; the chart is ``memlens.figures.ranks.
-ranks_figure`` of ``memlens.ops.fleet.side_by_side``. The dashboard shows them; it decides nothing.
+ranks_figure`` of ``memlens.figures.ranks.side_by_side``. The dashboard shows them; it decides nothing.
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ import msgspec
 import plotly.graph_objects as go
 from dash import html
 
-from memlens.figures.ranks import ranks_figure
+from memlens.figures.ranks import ranks_figure, side_by_side
 from memlens.ops.fleet import (
     FleetReport,
     RankRow,
     fleet_of_rows,
     no_outlier_verdict,
     rank_from_name,
-    side_by_side,
 )
 from memlens.units import format_bytes
 from memlens_app.library import Source

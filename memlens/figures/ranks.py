@@ -1,24 +1,58 @@
 """The ranks of one job side by side: per-rank categories at the peak stacked, the outliers marked.
 
-Draws ``memlens.ops.fleet.side_by_side(fleet)`` as it is (columns, one entry per analysed rank);
-every number comes from the fleet's rows, the outlier verdicts from its outlier analysis.
+``side_by_side(fleet)`` shapes a ``memlens.fleet.rows.FleetReport`` into chart columns (one entry
+per analysed rank) and ``ranks_figure`` draws them as they are; every number comes from the
+fleet's rows, the outlier verdicts from its outlier analysis.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+import msgspec
 import plotly.graph_objects as go
 
 from memlens.analysis.datatypes import CATEGORIES
 from memlens.figures._style import CATEGORY_COLORS, RESERVED_COLOR, ByteScale, layout, message_figure
+from memlens.fleet.rows import FleetReport, RankRow
 from memlens.units import format_bytes
 
-if TYPE_CHECKING:
-    from memlens.ops.fleet import RanksSideBySide
-
 OUTLIER_COLOR = "#C62828"
+
+
+class RanksSideBySide(msgspec.Struct, frozen=True):
+    """The ranks side by side as columns, for a chart (the dashboard's per-rank bars): one entry
+    per analysed file in table order, the categories at the peak stacked, outliers marked."""
+
+    labels: list[str]
+    paths: list[str]
+    peak_allocated_bytes: list[int]
+    peak_reserved_bytes: list[int]
+    categories_at_peak: dict[str, list[int]]
+    step_time_ms: list[float | None]
+    outlier: list[bool]
+    verdicts: list[str]
+    failed: list[RankRow]
+
+
+def side_by_side(fleet: FleetReport) -> RanksSideBySide:
+    """``fleet``'s analysed ranks as chart columns (``ranks_figure``)."""
+    good_indices = [index for index, row in enumerate(fleet.rows) if row.ok]
+    good = [fleet.rows[index] for index in good_indices]
+    outlying = {o.index for o in fleet.outliers}
+    return RanksSideBySide(
+        labels=[row.label for row in good],
+        paths=[row.path for row in good],
+        peak_allocated_bytes=[row.peak_allocated_bytes for row in good],
+        peak_reserved_bytes=[row.peak_reserved_bytes for row in good],
+        categories_at_peak={name: [row.categories_at_peak.get(name, 0) for row in good] for name in CATEGORIES},
+        step_time_ms=[row.step_time_ms for row in good],
+        outlier=[index in outlying for index in good_indices],
+        verdicts=[o.verdict for o in fleet.outliers],
+        failed=[row for row in fleet.rows if not row.ok],
+    )
+
+
 
 
 def ranks_figure(side: RanksSideBySide, title: str = "Ranks side by side: live at each rank's peak",

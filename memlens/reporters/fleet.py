@@ -1,6 +1,6 @@
 """A fleet of ranks in the terminal: the per-rank table, then the outlier verdict.
 
-Reads a ``memlens.ops.fleet.FleetReport`` and nothing else; every number and sentence comes from it.
+Reads a ``memlens.fleet.rows.FleetReport`` and nothing else; every number and sentence comes from it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from memlens.reporters.terminal import elide_apart
 from memlens.units import format_bytes
 
 if TYPE_CHECKING:
-    from memlens.ops.fleet import FleetReport, RankRow
+    from memlens.fleet.rows import FleetReport, RankRow
 
 # Peak allocated, how far from the median rank's, peak reserved; then the rank's findings.
 COLUMNS = ("rank", "file", "allocated", "±median", "reserved", "steps", "step time", "findings")
@@ -94,7 +94,7 @@ def render_fleet(console: Console, fleet: FleetReport) -> None:
             console.print(Text(f"  {printable(outlier.verdict, 2000)}"))
             console.print(Text(f"    details: memlens triage {printable(outlier.path)}", style="dim"))
     else:
-        from memlens.ops.fleet import no_outlier_verdict  # the one verdict the dashboard shows too
+        from memlens.fleet.outliers import no_outlier_verdict  # the one verdict the dashboard shows too
 
         console.print(Text(f"Outliers  {no_outlier_verdict(fleet)}"))
         if fleet.pair:

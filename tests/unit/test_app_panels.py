@@ -15,7 +15,8 @@ from memlens.analysis.lenses.groups import group_live
 from memlens.analysis.lenses.inputs import allocated_at, lens_inputs_of
 from memlens.analysis.lenses.moments import Row, resolve_moment
 from memlens.analysis.lenses.moments import Window as RowsWindow
-from memlens.ops.fleet import failed_row, find_outliers, rank_row
+from memlens.fleet.outliers import find_outliers
+from memlens.ops.fleet import failed_row, rank_row
 from memlens.ops.moments import parse_window
 from memlens.units import format_bytes
 from memlens_app.panels.budget import BudgetForm, budget_panel

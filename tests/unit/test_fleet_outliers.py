@@ -11,16 +11,10 @@ from click.testing import CliRunner
 
 from memlens.analysis.datatypes import CATEGORIES
 from memlens.cli.main import cli
-from memlens.ops.fleet import (
-    FindingSummary,
-    FleetReport,
-    RankRow,
-    find_outliers,
-    rank_from_name,
-    robust_z,
-    side_by_side,
-    triage_fleet,
-)
+from memlens.figures.ranks import side_by_side
+from memlens.fleet.outliers import find_outliers, robust_z
+from memlens.fleet.rows import FindingSummary, FleetReport, RankRow, rank_from_name
+from memlens.ops.fleet import triage_fleet
 from memlens.ops.runner import Limits
 from tests.conftest import SAMPLE_SNAPSHOTS_DIR
 
@@ -76,7 +70,7 @@ def test_natural_spread_small_differences_and_two_ranks_name_nobody() -> None:
 
 
 def test_two_ranks_are_compared_with_each_other() -> None:
-    from memlens.ops.fleet import pair_difference
+    from memlens.fleet.outliers import pair_difference
 
     assert pair_difference([row(0), row(1, activations=130 * MiB)]) == (
         "rank 1: peak allocated 180.00 MiB, +30.00 MiB against rank 0 (150.00 MiB); at the peak activations +30.00 MiB")
