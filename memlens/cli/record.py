@@ -37,13 +37,16 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Iterable, Iterator
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NoReturn, TypeVar
 
 import click
 
 from memlens.cli.common import CAPACITY
 from memlens.errors import MemlensUsageError
+from memlens.recorder.options import CommandLineKind, RecordOptions
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def parse_steps(text: str | None) -> Iterable[int] | None:
@@ -101,87 +104,40 @@ def run_program(kind: str, target: str, argv: list[str]) -> dict[str, Any]:
         sys.path[:] = saved_path
 
 
+# How each kind of option reads its text (a choice: one of its choices; steps: text, read by
+# parse_steps once the command is known to be runnable).
+_CLICK_TYPES: dict[CommandLineKind, Any] = {
+    "text": None, "steps": None, "count": click.IntRange(min=1), "bytes": CAPACITY}
+
+
+def with_record_options(command: F) -> F:
+    """``command`` with a click option for each of ``RecordOptions``' fields that has a flag: its
+    name, default and help as the field declares them, its type from how the flag reads text."""
+    for name, default, option in reversed(RecordOptions.on_the_command_line()):
+        assert option.flag is not None
+        if option.kind == "switch":
+            flag = f"{option.flag}/--no-{option.flag.removeprefix('--')}"
+            command = click.option(flag, name, default=default, show_default=True, help=option.help)(command)
+            continue
+        kind = click.Choice(list(option.choices)) if option.kind == "choice" else _CLICK_TYPES[option.kind]
+        command = click.option(option.flag, name, type=kind, default=default, show_default=default is not None,
+                               help=option.help)(command)
+    return command
+
+
 @click.command(
     "record",
     help=__doc__,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
-@click.option("--out", "out", default="memlens_runs", show_default=True, help="Directory for the snapshot.")
-@click.option("--name", default=None, help="File stem instead of 'snapshot'.")
-@click.option(
-    "--capacity", type=CAPACITY, default=None,
-    help="Device memory, e.g. 16GiB: simulated on the CPU, a cap for the session on CUDA.",
-)
-@click.option(
-    "--device",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="cuda: the real allocator's history; cpu: tracked and simulated.",
-)
-@click.option("--steps", default=None, help="Steps to keep: START:STOP or 1,3,5 (default all).")
-@click.option(
-    "--dump-every", type=click.IntRange(min=1), default=None, help="Also write the snapshot every N steps."
-)
-@click.option(
-    "--max-entries",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Trace entries kept, the newest (a ring buffer; default 200000).",
-)
-@click.option(
-    "--stacks",
-    type=click.Choice(["python", "all", "none"]),
-    default="python",
-    show_default=True,
-    help="Python frames; all: also C++ frames (CUDA only; the CPU recorder sees Python); none: no stacks.",
-)
-@click.option(
-    "--context",
-    type=click.Choice(["all", "alloc", "state"]),
-    default="all",
-    show_default=True,
-    help="Which events carry a stack, as _record_memory_history(context=...): all (allocations and frees), "
-    "alloc (allocations), state (live blocks only).",
-)
-@click.option(
-    "--module-scopes/--no-module-scopes",
-    default=True,
-    show_default=True,
-    help="Annotate each module's forward and backward (memlens.forward#NAME, memlens.backward#NAME).",
-)
+@with_record_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def record(
-    out: str,
-    name: str | None,
-    capacity: int | None,
-    device: str,
-    steps: str | None,
-    dump_every: int | None,
-    max_entries: int | None,
-    stacks: str,
-    context: str,
-    module_scopes: bool,
-    command: tuple[str, ...],
-) -> int:
-    from memlens.recorder import DEFAULT_MAX_ENTRIES
+def record(command: tuple[str, ...], **options: Any) -> int:
     from memlens.recorder import record as start_recording
 
     kind, target, argv = split_command(command)
     try:
-        recorder = start_recording(
-            out,
-            name=name,
-            steps=parse_steps(steps),
-            device=device,
-            capacity=capacity,
-            dump_every=dump_every,
-            max_entries=max_entries or DEFAULT_MAX_ENTRIES,
-            stacks=stacks,
-            context=context,
-            module_scopes=module_scopes,
-            record_optimizer_steps=True,
-        )
+        recorder = start_recording(**{**options, "steps": parse_steps(options["steps"])}, record_optimizer_steps=True)
         # Entering reserves the snapshot's name, which checks --out, before the script runs.
         with recorder:
             exit_code, script_state = run_recorded(recorder, kind, target, argv)

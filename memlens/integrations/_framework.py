@@ -155,11 +155,11 @@ class FrameworkRun:
         does not already give the recorder the same rank (a launcher of its own, a process
         group started later), the files are named ``rank{N}`` from them."""
         if self._owned:
-            from memlens.recorder.session import Recorder
+            from memlens.recorder.session import record
 
             options = dict(self.options)
             options["name"] = rank_file_name(options.get("name"), rank, world_size)
-            recorder = Recorder(self.out, **options)
+            recorder = record(self.out, **options)
             try:
                 recorder.start()
             except BaseException:

@@ -66,6 +66,7 @@ from memlens.recorder.holders import leak_holders
 from memlens.recorder.model_inspection import ModelInspector, optimizer_state_dtype, optimizer_stats, parameter_stats
 from memlens.recorder.module_scopes import ModuleScopes
 from memlens.recorder.naming import SnapshotNames
+from memlens.recorder.options import DEFAULT_MAX_ENTRIES, RecordOptions
 from memlens.recorder.roles import (
     RoleRecorder,
     find_model,
@@ -86,14 +87,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 # new -> waiting (before the chosen steps) -> recording -> done (after them) -> closed
 RecorderState = Literal["new", "waiting", "recording", "done", "closed"]
 RECORDER_STATES: tuple[RecorderState, ...] = get_args(RecorderState)
-# Which trace entries carry a stack, as PyTorch's _record_memory_history(context=...): "all"
-# (allocations and frees), "alloc" (allocations), "state" (live blocks only, not the trace).
-Context = Literal["all", "alloc", "state"]
-CONTEXTS: tuple[Context, ...] = get_args(Context)
-
-# PyTorch's docs suggest 100k entries as a start; a few steps of a mid-size model fit in 200k
-# (each entry is a few hundred bytes plus its stack), and the ring buffer keeps the newest.
-DEFAULT_MAX_ENTRIES = 200_000
 # The sidecar lists a steps= filter in full only up to this many steps.
 _MAX_LISTED_STEPS = 10_000
 
@@ -129,40 +122,13 @@ class Backend(Protocol):
 class Recorder:
     """One recording session; build it with ``memlens.record(...)``."""
 
-    def __init__(
-        self,
-        out: str | Path = "memlens_runs",
-        *,
-        steps: Iterable[int] | None = None,
-        name: str | None = None,
-        model: Any = None,
-        optimizer: Any = None,
-        device: str = "auto",
-        capacity: int | str | None = None,
-        allocator_settings: Any = None,
-        max_entries: int = DEFAULT_MAX_ENTRIES,
-        stacks: str = "python",
-        context: str = "all",
-        max_stack_depth: int = DEFAULT_MAX_DEPTH,
-        dump_every: int | None = None,
-        record_optimizer_steps: bool = False,
-        module_scopes: bool | int = True,
-        clock: Callable[[], int] | None = None,
-        filename_map: Callable[[str], str] | None = None,
-        backend: Backend | None = None,
-    ) -> None:
-        if dump_every is not None and dump_every < 1:
-            raise MemlensUsageError(f"dump_every must be a positive number of steps, got {dump_every}")
-        if stacks not in ("python", "all", "none"):
-            raise MemlensUsageError(f"stacks must be 'python', 'all' or 'none', got {stacks!r}")
-        if context not in CONTEXTS:
-            raise MemlensUsageError(f"context must be one of {', '.join(CONTEXTS)}, got {context!r}")
-        if isinstance(module_scopes, int) and not isinstance(module_scopes, bool) and module_scopes < 0:
-            raise MemlensUsageError(f"module_scopes must be True, False or a depth >= 0, got {module_scopes}")
-        self.out = Path(out)
-        self.name = name
-        self._names = SnapshotNames(self.out, name)
-        self._steps, self._first_step, self._last_step = _step_filter(steps)
+    def __init__(self, options: RecordOptions, *, model: Any = None, optimizer: Any = None,
+                 backend: Backend | None = None) -> None:
+        self.options = options
+        self.out = Path(options.out)
+        self.name = options.name
+        self._names = SnapshotNames(self.out, options.name)
+        self._steps, self._first_step, self._last_step = _step_filter(options.steps)
         self._model_stats: ModelInfo | None = None
         # The model the sidecar describes: its shapes, from its forward calls (ModelInspector).
         self._inspector: ModelInspector | None = None
@@ -173,25 +139,15 @@ class Recorder:
         # Weak references: recording must not keep the user's model or optimizer alive.
         self._models: list[weakref.ref[Any]] = []
         self._optimizers: list[weakref.ref[Any]] = []
-        self.capacity = capacity_bytes(capacity) if capacity is not None else None
-        self.max_entries = max_entries
-        self.stacks = stacks
-        self.context = context
-        self.module_scopes = module_scopes
-        self.max_stack_depth = max_stack_depth
-        self.dump_every = dump_every
-        self.record_optimizer_steps = record_optimizer_steps
-        self.backend: Backend = backend or _make_backend(
-            device,
-            capacity=self.capacity,
-            allocator_settings=allocator_settings,
-            max_entries=max_entries,
-            stacks=stacks,
-            context=context,
-            max_stack_depth=max_stack_depth,
-            clock=clock,
-            filename_map=filename_map,
-        )
+        self.capacity = capacity_bytes(options.capacity) if options.capacity is not None else None
+        self.max_entries = options.max_entries
+        self.stacks = options.stacks
+        self.context = options.context
+        self.module_scopes = options.module_scopes
+        self.max_stack_depth = options.max_stack_depth
+        self.dump_every = options.dump_every
+        self.record_optimizer_steps = options.record_optimizer_steps
+        self.backend: Backend = backend or _make_backend(options, self.capacity)
         self.backend.set_oom_handler(self._on_oom)
         self._state: RecorderState = "new"
         self._roles = RoleRecorder(self.backend.storage_address)
@@ -199,11 +155,11 @@ class Recorder:
             self.backend.now,
             device=int(self.backend.device_info().get("index") or 0),
             active=self._recording,
-            max_depth=None if module_scopes is True else int(module_scopes),
+            max_depth=None if options.module_scopes is True else int(options.module_scopes),
         )
         self._model_hooks: list[Any] = []
         # memlens record: the model and optimizer are found through the hooked optimizer.step()
-        self._find_model_from_optimizer = record_optimizer_steps
+        self._find_model_from_optimizer = options.record_optimizer_steps
         self._outside_pytorch: list[dict[str, Any]] = []
         self.watch(model=model, optimizer=optimizer)
 
@@ -752,22 +708,10 @@ def _step_filter(steps: Iterable[int] | None) -> tuple[Container[int] | None, in
     return chosen, min(chosen), max(chosen)
 
 
-def _make_backend(
-    device: str,
-    *,
-    capacity: int | None,
-    allocator_settings: Any,
-    max_entries: int,
-    stacks: str,
-    context: str,
-    max_stack_depth: int,
-    clock: Callable[[], int] | None,
-    filename_map: Callable[[str], str] | None,
-) -> Backend:
+def _make_backend(options: RecordOptions, capacity: int | None) -> Backend:
     import torch
 
-    if device not in ("auto", "cpu", "cuda"):
-        raise MemlensUsageError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    device = options.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
@@ -775,22 +719,21 @@ def _make_backend(
             raise MemlensUsageError("device='cuda' but torch sees no CUDA device (use 'cpu' or 'auto')")
         from memlens.recorder.cuda_adapter import CudaBackend, CudaMemoryBackend
 
-        return CudaBackend(
-            CudaMemoryBackend(), max_entries=max_entries, stacks=stacks, context=context, clock=clock, capacity=capacity
-        )
+        return CudaBackend(CudaMemoryBackend(), max_entries=options.max_entries, stacks=options.stacks,
+                           context=options.context, clock=options.clock, capacity=capacity)
 
     from memlens.allocator import AllocatorSettings
     from memlens.recorder.cpu_tracker import CpuSimulatedBackend
 
-    settings = _allocator_settings(allocator_settings)
-    stack_capture = None if stacks == "none" else StackCapture(max_stack_depth, filename_map)
+    settings = _allocator_settings(options.allocator_settings)
+    stack_capture = None if options.stacks == "none" else StackCapture(options.max_stack_depth, options.filename_map)
     return CpuSimulatedBackend(
         capacity=capacity,
         settings=settings if settings is not None else AllocatorSettings(),
-        clock=clock,
+        clock=options.clock,
         stacks=stack_capture,
-        max_entries=max_entries,
-        context=context,
+        max_entries=options.max_entries,
+        context=options.context,
     )
 
 
@@ -833,41 +776,16 @@ def record(
 ) -> Recorder:
     """Record a training loop's memory; see this module's docstring for the whole story.
 
-    Options: ``steps`` (iterable of step indices to keep; default all), ``name`` (file stem),
-    ``model`` / ``optimizer`` (parameter counts and optimizer class in the sidecar; their tensors
-    are the first live blocks), ``device`` ("auto" | "cpu" | "cuda"), ``capacity`` (bytes or
-    "16GiB": the simulated device's memory on the CPU; on CUDA a per-process memory fraction,
-    put back when the session ends),
-    ``allocator_settings`` (simulated; default from ``PYTORCH_CUDA_ALLOC_CONF``),
-    ``max_entries``, ``stacks`` ("python" | "all" | "none"), ``context`` ("all": stacks on
-    allocations and frees, "alloc": on allocations, "state": on live blocks only, as PyTorch's
-    ``_record_memory_history(context=...)``), ``max_stack_depth``,
-    ``dump_every`` (steps), ``record_optimizer_steps`` (mark a step after every
-    ``optimizer.step()``, and watch that optimizer and the model owning its parameters),
-    ``module_scopes`` (True: every module of a watched model gets forward/backward annotations;
-    an int N: modules up to N levels below the model; False: none), ``clock`` (``() -> int``
-    microseconds, for reproducible files) and ``filename_map`` (rewrite stack file names).
+    ``model`` / ``optimizer``: parameter counts and the optimizer's class in the sidecar (their
+    tensors are the first live blocks); ``backend``: a test's stand-in for the CUDA or CPU layer.
+    The other keywords are ``RecordOptions``' fields, built and checked here (each listed below,
+    from the field that declares it, as ``memlens record --help`` lists its options).
     """
-    return Recorder(
-        out,
-        steps=steps,
-        name=name,
-        model=model,
-        optimizer=optimizer,
-        device=device,
-        capacity=capacity,
-        allocator_settings=allocator_settings,
-        max_entries=max_entries,
-        stacks=stacks,
-        context=context,
-        max_stack_depth=max_stack_depth,
-        dump_every=dump_every,
-        record_optimizer_steps=record_optimizer_steps,
-        module_scopes=module_scopes,
-        clock=clock,
-        filename_map=filename_map,
-        backend=backend,
-    )
+    return Recorder(RecordOptions.of(locals()), model=model, optimizer=optimizer, backend=backend)
 
 
-__all__ = ["CONTEXTS", "DEFAULT_MAX_ENTRIES", "RECORDER_STATES", "Recorder", "RecorderState", "Terminated", "record"]
+if record.__doc__:  # None under python -OO
+    record.__doc__ += "\n    Options:\n\n" + "\n".join(f"    {line}" for line in RecordOptions.described().splitlines())
+
+
+__all__ = ["RECORDER_STATES", "Recorder", "RecorderState", "Terminated", "record"]
