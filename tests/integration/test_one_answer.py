@@ -1,8 +1,13 @@
 """One answer wherever you look: for a run recorded with ``memlens.record`` (with its sidecar) and
-for a foreign snapshot PyTorch wrote, ``memlens triage --json``, the terminal screen and the MCP
-``triage`` tool (driven by the MCP SDK's own client) give the same peaks, findings, categories
-and budget ratios (the recorder's sidecar's budget, or the one a user states for a foreign file):
-all three render the one ``memlens.ops.triage`` answer."""
+for a foreign snapshot PyTorch wrote, ``memlens triage --json``, the terminal screen, the MCP
+``triage`` tool (driven by the MCP SDK's own client) and the dashboard give the same peaks,
+findings, categories and budget ratios (the recorder's sidecar's budget, or the one a user states
+for a foreign file): all four render the one ``memlens.ops`` answer.
+
+The dashboard is read without a browser: the file analysed by its worker (the child process every
+upload is analysed in), then the panel functions its callbacks hand that analysis to (the cards,
+the live breakdown at the peak, the finding cards, the budget table), their Dash components walked
+for the text the page shows."""
 
 from __future__ import annotations
 
@@ -89,13 +94,20 @@ BUDGET_FLAGS = ["--params", "1.5e9", "--optimizer", "adamw", "--precision", "bf1
 BUDGET_ARGUMENTS = {"params": "1.5e9", "optimizer": "adamw", "precision": "bf16-mixed"}
 
 
+Case = tuple[Path, list[str], dict[str, Any]]  # the file, the budget flags, the MCP tool's budget arguments
+
+
 @pytest.fixture(scope="module")
-def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], str, dict[str, Any]]]:
-    """case -> (triage --json, the terminal screen, the MCP triage tool's answer)."""
+def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
     recorded, foreign = recorded_run(tmp_path_factory.mktemp("run")), foreign_snapshot()
     assert recorded.with_name("snapshot.memlens.json").is_file()  # the recorder's sidecar
-    cases = {"recorded": (recorded, [], {}), "foreign": (foreign, [], {}),
-             "foreign with a budget": (foreign, BUDGET_FLAGS, BUDGET_ARGUMENTS)}
+    return {"recorded": (recorded, [], {}), "foreign": (foreign, [], {}),
+            "foreign with a budget": (foreign, BUDGET_FLAGS, BUDGET_ARGUMENTS)}
+
+
+@pytest.fixture(scope="module")
+def answers(cases: dict[str, Case]) -> dict[str, tuple[dict[str, Any], str, dict[str, Any]]]:
+    """case -> (triage --json, the terminal screen, the MCP triage tool's answer)."""
     tools = mcp_triage([{"snapshot": str(path), **arguments} for path, _, arguments in cases.values()])
     return {name: (json.loads(cli_output("triage", str(path), "--json", "--no-cache", *flags)),
                    cli_output("triage", str(path), "--width", WIDTH, "--no-color", "--no-cache", "--top", "1000",
@@ -160,3 +172,77 @@ def test_json_screen_and_mcp_give_one_answer(answers: dict[str, Any], name: str)
         assert [f["kind"] for f in report["findings"]][:1] == ["leak"]
     if name == "foreign with a budget":  # no sidecar: the budget the user stated, on every face
         assert report["devices"][str(said["device"])]["budget"] is not None
+
+
+# --------------------------------------------------------------------------- the dashboard
+
+
+def components(root: Any) -> Any:
+    """``root`` (a component, a string or a list of them) and every one below it, depth first."""
+    if isinstance(root, list | tuple):
+        for item in root:
+            yield from components(item)
+        return
+    yield root
+    children = getattr(root, "children", None)
+    if children is not None:
+        yield from components(children)
+
+
+def text_of(component: Any) -> str:
+    return "".join(part for part in components(component) if isinstance(part, str))
+
+
+def with_class(root: Any, name: str) -> list[Any]:
+    return [c for c in components(root) if name in (getattr(c, "className", None) or "").split()]
+
+
+def dashboard_screen(path: Path, device: int, budget: dict[str, Any]) -> dict[str, Any]:
+    """What the dashboard shows of ``device`` of ``path``, as ``screen`` reads the terminal's:
+    ``budget`` holds the form's fields the user typed (none: as the page filled it)."""
+    from memlens.figures import finding_title
+    from memlens_app.panels.budget import SIDECAR_FIELDS, BudgetForm, budget_panel, budget_prefill
+    from memlens_app.panels.live import live_panel
+    from memlens_app.panels.overview import overview
+    from memlens_app.panels.timeline import findings_panel
+    from memlens_app.worker import AnalysisLimits, WorkerGroup, analyse_in_worker
+
+    analysis = analyse_in_worker(str(path), uploaded=False, limits=AnalysisLimits(timeout_s=300),
+                                 workers=WorkerGroup())
+    report = analysis.report
+    cards = overview(report, device).cards
+    live = live_panel(analysis, device)  # the "At the peak" tab, grouped by category
+    assert live.live.is_peak and live.heading.endswith(format_bytes(live.live.total_bytes))
+    titles = {finding_title(kind): kind for kind in KIND_LABEL}
+    findings = [(titles[text_of(with_class(card, "finding-kind")[0])], text_of(with_class(card, "badge")[0]),
+                 text_of(with_class(card, "finding-bytes")[0]))
+                for card in with_class(findings_panel(report.device(device)), "finding")]
+    prefill = budget_prefill(report.sidecar, report.device(device).categories_at_peak.get("parameters", 0))
+    form = BudgetForm(**{**{field: prefill.value(field) for field in SIDECAR_FIELDS}, **budget},
+                      prefill=prefill.store())
+    rows = with_class(budget_panel(report, device, form).summary, "budget-row")
+    cells = [[text_of(with_class(row, f"budget-{column}")[0]) for column in ("category", "theory", "measured", "ratio")]
+             for row in rows]
+    return {"device": device, "peaks": {"allocated": text_of(cards[0][0]), "reserved": text_of(cards[1][0])},
+            "findings": findings, "live": live.live.total_bytes, "categories": live.live.categories,
+            "budget": {category: (theory, measured, ratio) for category, theory, measured, ratio in cells} or None}
+
+
+# The budget the user types into the dashboard's form for a file with no sidecar.
+BUDGET_FORM = {"params": "1.5e9", "optimizer": "adamw", "precision": "bf16-mixed"}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", ["recorded", "foreign", "foreign with a budget"])
+def test_the_dashboard_gives_the_same_answer(cases: dict[str, Case], answers: dict[str, Any], name: str) -> None:
+    report, text, _ = answers[name]
+    path, flags, _ = cases[name]
+    device = screen(text)["device"]  # the device the terminal details: the busiest
+    said = dashboard_screen(path, device, BUDGET_FORM if flags else {})
+    expected = expected_screen(report, device)
+    shown = report["devices"][str(device)]
+    assert said["peaks"] == expected["peaks"]
+    assert said["findings"] == expected["findings"]  # kind, severity and bytes, most severe first
+    assert said["live"] == shown["peak_allocated_bytes"]  # the live breakdown at the peak adds up to the peak
+    assert said["categories"] == shown["categories_at_peak"]  # to the byte, every category
+    assert said["budget"] == expected["budget"]
