@@ -1,10 +1,11 @@
 """``memlens diff`` on the terminal: the peaks and each category before and after, the stacks
 that changed most, the findings of each, and (``--file``) one source file's lines. It takes the
-``memlens.ops.diff`` answer and only shapes and prints it."""
+``memlens.ops.diff`` answer (typed here by what is read of it, ``DiffAnswer``, so a renderer never
+imports the service layer) and only shapes and prints it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from rich.table import Table
 from rich.text import Text
@@ -17,9 +18,20 @@ from memlens.units import format_bytes
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from memlens.ops.diff import DiffAnswer
+    from memlens.analysis.lenses.lines import FileDiff
+    from memlens.compare import SnapshotDiff
 
-__all__ = ["render_diff"]
+__all__ = ["DiffAnswer", "render_diff"]
+
+
+class DiffAnswer(Protocol):
+    """``memlens.ops.diff.DiffAnswer``, as ``render_diff`` reads it."""
+
+    @property
+    def snapshots(self) -> SnapshotDiff: ...
+
+    @property
+    def file(self) -> FileDiff | None: ...
 
 
 def _delta(before: int, after: int) -> Text:

@@ -1,10 +1,12 @@
 """The lens answers on the terminal: ``memlens group``, ``stages`` and ``lines``, and the lines of
 one source file that ``memlens diff --file`` compares. Each takes its ``memlens.ops.group`` result
-(or the diff's ``FileDiff``) and only shapes and prints it."""
+(or the diff's ``FileDiff``) and only shapes and prints it. The results are typed here by what is
+read of them (``GroupAnswer``, ``LinesAnswer``, ``StagesAnswer``), so a renderer never imports the
+service layer that builds them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from memlens.analysis.lenses.labels import PLACEHOLDER_GROUPS
 from memlens.printable import printable
@@ -14,11 +16,13 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from memlens.analysis.lenses.lines import FileDiff
+    from memlens.analysis.lenses.groups import GroupBreakdown
+    from memlens.analysis.lenses.lines import FileBreakdown, FileDiff
     from memlens.analysis.lenses.moments import Moment
-    from memlens.ops.group import GroupResult, LinesResult, StagesResult
+    from memlens.analysis.lenses.stages import StageSummary
 
-__all__ = ["EMPTY_LENS_HINTS", "TABLE_ROWS", "render_file_diff", "render_group", "render_lines", "render_stages"]
+__all__ = ["EMPTY_LENS_HINTS", "TABLE_ROWS", "GroupAnswer", "LinesAnswer", "StagesAnswer", "render_file_diff",
+           "render_group", "render_lines", "render_stages"]
 
 # Rows a table shows before folding the rest into one "… N more" row (the JSON has them all).
 TABLE_ROWS = 25
@@ -30,6 +34,43 @@ EMPTY_LENS_HINTS = {
     "compile_context": "no block here has a compile_context (PyTorch records one for torch.compile'd code)",
 }
 
+
+
+class _LensAnswer(Protocol):
+    """What every lens answer says of itself: the file, the device and its first row's time."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def device(self) -> int: ...
+
+
+class GroupAnswer(_LensAnswer, Protocol):
+    """``memlens.ops.group.GroupResult``, as ``render_group`` reads it."""
+
+    @property
+    def start_us(self) -> int | None: ...
+
+    @property
+    def groups(self) -> GroupBreakdown: ...
+
+
+class LinesAnswer(_LensAnswer, Protocol):
+    """``memlens.ops.group.LinesResult``, as ``render_lines`` reads it."""
+
+    @property
+    def start_us(self) -> int | None: ...
+
+    @property
+    def file(self) -> FileBreakdown: ...
+
+
+class StagesAnswer(_LensAnswer, Protocol):
+    """``memlens.ops.group.StagesResult``, as ``render_stages`` reads it."""
+
+    @property
+    def by_name(self) -> list[StageSummary]: ...
 
 
 def _table() -> Table:
@@ -97,7 +138,7 @@ def _label(name: str, group_by: str, width: int) -> str:
     return elide_middle(shown, width)
 
 
-def render_group(console: Console, result: GroupResult, command: str = "group") -> None:
+def render_group(console: Console, result: GroupAnswer, command: str = "group") -> None:
     _title(console, command, result.source)
     breakdown = result.groups
     total = breakdown.allocated_bytes
@@ -122,7 +163,7 @@ def render_group(console: Console, result: GroupResult, command: str = "group") 
         console.print(_dim(f"  {hint}"))
 
 
-def render_lines(console: Console, result: LinesResult, command: str = "lines") -> None:
+def render_lines(console: Console, result: LinesAnswer, command: str = "lines") -> None:
     _title(console, command, result.source)
     breakdown = result.file
     total = breakdown.allocated_bytes
@@ -155,7 +196,7 @@ def render_lines(console: Console, result: LinesResult, command: str = "lines") 
     console.print(table)
 
 
-def render_stages(console: Console, result: StagesResult, command: str = "stages") -> None:
+def render_stages(console: Console, result: StagesAnswer, command: str = "stages") -> None:
     _title(console, command, result.source)
     console.print(_bold(f"\nMemory per annotation stage on device {result.device}  added while each scope ran "
                         "(END minus START), and its peak inside"))
