@@ -52,7 +52,7 @@ _HOMES = {
     "__version__": "memlens._version",
 }
 
-# The recorder's defaults (memlens.recorder.session / .stacks), repeated so that the signature
+# The recorder's defaults (memlens.recorder.options.RecordOptions), repeated so that the signature
 # below is complete without importing the recorder; tests/test_public_api.py keeps them equal.
 _RECORDER_MAX_ENTRIES = 200_000
 _RECORDER_MAX_STACK_DEPTH = 64
