@@ -94,8 +94,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=None)
     args = parser.parse_args()
 
-    from memlens.cli.plan import render
     from memlens.ops.plan import PlanOptions, plan
+    from memlens.reporters.plan import render
 
     parameters = args.layers * 12 * args.d_model**2 + 2 * args.vocab * args.d_model
     with tempfile.TemporaryDirectory() as folder:

@@ -25,8 +25,7 @@ from typing import Any, TextIO
 import click
 
 from memlens.cli.common import BYTE_SIZE, CAPACITY, help_text, json_text, status_line
-from memlens.ops.predict import SIGNAL_WORDS, oom_line
-from memlens.predict.gpus import GPU_NAMES_HELP, FitBasis, fit_basis
+from memlens.ops.predict import GPU_NAMES_HELP, SIGNAL_WORDS, FitBasis, fit_basis, oom_line
 from memlens.units import counted, format_bytes
 
 # The lines whose GPU values stood in that the text lists, each on its own line; --json has all.

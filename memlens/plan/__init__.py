@@ -1,9 +1,11 @@
-"""``memlens plan``'s engine: the levers (``levers``: the ``--try`` spec; ``apply``: the hooks
+"""``memlens plan``'s engine: what is asked (``options``: ``PlanOptions``) and answered
+(``results``: ``PlanResult``), the levers (``levers``: the ``--try`` spec; ``apply``: the hooks
 that pull them inside a predicted run), the configurations and what passes to and from each
-child process (``configurations``, ``child``, ``preload``), the ``--max`` bisection
-(``search``) and the code change recommended (``recommend``). The service is
-``memlens.ops.plan``; ``memlens.plan(...)`` (this package is callable, as ``memlens.predict``
-is) calls it.
+child process (``configurations``, ``child``, ``preload``), the processes that run them
+(``runner``, ``processes``), the ``--max`` bisection (``search``), the scoring and the code
+change recommended (``scoring``, ``recommend``), put together by ``planner``. The service is
+``memlens.ops.plan``, which calls ``planner``; so does ``memlens.plan(...)`` (this package is
+callable, as ``memlens.predict`` is).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from memlens.ops.plan import PlanResult
+    from memlens.plan.results import PlanResult
 
 
 def plan(
@@ -35,10 +37,11 @@ def plan(
     """Predict ``command`` (``["python", "train.py", "--batch", "{B}"]``) once per configuration:
     the baseline, each of ``tries`` (``"ckpt"``, ``"lora=8+optim=adamw8bit"``), at each ``vary``
     value (``"B=1,2,4"``); ``maximum`` (``"B=1..256"``) bisects the largest value that fits.
-    Returns a ``memlens.ops.plan.PlanResult`` (the configurations, the recommended one's index
-    and its change); every configuration's snapshot is written under ``out`` (a new folder)."""
-    from memlens.ops.plan import PlanOptions
-    from memlens.ops.plan import plan as _plan
+    Returns a ``memlens.plan.results.PlanResult`` (the configurations, the recommended one's
+    index and its change); every configuration's snapshot is written under ``out`` (a new folder).
+    The keywords are ``memlens.plan.options.PlanOptions``' fields (``maximum`` is ``max``)."""
+    from memlens.plan.options import PlanOptions
+    from memlens.plan.planner import plan as _plan
 
     options = PlanOptions(
         command=list(command), gpu=gpu, capacity=capacity, reserve_outside=reserve_outside, world_size=world_size,

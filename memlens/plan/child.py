@@ -14,17 +14,20 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from memlens.plan.configurations import ChildJob, ChildResult
+from memlens.sidecar import ModelInfo, OptimizerInfo
+
+if TYPE_CHECKING:
+    from memlens.predict.session import PredictResult
 
 # How a configuration's problem starts when a lever found nothing to act on (plan's table says so).
 NOT_APPLIED = "not applied: "
 
 RESULT_NAME = "plan_result.json"
-SNAPSHOT_NAME = "predicted.pickle"
 
 
 class FlopCount:
@@ -52,11 +55,10 @@ class FlopCount:
 
 
 def run_job(job: ChildJob) -> ChildResult:
-    from memlens.ops.predict import predicted_report, predicted_sidecar, run_command, split_command
     from memlens.plan.apply import PLACEHOLDER_VALUES, LeverHooks
+    from memlens.predict.command import run_command, split_command
     from memlens.predict.session import PredictSession, run_in_session
-    from memlens.recorder.writing import write_sidecar, write_snapshot
-    from memlens.sidecar.writer import sidecar_path
+    from memlens.predict.written import SNAPSHOT_NAME, oom_line, write_prediction
 
     kind, target, argv = split_command(tuple(job.command))
     out = Path(job.out_dir)
@@ -102,19 +104,13 @@ def run_job(job: ChildJob) -> ChildResult:
         if undo_distributed is not None:
             undo_distributed()
     predicted = out / SNAPSHOT_NAME
-    write_snapshot(predicted, result.snapshot or {})
-    sidecar = predicted_sidecar(session, result)
-    if job.world_size > 1:  # rank 0 of N: what triage and fleet read
-        sidecar = msgspec.structs.replace(sidecar, world_size=job.world_size)
-    write_sidecar(sidecar_path(predicted), sidecar)
+    write_prediction(predicted, session, result, job.world_size)
     held = held_bytes()
     result.value = None
-    predicted_report(predicted, result)  # the peaks triage will read from the file
+    read_back_peaks(predicted, result)
     problem = None
     if not result.fits:
         if result.oom:
-            from memlens.ops.predict import oom_line
-
             problem = oom_line(result)
         else:
             problem = result.error or result.stop_reason or result.interrupted
@@ -129,7 +125,8 @@ def run_job(job: ChildJob) -> ChildResult:
     if unapplied:
         fits = False
         problem = NOT_APPLIED + "; ".join(unapplied) + (f" (and: {problem})" if problem else "")
-    trainable = (result.model or {}).get("parameters_trainable")
+    model = msgspec.convert(result.model, ModelInfo) if result.model is not None else None
+    optimizer = msgspec.convert(result.optimizer, OptimizerInfo) if result.optimizer is not None else None
     return ChildResult(
         peak_allocated_bytes=result.peak_allocated_bytes,
         peak_reserved_bytes=result.peak_reserved_bytes,
@@ -141,11 +138,25 @@ def run_job(job: ChildJob) -> ChildResult:
         notes=hooks.final_notes(),
         held_bytes=held,
         flops=counter.total,
-        trainable_parameters=trainable,
-        model=result.model,
-        optimizer=result.optimizer,
+        trainable_parameters=model.parameters_trainable if model is not None else None,
+        model=model,
+        optimizer=optimizer,
         seconds=round(result.seconds, 3),
     )
+
+
+def read_back_peaks(predicted: Path, result: PredictResult) -> None:
+    """The result's peaks made those ``memlens triage`` reads from the written file (one number
+    per quantity): the analysis' of the file, which triage's report carries unchanged. Nothing
+    to read when the script put nothing on the GPU."""
+    if not result.used_cuda:
+        return
+    from memlens.analysis import analyze_snapshot
+    from memlens.snapshot.reader import load
+
+    device = analyze_snapshot(load(str(predicted))).report.device(0)
+    result.peak_allocated_bytes = device.peak_allocated_bytes
+    result.peak_reserved_bytes = device.peak_reserved_bytes
 
 
 def run_in_child(job_path: str, log_path: str, alloc_conf: str) -> None:

@@ -15,6 +15,7 @@ import msgspec
 
 from memlens.errors import MemlensUsageError
 from memlens.plan.levers import Lever
+from memlens.sidecar import ModelInfo, OptimizerInfo
 
 # A configuration's folder name is its slug after "NN-": well inside the 255 bytes NAME_MAX
 # allows a file name on Linux's and macOS's file systems, the index's digits included.
@@ -68,8 +69,8 @@ class ChildResult(msgspec.Struct):
     held_bytes: dict[str, int] = {}
     flops: int | None = None
     trainable_parameters: int | None = None
-    model: dict[str, Any] | None = None
-    optimizer: dict[str, Any] | None = None
+    model: ModelInfo | None = None  # the sidecar's: the run's parameters (counts, bytes)
+    optimizer: OptimizerInfo | None = None
     seconds: float = 0.0
 
 

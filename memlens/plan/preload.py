@@ -15,9 +15,11 @@ import torch.utils.flop_counter  # noqa: F401
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import memlens.analysis.run
-import memlens.ops.predict
 import memlens.plan.apply
-import memlens.predict.session  # noqa: F401
+import memlens.predict.command
+import memlens.predict.session
+import memlens.predict.written
+import memlens.snapshot.reader  # noqa: F401
 
 FakeTensorMode()
 if importlib.util.find_spec("peft") is not None:

@@ -4,11 +4,12 @@ much and what the prediction does not count."""
 
 from __future__ import annotations
 
-from memlens.cli.plan import render
-from memlens.ops.plan import PlanConfig, PlanResult, _recommended
 from memlens.plan.configurations import ChildResult, Configuration
 from memlens.plan.levers import Lever
 from memlens.plan.recommend import change_for
+from memlens.plan.results import PlanConfig, PlanResult
+from memlens.plan.scoring import recommended_index
+from memlens.reporters.plan import render
 
 GIB = 1 << 30
 
@@ -23,7 +24,7 @@ def _run(levers: tuple[Lever, ...], batch: int, fits: bool, reserved: int = 30 *
 
 
 def _recommend(*runs: tuple[tuple[Configuration, ChildResult], PlanConfig]) -> int | None:
-    return _recommended([run for run, _ in runs], [config for _, config in runs])
+    return recommended_index([run for run, _ in runs], [config for _, config in runs])
 
 
 def test_a_much_larger_batch_is_worth_checkpointing() -> None:

@@ -10,7 +10,7 @@ import weakref
 
 import pytest
 
-from memlens.ops.predict import StopSignals
+from memlens.predict.signals import StopSignals
 from memlens.recorder import Terminated
 
 

@@ -1,0 +1,68 @@
+"""What a plan answers, as typed values: ``PlanConfig`` per configuration and the ``PlanResult``
+(the configurations, the recommended one and its change), which the faces render as they are."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+
+class PlanConfig(msgspec.Struct):
+    """One configuration's prediction. ``flops_change``: the run's floating-point operations
+    relative to the baseline at the same values (+0.33: a third more compute, recomputation),
+    None without such a baseline; ``offload_bytes_per_step``: what crosses PCIe each optimizer
+    step; ``held_bytes``: parameters, gradients and optimizer state held at the end (per rank);
+    ``problem``: why it did not complete (out of memory, the script's error); ``oom``: the run
+    ran out of the simulated GPU's memory."""
+
+    levers: list[str]
+    values: dict[str, int | str]
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    fits: bool
+    snapshot: str | None
+    problem: str | None = None
+    flops: int | None = None
+    flops_change: float | None = None
+    offload_bytes_per_step: int | None = None
+    trainable_parameters: int | None = None
+    held_bytes: dict[str, int] = {}
+    seconds: float = 0.0
+    notes: dict[str, Any] = {}
+    oom: bool = False
+
+
+class PlanResult(msgspec.Struct):
+    configs: list[PlanConfig]
+    recommended: int | None
+    max: dict[str, int | None]
+    change: str | None
+    gpu: str
+    capacity_bytes: int
+    world_size: int
+    out: str
+    seconds: float
+
+
+# Told of each configuration as it starts and ends: (started, finished, total or None while a
+# --max search has not settled how many it runs, the configuration's label). memlens plan draws it.
+PlanProgress = Callable[[int, int, int | None, str], None]
+
+
+def max_per_lever_set(result: PlanResult, name: str) -> list[tuple[list[str], int | None]]:
+    """For each lever set of a ``--max`` plan, the largest value that fits (None: not even LO)."""
+    found: dict[tuple[str, ...], int | None] = {}
+    for config in result.configs:
+        key = tuple(config.levers)
+        value = config.values.get(name)
+        best = found.get(key)
+        if config.fits and isinstance(value, int):
+            found[key] = value if best is None else max(best, value)
+        else:
+            found.setdefault(key, None)
+    return [(list(key), value) for key, value in found.items()]
+
+
+__all__ = ["PlanConfig", "PlanProgress", "PlanResult", "max_per_lever_set"]

@@ -1,0 +1,179 @@
+"""The configurations of a plan run, each in a process of its own, at most ``jobs`` at once.
+
+``ConfigurationRunner`` writes each configuration's job into its own folder under the plan's, starts
+``memlens.plan.child`` on it in a process forked from a fork server that has imported torch and the
+predictor once (``preload``), waits for it under the plan's time limit, and reads back the
+``ChildResult`` it wrote; the processes end with the plan (``processes``). Also here: the device a
+plan predicts on and the plan's folder, both settled before any script runs.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from memlens.errors import MemlensUsageError
+from memlens.plan.child import RESULT_NAME, run_in_child
+from memlens.plan.configurations import ChildJob, ChildResult, Configuration, substitute
+from memlens.plan.levers import alloc_conf
+from memlens.plan.options import PlanOptions
+from memlens.plan.processes import ConfigurationProcesses
+from memlens.plan.results import PlanProgress
+
+
+# ---------------------------------------------------------------------- the device and the folder
+def device_of(options: PlanOptions) -> tuple[str, int]:
+    from memlens.predict.gpus import DEFAULT_GPU, checked_reserve, gpu_spec, with_capacity
+    from memlens.units import capacity_bytes, parse_bytes
+
+    spec = gpu_spec(options.gpu or DEFAULT_GPU)
+    if options.capacity is not None:
+        spec = with_capacity(spec, capacity_bytes(options.capacity, "--capacity"))
+    reserve = checked_reserve(spec, parse_bytes(options.reserve_outside))
+    return spec.name, spec.total_memory - reserve
+
+
+def absolute(out: str) -> Path:
+    """``--out`` resolved once, before any script runs: a script that chdirs would otherwise have
+    its configuration's child write the result where the plan never looks."""
+    return Path(os.path.abspath(out))
+
+
+def fresh_out(out: Path, numbered: bool = False) -> Path:
+    """The plan's folder: new or empty (a plan never writes over another run's files). Where an
+    earlier run's files are and ``numbered`` (the default --out, which the user did not choose),
+    the first free ``OUT-2``, ``OUT-3`` ... beside it, as ``memlens record`` numbers its runs."""
+    try:
+        if out.exists() and not out.is_dir():
+            raise MemlensUsageError(f"--out {out}: it is a file, not a folder")
+        if out.is_dir() and any(out.iterdir()):
+            if numbered:
+                return next_free_folder(out)
+            raise MemlensUsageError(f"--out {out}: the folder is not empty (a plan writes into a new folder)")
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MemlensUsageError(f"--out {out}: {exc.strerror or exc}") from None
+    return out
+
+
+# How many numbered folders a plan tries beside the default --out before it asks for another.
+MAX_NUMBERED_OUT = 10_000
+
+
+def next_free_folder(out: Path) -> Path:
+    """``OUT-N`` for the least N >= 2 that is free or empty; made here, so two plans started at
+    once never share one (``mkdir`` fails for the second)."""
+    for number in range(2, MAX_NUMBERED_OUT):
+        candidate = out.with_name(f"{out.name}-{number}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            if candidate.is_dir() and not any(candidate.iterdir()):
+                return candidate
+    raise MemlensUsageError(f"--out {out}: {MAX_NUMBERED_OUT} earlier plans are beside it: give a new folder")
+
+
+# ---------------------------------------------------------------------- running children
+class ConfigurationRunner:
+    """Runs configurations in child processes, at most ``jobs`` at once; one folder each."""
+
+    def __init__(self, options: PlanOptions, out: Path, capacity: int, on_progress: PlanProgress | None = None,
+                 total: int | None = None) -> None:
+        self.options = options
+        self.on_progress = on_progress
+        self.total = total
+        self._finished = 0
+        self.out = out
+        self.capacity = capacity
+        self.jobs = max(1, options.jobs or cpus())
+        self._slots = threading.Semaphore(self.jobs)
+        self._count = 0
+        self._lock = threading.Lock()
+        self._context = process_context()
+        self.processes = ConfigurationProcesses()
+
+    def run_all(self, configurations: list[Configuration]) -> list[tuple[Configuration, ChildResult]]:
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool, self.processes.stopped_on_the_way_out():
+            return list(zip(configurations, pool.map(self.run, configurations), strict=True))
+
+    def run(self, configuration: Configuration) -> ChildResult:
+        if self.processes.stopping:  # the plan was stopped: the configurations still queued are not run
+            return ChildResult(problem="not run: the plan was stopped")
+        with self._lock:
+            index = self._count
+            self._count += 1
+        self._tell(configuration)
+        try:
+            return self._run(configuration, index)
+        finally:
+            with self._lock:
+                self._finished += 1
+            self._tell(configuration)
+
+    def _tell(self, configuration: Configuration) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self._count, self._finished, self.total, configuration.label())
+
+    def _run(self, configuration: Configuration, index: int) -> ChildResult:
+        folder = self.out / f"{index:02d}-{configuration.slug()}"
+        folder.mkdir()
+        job = ChildJob(
+            command=substitute(list(self.options.command), configuration.values),
+            levers=list(configuration.levers),
+            out_dir=str(folder),
+            gpu=self.options.gpu,
+            capacity=self.capacity,
+            world_size=self.options.world_size,
+            stacks=self.options.stacks,
+        )
+        job_path = folder / "job.json"
+        job_path.write_bytes(msgspec.json.encode(job))
+        conf = alloc_conf(configuration.levers, os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+        with self._slots:
+            process = self._context.Process(
+                target=run_in_child, args=(str(job_path), str(folder / "script.log"), conf), daemon=True
+            )
+            process.start()
+            self.processes.started(process)
+            try:
+                process.join(self.options.timeout_s)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+                    return ChildResult(problem=f"the prediction took longer than {self.options.timeout_s:g} s")
+            finally:
+                self.processes.finished(process)
+        result_path = folder / RESULT_NAME
+        if not result_path.is_file():
+            tail = (folder / "script.log").read_bytes()[-300:].decode(errors="replace").strip().splitlines()
+            return ChildResult(
+                problem="the prediction process ended without a result" + (f": {tail[-1]}" if tail else "")
+            )
+        return msgspec.json.decode(result_path.read_bytes(), type=ChildResult)
+
+
+def process_context() -> Any:
+    """Children forked from a server that has imported torch, the predictor and the fake-tensor
+    machinery once (seconds per child otherwise); each configuration still gets a fresh process."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["memlens.plan.preload"])
+    return context
+
+
+def cpus() -> int:
+    """The CPUs this process may run on (a container's share, not the host's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+__all__ = ["ConfigurationRunner", "absolute", "cpus", "device_of", "fresh_out", "process_context"]
