@@ -242,18 +242,12 @@ def test_the_fleet_never_imports_ops() -> None:
     assert not found, "the fleet's rows or verdicts import the service layer:\n  " + "\n  ".join(found)
 
 
-# Renderers still typed by a result their service declares (type-only imports), left to the
-# lens and diff piece of issue 35 to move below ops: the list only shrinks (an entry no longer
-# found is taken off).
-RENDERERS_NOT_YET_BELOW_OPS: set[str] = set()  # reporters.group and reporters.diff now type what they read
-
-
 def test_renderers_never_import_ops() -> None:
-    """Before: reporters.fleet imported memlens.ops.fleet (FleetReport, RankRow, no_outlier_verdict)
-    and figures.ranks memlens.ops.fleet (RanksSideBySide)."""
-    found = set(imports_into(GRAPH, ("memlens.reporters", "memlens.figures"), "memlens.ops"))
-    assert not found - RENDERERS_NOT_YET_BELOW_OPS, "a renderer imports the service layer:\n  " + "\n  ".join(
-        sorted(found - RENDERERS_NOT_YET_BELOW_OPS))
+    """Before: reporters.fleet imported memlens.ops.fleet (FleetReport, RankRow, no_outlier_verdict),
+    figures.ranks memlens.ops.fleet (RanksSideBySide), reporters.diff memlens.ops.diff and
+    reporters.group memlens.ops.group (the answers' types)."""
+    found = imports_into(GRAPH, ("memlens.reporters", "memlens.figures"), "memlens.ops")
+    assert not found, "a renderer imports the service layer:\n  " + "\n  ".join(found)
 
 
 # ---------------------------------------------------------------- the faces reach the engine only through ops
@@ -333,17 +327,6 @@ def faces_below_ops(graph: dict[str, dict[str, set[str]]]) -> list[str]:
     return found
 
 
-# Imports of the plan and predict commands (memlens.cli.plan, memlens.cli.predict), which the plan,
-# predict and fleet piece of issue 35 is moving behind memlens.ops: the list only shrinks (an entry
-# no longer found is taken off).
-FACES_NOT_YET_THROUGH_OPS = {
-    "memlens.cli.plan imports memlens.plan.options (PlanOptions, command_line_fields)",
-    "memlens.cli.predict imports memlens.predict.gpus (FitBasis, GPU_NAMES_HELP, fit_basis)",
-    "memlens.cli.predict imports memlens.predict.signals (SIGNAL_WORDS)",
-    "memlens.cli.predict imports memlens.predict.written (oom_line)",
-}
-
-
 @pytest.mark.parametrize(("importer", "target", "names", "wrong"), [
     ("memlens_app.panels.live", "memlens.analysis.lenses.groups", {"group_live"}, True),
     ("memlens_app.panels.live", "memlens.analysis.lenses.groups", {"GroupBreakdown"}, False),  # a type
@@ -369,6 +352,5 @@ def test_faces_reach_the_engine_only_through_ops() -> None:
     and read rules with the lenses, memlens diff borrowed its renderer, whatif printed through
     allocator.report, --version asked allocator.engine, export loaded through the reader; the MCP
     server read rules with the lenses."""
-    found = set(faces_below_ops(GRAPH))
-    assert not found - FACES_NOT_YET_THROUGH_OPS, "a face reaches below memlens.ops:\n  " + "\n  ".join(
-        sorted(found - FACES_NOT_YET_THROUGH_OPS))
+    found = faces_below_ops(GRAPH)
+    assert not found, "a face reaches below memlens.ops:\n  " + "\n  ".join(found)
