@@ -11,8 +11,8 @@ entry that is not plain -- makes it decline, and the reader reads that file on t
 whose answer or one-line error is the reference. So both paths give the same answer for every
 file; the native one only gives it sooner.
 
-``MEMLENS_PURE_PYTHON=1`` (as for the allocator engine) or an extension that does not import
-keeps every file on the Python path.
+``MEMLENS_PURE_PYTHON=1`` (as for every extension: ``memlens.snapshot.engine``) or an extension
+that does not import keeps every file on the Python path.
 """
 
 from __future__ import annotations

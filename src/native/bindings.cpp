@@ -15,9 +15,6 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
-#include <limits>
-#include <map>
-#include <set>
 
 #include "actions.hpp"
 #include "caching_allocator.hpp"

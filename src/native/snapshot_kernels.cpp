@@ -6,8 +6,6 @@
 // apart from the allocator model (memlens._native), so that the snapshot owns its native door.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
-#include <nanobind/stl/optional.h>
-#include <nanobind/stl/tuple.h>
 
 #include <algorithm>
 #include <limits>

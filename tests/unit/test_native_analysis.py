@@ -27,6 +27,7 @@ import pytest
 
 from memlens.allocator import AllocatorSettings, CachingAllocatorSimulator
 from memlens.analysis.lifetimes import _pair_rows
+from memlens.snapshot.allocator_settings import RecordedAllocatorSettings
 from memlens.snapshot.blocks import _round_in_place, block_sizes, round_sizes
 from memlens.snapshot.curves import _curve_changes, _native_curve_changes, build_curves
 from memlens.snapshot.engine import native_kernels
@@ -211,7 +212,9 @@ def test_native_lifetimes_match_python_on_windows(seed: int) -> None:
 
 
 # ------------------------------------------------------------------ the curves
-def _curves_agree(trace: DeviceTrace, segments: list, settings: AllocatorSettings | None = None) -> str | None:
+def _curves_agree(
+    trace: DeviceTrace, segments: list, settings: RecordedAllocatorSettings | None = None
+) -> str | None:
     """``build_curves`` on the native core and on the Python reference (``native=False``), each on
     its own copy of ``trace``: every field the same, the arrays byte for byte, or the same
     exception with the same message. Returns the exception's name (None: none was raised)."""
