@@ -22,6 +22,7 @@ reports it already has (``rank_row``, ``fleet_of_rows``, ``no_outlier_verdict``)
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -30,12 +31,12 @@ from typing import Any
 import msgspec
 
 from memlens.errors import MemlensUsageError
+from memlens.fleet.cluster import run_on_dask
 from memlens.fleet.outliers import fleet_of_rows, no_outlier_verdict
 from memlens.fleet.rows import Executor, FleetReport, RankResult, RankRow, failed_row, rank_from_name, rank_of, rank_row
 from memlens.ops.errors import describe
 from memlens.ops.runner import DEFAULT_PRELOAD, Limits, run_each
 from memlens.ops.triage import TriageOptions, analyse
-from memlens.printable import printable
 
 # Each rank's analysis may take this long in its child: a fleet runs unattended, on files as
 # large as PyTorch writes (the analysis reads ~10 MiB of pickle a second on a busy core).
@@ -79,61 +80,18 @@ def run_in_children(paths: Sequence[str], jobs: int, *, capacity: int | None = N
             for path, outcome in zip(paths, outcomes, strict=True)]
 
 
-# Files go to a Dask cluster in chunks, about this many per worker thread: one round trip per
-# chunk rather than per file, still balanced.
-CHUNKS_PER_WORKER = 4
-
-
-def _chunks(count: int, workers: int) -> list[list[int]]:
-    """Indices 0..count-1 in consecutive chunks, about ``CHUNKS_PER_WORKER`` per worker."""
-    size = max(1, -(-count // (workers * CHUNKS_PER_WORKER)))
-    return [list(range(start, min(start + size, count))) for start in range(0, count, size)]
-
-
-def _task_chunk(paths: Sequence[str], capacity: int | None, device: int | None, cache: bool | None,
-                keep_reports: bool) -> list[RankResult]:
-    return [rank_task(path, capacity, device, cache, keep_reports) for path in paths]
-
-
 def run_dask(paths: Sequence[str], address: str, *, capacity: int | None = None, device: int | None = None,
              cache: bool | None = None, keep_reports: bool = False,
              progress: Progress | None = None) -> list[RankResult]:
-    """``rank_task`` for each path on the Dask cluster at ``address``; results in input order.
+    """``rank_task`` for each path on the Dask cluster at ``address`` (``memlens.fleet.cluster``);
+    results in input order. The paths must name the same files on the workers."""
+    task = functools.partial(rank_task, capacity=capacity, device=device, cache=cache, keep_report=keep_reports)
+    return run_on_dask(paths, address, task, _dask_failure, progress)
 
-    The workers read the files themselves, so the paths (made absolute here) must name the same
-    files on the workers: a shared filesystem, as a cluster's job output usually is.
-    """
-    try:
-        from distributed import Client
-    except ImportError:
-        raise MemlensUsageError("--dask needs Dask's distributed scheduler: pip install 'memlens[dask]'") from None
-    try:
-        client = Client(address, timeout="30s")
-    except (OSError, TimeoutError, ValueError) as exc:
-        raise MemlensUsageError(f"cannot reach the Dask scheduler at {address!r}: {printable(exc, 200)}") from None
-    options = (capacity, device, cache, keep_reports)
-    try:
-        threads = max(1, sum(client.nthreads().values()))
-        chunks = _chunks(len(paths), threads)
-        # pure=False: two files with equal paths are still two tasks, and a rerun reanalyses.
-        futures = [client.submit(_task_chunk, [paths[i] for i in chunk], *options, pure=False) for chunk in chunks]
-        results: list[RankResult] = []
-        for chunk, future in zip(chunks, futures, strict=True):
-            try:
-                results.extend(future.result())
-            except Exception:  # KilledWorker and the like: the chunk's files one by one, to name the culprit
-                for index in chunk:
-                    one = client.submit(rank_task, paths[index], *options, pure=False)
-                    try:
-                        results.append(one.result())
-                    except Exception as exc:
-                        results.append(RankResult(failed_row(paths[index], f"the Dask task failed: "
-                                                                           f"{describe(exc).text}")))
-            if progress:
-                progress(len(results), len(paths))
-        return results
-    finally:
-        client.close()  # ours to close; the cluster is not ours to stop
+
+def _dask_failure(path: str, exc: BaseException) -> RankResult:
+    """The row of a file whose Dask task failed even on its own, worded by the one rule."""
+    return RankResult(failed_row(path, f"the Dask task failed: {describe(exc).text}"))
 
 
 def default_jobs(paths: Sequence[str]) -> int:
