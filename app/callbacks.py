@@ -174,8 +174,8 @@ def register_callbacks(app: Dash, library: Library) -> None:
         if isinstance(trigger, dict) and trigger.get("type") == "finding":
             if not any(clicks):
                 raise PreventUpdate  # the cards were redrawn, not clicked
-            zoomed = view_for_finding(analysis.device(device_id), len(analysis.trace(device_id)),
-                                      inputs.index(trigger.get("index"), "finding"))
+            shown = analysis.device(device_id)  # its trace rows are the report's events
+            zoomed = view_for_finding(shown, shown.events, inputs.index(trigger.get("index"), "finding"))
         elif any(p.endswith("clickData") for p in ctx.triggered_prop_ids):
             zoomed = view_with_marker(view, click)
         else:
@@ -218,7 +218,7 @@ def register_callbacks(app: Dash, library: Library) -> None:
         source_id, device, view = inputs.source_id(source_value), inputs.device(device_value), inputs.view(view_value)
         analysis = analysis_of(source_id)
         device_id = device_of(analysis.report, device)
-        window = None if new_snapshot() else window_of(view, len(analysis.trace(device_id)))
+        window = None if new_snapshot() else window_of(view, analysis.device(device_id).events)
         return findings_panel(analysis.device(device_id), window), window_text(analysis, device_id, window)
 
     # ------------------------------------------------------------- live at the peak, the window's peak, a click
@@ -240,7 +240,7 @@ def register_callbacks(app: Dash, library: Library) -> None:
         device_id = device_of(analysis.report, device)
         view = {} if new_snapshot() else (view or {})
         return live_panel(analysis, device_id, marker=view.get("marker"),
-                          window=window_of(view, len(analysis.trace(device_id))),
+                          window=window_of(view, analysis.device(device_id).events),
                           group_by=group_by).outputs()
 
     @app.callback(
