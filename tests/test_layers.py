@@ -301,12 +301,13 @@ FACE_MAY_IMPORT_HERE: dict[tuple[str, str], str] = {
 }
 
 
-def _allowed_for_faces(target: str) -> frozenset[str] | bool | None:
-    """The names a face may take from ``target``: None for any, a set for those, False for none."""
+def _allowed_for_faces(target: str) -> frozenset[str] | None:
+    """The names a face may take from ``target``: None for any, else those (none for a module
+    not listed); a whole module (``import a.b``, ``from a import b``) only where any name may be."""
     for module, (names, _why) in FACE_MAY_IMPORT.items():
         if target == module or (names is None and target.startswith(module + ".")):
             return names
-    return False
+    return frozenset()
 
 
 def faces_below_ops(graph: dict[str, dict[str, set[str]]]) -> list[str]:
@@ -320,7 +321,7 @@ def faces_below_ops(graph: dict[str, dict[str, set[str]]]) -> list[str]:
             if face_of(target) is not None or (importer, target) in FACE_MAY_IMPORT_HERE:
                 continue
             allowed = _allowed_for_faces(target)
-            if allowed is None or (allowed is not False and names and names <= allowed):
+            if allowed is None or (names and names <= allowed):
                 continue
             taken = f" ({', '.join(sorted(names))})" if names else ""
             found.append(f"{importer} imports {target}{taken}")
