@@ -1,7 +1,9 @@
 """The caching allocator's knobs: ``PYTORCH_CUDA_ALLOC_CONF`` and the snapshot's ``allocator_settings``.
 
-Parsing follows ``c10/cuda/CUDAAllocatorConfig.cpp`` so that a string a user would put in the
-environment means the same thing to the simulator as to PyTorch.
+The fields, PyTorch's checks on them and their reading from a snapshot are the snapshot's
+(``memlens.snapshot.allocator_settings``, which the block sizes read); ``AllocatorSettings`` adds
+what the allocator does with them. Parsing follows ``c10/cuda/CUDAAllocatorConfig.cpp`` so that a
+string a user would put in the environment means the same thing to the simulator as to PyTorch.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 from memlens.files import OpenedFile
 from memlens.snapshot.engine import pure_python_requested
 from memlens.snapshot.formats import looks_like_pickle
+from memlens.snapshot.limits import SCAN_CHUNK
 
 _native_scan: ModuleType | None
 try:
@@ -31,8 +32,6 @@ try:
 except ImportError:  # not built (a checkout run without pip install): the Python path reads every file
     _native_scan = None
 
-# The scanner's reads: a megabyte at a time into a window it refills (the file is never held whole).
-SCAN_CHUNK = 1 << 20
 
 T = TypeVar("T")
 

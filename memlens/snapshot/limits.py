@@ -18,3 +18,6 @@ MAX_WIDE_TUPLES = 10_000
 MAX_DEVICES = 1024
 # One size, or bytes live at once on a device: 16 TiB (GPUs hold < 2**38).
 PLAUSIBLE_BYTES = 1 << 44
+# The native scanner's reads of a file: a megabyte at a time into a window it refills (the file is
+# never held whole); memlens.snapshot.ahead passes it, and it is memlens._scan.scan_file's default.
+SCAN_CHUNK = 1 << 20

@@ -122,7 +122,7 @@ struct LazyColumn {
 };
 
 // The limits of the Python path (kMaxTupleItems, kMaxLargeInts, kMaxWideTuples, kMaxDevices,
-// kPlausibleBytes) are declared once in memlens/snapshot/limits.py; CMake (and the fuzz harness's
+// kPlausibleBytes) and the reads' size (kScanChunk) are declared once in memlens/snapshot/limits.py; CMake (and the fuzz harness's
 // script) writes scan_limits.hpp from it (src/native/generate_constants.py).
 // A memo index may run this far past the memo's length before the scanner declines (CPython's memo
 // is sparse-tolerant; the arena's is a vector, so a far index would cost its size in memory).

@@ -282,7 +282,7 @@ NB_MODULE(_scan, m) {
       .def("set", [](memlens::scan::StopFlag& flag) { flag.stop.store(true, std::memory_order_relaxed); });
   m.def("scan", &memlens::scan::scan, nb::arg("data"),
         "Scan a snapshot pickle: (False, reason) when declined, else (True, (raw, traces)).");
-  m.def("scan_file", &memlens::scan::scan_file, nb::arg("fd"), nb::arg("size"), nb::arg("chunk") = size_t{1} << 20,
+  m.def("scan_file", &memlens::scan::scan_file, nb::arg("fd"), nb::arg("size"), nb::arg("chunk") = static_cast<size_t>(memlens::kScanChunk),
         nb::arg("stop").none() = nb::none(),
         "Scan the snapshot pickle of `size` bytes in the open file `fd` (read with pread, `chunk` "
         "bytes at a time): (False, reason) when declined, else (True, (raw, traces)). A set `stop` "
