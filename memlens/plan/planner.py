@@ -17,7 +17,7 @@ from memlens.plan.options import DEFAULT_OUT, PlanOptions
 from memlens.plan.processes import stop_on_signals
 from memlens.plan.recommend import change_for
 from memlens.plan.results import PlanConfig, PlanProgress, PlanResult
-from memlens.plan.runner import ConfigurationRunner, absolute, device_of, fresh_out
+from memlens.plan.runner import ConfigurationRunner, absolute_out, device_of, fresh_out
 from memlens.plan.scoring import max_of_baseline, recommended_index, scored
 from memlens.plan.search import largest_fitting
 
@@ -41,7 +41,7 @@ def plan(options: PlanOptions, on_progress: PlanProgress | None = None) -> PlanR
         raise MemlensUsageError(f"--world-size {options.world_size}: must be 1 or more")
     options = launched_options(options)  # ``command`` stays the launch the user typed, for the recommendation
     gpu_name, capacity = device_of(options)
-    out = fresh_out(absolute(options.out), numbered=options.out == DEFAULT_OUT)
+    out = fresh_out(absolute_out(options.out), numbered=options.out == DEFAULT_OUT)
     configurations = expand(lever_sets, vary)
     runner = ConfigurationRunner(options, out, capacity, on_progress, len(configurations) if searched is None else None)
     with stop_on_signals():  # SIGTERM, Ctrl-C: every configuration's process ends with the plan
@@ -89,7 +89,7 @@ def predict_configurations(options: PlanOptions, configurations: list[Configurat
     at the same values when one is among them; into ``options.out`` (a new folder)."""
     options = launched_options(options)
     _, capacity = device_of(options)
-    runner = ConfigurationRunner(options, fresh_out(absolute(options.out)), capacity)
+    runner = ConfigurationRunner(options, fresh_out(absolute_out(options.out)), capacity)
     return scored(runner.run_all(configurations))
 
 

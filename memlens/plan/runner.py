@@ -29,6 +29,8 @@ from memlens.plan.results import PlanProgress
 
 # ---------------------------------------------------------------------- the device and the folder
 def device_of(options: PlanOptions) -> tuple[str, int]:
+    """The simulated GPU's name, and the bytes PyTorch may use on it: the GPU's memory (or
+    ``--capacity``) less ``--reserve-outside``."""
     from memlens.predict.gpus import DEFAULT_GPU, checked_reserve, gpu_spec, with_capacity
     from memlens.units import capacity_bytes, parse_bytes
 
@@ -39,7 +41,7 @@ def device_of(options: PlanOptions) -> tuple[str, int]:
     return spec.name, spec.total_memory - reserve
 
 
-def absolute(out: str) -> Path:
+def absolute_out(out: str) -> Path:
     """``--out`` resolved once, before any script runs: a script that chdirs would otherwise have
     its configuration's child write the result where the plan never looks."""
     return Path(os.path.abspath(out))
@@ -176,4 +178,4 @@ def cpus() -> int:
     return os.cpu_count() or 1
 
 
-__all__ = ["ConfigurationRunner", "absolute", "cpus", "device_of", "fresh_out", "process_context"]
+__all__ = ["ConfigurationRunner", "absolute_out", "cpus", "device_of", "fresh_out", "process_context"]
