@@ -16,10 +16,11 @@ of one line (``is_error``), the CLI's error text, never a traceback, and every r
 answer (``_Wire``: lines the SDK would drop, calls in flight when stdin closes).
 
 The payload functions (``Tools``) need no MCP SDK; ``build_server`` imports it
-(``pip install 'memlens[mcp]'``).
+(``pip install 'memlens[mcp]'``). Each tool is declared once, as a ``Tools`` method: its
+parameters (described with ``Doc``) and its docstring are what the SDK publishes.
 
-No ``from __future__ import annotations`` here: the SDK reads each tool's parameter types from
-its annotations, which must be objects, not strings naming ``build_server``'s local aliases.
+No ``from __future__ import annotations`` here: the server hands the SDK each method's parameter
+types, which must be objects (``Annotated[..., Doc(...)]``, rewritten for the SDK), not strings.
 """
 
 import contextlib
