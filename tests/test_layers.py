@@ -48,7 +48,9 @@ def packages_both_ways(graph: dict[str, dict[str, set[str]]]) -> list[str]:
 
 def test_the_rule_finds_a_pair_that_leans_both_ways() -> None:
     # Guards the rule itself: two modules of different packages importing each other's package.
-    graph = {"memlens.a.x": {"memlens.b.y": set()}, "memlens.b.z": {"memlens.a.w": set()}, "memlens.a.w": {}}
+    graph: dict[str, dict[str, set[str]]] = {
+        "memlens.a.x": {"memlens.b.y": set()}, "memlens.b.z": {"memlens.a.w": set()}, "memlens.a.w": {},
+    }
     expected = "memlens.a <-> memlens.b: memlens.a.x -> memlens.b.y | memlens.b.z -> memlens.a.w"
     assert packages_both_ways(graph) == [expected]
     assert packages_both_ways({"memlens.a.x": {"memlens.b.y": set()}}) == []
@@ -224,7 +226,9 @@ def imports_into(graph: dict[str, dict[str, set[str]]], importers: tuple[str, ..
 
 def test_the_rule_finds_an_engine_import_of_ops() -> None:
     # Guards the rule: a function-local import of the service from the plan's child, as it was.
-    graph = {"memlens.plan.child": {"memlens.ops.predict": set(), "memlens.predict.written": set()}}
+    graph: dict[str, dict[str, set[str]]] = {
+        "memlens.plan.child": {"memlens.ops.predict": set(), "memlens.predict.written": set()},
+    }
     assert imports_into(graph, ("memlens.plan",), "memlens.ops") == ["memlens.plan.child -> memlens.ops.predict"]
     assert "memlens.plan.planner" in GRAPH["memlens.ops.plan"]  # the door still calls the engine
 
