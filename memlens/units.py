@@ -134,10 +134,11 @@ def capacity_bytes(value: str | int, what: str = "capacity") -> int:
     """The Python API's capacity: an ``int`` is bytes (``analyze(snapshot, capacity=80 * GiB)``),
     text is read as every face reads it (``parse_capacity``: a unit is required)."""
     if isinstance(value, int) and not isinstance(value, bool):
+        number = f"{value:,}" if value.bit_length() <= 200 else shown(value)
         if value <= 0:
-            raise MemlensUsageError(f"{what} {shown(value)} B: a device needs more than 0 bytes")
+            raise MemlensUsageError(f"{what} {number} B: a device needs more than 0 bytes")
         if value > MAX_INPUT_BYTES:
-            raise MemlensUsageError(f"{what} {shown(value)} B is larger than any device (at most 1 EiB)")
+            raise MemlensUsageError(f"{what} {number} B is larger than any device (at most 1 EiB)")
         return value
     return parse_capacity(value, what)
 

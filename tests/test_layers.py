@@ -8,10 +8,12 @@ Every import counts (module level, ``if TYPE_CHECKING:``, inside functions), as 
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 import pytest
 
+from tests.conftest import REPO_ROOT
 from tests.test_import_graph import GRAPH, face_of
 
 
@@ -375,3 +377,53 @@ def test_each_allowance_for_the_faces_is_still_needed() -> None:
     unused += [f"{importer} -> {target}" for importer, target in FACE_MAY_IMPORT_HERE
                if target not in GRAPH.get(importer, {})]
     assert not unused, "allowed for the faces, imported by none:\n  " + "\n  ".join(unused)
+
+
+# --- One capacity parser (issue 35): a device's size is read and checked in memlens.units only.
+
+CAPACITY_SIGN_CHECK = re.compile(r"capacity[A-Za-z_.]*\s*(?:<=|<)\s*0\b|device needs more than 0 bytes")
+
+
+def own_capacity_checks() -> list[str]:
+    """Each line outside memlens/units.py that checks a capacity's sign itself (five copies with
+    three messages before: ops.triage, ops.whatif, both allocator engines, the units)."""
+    found = []
+    for folder in (REPO_ROOT / "memlens", REPO_ROOT / "app"):
+        for path in sorted(folder.rglob("*.py")):
+            if path == REPO_ROOT / "memlens" / "units.py":
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if CAPACITY_SIGN_CHECK.search(line):
+                    found.append(f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}")
+    return found
+
+
+def test_the_capacity_check_is_found_where_it_is_written() -> None:
+    assert CAPACITY_SIGN_CHECK.search("        if self.capacity is not None and self.capacity <= 0:")
+    assert CAPACITY_SIGN_CHECK.search('raise MemlensUsageError("capacity 0 B: a device needs more than 0 bytes")')
+    assert not CAPACITY_SIGN_CHECK.search("capacity_bytes(self.capacity)")
+
+
+def test_a_capacity_is_checked_in_memlens_units_only() -> None:
+    found = own_capacity_checks()
+    assert not found, "capacity checked outside memlens.units (call units.capacity_bytes):\n  " + "\n  ".join(found)
+
+
+def test_every_capacity_option_is_read_by_memlens_units() -> None:
+    """Each command's --capacity goes through the one parser: click's DeviceCapacity type (which
+    calls units.parse_capacity), or text handed to units.parse_capacity / capacity_bytes by the
+    command (budget keeps the text as its label; plan passes it to PlanOptions)."""
+    import importlib
+
+    from memlens.cli.common import DeviceCapacity
+    from memlens.cli.main import SUBCOMMANDS
+
+    kinds = {}
+    for name, (target, _) in SUBCOMMANDS.items():
+        module, attribute = target.split(":")
+        command = getattr(importlib.import_module(module), attribute)
+        for param in command.params:
+            if "--capacity" in getattr(param, "opts", ()):
+                kinds[name] = "DeviceCapacity" if isinstance(param.type, DeviceCapacity) else "text"
+    assert {name for name, kind in kinds.items() if kind == "text"} == {"budget", "plan"}, kinds
+    assert len(kinds) == 8  # every command that takes a device's size

@@ -15,7 +15,7 @@ from typing import Any
 
 from memlens import _native
 from memlens.allocator.settings import AllocatorSettings
-from memlens.errors import MemlensUsageError
+from memlens.units import capacity_bytes
 
 Frames = list[dict[str, Any]]
 
@@ -33,8 +33,8 @@ class NativeCachingAllocatorSimulator(_native.Simulator):
         segment_addresses: Callable[[int], int | None] | None = None,
     ) -> None:
         settings = settings or AllocatorSettings()
-        if capacity is not None and capacity <= 0:
-            raise MemlensUsageError(f"capacity must be positive, got {capacity}")
+        if capacity is not None:
+            capacity_bytes(capacity)  # the one check of a device's size (memlens.units)
         # The limit both engines compute the same way (AllocatorSettings.allowed_bytes).
         allowed = settings.allowed_bytes(capacity)
         gc_enabled = allowed is not None and settings.garbage_collection_threshold > 0

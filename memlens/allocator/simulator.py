@@ -40,7 +40,7 @@ from memlens.snapshot.block_rules import (
     MAX_MODELLED_REQUEST,
     round_size,
 )
-from memlens.units import format_bytes
+from memlens.units import capacity_bytes, format_bytes
 
 # CUDACachingAllocator.cpp's constants and what the model covers (MAX_MODELLED_*) are declared
 # once, with the C++ model and the snapshot's block sizes, in memlens.snapshot.block_rules; the
@@ -176,8 +176,8 @@ class CachingAllocatorSimulator:
         segment_addresses: Callable[[int], int | None] | None = None,
     ) -> None:
         self.settings = settings or AllocatorSettings()
-        if capacity is not None and capacity <= 0:
-            raise MemlensUsageError(f"capacity must be positive, got {capacity}")
+        if capacity is not None:
+            capacity_bytes(capacity)  # the one check of a device's size (memlens.units)
         self.capacity = capacity
         self.device = device
         self.record_history = record_history

@@ -19,6 +19,7 @@ import msgspec
 
 from memlens.errors import MemlensUsageError
 from memlens.ops.budget import BudgetOptions, reconcile_budget
+from memlens.units import capacity_bytes
 
 if TYPE_CHECKING:
     from memlens.analysis.analysis import Analysis
@@ -47,8 +48,8 @@ class TriageOptions(msgspec.Struct, frozen=True, kw_only=True):
     budget: BudgetOptions = msgspec.field(default_factory=BudgetOptions)
 
     def __post_init__(self) -> None:
-        if self.capacity is not None and self.capacity <= 0:
-            raise MemlensUsageError(f"capacity {self.capacity:,} B: a device needs more than 0 bytes")
+        if self.capacity is not None:
+            capacity_bytes(self.capacity)  # the one check of a device's size (memlens.units)
 
 
 def analyse(source: str | OpenedFile, options: TriageOptions | None = None, progress: Progress | None = None,

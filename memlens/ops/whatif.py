@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from memlens.errors import MemlensUsageError
+from memlens.units import capacity_bytes
 
 if TYPE_CHECKING:
     from memlens.allocator.replay import WhatIfResult
@@ -33,8 +33,8 @@ class WhatIfOptions(msgspec.Struct, frozen=True, kw_only=True):
     device: int | None = None
 
     def __post_init__(self) -> None:
-        if self.capacity is not None and self.capacity <= 0:
-            raise MemlensUsageError(f"capacity {self.capacity:,} B: a device needs more than 0 bytes")
+        if self.capacity is not None:
+            capacity_bytes(self.capacity)  # the one check of a device's size (memlens.units)
 
 
 def whatif(source: str | OpenedFile | Snapshot, options: WhatIfOptions | None = None) -> WhatIfResult:
