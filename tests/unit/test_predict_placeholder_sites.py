@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from memlens.cli.predict import MAX_PLACEHOLDER_SITES, render
+from memlens.reporters.predict import MAX_PLACEHOLDER_SITES, render
 from memlens.predict import predict
 
 
