@@ -45,6 +45,17 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(usable, MAX_TEST_WORKERS))
 
 
+NOT_QUICK = ("slow", "browser", "gpu")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``quick`` on every test that is not slow, a browser's or a GPU's: ``pytest -m quick`` is the
+    loop a contributor runs between edits (README: how long it takes), the whole suite is CI's."""
+    for item in items:
+        if not any(item.get_closest_marker(name) for name in NOT_QUICK):
+            item.add_marker(pytest.mark.quick)
+
+
 def real_snapshot_paths() -> list[Path]:
     """Every snapshot in the folder the tests run against: the invariants run on each of them,
     whatever the folder holds (a held-out set these tests have never seen included)."""

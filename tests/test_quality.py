@@ -10,6 +10,9 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("tool", [["ruff", "check", "."], ["mypy"]], ids=["ruff", "mypy"])
 def test_static_checks_pass(tool: list[str]) -> None:

@@ -13,6 +13,9 @@ import memlens
 from memlens.budget.formulas import megatron_layer_activation_bytes
 from tests.examples import load_train_tiny
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 BATCH, SEQ, D_MODEL, LAYERS = 8, 256, 64, 3
 
 

@@ -13,6 +13,9 @@ from memlens.analysis.views import REPORT_TIMELINE_BUCKETS, timeline_of
 from memlens.budget import ModelSpec, TrainingSetup, estimate, reconcile
 from tests.conftest import REAL_SNAPSHOTS_MISSING, real_snapshot_paths
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 PATHS = real_snapshot_paths()
 
 

@@ -18,6 +18,9 @@ from memlens_app.panels.ranks import ranks_panel
 from memlens_app.panels.timeline import findings_panel, timeline_panel, window_of, window_text
 from tests.conftest import REAL_SNAPSHOTS_MISSING, real_snapshot_paths
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 PATHS = real_snapshot_paths()
 
 

@@ -15,6 +15,9 @@ import pytest
 
 from memlens.budget import ModelSpec, TrainingSetup, estimate
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BATCH, SEQ, HIDDEN, HEADS = 2, 512, 256, 4
 

@@ -13,7 +13,7 @@ from memlens.analysis.schema import REPORT_SCHEMA
 from memlens.cli.main import cli
 from tests.conftest import needs_real_snapshots, real_snapshot_paths
 
-pytestmark = needs_real_snapshots
+pytestmark = [needs_real_snapshots, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("path", real_snapshot_paths(), ids=lambda p: p.name[:40])

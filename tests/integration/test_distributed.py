@@ -13,6 +13,9 @@ import torch.multiprocessing as mp
 
 import memlens
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 
 def _worker(rank: int, world_size: int, init_file: str, out: str) -> None:
     from memlens.recorder import record

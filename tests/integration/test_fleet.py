@@ -12,6 +12,9 @@ from memlens.cli.main import cli
 from memlens.ops.fleet import triage_fleet
 from tests.fleet_ranks import BATCH, record_ranks
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 WORLD_SIZE = 4
 LEAKY_RANK = 2
 STEPS = 3

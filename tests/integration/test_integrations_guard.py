@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 SCRIPT = """
 import os, signal, sys

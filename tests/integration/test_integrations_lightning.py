@@ -19,7 +19,7 @@ import memlens  # noqa: E402
 import memlens.integrations  # noqa: E402
 from memlens.integrations.lightning import MemlensCallback  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 @pytest.fixture(autouse=True)

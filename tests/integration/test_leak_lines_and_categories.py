@@ -23,6 +23,9 @@ import pytest
 import memlens
 from memlens.analysis import Finding, Report
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 STEPS = 8
 SCRIPT = textwrap.dedent("""
     import sys

@@ -17,6 +17,9 @@ from memlens.analysis.schema import validate
 from tests.conftest import REPO_ROOT
 from tests.integration import leaky_loop
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 LOOP = Path(leaky_loop.__file__)
 STEPS = 6
 # The recall target: bytes per step within this share of what the loop keeps.

@@ -26,6 +26,9 @@ from memlens.errors import MemlensFormatError, MemlensUsageError
 from memlens.mcp_server import PathPolicy, Tools, one_line_error
 from tests.conftest import REPO_ROOT, SAMPLE_SNAPSHOTS_DIR, needs_real_snapshots, real_snapshot
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("mcp")
 
 TOOLS = {"triage", "findings", "group_by", "diff", "whatif", "budget"}

@@ -19,6 +19,9 @@ import pytest
 from memlens.predict.fidelity import compare
 from tests.conftest import REAL_SNAPSHOTS_DIR, needs_real_snapshots, real_snapshot
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCES = REAL_SNAPSHOTS_DIR / "cs336_sources"
 

@@ -20,6 +20,9 @@ import pytest
 
 from tests.conftest import REAL_SNAPSHOTS_ENV, REPO_ROOT, SAMPLE_SNAPSHOTS_DIR, real_snapshot
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 # Every test module that reads the real snapshots (the browser ones need Chromium; the predict
 # recipes run scripts for minutes and are about named files only).
 MODULES = [

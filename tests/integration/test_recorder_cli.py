@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import memlens
 from tests.examples import TRAIN_TINY
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 def run(out: Path, *options: str, steps: int = 3) -> Any:

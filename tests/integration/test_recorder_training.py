@@ -22,6 +22,9 @@ import memlens
 from memlens.recorder import record
 from tests.examples import TRAIN_TINY, load_train_tiny
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 
 

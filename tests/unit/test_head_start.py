@@ -25,6 +25,9 @@ from memlens.files import OpenedFile, open_regular
 from memlens.snapshot import ahead, native_scan
 from tests.conftest import SAMPLE_SNAPSHOTS_DIR
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 SAMPLE = SAMPLE_SNAPSHOTS_DIR / "leak.pickle"
 
 

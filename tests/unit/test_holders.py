@@ -16,6 +16,9 @@ import torch
 
 from memlens.recorder.holders import HolderLimits, find_holders, gc_tensors, old_live_blocks
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 
 class Blocks:
     """A fake block table: tensors registered as "allocated in an earlier step"."""

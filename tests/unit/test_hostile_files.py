@@ -14,6 +14,9 @@ import pytest
 
 from tests.hostile_files import ACCEPTED, CORPUS, dumps, entry, snapshot
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 MEMORY_LIMIT = 2 << 30
 OUTPUT_LIMIT = 2 << 30
 REPO = Path(__file__).resolve().parents[2]

@@ -25,6 +25,9 @@ from memlens.snapshot.scan import PickleRefused, VettedStream
 from tests.conftest import REAL_SNAPSHOTS_DIR
 from tests.hostile_files import get, put, small_int, snapshot, text, tuple_dag
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 
 class _Plain(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:

@@ -32,6 +32,9 @@ from memlens.snapshot.reader import parse, read_raw
 from tests.conftest import REAL_SNAPSHOTS_MISSING, real_snapshot_paths
 from tests.hostile_files import entry
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 BASE = 0x7000_0000

@@ -18,6 +18,9 @@ import pytest
 from memlens.allocator.engine import native_module
 from tests.conftest import REPO_ROOT, real_snapshot_paths
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 SAMPLES = sorted((REPO_ROOT / "sample_snapshots").glob("*.pickle"))
 NO_NATIVE = "the native core is not built (or MEMLENS_PURE_PYTHON)"
 needs_native = pytest.mark.skipif(native_module() is None, reason=NO_NATIVE)

@@ -27,7 +27,10 @@ from memlens.snapshot.reader import load
 from memlens.units import MiB
 from tests.conftest import REPO_ROOT, real_snapshot_paths
 
-pytestmark = pytest.mark.skipif(native_module() is None, reason="the native core is not built (or MEMLENS_PURE_PYTHON)")
+pytestmark = [
+    pytest.mark.skipif(native_module() is None, reason="the native core is not built (or MEMLENS_PURE_PYTHON)"),
+    pytest.mark.slow,
+]
 
 SAMPLES = sorted((REPO_ROOT / "sample_snapshots").glob("*.pickle"))
 VARIANTS: dict[str, dict[str, Any]] = {

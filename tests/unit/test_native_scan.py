@@ -32,10 +32,13 @@ from tests.unit.test_hostile_scan import opcode_streams
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((REPO / "sample_snapshots").glob("*.pickle"))
 
-pytestmark = pytest.mark.skipif(
-    ahead._native_scan is None,
-    reason="memlens._scan is not built (pip install -e . with a C++17 compiler builds it)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        ahead._native_scan is None,
+        reason="memlens._scan is not built (pip install -e . with a C++17 compiler builds it)",
+    ),
+    pytest.mark.slow,
+]
 
 
 def fingerprint(value: Any) -> Any:

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "fuzz_scanner.sh"
 SECONDS = 30

@@ -20,7 +20,10 @@ from memlens.allocator.simulator import SimulatedOOM
 from memlens.errors import MemlensUsageError
 from memlens.units import MiB
 
-pytestmark = pytest.mark.skipif(native_module() is None, reason="the native core is not built (or MEMLENS_PURE_PYTHON)")
+pytestmark = [
+    pytest.mark.skipif(native_module() is None, reason="the native core is not built (or MEMLENS_PURE_PYTHON)"),
+    pytest.mark.slow,
+]
 
 if native_module() is not None:
     from memlens.allocator.native import NativeCachingAllocatorSimulator

@@ -19,6 +19,9 @@ import pytest
 
 from tests.conftest import REPO_ROOT, SAMPLE_SNAPSHOTS_DIR
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 SAMPLE = str(SAMPLE_SNAPSHOTS_DIR / "leak.pickle")
 HUGE = "1" + "0" * 5000
 NASTY = ["1e400", "inf", "nan", "-1", HUGE, "a{4294967295}"]

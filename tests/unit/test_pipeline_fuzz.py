@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +17,9 @@ from memlens.analysis.report import Report
 from memlens.compare import diff_reports
 from memlens.errors import MemlensError
 from memlens.snapshot.reader import parse
+
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
 
 ADDRESSES = [0, 512, 1024, 4096, 1 << 21, 1 << 30]
 SIZES = [0, 1, 512, 1 << 20, 1 << 22, 1 << 31]

@@ -14,6 +14,9 @@ import pytest
 
 from memlens.predict import guard
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 # A CUDA build of torch on a machine without a GPU, as seen from this CPU-only one: the build says
 # CUDA is built in, the runtime finds no device. Before the fix, memlens trusted the build and
 # loaded nothing, and the first backward ended in "hasPrimaryContext expects a valid device index"

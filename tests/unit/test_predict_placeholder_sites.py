@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from memlens.reporters.predict import MAX_PLACEHOLDER_SITES, render
 from memlens.predict import predict
+from memlens.reporters.predict import MAX_PLACEHOLDER_SITES, render
 
 
 def test_each_line_whose_values_stood_in_is_counted_and_named() -> None:

@@ -23,6 +23,9 @@ from tests.conftest import real_snapshot_paths
 from tests.hostile_files import dumps, entry, snapshot
 from tests.unit.test_native_scan import outcome
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((REPO / "sample_snapshots").glob("*.pickle"))
 ENGINES = [pytest.param(True, id="python"), pytest.param(

@@ -24,6 +24,9 @@ from memlens.reporters.terminal import make_console, render_triage
 from tests import hostile_files
 from tests.unit.test_reader import tiny_snapshot
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 GOOD = pickle.dumps(tiny_snapshot(), protocol=4)
 
 

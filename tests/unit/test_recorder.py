@@ -21,6 +21,9 @@ from memlens.recorder.stacks import StackCapture, relative_filename_map
 from memlens.recorder.writing import _host_tag, remove_stale_files, reservation_path, reserve, write_atomic
 from memlens.sidecar.writer import sidecar_path
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 
 def fake_clock() -> Any:
     return itertools.count(1_000_000).__next__

@@ -29,6 +29,9 @@ from memlens.recorder.roles import RoleRecorder, find_model, model_state
 from memlens.sidecar import sidecar_from_builtins
 from memlens.sidecar.writer import sidecar_path
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 
 def lifetimes(rows: list[tuple[int, int, int]], events: int) -> Lifetimes:
     """(address, alloc_event, free_event) rows, 512 bytes each."""

@@ -6,10 +6,14 @@ import gc
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from memlens.recorder import record
 from memlens.sidecar.writer import sidecar_path
+
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
 
 
 def tiny() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

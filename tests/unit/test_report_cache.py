@@ -19,6 +19,9 @@ from memlens.ops.triage import TriageOptions, triage
 from memlens.sidecar import sidecar_name
 from tests.conftest import REPO_ROOT, SAMPLE_SNAPSHOTS_DIR, needs_real_snapshots, real_snapshot_paths
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 SAMPLES = sorted(SAMPLE_SNAPSHOTS_DIR.glob("*.pickle"))
 CACHED = TriageOptions(cache=True)
 

@@ -38,6 +38,9 @@ from memlens.stream_export import (
 from tests.conftest import REPO_ROOT, SAMPLE_SNAPSHOTS_DIR, needs_real_snapshots, real_snapshot, real_snapshot_paths
 from tests.unit.tracebuilder import MiB, TraceBuilder, frame, training_run
 
+# Seconds a test, more than the quick loop (`pytest -m quick`) holds.
+pytestmark = pytest.mark.slow
+
 SAMPLES = sorted(SAMPLE_SNAPSHOTS_DIR.glob("*.pickle"))
 
 
