@@ -15,6 +15,7 @@ per rank) are a fleet: `memlens fleet`.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import click
@@ -88,10 +89,13 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
 
         with progress_bar(path.rsplit("/", 1)[-1]) as update:
             report = pending.result(progress=update)
-    if as_json:
-        click.echo(json_text(report.to_json()))
-    else:
-        render_triage(make_console(width=width, color=color), report, device, top=top, full_stacks=full_stacks)
+        # Shown inside the block: a first triage's caches are written as it closes, after this.
+        if as_json:
+            click.echo(json_text(report.to_json()))
+        else:
+            render_triage(make_console(width=width, color=color), report, device, top=top, full_stacks=full_stacks)
+        with contextlib.suppress(OSError):  # a full disk or a gone reader is told at exit, as before
+            sys.stdout.flush()
     hits = [k for k in kinds if k in {f.kind for f in report.findings}]
     if hits:
         click.echo(f"memlens: found {', '.join(hits)} (--fail-on)", err=True)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from memlens.deferred import after_answer, holding, run_all
 from memlens.errors import MemlensUsageError
 from memlens.ops.budget import BudgetOptions, reconcile_budget
 from memlens.units import capacity_bytes
@@ -102,6 +103,7 @@ class PendingTriage(contextlib.AbstractContextManager["PendingTriage"]):
         self.options = options
         self._exits = contextlib.ExitStack()
         self._opened = self._exits.enter_context(opened_snapshot(source))
+        self._cache_writes: list[Callable[[], object]] = []
         wanted = caches(self._opened.size, options.cache)
         self._slot = ReportSlot.for_opened(self._opened, options.capacity) if wanted else None
         if self._slot is not None:
@@ -113,25 +115,36 @@ class PendingTriage(contextlib.AbstractContextManager["PendingTriage"]):
             self._exits.callback(ahead.wait, self._opened)  # before the file: the scan reads it
 
     def result(self, progress: Progress | None = None) -> Report:
+        """The report. The caches a first triage writes (the snapshot's columnar copy, the report)
+        are held until this pending triage is closed, so a face that shows the answer inside the
+        ``with`` block shows it before they are written."""
         report = self._slot.read() if self._slot is not None else None
         if report is None:
-            if self._scanning:  # the scan is running without the GIL: import beside it
-                _import_all(_ANALYSIS_MODULES)
-                report = analyse(self._opened, self.options, progress).report
-            else:
-                # The finders are imported on another thread while this one reads the file: the
-                # native scanner runs without the GIL, so the 50 ms of imports cost no time.
-                warm = threading.Thread(target=_import_all, args=(_ANALYSIS_MODULES,),
-                                        name="memlens-import-analysis", daemon=True)
-                warm.start()
-                report = analyse(self._opened, self.options, progress).report
-                warm.join()
-            if self._slot is not None:
-                self._slot.write(report)
+            with holding(self._cache_writes):
+                if self._scanning:  # the scan is running without the GIL: import beside it
+                    _import_all(_ANALYSIS_MODULES)
+                    fresh = analyse(self._opened, self.options, progress).report
+                else:
+                    # The finders are imported on another thread while this one reads the file: the
+                    # native scanner runs without the GIL, so the 50 ms of imports cost no time.
+                    warm = threading.Thread(target=_import_all, args=(_ANALYSIS_MODULES,),
+                                            name="memlens-import-analysis", daemon=True)
+                    warm.start()
+                    fresh = analyse(self._opened, self.options, progress).report
+                    warm.join()
+                if self._slot is not None:
+                    slot = self._slot
+                    after_answer(lambda: slot.write(fresh))
+            report = fresh
         return with_budget(report, self.options)
 
     def __exit__(self, *exc_info: object) -> None:
-        self._exits.close()
+        # The caches are written here, after the face has shown the answer from inside the block,
+        # and before the file (which the report's entry is named by) is let go.
+        try:
+            run_all(self._cache_writes)
+        finally:
+            self._exits.close()
 
 
 # numpy.ma too: numpy's unique (and isin) import it on first use.

@@ -37,6 +37,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
+from memlens.deferred import after_answer
 from memlens.errors import MemlensFormatError, MemlensUsageError
 from memlens.files import OpenedFile, opened_snapshot
 from memlens.sidecar import sidecar_beside
@@ -84,6 +85,7 @@ from memlens.snapshot.validate import (
 )
 
 if TYPE_CHECKING:
+    from memlens.snapshot.cache import CacheEntry
     from memlens.snapshot.scan import PipedVetting, VettedStream
 
 GZIP_MAX_RATIO = 100
@@ -422,13 +424,24 @@ def _load(opened: OpenedFile, cache: bool | None, progress: Callable[[str, float
             del raw
         snapshot.sidecar, snapshot.sidecar_problem = sidecar_beside(opened)
         if cache_entry is not None:
-            cache_entry.write(snapshot)
+            # Written once the answer is out when a face asked for that (memlens.deferred); the
+            # entry keeps its own descriptor of the file until then.
+            entry, cache_entry = cache_entry, None
+            after_answer(lambda: _write_and_close(entry, snapshot))
     finally:
         if cache_entry is not None:
             cache_entry.close()
     if progress:
         progress("done", 1.0)
     return snapshot
+
+
+def _write_and_close(entry: CacheEntry, snapshot: Snapshot) -> None:
+    """The columnar copy of ``snapshot`` stored in its cache entry, then the entry let go."""
+    try:
+        entry.write(snapshot)
+    finally:
+        entry.close()
 
 
 # --------------------------------------------------------------------------- parsing
