@@ -45,7 +45,12 @@ from memlens.predict.gpus import (
 )
 from memlens.predict.guard import check_autograd_sees_cuda, ensure_cuda_guard
 from memlens.predict.sdpa import fused_sdpa
-from memlens.predict.sharding import storage_released, storage_resize_patch
+from memlens.predict.sharding import (
+    fake_data_setter_patch,
+    pin_memory_op_hook,
+    storage_released,
+    storage_resize_patch,
+)
 from memlens.predict.tracking import (
     CudaStorageTracker,
     EmulatedDeviceFakeMode,
@@ -237,8 +242,9 @@ class PredictSession:
         self._saved: list[tuple[Any, str, Any]] = []
         self._thread = threading.get_ident()
         # Asked first about every op (``func, args, kwargs``); what one returns other than
-        # NotImplemented is the op's result (the plan's simulated process group: ``memlens.plan.ddp``).
-        self.op_hooks: list[Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = []
+        # NotImplemented is the op's result (the plan's simulated process group: ``memlens.plan.ddp``;
+        # pinned host memory: ``memlens.predict.sharding.pin_memory_op_hook``).
+        self.op_hooks: list[Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = [pin_memory_op_hook]
 
     # ------------------------------------------------------------------ enter / exit
     def __enter__(self) -> PredictSession:
@@ -283,6 +289,7 @@ class PredictSession:
         patches = CudaApi(self).patches()
         patches.append((torch.utils, "swap_tensors", _swap_fake_tensors(torch.utils.swap_tensors)))
         patches.append(storage_resize_patch(self.tracker))
+        patches.append(fake_data_setter_patch())
         patches += _skipped_initialisers()
         functional = torch.nn.functional
         patches.append(

@@ -13,6 +13,17 @@ FSDP2 frees an all-gathered parameter by ``untyped_storage().resize_(0)`` and br
 returns the block to the caching allocator or takes a new one. ``storage_resize_patch`` wraps
 ``UntypedStorage.resize_`` so the tracker does the same; without it every all-gathered parameter
 stayed allocated to the end of the run.
+
+FSDP (both generations) moves a parameter built on the CPU with ``param.data = param.to(device)``
+(FSDP2's ``_move_states_to_device``, FSDP1's flat parameters and CPU offload), and FSDP2's CPU
+offload moves its shards back by the same setter. A fake tensor's device is a Python attribute
+(``fake_device``) that the C++ ``data`` setter does not know of: the parameter kept saying "cpu"
+while holding a CUDA tensor, and FSDP2 stopped at "Expects the parameter to already be moved".
+``fake_data_setter_patch`` makes the setter carry the device over, as it does for real tensors.
+
+FSDP2's ``CPUOffloadPolicy`` (``pin_memory=True`` by default) pins its CPU shards; fake tensors
+have no ``_pin_memory`` kernel. Pinned host memory is not the GPU's, so ``pin_memory_op_hook``
+answers it with a fake CPU copy, which the tracker does not count.
 """
 
 from __future__ import annotations
@@ -73,4 +84,44 @@ def storage_resize_patch(listener: ResizeListener) -> tuple[Any, str, Callable[.
     return torch.UntypedStorage, "resize_", resize_
 
 
-__all__ = ["ResizeListener", "local_tensors", "storage_released", "storage_resize_patch"]
+def pin_memory_op_hook(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """An op hook for the session: ``tensor.pin_memory()`` on a fake CPU tensor is a CPU copy
+    (page-locked host memory, which the emulated device does not hold); NotImplemented for
+    every other op."""
+    if func is not torch.ops.aten._pin_memory.default or not args:
+        return NotImplemented
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    tensor = args[0]
+    if not isinstance(tensor, FakeTensor) or tensor.device.type != "cpu":
+        return NotImplemented
+    return tensor.clone()
+
+
+def fake_data_setter_patch() -> tuple[Any, str, Any]:
+    """``(owner, name, value)`` for the session's patches: ``FakeTensor.data`` whose setter also
+    takes the new tensor's device (a real tensor's device is its data's)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    base: Any = torch._C.TensorBase.__dict__["data"]  # the C++ getter and setter every tensor has
+
+    def get_data(tensor: torch.Tensor) -> torch.Tensor:
+        data: torch.Tensor = base.__get__(tensor)
+        return data
+
+    def set_data(tensor: torch.Tensor, value: torch.Tensor) -> None:
+        base.__set__(tensor, value)
+        if isinstance(tensor, FakeTensor) and isinstance(value, FakeTensor):
+            tensor.fake_device = value.fake_device
+
+    return FakeTensor, "data", property(get_data, set_data)
+
+
+__all__ = [
+    "ResizeListener",
+    "fake_data_setter_patch",
+    "local_tensors",
+    "pin_memory_op_hook",
+    "storage_released",
+    "storage_resize_patch",
+]
