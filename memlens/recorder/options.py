@@ -27,6 +27,10 @@ from memlens.recorder.stacks import DEFAULT_MAX_DEPTH
 # (each entry is a few hundred bytes plus its stack), and the ring buffer keeps the newest.
 DEFAULT_MAX_ENTRIES = 200_000
 
+# Rolling snapshots kept per name with dump_every: three lets a follower that misses one dump
+# still find the one before, and a long run's folder holds a bounded number of snapshots.
+DEFAULT_DUMP_KEEP = 3
+
 DEVICES = ("auto", "cpu", "cuda")
 STACKS = ("python", "all", "none")
 # Which trace entries carry a stack, as PyTorch's _record_memory_history(context=...): "all"
@@ -89,7 +93,12 @@ class RecordOptions:
         "Frames kept of each stack, innermost first (the CPU recorder's).",
         python_only="not asked for yet: the default keeps a training script's frames"))
     dump_every: int | None = dataclasses.field(default=None, metadata=_described(
-        "Also write the snapshot every N steps.", flag="--dump-every", kind="count"))
+        "Also write the snapshot every N steps, each as its own file (NAME.step000050.pickle, "
+        "NAME.pickle pointed at the newest), for `memlens triage --follow` / `serve --follow`.",
+        flag="--dump-every", kind="count"))
+    dump_keep: int = dataclasses.field(default=DEFAULT_DUMP_KEEP, metadata=_described(
+        "Rolling snapshots kept with --dump-every (the newest N; older ones are deleted).",
+        flag="--dump-keep", kind="count"))
     record_optimizer_steps: bool = dataclasses.field(default=False, metadata=_described(
         "Mark a step after every optimizer.step(), and watch that optimizer and the model owning its "
         "parameters.", python_only="memlens record always does: it is how a script it cannot change has steps"))
@@ -110,6 +119,8 @@ class RecordOptions:
                 raise MemlensUsageError(f"{field.name} must be {listed}, got {value!r}")
         if self.dump_every is not None and self.dump_every < 1:
             raise MemlensUsageError(f"dump_every must be a positive number of steps, got {self.dump_every}")
+        if self.dump_keep < 1:
+            raise MemlensUsageError(f"dump_keep must be a positive number of snapshots, got {self.dump_keep}")
         scopes = self.module_scopes
         if isinstance(scopes, int) and not isinstance(scopes, bool) and scopes < 0:
             raise MemlensUsageError(f"module_scopes must be True, False or a depth >= 0, got {scopes}")

@@ -29,6 +29,8 @@ SIGTERM (then the process exits with 143, as SIGTERM's default would) or Ctrl-C 
 session starts (which also checks that ``out`` can be written): files an earlier run left there,
 or a name another running session holds, are kept and this run writes ``snapshot-2.pickle``,
 ``-3`` ... Each comes with a ``.memlens.json`` sidecar (its fields in ``memlens.sidecar.format``).
+A periodic dump is a rolling snapshot of its own, ``<name>.step000050.pickle`` (the newest
+``dump_keep`` kept, and ``<name>.pickle`` pointed at the newest: ``memlens.recorder.writing``).
 Closing prints ``memlens: wrote PATH (N steps; peak ...)`` on stderr. With more than one rank, rank 0
 also writes ``<out>/ranks.json`` (``<stem>_ranks.json`` beside an ``out`` file) with every rank's peak.
 
@@ -66,7 +68,7 @@ from memlens.recorder.holders import leak_holders
 from memlens.recorder.model_inspection import ModelInspector, optimizer_state_dtype, optimizer_stats, parameter_stats
 from memlens.recorder.module_scopes import ModuleScopes
 from memlens.recorder.naming import SnapshotNames
-from memlens.recorder.options import DEFAULT_MAX_ENTRIES, RecordOptions
+from memlens.recorder.options import DEFAULT_DUMP_KEEP, DEFAULT_MAX_ENTRIES, RecordOptions
 from memlens.recorder.roles import (
     RoleRecorder,
     find_model,
@@ -77,7 +79,7 @@ from memlens.recorder.roles import (
     retained_graph_tensors,
 )
 from memlens.recorder.stacks import DEFAULT_MAX_DEPTH, StackCapture, hide_launcher_frames
-from memlens.recorder.writing import write_sidecar, write_snapshot
+from memlens.recorder.writing import prune_rolling, publish_rolled, rolling_path, write_sidecar, write_snapshot
 from memlens.sidecar import ModelInfo, Sidecar
 from memlens.sidecar.writer import build_sidecar, sidecar_path
 from memlens.units import capacity_bytes, format_bytes
@@ -146,6 +148,7 @@ class Recorder:
         self.module_scopes = options.module_scopes
         self.max_stack_depth = options.max_stack_depth
         self.dump_every = options.dump_every
+        self.dump_keep = options.dump_keep
         self.record_optimizer_steps = options.record_optimizer_steps
         self.backend: Backend = backend or _make_backend(options, self.capacity)
         self.backend.set_oom_handler(self._on_oom)
@@ -494,9 +497,12 @@ class Recorder:
         return self._names.snapshot_path(rank_info())
 
     def dump(self, reason: str = "manual") -> Path:
-        """Write the snapshot and its sidecar now; returns the snapshot's path."""
+        """Write the snapshot and its sidecar now; returns the snapshot's path (a periodic dump's
+        own: ``<name>.step000050.pickle``, with ``<name>.pickle`` pointed at it)."""
         ranks = rank_info()
         path = self._names.snapshot_path(ranks)
+        rolling = reason == "periodic" and bool(self.steps)
+        written = rolling_path(path, int(self.steps[-1]["index"])) if rolling else path
         with self._signals_wait():
             if self._state == "recording":
                 self._note_roles("dump", None, graphs=True)
@@ -504,12 +510,16 @@ class Recorder:
             hide_launcher_frames(snapshot)
             self._add_module_scopes(snapshot)
             self._add_missing_step_annotations(snapshot)
-            write_snapshot(path, snapshot)
             # memlens.recorder.holders; the struct as JSON builtins (memlens.sidecar.leak_holders)
             holders = msgspec.to_builtins(leak_holders(snapshot, self.steps, self.backend))
-            write_sidecar(sidecar_path(path), self._sidecar(reason, ranks, holders))
-            self.paths.append(path)
-        return path
+            # The sidecar first: a follower that sees the snapshot finds the sidecar beside it.
+            write_sidecar(sidecar_path(written), self._sidecar(reason, ranks, holders))
+            write_snapshot(written, snapshot)
+            if rolling:
+                publish_rolled(written, path)
+                prune_rolling(path, self.dump_keep)
+            self.paths.append(written)
+        return written
 
     # ---------------------------------------------------------------- signals
     def _install_signal_handlers(self) -> None:
@@ -768,6 +778,7 @@ def record(
     context: str = "all",
     max_stack_depth: int = DEFAULT_MAX_DEPTH,
     dump_every: int | None = None,
+    dump_keep: int = DEFAULT_DUMP_KEEP,
     record_optimizer_steps: bool = False,
     module_scopes: bool | int = True,
     clock: Callable[[], int] | None = None,

@@ -13,6 +13,17 @@ host) is gone and reservation files nobody holds: what a ``kill -9`` leaves behi
 
 The sidecar, ``<name>.memlens.json`` next to ``<name>.pickle``, is built and encoded by
 ``memlens.sidecar.writer``; ``write_sidecar`` writes it here, as atomically as the snapshot.
+
+Rolling snapshots (``dump_every``): each periodic dump is its own file, ``<name>.step000050.pickle``
+(the step is the last one completed, six digits or more) with its sidecar
+``<name>.step000050.memlens.json``, written sidecar first, then the snapshot: whoever sees the
+snapshot (``memlens triage --follow``, ``memlens serve --follow``) finds its sidecar there. The
+run's own name, ``<name>.pickle``, is then pointed at the newest one (a hard link put in place by
+``os.replace``; a copy where the file system has no links), so a run killed between dumps still
+leaves its last snapshot under the name its final dump would have. Only the newest ``keep`` of a
+name's rolling files stay (``prune_rolling``). ``<name>`` carries the rank and the run suffix
+(``rank1.step000050.pickle``, ``snapshot-2.step000050.pickle``), so ranks and runs sharing one
+folder never replace or prune each other's files.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import json
 import os
 import pickle
 import re
+import secrets
 import socket
 from pathlib import Path
 from typing import Any
@@ -89,7 +101,7 @@ def reserve(path: Path) -> Reservation | None:
         if not _still_named(fd, marker):
             os.close(fd)  # its holder released (unlinked) it between our open and our lock: again
             continue
-        if path.exists() or sidecar_path(path).exists():
+        if path.exists() or sidecar_path(path).exists() or rolling_paths(path):
             os.unlink(marker)
             os.close(fd)
             return None  # an earlier run's files
@@ -163,12 +175,82 @@ def write_sidecar(path: Path, sidecar: Sidecar) -> None:
     write_atomic(path, encode_sidecar(sidecar))
 
 
+# ----------------------------------------------------------------------------- rolling snapshots
+STEP_DIGITS = 6  # zero-padded, so that a folder listed by name lists a run's dumps in step order
+ROLLING_NAME = re.compile(r"^(?P<series>[^.].*?)\.step(?P<step>\d{6,})\.pickle$")
+
+
+def rolling_path(path: Path, step: int) -> Path:
+    """The periodic dump after ``step`` of the run whose snapshot is ``path`` (``<name>.pickle``):
+    ``<name>.step000050.pickle`` beside it."""
+    return path.with_name(f"{path.stem}.step{step:0{STEP_DIGITS}d}.pickle")
+
+
+def rolling_paths(path: Path) -> list[Path]:
+    """The rolling snapshots of ``path``'s name in its folder, by step (oldest first)."""
+    try:
+        names = os.listdir(path.parent)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found: list[tuple[int, Path]] = []
+    for name in names:
+        match = ROLLING_NAME.match(name)
+        if match is not None and match["series"] == path.stem:
+            found.append((int(match["step"]), path.parent / name))
+    return [rolled for _, rolled in sorted(found)]
+
+
+def publish_rolled(rolled: Path, path: Path) -> None:
+    """Point ``path`` (and its sidecar) at the rolling snapshot ``rolled``, each replaced whole:
+    a hard link where the file system has them (no bytes copied), else a copy. The sidecar goes
+    first, as for every snapshot: a reader that finds the new snapshot finds its sidecar."""
+    for source, target in ((sidecar_path(rolled), sidecar_path(path)), (rolled, path)):
+        if not _link_atomic(source, target):
+            write_atomic(target, source.read_bytes())
+
+
+def _link_atomic(source: Path, target: Path) -> bool:
+    """Replace ``target`` by a hard link to ``source``; False where it cannot be (no links on
+    this file system, or ``target`` is not a plain file: a symbolic link, a FIFO)."""
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        return False
+    temp = target.with_name(f".{target.name}.{_host_tag()}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        os.link(source, temp)
+    except OSError:
+        return False
+    try:
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+    return True
+
+
+def prune_rolling(path: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` rolling snapshots of ``path``'s name (each snapshot
+    before its sidecar, so no reader finds a snapshot without one); returns the snapshots removed.
+    A reader that has one open goes on reading it: an open file outlives its name."""
+    removed = rolling_paths(path)[:-keep] if keep > 0 else rolling_paths(path)
+    for rolled in removed:
+        for each in (rolled, sidecar_path(rolled)):
+            with contextlib.suppress(FileNotFoundError):
+                each.unlink()
+    return removed
+
+
 __all__ = [
     "PICKLE_PROTOCOL",
+    "ROLLING_NAME",
     "Reservation",
+    "prune_rolling",
+    "publish_rolled",
     "remove_stale_files",
     "reservation_path",
     "reserve",
+    "rolling_path",
+    "rolling_paths",
     "write_atomic",
     "write_json",
     "write_sidecar",
