@@ -56,6 +56,7 @@ _HOMES = {
 # below is complete without importing the recorder; tests/test_public_api.py keeps them equal.
 _RECORDER_MAX_ENTRIES = 200_000
 _RECORDER_MAX_STACK_DEPTH = 64
+_RECORDER_DUMP_KEEP = 3
 
 
 def analyze(
@@ -87,6 +88,7 @@ def record(
     context: str = "all",
     max_stack_depth: int = _RECORDER_MAX_STACK_DEPTH,
     dump_every: int | None = None,
+    dump_keep: int = _RECORDER_DUMP_KEEP,
     record_optimizer_steps: bool = False,
     module_scopes: bool | int = True,
     clock: Callable[[], int] | None = None,
@@ -110,6 +112,7 @@ def record(
         context=context,
         max_stack_depth=max_stack_depth,
         dump_every=dump_every,
+        dump_keep=dump_keep,
         record_optimizer_steps=record_optimizer_steps,
         module_scopes=module_scopes,
         clock=clock,
