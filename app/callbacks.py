@@ -53,6 +53,7 @@ from memlens_app.panels.timeline import (
     window_text,
 )
 from memlens_app.panels.whatif import whatif_panel, whatif_request
+from memlens_app.progress import progress_view
 from memlens_app.session import client_gone_check, current_session
 from memlens_app.worker import AnalysisCrashed, JobAbandoned
 
@@ -119,6 +120,25 @@ def register_callbacks(app: Dash, library: Library) -> None:
         return (options, event["id"], options, options, job if event["id"] in job else no_update,
                 alert(f"Loaded {event.get('name', 'the upload')}" + (f" ({event['note']})." if event.get("note")
                                                                       else "."), "ok"))
+
+    @app.callback(
+        Output("analysis-progress", "children"),
+        Output("progress-poll", "disabled"),
+        Input("progress-poll", "n_intervals"),
+        Input("source-picker", "value"),
+    )
+    def show_progress(_ticks: Any, source_value: Any) -> Any:
+        """The picked snapshot's analysis, stage by stage (``memlens_app.progress``); the poll
+        stops once it is done or failed, and starts again with the next snapshot picked."""
+        source_id = inputs.source_id(source_value)
+        if not source_id:
+            return None, True
+        try:
+            source = library.source(source_id, current_session())
+            state = library.progress(source_id, current_session())
+        except MemlensError:
+            return None, True
+        return progress_view(source.label, state), state is not None and state.finished
 
     @app.callback(
         Output("device-picker", "options"),

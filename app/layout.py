@@ -26,6 +26,9 @@ GROUP_BY_LABELS = {"category": "category (and stack)", "annotation": "annotation
                    "frame": "innermost frame", "stack": "whole stack"}
 
 
+# How often the page asks how far an analysis has got (stopped once it is done).
+PROGRESS_POLL_MS = 250
+
 # About what the picker's width shows of a label; the browser cuts a longer one at its end, where
 # rank files and runs of one job often read the same.
 PICKER_LABEL_CHARS = 60
@@ -146,6 +149,9 @@ def build_layout(library: Library, max_upload_bytes: int, session: str | None) -
             ]),
         ]),
         html.Div(id="upload-progress", className="upload-progress"),
+        # The picked snapshot's analysis, stage by stage, until its timeline is drawn.
+        html.Div(id="analysis-progress", className="analysis-progress"),
+        dcc.Interval(id="progress-poll", interval=PROGRESS_POLL_MS, disabled=False),
         html.Div(id="message", className="message-area"),
         # The zoomed range of the timeline, when there is one: every panel follows it.
         html.Div(id="window-label", className="window-label"),

@@ -40,6 +40,7 @@ from typing import Any
 from memlens.errors import MemlensError
 from memlens.files import process_alive
 from memlens.units import GiB
+from memlens_app.progress import Progress, ProgressBoard
 from memlens_app.scheduler import DEFAULT_PER_ADDRESS, DEFAULT_WAIT_S, AddressBusy, FairQueue, QueueState, ServerBusy
 from memlens_app.session import SERVER_SESSION, current_address
 from memlens_app.sidecars import expected_sidecar, paired_path
@@ -210,6 +211,8 @@ class Library:
         self._generation: Counter[str] = Counter()
         self._upload_dir: str | None = None
         self._closed = False
+        # How far each analysis has got (the page's progress bar).
+        self._progress = ProgressBoard()
         atexit.register(self.close)
 
     def close(self) -> None:
@@ -440,6 +443,7 @@ class Library:
             self._unshown.discard(source_id)
             self._paired.pop(source_id, None)
             self._paired_bytes.pop(source_id, None)
+        self._progress.forget(source_id)
         if source is not None and source.kind == "upload":
             _remove_upload_files(source)
 
@@ -525,26 +529,43 @@ class Library:
                     source = self.source(source_id, session)
                     self._busy[source_id] += 1
                     generation = self._generation[source_id]
+                self._progress.queued(source_id)
                 try:
-                    with self.queue.turn(session or SERVER_SESSION, f"the analysis of {source.name}",
-                                         current_address()):
+                    with (self.queue.turn(session or SERVER_SESSION, f"the analysis of {source.name}",
+                                          current_address()),
+                          self._progress.running(source_id) as progress_path):
                         uploaded = source.kind == "upload"
                         report = analyse_in_worker(source.path, uploaded=uploaded, limits=self.limits,
                                                    workers=self._workers,
-                                                   max_content_bytes=self.max_upload_bytes if uploaded else None)
+                                                   max_content_bytes=self.max_upload_bytes if uploaded else None,
+                                                   progress_path=progress_path)
                 except AnalysisStopped as exc:
+                    self._progress.finished(source_id, f"{source.name}: {exc}")
                     raise AnalysisStopped(f"{source.name}: {exc}") from None
+                except Exception as exc:
+                    self._progress.finished(source_id, _one_line(exc, source))
+                    raise
                 finally:
                     with self._lock:
                         self._busy[source_id] -= 1
                         if self._busy[source_id] <= 0:
                             del self._busy[source_id]
                 self._store(source_id, report, generation)
+                self._progress.finished(source_id)
         finally:
             with self._lock:
                 self._building.pop(source_id, None)
         self._evict_uploads()
         return report
+
+    def progress(self, source_id: str, session: str | None = None) -> Progress | None:
+        """How far the analysis of a source ``session`` may see has got (``memlens_app.progress``):
+        done once its report is cached; None when no analysis of it was asked for yet."""
+        self.source(source_id, session)
+        with self._lock:
+            if source_id in self._reports:
+                return Progress("done", 1.0)
+        return self._progress.state(source_id)
 
     def whatif(self, source_id: str, session: str | None, device: int, capacity: int | None, extra: int,
                abandoned: Callable[[], bool] | None = None) -> WhatIfAnswer:
@@ -608,6 +629,14 @@ class Library:
             self._reports.clear()
             self._report_bytes.clear()
         _release_memory()
+
+
+def _one_line(error: Exception, source: Source) -> str:
+    """What the page's progress bar says of a failed analysis: the error's line, or (a bug) that
+    memlens failed, never a traceback."""
+    if isinstance(error, MemlensError):
+        return str(error).replace(source.path, source.name).splitlines()[0] if str(error) else source.name
+    return f"{source.name}: memlens failed to analyse this file (an internal error; see the server log)"
 
 
 def _file_bytes(path: str) -> int:

@@ -33,6 +33,7 @@ from memlens.ops.runner import (
 )
 from memlens.ops.runner import default_memory_limit as default_memory_limit
 from memlens.ops.triage import TriageOptions, analyse
+from memlens_app.progress import ProgressWriter
 from memlens_app.sidecars import check_uploaded_sidecars
 
 log = logging.getLogger("memlens.app")
@@ -40,6 +41,9 @@ log = logging.getLogger("memlens.app")
 DEFAULT_ANALYSIS_TIMEOUT_S = DEFAULT_TIMEOUT_S
 # Modules the forkserver imports once, so that each forked child starts with them loaded.
 _PRELOAD = [*DEFAULT_PRELOAD, "memlens_app.worker", "memlens.allocator"]  # the what-if job's simulator
+# Where the page's bar stands while the analysis proper runs: the terminal's bar reports
+# "analysing" at 1.0 as the analysis begins; the page's keeps the rest for it and the answer's trip.
+ANALYSING_FRACTION = 0.85
 
 # The runner's names, as the app has always called them.
 AnalysisLimits = Limits
@@ -50,16 +54,34 @@ WorkerGroup = ProcessGroup
 
 
 def analyse_in_worker(path: str, *, uploaded: bool, limits: AnalysisLimits, workers: WorkerGroup,
-                      max_content_bytes: int | None = None) -> Any:
+                      max_content_bytes: int | None = None, progress_path: str | None = None) -> Any:
     """Load and analyse ``path`` in a child process under ``limits``; the ``Analysis`` it built.
+    ``progress_path``: a file the child writes its stages into (``memlens_app.progress``).
 
     Raises ``MemlensError`` for a file memlens cannot read (the reader's own message),
     ``AnalysisStopped`` when a limit was hit, ``AnalysisCrashed`` for a bug in memlens.
     """
     # An upload gets no cache file beside it in the upload folder: it would only cost disk.
     options = TriageOptions(cache=False) if uploaded else TriageOptions()
-    return run_limited(analyse, (path, options, None, max_content_bytes), limits=limits, group=workers,
-                       what="analysis", preload=_PRELOAD)
+    if progress_path is None:
+        return run_limited(analyse, (path, options, None, max_content_bytes), limits=limits, group=workers,
+                           what="analysis", preload=_PRELOAD)
+    return run_limited(analyse_reporting, (path, options, max_content_bytes, progress_path), limits=limits,
+                       group=workers, what="analysis", preload=_PRELOAD)
+
+
+def analyse_reporting(path: str, options: TriageOptions, max_content_bytes: int | None, progress_path: str) -> Any:
+    """What the analysis child runs when the page follows it: ``analyse`` with its stages (the
+    terminal's) written to ``progress_path``."""
+    writer = ProgressWriter(progress_path)
+
+    def report(stage: str, fraction: float) -> None:
+        if stage == "done":  # the reader's own end: the analysis is still to come
+            return
+        writer(stage, ANALYSING_FRACTION if stage == "analysing" else fraction)
+
+    writer("reading", 0.0)
+    return analyse(path, options, report, max_content_bytes)
 
 
 def check_sidecars_in_worker(sidecars: list[tuple[str, str]], *, limits: AnalysisLimits,

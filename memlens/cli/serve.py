@@ -1,8 +1,10 @@
 """Open the interactive dashboard in your browser: timeline, findings, budget, what-if, compare.
 
 Serves on 127.0.0.1 only unless --host says otherwise (the app reads uploaded files: expose it
-deliberately). SNAPSHOT files given here are checked with the safe reader before the server
-starts; they and the bundled samples are listed in the picker; more can be dragged onto the
+deliberately). The URL is printed at once; SNAPSHOT files given here are then checked and analysed
+in the background with the safe reader (the page shows each one's progress, and a file that is
+not a snapshot is one line on the terminal and on the page); they and the bundled samples are
+listed in the picker; more can be dragged onto the
 page (streamed to a temporary file, at most --max-upload each) and are seen only by the
 browser session that uploaded them. Every file is analysed in a child process that is stopped
 past --analysis-timeout or --analysis-memory, so one hostile file cannot hold up the other
@@ -17,7 +19,9 @@ from __future__ import annotations
 
 import logging
 import signal
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,8 @@ import click
 
 from memlens.cli.common import BYTE_SIZE
 from memlens.errors import MemlensUsageError
+from memlens.ops.errors import describe
+from memlens.printable import MAX_SHOWN_CHARS
 from memlens.units import format_bytes, parse_bytes
 
 
@@ -78,8 +84,8 @@ def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, re
     # and deletes the upload folder, in-flight uploads included.
     previous_handler = signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
-        _check_given_snapshots(library)
-        _serve(app, host, port, upload_timeout, max_upload_bytes)
+        _serve(app, host, port, upload_timeout, max_upload_bytes,
+               on_listening=lambda: _check_given_snapshots_in_background(library))
     except KeyboardInterrupt:
         pass
     finally:
@@ -87,20 +93,28 @@ def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, re
         signal.signal(signal.SIGTERM, previous_handler)
 
 
-def _check_given_snapshots(library: Any) -> None:
-    """Every other command refuses a file that is not a snapshot; so does this one, before it
-    starts: the safe reader, in the same limited child process as any analysis (whose report
-    is then cached for the first page)."""
-    given = [source.id for source in library.sources() if source.kind == "cli"]
-    with ThreadPoolExecutor(library.queue.slots) as pool:  # as many at once as the analyses' queue runs
-        checks = [pool.submit(library.analysis, source_id) for source_id in given]
-    for check in checks:  # the first bad file, in the order given
-        error = check.exception()
-        if error is not None:
-            raise error
+def _check_given_snapshots_in_background(library: Any) -> threading.Thread:
+    """Every other command refuses a file that is not a snapshot; this one says so once the URL
+    is out: each given file is read with the safe reader, in the same limited child process as
+    any analysis (whose report is then cached for the first page, and whose progress the page
+    shows), and a file that fails is one line here (the page shows the same line)."""
+    given = [source for source in library.sources() if source.kind == "cli"]
+
+    def check_all() -> None:
+        with ThreadPoolExecutor(library.queue.slots) as pool:  # as many at once as the analyses' queue runs
+            checks = [pool.submit(library.analysis, source.id) for source in given]
+            for check in as_completed(checks):  # each bad file as soon as it is known
+                error = check.exception()
+                if error is not None:
+                    click.echo(f"memlens: error: {describe(error, limit=MAX_SHOWN_CHARS).text}", err=True)
+
+    checker = threading.Thread(target=check_all, name="memlens-serve-check", daemon=True)
+    checker.start()
+    return checker
 
 
-def _serve(app: Any, host: str, port: int, upload_timeout: float, max_upload_bytes: int) -> None:
+def _serve(app: Any, host: str, port: int, upload_timeout: float, max_upload_bytes: int,
+           on_listening: Callable[[], Any] = lambda: None) -> None:
     from werkzeug.serving import WSGIRequestHandler, make_server
 
     # A stalled connection (headers or body) is dropped after --upload-timeout idle seconds.
@@ -117,6 +131,7 @@ def _serve(app: Any, host: str, port: int, upload_timeout: float, max_upload_byt
     click.echo(f"memlens dashboard on http://{'[' + host + ']' if ':' in host else host}:{bound_port}/ "
                f"(uploads up to {format_bytes(max_upload_bytes)}; Ctrl-C to stop)")
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    on_listening()
     try:
         server.serve_forever()
     finally:
