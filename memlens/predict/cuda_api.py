@@ -23,6 +23,11 @@ if TYPE_CHECKING:
     from memlens.predict.tracking import CudaStorageTracker
 
 
+# A CUDA generator's state as torch.cuda.get_rng_state returns it: Philox's seed and offset,
+# 8 bytes each (c10/cuda/CUDAGeneratorImpl.cpp, get_state).
+PHILOX_STATE_BYTES = 16
+
+
 class EmulatedDevice(Protocol):
     """What the patched ``torch.cuda`` reads and asks of the device it emulates: a prediction's
     session (``memlens.predict.session.PredictSession``) is one. Declared here, by its user, so
@@ -189,6 +194,26 @@ class CudaApi:
     def is_initialized(self) -> bool:
         return True
 
+    # ------------------------------------------------------------------ random state
+    def get_rng_state(self, device: Any = "cuda") -> torch.Tensor:
+        """A CUDA generator's state as torch returns it: a CPU byte tensor (Philox: the seed and
+        the offset, 8 bytes each), nothing on the device. ``torch.random.fork_rng`` takes it (a
+        pipeline schedule's first step, checkpointing's ``preserve_rng_state``); the simulated
+        device draws no random values, so the state is a constant."""
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            return torch.zeros(PHILOX_STATE_BYTES, dtype=torch.uint8)
+
+    def get_rng_state_all(self) -> list[torch.Tensor]:
+        return [self.get_rng_state(index) for index in range(self.device_count())]
+
+    def set_rng_state(self, new_state: Any, device: Any = "cuda") -> None:
+        return None
+
+    def set_rng_state_all(self, new_states: Any) -> None:
+        return None
+
     def synchronize(self, device: Any = None) -> None:
         self.session.tracker.drain()
 
@@ -295,6 +320,10 @@ class CudaApi:
             "init": _noop(),
             "_lazy_init": _noop(),
             "synchronize": self.synchronize,
+            "get_rng_state": self.get_rng_state,
+            "get_rng_state_all": self.get_rng_state_all,
+            "set_rng_state": self.set_rng_state,
+            "set_rng_state_all": self.set_rng_state_all,
             "manual_seed": _noop(),
             "manual_seed_all": _noop(),
             "seed": _noop(),
