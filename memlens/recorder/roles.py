@@ -154,13 +154,23 @@ def forward_outputs(output: Any) -> list[Any]:
     return []
 
 
+def _grad_fn(tensor: torch.Tensor) -> Any:
+    """``tensor.grad_fn``, or None where reading it raises: a view among several that one op
+    returned (``split``) whose base was then changed in place, as FSDP1's views into its flat
+    parameter are, refuses to be read."""
+    try:
+        return tensor.grad_fn
+    except RuntimeError:
+        return None
+
+
 def retained_graph_tensors(max_nodes: int = MAX_GRAPH_NODES) -> list[Any]:
     """Tensors kept alive by autograd graphs that are still alive: every live tensor that carries
     a ``grad_fn`` (an output whose graph was not freed by ``backward``) and what the nodes of
     those graphs saved for backward (``_saved_*`` attributes; a graph already run without
     ``retain_graph`` has released them and reads as nothing)."""
     tensor_type = torch.Tensor
-    outputs = [obj for obj in gc.get_objects() if issubclass(type(obj), tensor_type) and obj.grad_fn is not None]
+    outputs = [obj for obj in gc.get_objects() if issubclass(type(obj), tensor_type) and _grad_fn(obj) is not None]
     found: list[Any] = list(outputs)
     pending = [t.grad_fn for t in outputs]
     visited: set[int] = set()
