@@ -48,6 +48,7 @@ from memlens.predict.sdpa import fused_sdpa
 from memlens.predict.sharding import (
     fake_data_setter_patch,
     pin_memory_op_hook,
+    record_stream_patch,
     storage_released,
     storage_resize_patch,
 )
@@ -290,6 +291,7 @@ class PredictSession:
         patches.append((torch.utils, "swap_tensors", _swap_fake_tensors(torch.utils.swap_tensors)))
         patches.append(storage_resize_patch(self.tracker))
         patches.append(fake_data_setter_patch())
+        patches.append(record_stream_patch())
         patches += _skipped_initialisers()
         functional = torch.nn.functional
         patches.append(

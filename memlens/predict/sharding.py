@@ -24,6 +24,12 @@ while holding a CUDA tensor, and FSDP2 stopped at "Expects the parameter to alre
 FSDP2's ``CPUOffloadPolicy`` (``pin_memory=True`` by default) pins its CPU shards; fake tensors
 have no ``_pin_memory`` kernel. Pinned host memory is not the GPU's, so ``pin_memory_op_hook``
 answers it with a fake CPU copy, which the tracker does not count.
+
+FSDP1 frees its all-gathered flat parameter after ``tensor.record_stream(stream)`` (its
+unshard stream). The emulated device's streams are Python objects that the C++ method refuses
+("unknown parameter type"); everything runs in order on the emulated device, so a stream's work
+is done when its block is freed and the record has nothing to delay: ``record_stream_patch``
+makes it a no-op for them.
 """
 
 from __future__ import annotations
@@ -98,6 +104,18 @@ def pin_memory_op_hook(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     return tensor.clone()
 
 
+def record_stream_patch() -> tuple[Any, str, Callable[..., Any]]:
+    """``(owner, name, value)`` for the session's patches: ``Tensor.record_stream`` that takes the
+    emulated device's streams (and does nothing with them, as nothing runs out of order)."""
+    record: Callable[[torch.Tensor, Any], None] = torch._C.TensorBase.record_stream
+
+    def record_stream(tensor: torch.Tensor, stream: Any) -> None:
+        if isinstance(stream, torch.Stream):
+            record(tensor, stream)
+
+    return torch.Tensor, "record_stream", record_stream
+
+
 def fake_data_setter_patch() -> tuple[Any, str, Any]:
     """``(owner, name, value)`` for the session's patches: ``FakeTensor.data`` whose setter also
     takes the new tensor's device (a real tensor's device is its data's)."""
@@ -122,6 +140,7 @@ __all__ = [
     "fake_data_setter_patch",
     "local_tensors",
     "pin_memory_op_hook",
+    "record_stream_patch",
     "storage_released",
     "storage_resize_patch",
 ]
