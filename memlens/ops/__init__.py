@@ -23,6 +23,8 @@ Modules, by question:
 - ``fleet``: many ranks of one job in parallel, typed rows, the outlier rank and why.
 - ``triage``: one file loaded and analysed (``analyse``: the one load-and-analyse of every face,
   in a runner's child too) and its budget set beside each device (the report).
+- ``follow``: a run folder as it is written: its newest complete snapshot triaged, and what is
+  new since the last look (steps, findings, ranks; a leak's rate and when the device is full).
 - ``diff``: two files compared: peaks, categories, stacks and one source file's lines.
 - ``whatif``: a recorded run replayed with other allocator settings or another capacity.
 - ``predict``: a script run against a simulated GPU, written and triaged as a recorded run.
