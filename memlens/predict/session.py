@@ -47,6 +47,7 @@ from memlens.predict.guard import check_autograd_sees_cuda, ensure_cuda_guard
 from memlens.predict.sdpa import fused_sdpa
 from memlens.predict.sharding import (
     fake_data_setter_patch,
+    fsdp1_patches,
     pin_memory_op_hook,
     record_stream_patch,
     storage_released,
@@ -292,6 +293,7 @@ class PredictSession:
         patches.append(storage_resize_patch(self.tracker))
         patches.append(fake_data_setter_patch())
         patches.append(record_stream_patch())
+        patches += fsdp1_patches()
         patches += _skipped_initialisers()
         functional = torch.nn.functional
         patches.append(

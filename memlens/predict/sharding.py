@@ -30,6 +30,12 @@ unshard stream). The emulated device's streams are Python objects that the C++ m
 ("unknown parameter type"); everything runs in order on the emulated device, so a stream's work
 is done when its block is freed and the record has nothing to delay: ``record_stream_patch``
 makes it a no-op for them.
+
+FSDP1 also asks a storage's ``data_ptr()`` whether it is allocated (``_data_ptr_allocated``) and
+whether two tensors share one (``_same_storage``). A fake storage's pointer is always 0: every
+flat parameter read as freed and every pair as one storage, and ``SHARD_GRAD_OP`` with
+``use_orig_params=True`` stopped at "the unsharded flat parameter should be allocated".
+``fsdp1_patches`` answers both from the storage itself (its size; its identity).
 """
 
 from __future__ import annotations
@@ -116,6 +122,31 @@ def record_stream_patch() -> tuple[Any, str, Callable[..., Any]]:
     return torch.Tensor, "record_stream", record_stream
 
 
+def _storage_allocated(tensor: torch.Tensor) -> bool:
+    return tensor.untyped_storage().nbytes() > 0
+
+
+def _same_storage(first: torch.Tensor, second: torch.Tensor) -> bool:
+    shards = [local_tensors(t) or [t] for t in (first, second)]  # a DTensor's is its local tensor's
+    return bool(shards[0][0].untyped_storage()._cdata == shards[1][0].untyped_storage()._cdata)
+
+
+def fsdp1_patches() -> list[tuple[Any, str, Any]]:
+    """The session's patches for FSDP1 (``FullyShardedDataParallel``): its storage checks read
+    the storage, not its data pointer (0 for every fake storage). Empty where torch was built
+    without ``torch.distributed``."""
+    if not torch.distributed.is_available():
+        return []
+    import torch.distributed.fsdp._flat_param as flat_param
+    import torch.distributed.utils as distributed_utils
+
+    return [
+        (distributed_utils, "_data_ptr_allocated", _storage_allocated),
+        (flat_param, "_data_ptr_allocated", _storage_allocated),
+        (flat_param, "_same_storage", _same_storage),
+    ]
+
+
 def fake_data_setter_patch() -> tuple[Any, str, Any]:
     """``(owner, name, value)`` for the session's patches: ``FakeTensor.data`` whose setter also
     takes the new tensor's device (a real tensor's device is its data's)."""
@@ -138,6 +169,7 @@ def fake_data_setter_patch() -> tuple[Any, str, Any]:
 __all__ = [
     "ResizeListener",
     "fake_data_setter_patch",
+    "fsdp1_patches",
     "local_tensors",
     "pin_memory_op_hook",
     "record_stream_patch",
