@@ -167,13 +167,11 @@ class Follower:
         self._shown: SnapshotFile | None = None
         self._report: Report | None = None
         self._series: set[str] = set()
-
-    def state(self) -> FolderState:
-        return scan_folder(self.folder)
+        self.last_state: FolderState | None = None  # the last look's
 
     def poll(self) -> FollowUpdate | None:
         """The newest complete snapshot triaged, if it is not the one shown last; else None."""
-        state = scan_folder(self.folder)
+        state = self.last_state = scan_folder(self.folder)
         if state.generation == self._generation:
             return None
         self._generation = state.generation
