@@ -11,6 +11,7 @@ per rank) are a fleet: `memlens fleet`.
   memlens triage snapshot.pickle --json > report.json
   memlens triage snapshot.pickle --fail-on leak       # exit 1 if a leak is found (for CI)
   memlens triage snapshot.pickle --params 7B --seq 2048 --hidden 4096 --layers 32
+  memlens triage --follow runs/exp1                   # a run as it is written (record --dump-every)
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ def _split_kinds(values: tuple[str, ...]) -> list[str]:
 
 
 @click.command(help=help_text(__doc__))
-@click.argument("snapshots", nargs=-1, required=True, type=click.Path(dir_okay=False), metavar="SNAPSHOT")
+@click.argument("snapshots", nargs=-1, type=click.Path(dir_okay=False), metavar="SNAPSHOT")
+@click.option("--follow", "follow_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Follow a run folder: the newest complete snapshot's screen, drawn again as newer ones are "
+                   "written (memlens record --dump-every), with what is new; Ctrl-C stops.")
+@click.option("--follow-interval", type=click.FloatRange(min=0.05), default=1.0, hidden=True,
+              help="Seconds between looks at the folder.")
+@click.option("--follow-timeout", type=float, default=None, hidden=True, help="Stop following after this many seconds.")
 @click.option("--device", type=DEVICE, default=None, help="Device index (default: the one with the highest peak).")
 @click.option("--capacity", type=CAPACITY, default=None,
               help="Device memory, e.g. 80GiB (default: the recorder's sidecar, if any).")
@@ -73,7 +80,13 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
            fail_on: tuple[str, ...], params: float | None, optimizer: str | None, precision: str | None,
            hidden: int | None, layers: int | None, heads: int | None, vocab: int | None, batch: int | None,
            seq: int | None, checkpointing: str | None, config_path: str | None,
-           cache: bool | None, top: int, full_stacks: bool, width: int | None, color: bool | None) -> None:
+           cache: bool | None, top: int, full_stacks: bool, width: int | None, color: bool | None,
+           follow_dir: str | None = None, follow_interval: float = 1.0, follow_timeout: float | None = None) -> None:
+    if follow_dir is not None and (snapshots or as_json or fail_on):
+        raise MemlensUsageError("--follow DIR shows a folder's newest snapshot on the screen: give no SNAPSHOT, "
+                                "--json or --fail-on with it")
+    if follow_dir is None and not snapshots:
+        raise click.UsageError("Missing argument 'SNAPSHOT' (or --follow DIR).")
     if len(snapshots) > 1:  # one file's screen; ranks side by side are another question
         raise MemlensUsageError(f"triage reads one snapshot, not {len(snapshots):,}; for several (one per rank) "
                                 "use `memlens fleet`")
@@ -82,6 +95,12 @@ def triage(snapshots: tuple[str, ...], device: int | None, capacity: int | None,
                            heads=heads, vocab=vocab, batch=batch, seq=seq, checkpointing=checkpointing,
                            config=config_path)
     options = TriageOptions(capacity=capacity, device=device, cache=cache, budget=budget)
+    if follow_dir is not None:
+        from memlens.cli.follow_screen import follow_folder
+
+        follow_folder(follow_dir, options, device=device, top=top, full_stacks=full_stacks, width=width, color=color,
+                      interval=follow_interval, timeout=follow_timeout)
+        return
     (path,) = snapshots
     with snapshot_source(path) as source, begin_triage(source, options) as pending:
         # Imported while a cached file is hashed on another thread: the screen's first 30 ms.
