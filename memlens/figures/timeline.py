@@ -27,9 +27,15 @@ from memlens.figures._style import (
     rgba,
     wrap,
 )
+from memlens.snapshot.envelope import envelope_rows
 from memlens.units import format_bytes
 
 XAxis = Literal["event", "time"]
+
+# Pixel columns of the drawn envelope: wider than any screen's plot area, so each curve is drawn
+# with at most two points (its minimum and maximum) per pixel column, plus its first and last.
+ENVELOPE_COLUMNS = 2000
+MAX_POINTS_PER_CURVE = 2 * ENVELOPE_COLUMNS + 2
 
 
 def times_s(timeline: Timeline) -> FloatArray | None:
@@ -108,13 +114,18 @@ def timeline_figure(
         ("reserved", timeline.reserved, RESERVED_COLOR, "tozeroy"),
         ("allocated", timeline.allocated, ALLOCATED_COLOR, None),
     ):
+        # However many points the timeline holds (a window's, or the steps' extremes of a run of
+        # thousands of steps), the browser draws each curve's envelope: a bounded number of points
+        # that keeps every column's peak.
+        drawn = envelope_rows(np.asarray(values, dtype=np.int64), MAX_POINTS_PER_CURVE)
+        events = np.asarray(timeline.event, dtype=np.int64)[drawn]
         fig.add_trace(go.Scatter(
-            x=xs, y=scale(values), name=name, mode="lines",
+            x=xs[drawn], y=scale(np.asarray(values, dtype=np.int64)[drawn]), name=name, mode="lines",
             line={"color": color, "width": 1.2 if name == "reserved" else 1.6, "shape": "hv"},
             fill=fill, fillcolor="rgba(127,127,127,0.08)" if fill else None,
             # A plain list: dcc.Graph reads clickData's customdata from the figure's data, where a
             # numpy array stays base64-encoded (``{dtype, bdata}``) and cannot be indexed.
-            customdata=list(timeline.event),
+            customdata=events.tolist(),
             hovertemplate=f"{name}: %{{y:.3f}} {scale.unit}<br>event %{{customdata}}<extra></extra>",
         ))
 

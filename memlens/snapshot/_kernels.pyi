@@ -40,3 +40,6 @@ def group_memory_rows(
 def pair_lifetime_rows(
     action: npt.NDArray[np.int8], address: npt.NDArray[np.int64], free_action: int
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
+def column_envelope(
+    values: npt.NDArray[np.int64], start: int, end: int, width: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...

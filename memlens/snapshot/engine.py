@@ -1,6 +1,6 @@
 """Which engine runs: the native extensions or their Python references, for the whole process.
 
-The snapshot's passes over a trace's columns (block sizes, lifetime pairing, curves) run in
+The snapshot's passes over a trace's columns (block sizes, lifetime pairing, curves, the timeline's envelope) run in
 ``memlens.snapshot._kernels`` when it is built; the allocator model runs in ``memlens._native``
 (``memlens.allocator.engine``, which asks here), the scanner in ``memlens._scan``.
 ``MEMLENS_PURE_PYTHON=1`` runs every one of them on Python, the reference the differential tests

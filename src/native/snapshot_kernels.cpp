@@ -2,7 +2,8 @@
 // function that stays its reference (memlens.snapshot.engine.native_kernels is their door; docs/native.md):
 // the block sizes (memlens.snapshot.blocks: group_memory_rows, sweep_large_blocks), the lifetimes'
 // pairing (memlens.analysis.lifetimes: pair_lifetime_rows), window completeness and the memory
-// curves (memlens.snapshot.curves: history_allocates_first, curve_changes). A module of its own,
+// curves (memlens.snapshot.curves: history_allocates_first, curve_changes), and the timeline's envelope
+// of a curve (memlens.snapshot.envelope: column_envelope). A module of its own,
 // apart from the allocator model (memlens._native), so that the snapshot owns its native door.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -401,6 +402,42 @@ nb::object curve_changes(Codes action_in, Column block_size_in, Column size_in, 
                         as_signed(pending_sum), pending_largest);
 }
 
+// ------------------------------------------------------------------ the timeline's envelope
+// memlens.snapshot.envelope.column_envelope_reference, step for step: rows [start, end) of ``values``
+// cut into columns of ``width`` rows (the last one shorter), and of each column the row of its least
+// and the row of its greatest value (the first such row, as numpy's argmin and argmax give). What the
+// timeline draws of a curve of millions of rows: a few thousand rows whose every column keeps its
+// true minimum and maximum.
+nb::tuple column_envelope(Column values_in, int64_t start, int64_t end, int64_t width) {
+  const int64_t rows = static_cast<int64_t>(values_in.shape(0));
+  if (start < 0 || end > rows || start > end) throw UsageError("envelope rows out of range");
+  if (width < 1) throw UsageError("an envelope's columns need at least one row each");
+  const int64_t count = end - start;
+  const int64_t columns = count / width + (count % width != 0 ? 1 : 0);
+  std::vector<int64_t> lows(static_cast<size_t>(columns)), highs(static_cast<size_t>(columns));
+  const int64_t* values = values_in.data();
+  {
+    nb::gil_scoped_release released;  // the column needs no Python
+    for (int64_t column = 0; column < columns; ++column) {
+      const int64_t first = start + column * width;
+      const int64_t last = std::min(first + width, end);
+      // The extremes' values first (a loop without a carried row index, which the compiler
+      // unrolls and vectorizes), then the first row holding each (a short scan that stops there).
+      int64_t low_value = values[first], high_value = values[first];
+      for (int64_t row = first + 1; row < last; ++row) {
+        low_value = std::min(low_value, values[row]);
+        high_value = std::max(high_value, values[row]);
+      }
+      int64_t low = first, high = first;
+      while (values[low] != low_value) ++low;
+      while (values[high] != high_value) ++high;
+      lows[static_cast<size_t>(column)] = low;
+      highs[static_cast<size_t>(column)] = high;
+    }
+  }
+  return nb::make_tuple(to_array(std::move(lows)), to_array(std::move(highs)));
+}
+
 }  // namespace
 }  // namespace memlens
 
@@ -428,6 +465,7 @@ NB_MODULE(_kernels, m) {
   m.def("history_allocates_first", &history_allocates_first, "action"_a, "address"_a, "free_action"_a, "live"_a);
   m.def("curve_changes", &curve_changes, "action"_a, "block_size"_a, "size"_a, "allocated"_a, "reserved"_a,
         "frees_at_request"_a, "track_pending"_a);
+  m.def("column_envelope", &column_envelope, "values"_a, "start"_a, "end"_a, "width"_a);
   m.def("sweep_large_blocks", &sweep_large_blocks, "out"_a, "action"_a, "address"_a, "large"_a, "release"_a,
         "segment_addresses"_a, "segment_sizes"_a, "max_split"_a, "ghost_rows"_a, "untouched"_a);
 }
