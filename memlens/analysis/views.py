@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memlens.analysis.datatypes import BlockState, BlockView, SegmentMap, SegmentView, Step, Timeline
+from memlens.snapshot.envelope import envelope_rows
 from memlens.snapshot.model import Action, DeviceTrace, Snapshot
 
 # Buckets of a timeline (the report's, and each window the web app zooms to): each gives its min
@@ -33,27 +34,10 @@ def downsample_indices(y: npt.ArrayLike, max_points: int) -> IntArray:
 
     The series is cut into ``(max_points - 2) // 2`` equal buckets; each contributes the index of
     its minimum and of its maximum, and the first and last points are always kept. So the global
-    extremes and every spike wider than nothing survive.
+    extremes and every spike wider than nothing survive. The buckets' extremes are the native
+    core's envelope (``memlens.snapshot.envelope``).
     """
-    values = np.asarray(y)
-    n = int(values.shape[0])
-    if max_points < 4:
-        raise ValueError(f"max_points must be at least 4, got {max_points}")
-    if n <= max_points:
-        return np.arange(n, dtype=np.int64)
-    buckets = (max_points - 2) // 2
-    width = -(-n // buckets)  # ceil
-    whole = n // width  # buckets of `width` points; a last, shorter one holds the rest
-    # The whole buckets as a view of the series (no copy of a million points), the short one on its own.
-    grid = values[: whole * width].reshape(whole, width)
-    offsets = np.arange(whole, dtype=np.int64) * width
-    lows, highs = np.argmin(grid, axis=1) + offsets, np.argmax(grid, axis=1) + offsets
-    if whole * width < n:
-        rest = values[whole * width:]
-        lows = np.append(lows, whole * width + int(np.argmin(rest)))
-        highs = np.append(highs, whole * width + int(np.argmax(rest)))
-    keep = np.concatenate(([0], lows, highs, [n - 1])).astype(np.int64)
-    return np.unique(keep)
+    return envelope_rows(y, max_points)
 
 
 def _extremes_per_range(values: npt.NDArray[np.int64], bounds: IntArray) -> IntArray:
