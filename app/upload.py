@@ -82,7 +82,15 @@ def safe_name(name: str) -> str:
     return cleaned[:120] or "snapshot.pickle"
 
 
+# A ticket the page names its upload by, to follow its analysis (``GET /upload/progress``).
+TICKET_PATTERN = re.compile(r"[A-Za-z0-9_-]{8,64}")
+
+
 def register_upload_route(server: Flask, library: Library, limits: UploadLimits) -> None:
+    # The uploads being analysed, by (session, the page's ticket): what /upload/progress reads.
+    following: dict[tuple[str, str], str] = {}
+    following_lock = threading.Lock()
+
     @server.before_request
     def _heard_from_session() -> None:
         library.session_seen(current_session())  # its waiting sidecars wait on
@@ -110,6 +118,21 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
                 return _store_and_analyse(name, folder, declared, session)
         except ServerBusy as exc:
             return _error(_busy_status(exc), f"{name}: {exc}", close=True)
+
+    @server.route("/upload/progress", methods=["GET"])
+    def upload_progress() -> Any:
+        """How far the analysis of this session's upload ``ticket`` has got (the page's row shows
+        the stages once the bytes are sent): 404 when it is not being analysed (not yet, or over)."""
+        session = current_session()
+        with following_lock:
+            source_id = following.get((session, request.args.get("ticket", "")))
+        state = None
+        if source_id is not None:
+            with contextlib.suppress(MemlensError):
+                state = library.progress(source_id, session)
+        if state is None:
+            return _error(404, "no analysis of this upload is in progress")
+        return jsonify(state.as_json())
 
     @server.route("/upload/queue", methods=["GET"])
     def queue_state() -> Any:
@@ -153,7 +176,17 @@ def register_upload_route(server: Flask, library: Library, limits: UploadLimits)
                                origin_folder=folder.origin)
         except MemlensError as exc:
             return _error(503, str(exc))
-        analysed = _analyse(source_id, name, path, session)
+        ticket = request.args.get("ticket", "")
+        key = (session, ticket) if TICKET_PATTERN.fullmatch(ticket) else None
+        if key is not None:
+            with following_lock:
+                following[key] = source_id
+        try:
+            analysed = _analyse(source_id, name, path, session)
+        finally:
+            if key is not None:
+                with following_lock:
+                    following.pop(key, None)
         if isinstance(analysed, Response):
             return analysed
         return jsonify(**analysed, bytes=written)

@@ -1,6 +1,7 @@
 /*
  * Drag-and-drop upload for memlens: each file is sent as the raw body of POST /upload (no
- * base64), with a progress bar from XHR upload events. When the server answers, the result is
+ * base64), with a progress bar from XHR upload events (the bytes sent), then the analysis' stages
+ * (GET upload/progress, by the ticket the upload was sent with). When the server answers, the result is
  * handed to Dash through dash_clientside.set_props on the "upload-event" store, which the
  * Python callbacks listen to. Dash renders the page after this script runs, so all listeners
  * are delegated from the document.
@@ -23,6 +24,7 @@
   var waiting = [];
   var sending = 0;
   var keptRows = {};  // folder/name of a sidecar kept for its snapshot -> its row, told when they pair
+  var PROGRESS_POLL_MS = 300;  // how often an upload's row asks how far its analysis has got
 
   function zone() { return document.getElementById("dropzone"); }
 
@@ -126,10 +128,46 @@
     }
   }
 
+  // A name for one upload, that the page follows its analysis by (GET upload/progress).
+  function newTicket() {
+    var bytes = new Uint8Array(12);
+    window.crypto.getRandomValues(bytes);
+    return Array.prototype.map.call(bytes, function (b) { return ("0" + b.toString(16)).slice(-2); }).join("");
+  }
+
+  // Once the bytes are sent: the analysis' stages (the terminal's) in the row, until the answer.
+  function followAnalysis(ticket, ui, xhr) {
+    function poll() {
+      if (xhr.readyState === 4) { return; }
+      var probe = new XMLHttpRequest();
+      probe.open("GET", "upload/progress?ticket=" + ticket);
+      probe.onload = function () {
+        if (xhr.readyState === 4) { return; }
+        if (probe.status === 200) {
+          var state = {};
+          try { state = JSON.parse(probe.responseText); } catch (e) { state = {}; }
+          if (state.stage && !state.finished) {
+            ui.bar.value = Math.round(100 * (state.fraction || 0));
+            ui.status.textContent = "analysing: " + (state.stage === "queued" ? "waiting for a worker" : state.stage) +
+              " " + Math.round(100 * (state.fraction || 0)) + "%";
+            ui.row.setAttribute("data-stage", state.stage);
+          }
+        }
+        setTimeout(poll, PROGRESS_POLL_MS);
+      };
+      probe.onerror = function () { setTimeout(poll, PROGRESS_POLL_MS); };
+      probe.send();
+    }
+    poll();
+  }
+
   function send(item, ui, done) {
     var file = item.file;
     var xhr = new XMLHttpRequest();
-    xhr.open("POST", "upload?name=" + encodeURIComponent(file.name) +
+    var ticket = newTicket();
+    // The body is the File itself: the browser streams it from disk (never read into the page),
+    // so a 1 GB upload holds no memory here and the page stays responsive while it goes.
+    xhr.open("POST", "upload?name=" + encodeURIComponent(file.name) + "&ticket=" + ticket +
       (item.folder ? "&folder=" + encodeURIComponent(item.folder) : ""));
     xhr.setRequestHeader("Content-Type", "application/octet-stream");
     xhr.upload.onprogress = function (event) {
@@ -139,8 +177,9 @@
       }
     };
     xhr.upload.onload = function () {
-      ui.bar.removeAttribute("value");  // indeterminate while the server analyses
+      ui.bar.removeAttribute("value");  // indeterminate until the server says how far it has got
       ui.status.textContent = "analysing…";
+      if (!isSidecar(file.name)) { followAnalysis(ticket, ui, xhr); }
     };
     xhr.onloadend = done;
     xhr.onload = function () {

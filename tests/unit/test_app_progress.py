@@ -145,3 +145,50 @@ def test_a_real_analysis_child_is_followed_stage_by_stage(tmp_path: Path) -> Non
         assert stages & {"reading", "building timeline", "analysing"}, seen
     finally:
         library.close()
+
+
+def test_an_upload_is_followed_by_its_ticket_once_its_bytes_are_in(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """GET /upload/progress?ticket=T answers the stages of the upload sent with T, to the session
+    that sent it only, and 404 once it is over."""
+    from memlens_app.main import create_app
+    from memlens_app.session import COOKIE
+
+    release = threading.Event()
+    reported = threading.Event()
+
+    def fake_worker(path: str, *, progress_path: str | None = None, **_: Any) -> Any:
+        assert progress_path is not None
+        ProgressWriter(progress_path)("building timeline", 0.7)
+        reported.set()
+        assert release.wait(30)
+        raise MemlensError(f"{path}: not a pickle")
+
+    monkeypatch.setattr(library_module, "analyse_in_worker", fake_worker)
+    app = create_app([], sample_dir=None)
+    library = app.server.config["MEMLENS_LIBRARY"]
+    try:
+        sender = app.server.test_client()
+        sender.get("/")
+        cookie = sender.get_cookie(COOKIE)
+        assert cookie is not None
+        follower = app.server.test_client()
+        follower.set_cookie(COOKIE, cookie.value)
+        stranger = app.server.test_client()
+        answers: list[Any] = []
+        upload = threading.Thread(target=lambda: answers.append(
+            sender.post("/upload?name=run.pickle&ticket=abcdef123456", data=b"x" * 100)))
+        upload.start()
+        assert reported.wait(30)
+        followed = follower.get("/upload/progress?ticket=abcdef123456")
+        assert followed.status_code == 200, followed.get_data(as_text=True)
+        assert followed.get_json() == {"stage": "building timeline", "fraction": 0.7, "error": None,
+                                       "finished": False}
+        assert stranger.get("/upload/progress?ticket=abcdef123456").status_code == 404  # not its upload
+        release.set()
+        upload.join(30)
+        assert answers and answers[0].status_code == 400
+        assert follower.get("/upload/progress?ticket=abcdef123456").status_code == 404  # over
+    finally:
+        release.set()
+        library.close()
