@@ -245,11 +245,12 @@ def largest_module_list(model: nn.Module) -> tuple[str, list[nn.Module]] | None:
 
 
 # ---------------------------------------------------------------------- distributed
-def install_fake_distributed(world_size: int) -> Callable[[], None]:
-    """This process as rank 0 of ``world_size`` under PyTorch's fake process group
+def install_fake_distributed(world_size: int, rank: int = 0) -> Callable[[], None]:
+    """This process as rank ``rank`` of ``world_size`` under PyTorch's fake process group
     (``torch.testing._internal.distributed.fake_pg``: collectives return at once, outputs
     sized as the real ones): the script's ``init_process_group`` joins it whatever backend it
-    names, the launcher's variables are set; DDP's reducer gets what it needs of one rank
+    names, the launcher's variables are set (RANK, and the mesh's coordinates, are ``rank``'s);
+    DDP's reducer gets what it needs of one rank
     (``memlens.plan.ddp``: its ``collective_op_hook`` goes in the session's ``op_hooks``).
     Returns the undo."""
     import os
@@ -261,8 +262,12 @@ def install_fake_distributed(world_size: int) -> Callable[[], None]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     saved: list[tuple[Any, str, Any]] = []
-    environment = {"WORLD_SIZE": str(world_size), "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(world_size),
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}  # fmt: skip
+    if not 0 <= rank < world_size:
+        raise MemlensUsageError(f"rank {rank} of {world_size}: a rank is 0 to {world_size - 1}")
+    # LOCAL_RANK is 0 whatever the rank: the emulated GPU is the one simulated device, device 0
+    # (autograd's engine has a queue for it alone), so a script's cuda:LOCAL_RANK is it.
+    environment = {"WORLD_SIZE": str(world_size), "RANK": str(rank), "LOCAL_RANK": "0",
+                   "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}  # fmt: skip
     previous_environment = {key: os.environ.get(key) for key in environment}
     os.environ.update(environment)
     original_init = c10d.init_process_group
@@ -270,7 +275,7 @@ def install_fake_distributed(world_size: int) -> Callable[[], None]:
     def init_process_group(*args: Any, **kwargs: Any) -> None:
         for key in ("backend", "init_method", "store", "world_size", "rank", "device_id"):
             kwargs.pop(key, None)
-        original_init("fake", store=FakeStore(), rank=0, world_size=world_size, **kwargs)
+        original_init("fake", store=FakeStore(), rank=rank, world_size=world_size, **kwargs)
 
     original_mesh_init = DeviceMesh.__init__
 

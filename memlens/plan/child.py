@@ -67,10 +67,17 @@ def run_job(job: ChildJob) -> ChildResult:
     hooks = LeverHooks(tuple(job.levers))
     hooks.world_size = job.world_size
     undo_distributed = (
-        install_fake_distributed(job.world_size)
+        install_fake_distributed(job.world_size, job.rank)
         if job.world_size > 1 or any(lever.text() in ("fsdp", "offload=params") for lever in job.levers)
         else None
     )
+    link = None
+    undo_pipeline = None
+    if undo_distributed is not None:
+        from memlens.plan.pipeline import SENT_NAME, PipelineLink, install_pipeline_support
+
+        link = PipelineLink(job.pipeline_received, out / SENT_NAME)
+        undo_pipeline = install_pipeline_support(link)
     hooks.install()
     counter = FlopCount()
     session = PredictSession(gpu=job.gpu, capacity=job.capacity, reserve_outside=job.reserve_outside, stacks=job.stacks)
@@ -101,11 +108,14 @@ def run_job(job: ChildJob) -> ChildResult:
             result = run_in_session(session, body, capture_errors=True)
     finally:
         hooks.uninstall()
+        if undo_pipeline is not None:
+            undo_pipeline()
         if undo_distributed is not None:
             undo_distributed()
     predicted = out / SNAPSHOT_NAME
     write_prediction(predicted, session, result, job.world_size)
     held = held_bytes()
+    uneven = uneven_shards() if job.world_size > 1 else 0
     result.value = None
     read_back_peaks(predicted, result)
     problem = None
@@ -125,6 +135,11 @@ def run_job(job: ChildJob) -> ChildResult:
     if unapplied:
         fits = False
         problem = NOT_APPLIED + "; ".join(unapplied) + (f" (and: {problem})" if problem else "")
+    notes = hooks.final_notes()
+    if link is not None and link.stages:
+        notes["pipeline"] = {"stages": link.stages}
+    if uneven:
+        notes["uneven_shards"] = uneven
     model = msgspec.convert(result.model, ModelInfo) if result.model is not None else None
     optimizer = msgspec.convert(result.optimizer, OptimizerInfo) if result.optimizer is not None else None
     return ChildResult(
@@ -135,7 +150,7 @@ def run_job(job: ChildJob) -> ChildResult:
         oom=result.oom,
         problem=problem,
         snapshot=str(predicted.resolve()),
-        notes=hooks.final_notes(),
+        notes=notes,
         held_bytes=held,
         flops=counter.total,
         trainable_parameters=model.parameters_trainable if model is not None else None,
@@ -210,6 +225,26 @@ def held_bytes() -> dict[str, int]:
         size(value) for optimizer in optimizers for state in optimizer.state.values() for value in state.values()
     )
     return held
+
+
+def uneven_shards() -> int:
+    """How many live sharded (``DTensor``) parameters split unevenly over their mesh: a dimension
+    sharded over N ranks that N does not divide, so the last ranks' shards are smaller (FSDP2
+    pads none of them: ``torch.chunk``'s split) and the ranks' memory differs."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    from memlens.predict.session import live_cuda_parameters
+
+    count = 0
+    for parameter in live_cuda_parameters():
+        if not isinstance(parameter, DTensor):
+            continue
+        mesh = parameter.device_mesh
+        for mesh_dim, placement in enumerate(parameter.placements):
+            if isinstance(placement, Shard) and parameter.shape[placement.dim] % mesh.size(mesh_dim):
+                count += 1
+                break
+    return count
 
 
 def main(argv: list[str]) -> int:

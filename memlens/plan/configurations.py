@@ -15,6 +15,7 @@ import msgspec
 
 from memlens.errors import MemlensUsageError
 from memlens.plan.levers import Lever
+from memlens.plan.results import PlanRank
 from memlens.sidecar import ModelInfo, OptimizerInfo
 
 # A configuration's folder name is its slug after "NN-": well inside the 255 bytes NAME_MAX
@@ -51,6 +52,9 @@ class ChildJob(msgspec.Struct, frozen=True):
     capacity: int | None = None
     reserve_outside: int = 0
     world_size: int = 1
+    rank: int = 0  # which rank of ``world_size`` this process is (the fake process group's)
+    # A pipeline's rank after the first: what the rank before sent it (memlens.plan.pipeline).
+    pipeline_received: str | None = None
     stacks: bool = False
 
 
@@ -72,6 +76,10 @@ class ChildResult(msgspec.Struct):
     model: ModelInfo | None = None  # the sidecar's: the run's parameters (counts, bytes)
     optimizer: OptimizerInfo | None = None
     seconds: float = 0.0
+    # At --world-size N, filled by the runner: each rank run, and why those ranks (PlanConfig's).
+    ranks: list[PlanRank] = []
+    rank_rule: str | None = None
+    ranks_same: bool | None = None
 
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -9,6 +9,31 @@ from typing import Any
 import msgspec
 
 
+class PlanRank(msgspec.Struct):
+    """One rank of a configuration predicted at ``--world-size`` N, from its own snapshot
+    (``snapshot``: ``rank<N>/predicted.pickle`` in the configuration's folder). ``stage`` and
+    ``num_stages``: the pipeline stage this rank built (``torch.distributed.pipelining``), None
+    without one; ``uneven_shards``: parameters whose shards differ in size between ranks."""
+
+    rank: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    fits: bool
+    snapshot: str | None
+    problem: str | None = None
+    oom: bool = False
+    held_bytes: dict[str, int] = {}
+    stage: int | None = None
+    num_stages: int | None = None
+    uneven_shards: int = 0
+
+
+# Why a configuration ran the ranks it ran (``PlanConfig.rank_rule``).
+RANKS_ALIKE = "alike"  # no pipeline stage, no uneven shard: rank 0 stands for every rank
+RANKS_PER_STAGE = "per-stage"  # a pipeline: the ranks in order, up to the last stage
+RANKS_UNEVEN = "uneven"  # uneven shards: rank 0 and the last rank (the one with the smallest shards)
+
+
 class PlanConfig(msgspec.Struct):
     """One configuration's prediction. ``flops_change``: the run's floating-point operations
     relative to the baseline at the same values (+0.33: a third more compute, recomputation),
@@ -32,9 +57,20 @@ class PlanConfig(msgspec.Struct):
     seconds: float = 0.0
     notes: dict[str, Any] = {}
     oom: bool = False
+    # --world-size N: each rank run (rank 0 first), why those (``rank_rule``: RANKS_ALIKE,
+    # RANKS_PER_STAGE, RANKS_UNEVEN), and whether their figures came out the same. The figures
+    # above are the worst rank's (the highest peak reserved; one that did not fit first), and the
+    # configuration fits only if every rank run does.
+    ranks: list[PlanRank] = []
+    rank_rule: str | None = None
+    ranks_same: bool | None = None
 
 
 class PlanResult(msgspec.Struct):
+    """``capacity_bytes``: what PyTorch's allocator may use on each rank's GPU (the board less
+    ``outside_bytes``); ``outside_bytes``: what was taken off for memory outside the allocator
+    (``--reserve-outside``, else at ``--world-size`` > 1 the estimate ``outside_source`` says)."""
+
     configs: list[PlanConfig]
     recommended: int | None
     max: dict[str, int | None]
@@ -44,6 +80,8 @@ class PlanResult(msgspec.Struct):
     world_size: int
     out: str
     seconds: float
+    outside_bytes: int = 0
+    outside_source: str | None = None
 
 
 # Told of each configuration as it starts and ends: (started, finished, total or None while a
@@ -65,4 +103,13 @@ def max_per_lever_set(result: PlanResult, name: str) -> list[tuple[list[str], in
     return [(list(key), value) for key, value in found.items()]
 
 
-__all__ = ["PlanConfig", "PlanProgress", "PlanResult", "max_per_lever_set"]
+__all__ = [
+    "RANKS_ALIKE",
+    "RANKS_PER_STAGE",
+    "RANKS_UNEVEN",
+    "PlanConfig",
+    "PlanProgress",
+    "PlanRank",
+    "PlanResult",
+    "max_per_lever_set",
+]

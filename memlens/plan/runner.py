@@ -23,8 +23,9 @@ from memlens.plan.child import RESULT_NAME, run_in_child
 from memlens.plan.configurations import ChildJob, ChildResult, Configuration, substitute
 from memlens.plan.levers import alloc_conf
 from memlens.plan.options import PlanOptions
+from memlens.plan.pipeline import SENT_NAME
 from memlens.plan.processes import ConfigurationProcesses
-from memlens.plan.results import PlanProgress
+from memlens.plan.results import RANKS_ALIKE, RANKS_PER_STAGE, RANKS_UNEVEN, PlanProgress, PlanRank
 
 
 # ---------------------------------------------------------------------- the device and the folder
@@ -135,9 +136,44 @@ class ConfigurationRunner:
             world_size=self.options.world_size,
             stacks=self.options.stacks,
         )
+        conf = alloc_conf(configuration.levers, os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+        if self.options.world_size == 1:
+            return self._run_child(job, folder, conf)
+        return self._run_ranks(job, folder, conf)
+
+    def _run_ranks(self, job: ChildJob, folder: Path, conf: str) -> ChildResult:
+        """The ranks of one configuration that can differ, each in ``rank<N>/`` (the recorder's
+        per-rank naming): rank 0; then, where rank 0 built a pipeline stage, the ranks after it in
+        order (each needs the shapes the one before sent) until the last stage has run; else,
+        where its shards were uneven, the last rank. The result is the worst rank's, with every
+        rank's figures in ``ranks``."""
+        world_size = job.world_size
+        runs: list[tuple[int, ChildResult]] = []
+        rank, received = 0, None
+        rule = RANKS_ALIKE
+        while rank < world_size:
+            rank_folder = folder / f"rank{rank}"
+            rank_folder.mkdir()
+            rank_job = msgspec.structs.replace(job, out_dir=str(rank_folder), rank=rank, pipeline_received=received)
+            child = self._run_child(rank_job, rank_folder, conf)
+            runs.append((rank, child))
+            stage = _stage_of(child)
+            if stage is not None:
+                rule = RANKS_PER_STAGE
+                if stage[0] == stage[1] - 1 or child.problem is not None:
+                    break  # the last stage has run (or a stage failed: those after need its shapes)
+                received = str(rank_folder / SENT_NAME)
+                rank += 1
+            elif rank == 0 and child.notes.get("uneven_shards"):
+                rule = RANKS_UNEVEN
+                rank = world_size - 1
+            else:
+                break
+        return _worst_of(runs, rule)
+
+    def _run_child(self, job: ChildJob, folder: Path, conf: str) -> ChildResult:
         job_path = folder / "job.json"
         job_path.write_bytes(msgspec.json.encode(job))
-        conf = alloc_conf(configuration.levers, os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
         with self._slots:
             process = self._context.Process(
                 target=run_in_child, args=(str(job_path), str(folder / "script.log"), conf), daemon=True
@@ -159,6 +195,50 @@ class ConfigurationRunner:
                 problem="the prediction process ended without a result" + (f": {tail[-1]}" if tail else "")
             )
         return msgspec.json.decode(result_path.read_bytes(), type=ChildResult)
+
+
+def _stage_of(result: ChildResult) -> tuple[int, int] | None:
+    """The (last) pipeline stage the rank built, and how many there are; None without one."""
+    pipeline = result.notes.get("pipeline")
+    stages = pipeline.get("stages") if isinstance(pipeline, dict) else None
+    if not stages:
+        return None
+    last = max(stages, key=lambda stage: int(stage["stage_index"]))
+    return int(last["stage_index"]), int(last["num_stages"])
+
+
+def _rank_figures(rank: int, result: ChildResult) -> PlanRank:
+    stage = _stage_of(result)
+    return PlanRank(
+        rank=rank,
+        peak_allocated_bytes=result.peak_allocated_bytes,
+        peak_reserved_bytes=result.peak_reserved_bytes,
+        fits=result.fits,
+        snapshot=result.snapshot,
+        problem=result.problem,
+        oom=result.oom,
+        held_bytes=result.held_bytes,
+        stage=stage[0] if stage else None,
+        num_stages=stage[1] if stage else None,
+        uneven_shards=int(result.notes.get("uneven_shards", 0)),
+    )
+
+
+def _worst_of(runs: list[tuple[int, ChildResult]], rule: str) -> ChildResult:
+    """One configuration's result from its ranks': the worst rank's figures (the first that did
+    not fit, else the highest peak reserved), fitting only if every rank fits, with each rank's."""
+    ranks = [_rank_figures(rank, child) for rank, child in runs]
+    failed = [index for index, (_, child) in enumerate(runs) if not child.fits]
+    worst = failed[0] if failed else max(range(len(runs)), key=lambda index: runs[index][1].peak_reserved_bytes)
+    result = msgspec.structs.replace(runs[worst][1])
+    if failed and len(runs) > 1 and result.problem is not None:
+        result.problem = f"rank {ranks[worst].rank}: {result.problem}"
+    result.fits = not failed
+    result.ranks = ranks
+    result.rank_rule = rule
+    figures = {(r.peak_allocated_bytes, r.peak_reserved_bytes, tuple(sorted(r.held_bytes.items()))) for r in ranks}
+    result.ranks_same = len(figures) == 1
+    return result
 
 
 def process_context() -> Any:

@@ -45,6 +45,9 @@ def scored(results: list[tuple[Configuration, ChildResult]]) -> list[PlanConfig]
                 seconds=child.seconds,
                 notes=child.notes,
                 oom=child.oom,
+                ranks=child.ranks,
+                rank_rule=child.rank_rule,
+                ranks_same=child.ranks_same,
             )
         )
     return configs
