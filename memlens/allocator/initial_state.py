@@ -139,23 +139,25 @@ def infer_initial_state(
         state.notes.append("expandable segments mapped during the window are rebuilt by the replay")
     if not initial:
         return state
-    # A seeded window: the per-address pass below reads every row (as Python ints).
-    actions, addresses, sizes = (c.tolist() if isinstance(c, np.ndarray) else c for c in (actions, addresses, sizes))
-
     # The first event of each address the window touches says whether it was live at the start:
     # an alloc means it was not (or was freed and reused before: then the final state decides
-    # nothing either), a free means it was allocated before the window opened.
-    first_event: dict[int, int] = {}
-    for i, (act, address) in enumerate(zip(actions, addresses, strict=True)):
-        if act <= _FREE_COMPLETED and address not in first_event:
-            first_event[address] = i
+    # nothing either), a free means it was allocated before the window opened. numpy finds each
+    # address's first block event (a stable sort keeps the earliest row): a Python pass over
+    # every row was a fifth of a 1M-row triage.
+    codes = np.asarray(codes)
+    block_rows = np.flatnonzero(codes <= _FREE_COMPLETED)
+    touched, first = np.unique(np.asarray(addresses)[block_rows], return_index=True)
+    first_rows = block_rows[first]
+    touched_addresses = set(touched.tolist())
     live: dict[int, tuple[int, int]] = {}  # address -> (block size, 0 = unknown; requested)
     for address, size, requested in final_live:
-        if address not in first_event:
+        if address not in touched_addresses:
             live[address] = (size, requested)
-    for address, i in first_event.items():
-        if actions[i] != _ALLOC:
-            live[address] = (0, sizes[i])
+    freed_first = first_rows[codes[first_rows] != _ALLOC]
+    freed_addresses = np.asarray(addresses)[freed_first].astype(np.int64).tolist()
+    freed_sizes = np.asarray(sizes)[freed_first].astype(np.int64).tolist()
+    for address, requested in zip(freed_addresses, freed_sizes, strict=True):
+        live[address] = (0, requested)
 
     starts = sorted(initial)
     ordered = [initial[a] for a in starts]
