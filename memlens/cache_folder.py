@@ -2,13 +2,16 @@
 and pruning. It imports neither numpy nor the snapshot model, so that a cached ``memlens triage``
 (``memlens.report_cache``) reads its answer without them.
 
-Two kinds of entry live in it, each named ``<kind><format version>-<64 hex digits>.<ext>``:
+Three kinds of entry live in it, each named ``<kind><format version>-<64 hex digits>.<ext>``:
 
 * ``v`` (``.columns``): a loaded snapshot's columns (``memlens.snapshot.cache``), signed as a
   whole: the file's last ``SIGNATURE_BYTES`` are the HMAC of all before them (``read_signed_file``),
   so that it can be read and checked in two GIL-free calls on the thread that hashes the snapshot
   (``hash_opened(..., read_ahead=True)``) while the command imports;
-* ``r`` (``.json``): a triage report (``memlens.report_cache``).
+* ``r`` (``.json``): a triage report (``memlens.report_cache``);
+* ``d`` (``.digest``): a snapshot file's SHA-256, named by the file's identity (device, inode,
+  size, modification and change times), signed the same way, so that asking again about an
+  unchanged file reads no byte of it (``remembered_digest``; git's index does the same).
 
 The rules (see ``memlens.snapshot.cache`` for why each holds): one folder, ``$MEMLENS_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/memlens``, else ``~/.cache/memlens``, created 0700 and used only when it is
@@ -65,6 +68,8 @@ CACHE_MIN_BYTES = 8 << 20
 # thread then waits up to a switch interval (5 ms) to get it back from a busy main thread; at
 # 1 MiB a chunk, a 70 MB file hashed beside imports took twice as long as alone.
 HASH_CHUNK = 16 << 20
+# How often a wait for the hash looks at the work it races (``BackgroundHash.done_before``).
+HASH_POLL_S = 0.002
 FINGERPRINT_BYTES = 64 << 10
 KEY_NAME = "key"
 KEY_BYTES = 32
@@ -76,11 +81,15 @@ STALE_TEMP_SECONDS = 3600
 # 3: allocated as memory_allocated counts it, pending frees apart; 4: strings cut at 4 KiB;
 # 5: allocated in block bytes (the block_size column), no longer requested bytes; 6: the
 # segments' blocks as columns; 7: one signed file of aligned columns, no longer an .npz with a MAC
-# member. Reports: 1: the first.
-ENTRY_VERSIONS = {"v": 7, "r": 1}
-ENTRY_SUFFIXES = {"v": "columns", "r": "json"}
-ENTRY_RE = re.compile(r"^([vr])(\d+)-([0-9a-f]{64})\.(?:columns|npz|json)$")
-_TEMP_RE = re.compile(r"^\.tmp-(\d+)-[0-9a-f]+\.(?:columns|npz|json|key)$")
+# member. Reports: 1: the first. Digests: 1: the first.
+ENTRY_VERSIONS = {"v": 7, "r": 1, "d": 1}
+ENTRY_SUFFIXES = {"v": "columns", "r": "json", "d": "digest"}
+ENTRY_RE = re.compile(r"^([vrd])(\d+)-([0-9a-f]{64})\.(?:columns|npz|json|digest)$")
+_TEMP_RE = re.compile(r"^\.tmp-(\d+)-[0-9a-f]+\.(?:columns|npz|json|digest|key)$")
+# A file's digest is remembered only once its last change is this much older than the hash that
+# read it (git's "racily clean" rule): a write within the same tick of a coarse file system clock
+# (FAT's is 2 s) could otherwise leave the times the digest was remembered under unchanged.
+RACY_MARGIN_NS = 3_000_000_000
 # A signed entry ends with the HMAC-SHA256 of everything before it (``read_signed_file``).
 SIGNATURE_BYTES = 32
 _LEGACY_ENTRY_RE = re.compile(r"\.[0-9a-f]{16}\.memlens-cache\.npz$")  # snapshot format 1 names
@@ -211,30 +220,109 @@ class BackgroundHash:
     """``hash_fd`` of an open file on a thread of its own (hashlib releases the GIL), so that the
     caller reads an entry or imports meanwhile. ``result()`` waits for it: ``(digest, identity)``,
     or ``None`` when the file could not be hashed (then no cache is used). The descriptor must stay
-    open until ``result()`` has returned."""
+    open until ``result()`` has returned.
 
-    def __init__(self, fd: int, source: str, then: EntryAhead | None = None) -> None:
+    ``known``: the file's digest as remembered for its identity (``remembered_digest``): then
+    nothing is hashed (a cached triage of a 4M-entry file spent 0.2 s on it), ``known`` is true,
+    and the thread only runs ``then``. A digest computed here is remembered for the next run."""
+
+    def __init__(self, fd: int, source: str, then: EntryAhead | None = None,
+                 known: tuple[str, tuple[int, ...]] | None = None) -> None:
         self._fd = fd
         self._source = source
         self._then = then
-        self._result: list[tuple[str, tuple[int, ...]] | None] = []
-        self._thread = threading.Thread(target=self._run, name="memlens-cache-hash", daemon=True)
-        self._thread.start()
+        self.known = known is not None
+        self._result: list[tuple[str, tuple[int, ...]] | None] = [known] if known is not None else []
+        self._thread: threading.Thread | None = None
+        if known is None or then is not None:
+            self._thread = threading.Thread(target=self._run, name="memlens-cache-hash", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
-        hashed = None
+        hashed = self._result[0] if self.known else None
         try:
-            hashed = hash_fd(self._fd)
+            if not self.known:
+                started_ns = time.time_ns()
+                hashed = hash_fd(self._fd)
+                remember_digest(self._fd, hashed, started_ns)
         except Exception as error:  # the thread must always leave an answer (None: no cache)
             log.debug("memlens cache: cannot hash %s: %s", self._source, error)
         finally:
-            self._result.append(hashed)
+            if not self.known:
+                self._result.append(hashed)
             if self._then is not None:
                 self._then.run(read=hashed is not None)  # never raises; without a hash no entry is used
 
+    def done_before(self, other_done: Callable[[], bool]) -> bool:
+        """Wait for the hash unless ``other_done()`` turns true first; whether the hash is done."""
+        while self._thread is not None and self._thread.is_alive():
+            if other_done():
+                return False
+            self._thread.join(HASH_POLL_S)
+        return True
+
     def result(self) -> tuple[str, tuple[int, ...]] | None:
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         return self._result[0] if self._result else None
+
+
+def _digest_entry(identity: tuple[int, ...]) -> tuple[str, bytes]:
+    """The digest entry's name for a file of ``identity``, and the identity as the entry says it."""
+    text = ",".join(str(number) for number in identity).encode()
+    return entry_name("d", hashlib.sha256(b"memlens digest\0" + text).hexdigest()), text
+
+
+def remembered_digest(fd: int) -> tuple[str, tuple[int, ...]] | None:
+    """``(digest, identity)`` of the file open as ``fd`` without reading it: the SHA-256 a hash of
+    this very file (device, inode, size, modification and change times: ``file_identity``) left in
+    the cache folder, signed with this user's key; ``None`` when there is none or it fails a check.
+    A write to the file changes its change time, which no ``utime`` can set back, so a file
+    changed since is another identity and is hashed again."""
+    try:
+        identity = file_identity(os.fstat(fd))
+    except OSError:
+        return None
+    name, identity_text = _digest_entry(identity)
+
+    def read(folder: CacheFolder, key: bytes) -> str:
+        entry = os.open(name, OPEN_TO_READ, dir_fd=folder.fd)
+        try:
+            body = bytes(read_signed_file(entry, key, "d"))
+        finally:
+            os.close(entry)
+        stored_identity, _, digest = body.partition(b" ")
+        if stored_identity != identity_text or not re.fullmatch(rb"[0-9a-f]{64}", digest):
+            raise EntryRefused("not this file's digest")
+        return digest.decode()
+
+    digest = read_signed(name, read, "a digest entry")
+    return (digest, identity) if digest is not None else None
+
+
+def remember_digest(fd: int, hashed: tuple[str, tuple[int, ...]], started_ns: int) -> None:
+    """Keep ``hashed`` (``hash_fd``'s answer, begun at ``started_ns``) for ``remembered_digest``,
+    if the file is still what was hashed and its last change is well before the hash began
+    (``RACY_MARGIN_NS``); a file written moments ago is hashed again next time instead."""
+    digest, identity = hashed
+    try:
+        if file_identity(os.fstat(fd)) != identity:
+            return
+    except OSError:
+        return
+    modified_ns, changed_ns = identity[3], identity[4]
+    if max(modified_ns, changed_ns) > started_ns - RACY_MARGIN_NS:
+        return
+    name, identity_text = _digest_entry(identity)
+    body = identity_text + b" " + digest.encode()
+
+    def signed(key: bytes) -> Callable[[IO[bytes]], int]:
+        mac = signer(key, "d")
+        mac.update(body)
+        signature = mac.digest()
+        return lambda handle: handle.write(body + signature)
+
+    write_signed(name, signed, suffix="digest")
 
 
 class EntryAhead:
@@ -297,7 +385,8 @@ def hash_opened(opened: OpenedFile, read_ahead: bool = False) -> BackgroundHash:
         ahead = EntryAhead.open(opened) if read_ahead else None
         if ahead is not None:
             _AHEAD[opened] = ahead
-        hashed = _HASHES[opened] = BackgroundHash(opened.fd, opened.name, then=ahead)
+        known = remembered_digest(opened.fd)
+        hashed = _HASHES[opened] = BackgroundHash(opened.fd, opened.name, then=ahead, known=known)
     return hashed
 
 

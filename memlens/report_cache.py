@@ -84,6 +84,27 @@ class ReportSlot:
                                self._opened.name, hashed[0], self._sidecar_key, self._capacity])
         return cache_folder.entry_name(ENTRY_KIND, hashlib.sha256(material.encode()).hexdigest())
 
+    def answer_expected(self) -> bool:
+        """Whether a stored report is all but sure to be found: the file's digest was remembered
+        (``cache_folder.remembered_digest``: nothing to hash) and an entry of that name exists. A
+        triage that expects none scans the file at once, beside the hash, instead of after it."""
+        if not self._hash.known or self.name is None:
+            return False
+        with cache_folder.keyed_folder() as keyed:
+            if keyed is None:
+                return False
+            try:
+                os.stat(self.name, dir_fd=keyed[0].fd, follow_symlinks=False)
+            except OSError:
+                return False
+            return True
+
+    def read_if_hashed_before(self, other_done: Callable[[], bool]) -> Report | None:
+        """``read()``, if the file is hashed before ``other_done()`` turns true; else ``None`` at
+        once (a first triage's scan done before the hash goes on to the analysis without
+        waiting for it: the report is written, under the digest, after the answer)."""
+        return self.read() if self._hash.done_before(other_done) else None
+
     def close(self) -> None:
         """Wait for the hashing thread (it reads the caller's descriptor, which may close next)."""
         self._hash.result()

@@ -4,7 +4,8 @@ Before such a command reads its file it either looks it up in the cache, keyed b
 SHA-256 (40-60 ms for a 70 MB file), or scans it (300 ms for a 1M-entry one). Both run without
 the GIL, and both could start at once but for the 100 ms of importing click, numpy and the
 command's modules. ``start`` runs first, before those imports, and begins the hash or the scan
-on another thread; the command then takes the file opened here (``snapshot_source``) instead of
+on another thread (both, for a file whose digest the cache does not remember: a first triage);
+the command then takes the file opened here (``snapshot_source``) instead of
 opening it again, and the cache or the reader takes what was begun on it.
 
 ``start`` reads the raw command line, before click has parsed it, so it guesses: the one token
@@ -57,7 +58,11 @@ def start(args: Sequence[str]) -> None:
         token, opened, asked = candidate
         if caches(opened.size, asked):
             # Waited for by whoever takes the file; one not taken is waited for by ``finish``.
-            hash_opened(opened, read_ahead=command in READS_COLUMNS_AHEAD)
+            hashed = hash_opened(opened, read_ahead=command in READS_COLUMNS_AHEAD)
+            if not hashed.known and command not in READS_COLUMNS_AHEAD:
+                # A file whose digest is not remembered is most likely new to the cache (a first
+                # triage): its scan begins now too, beside the hash, not once the hash has missed.
+                ahead.start_scan(opened)
         elif not ahead.start_scan(opened):
             opened.close()
             return

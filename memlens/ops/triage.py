@@ -108,9 +108,12 @@ class PendingTriage(contextlib.AbstractContextManager["PendingTriage"]):
         self._slot = ReportSlot.for_opened(self._opened, options.capacity) if wanted else None
         if self._slot is not None:
             self._exits.callback(self._slot.close)  # before the file: the hashing thread reads it
-        # No cached answer to look up: the file is scanned now, on another thread (the native
-        # scanner needs no GIL), while the face imports its renderer and this its finders.
-        self._scanning = self._slot is None and ahead.start_scan(self._opened)
+        # No cached answer expected (none kept, or the file's digest not known yet, as on a first
+        # triage): the file is scanned now, on another thread (the native scanner needs no GIL),
+        # beside the hash, while the face imports its renderer and this its finders. A stored
+        # answer found after all (the same bytes under another name) stops the scan unused.
+        expected = self._slot is not None and self._slot.answer_expected()
+        self._scanning = not expected and ahead.start_scan(self._opened)
         if self._scanning:
             self._exits.callback(ahead.wait, self._opened)  # before the file: the scan reads it
 
@@ -118,11 +121,21 @@ class PendingTriage(contextlib.AbstractContextManager["PendingTriage"]):
         """The report. The caches a first triage writes (the snapshot's columnar copy, the report)
         are held until this pending triage is closed, so a face that shows the answer inside the
         ``with`` block shows it before they are written."""
-        report = self._slot.read() if self._slot is not None else None
+        if self._scanning:
+            # Most likely a first triage: the scan (and the hash) run without the GIL, so the
+            # finders are imported beside them, and the stored answer is looked for only if the
+            # hash ends before the scan does; the scan is what the answer waits for.
+            from memlens.snapshot import ahead
+
+            _import_all(_ANALYSIS_MODULES)
+            opened = self._opened
+            report = (self._slot.read_if_hashed_before(lambda: ahead.scan_done(opened))
+                      if self._slot is not None else None)
+        else:
+            report = self._slot.read() if self._slot is not None else None
         if report is None:
             with holding(self._cache_writes):
-                if self._scanning:  # the scan is running without the GIL: import beside it
-                    _import_all(_ANALYSIS_MODULES)
+                if self._scanning:
                     fresh = analyse(self._opened, self.options, progress).report
                 else:
                     # The finders are imported on another thread while this one reads the file: the

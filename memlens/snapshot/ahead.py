@@ -55,6 +55,10 @@ class Begun(Generic[T]):
         except BaseException as error:
             self._error.append(error)
 
+    def done(self) -> bool:
+        """Whether the work has ended (its ``result()`` would not wait)."""
+        return not self._thread.is_alive()
+
     def result(self) -> T:
         self._thread.join()
         if self._error:
@@ -85,6 +89,12 @@ def start_scan(opened: OpenedFile) -> bool:
     fd, size, stop = opened.fd, opened.size, module.StopFlag()
     _SCANS[opened] = Begun(lambda: module.scan_file(fd, size, SCAN_CHUNK, stop), "memlens-scan-ahead", stop.set)
     return True
+
+
+def scan_done(opened: OpenedFile) -> bool:
+    """Whether no scan of ``opened`` is running (none begun, or begun and ended)."""
+    begun = _SCANS.get(opened)
+    return begun is None or begun.done()
 
 
 def take_scan(opened: OpenedFile) -> Begun[tuple[bool, Any]] | None:

@@ -76,6 +76,7 @@ from memlens.cache_folder import (
     hash_started,
     read_signed,
     read_signed_file,
+    remembered_digest,
     signer,
     size_limit,
     write_signed,
@@ -174,7 +175,7 @@ class CacheEntry:
         self.fd = fd
         self.name = entry_name(fingerprint)
         self.identity = identity
-        self._hash = hashed if hashed is not None else BackgroundHash(fd, source)
+        self._hash = hashed if hashed is not None else BackgroundHash(fd, source, known=remembered_digest(fd))
         self._ahead = ahead
 
     @classmethod

@@ -403,6 +403,7 @@ def _load(opened: OpenedFile, cache: bool | None, progress: Callable[[str, float
         if cache_entry is not None:
             cached = cache_entry.read()
             if cached is not None:
+                ahead.wait(opened)  # a scan begun ahead (the file was new to the report cache) is not needed
                 cached.sidecar, cached.sidecar_problem = sidecar_beside(opened)
                 return cached
         on_read = None

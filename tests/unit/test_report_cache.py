@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -240,7 +241,11 @@ def test_the_slot_hashes_the_bytes_read_through_its_descriptor(tmp_path: Path) -
 
 @pytest.mark.timeout(120)
 def test_a_cached_triage_imports_neither_numpy_nor_the_analysis(tmp_path: Path) -> None:
+    """A file the cache knows (its digest remembered: it was last written before the first triage
+    began by more than the racy margin) is answered without hashing, scanning or importing the
+    analysis. One younger than that is hashed and scanned too, as a first triage is."""
     path = copy_of(SAMPLES[0], tmp_path / "run")
+    time.sleep(cache_folder.RACY_MARGIN_NS / 1e9 + 0.2)
     env = {**os.environ, cache_folder.CACHE_DIR_ENV: str(tmp_path / "cache")}
     triage_once = [sys.executable, "-m", "memlens", "triage", str(path), "--cache", "--no-color", "--width", "100"]
     first = subprocess.run(triage_once, capture_output=True, text=True, env=env, cwd=REPO_ROOT, check=True)
