@@ -25,6 +25,7 @@ from torch import nn
 from memlens.errors import MemlensUsageError
 from memlens.plan.ddp import install_ddp_support
 from memlens.plan.levers import Lever, value_of
+from memlens.plan.meshes import install_mesh_support
 
 # The ops selective checkpointing keeps (the expensive ones, as torchtitan's policy does):
 # matrix multiplies and attention; every other op of a block is recomputed in backward.
@@ -298,6 +299,7 @@ def install_fake_distributed(world_size: int, rank: int = 0) -> Callable[[], Non
                                (DeviceMesh, "__init__", mesh_init)):  # fmt: skip
         saved.append((owner, name, getattr(owner, name)))
         setattr(owner, name, value)
+    install_mesh_support(init_process_group, saved)  # a mesh made before any group
     undo_ddp = install_ddp_support()
 
     def undo() -> None:
