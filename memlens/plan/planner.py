@@ -17,7 +17,7 @@ from memlens.plan.options import DEFAULT_OUT, PlanOptions
 from memlens.plan.processes import stop_on_signals
 from memlens.plan.recommend import change_for
 from memlens.plan.results import PlanConfig, PlanProgress, PlanResult
-from memlens.plan.runner import ConfigurationRunner, absolute_out, device_of, fresh_out
+from memlens.plan.runner import ConfigurationRunner, absolute_out, device_of, fresh_out, outside_allocator
 from memlens.plan.scoring import max_of_baseline, recommended_index, scored
 from memlens.plan.search import largest_fitting
 
@@ -41,6 +41,7 @@ def plan(options: PlanOptions, on_progress: PlanProgress | None = None) -> PlanR
         raise MemlensUsageError(f"--world-size {options.world_size}: must be 1 or more")
     options = launched_options(options)  # ``command`` stays the launch the user typed, for the recommendation
     gpu_name, capacity = device_of(options)
+    outside = outside_allocator(options)  # what device_of took off: the result says it, and whence
     out = fresh_out(absolute_out(options.out), numbered=options.out == DEFAULT_OUT)
     configurations = expand(lever_sets, vary)
     runner = ConfigurationRunner(options, out, capacity, on_progress, len(configurations) if searched is None else None)
@@ -65,6 +66,8 @@ def plan(options: PlanOptions, on_progress: PlanProgress | None = None) -> PlanR
         world_size=options.world_size,
         out=str(out.resolve()),
         seconds=round(time.perf_counter() - started, 3),
+        outside_bytes=outside[0],
+        outside_source=outside[1],
     )
 
 
