@@ -31,15 +31,64 @@ from memlens.plan.results import RANKS_ALIKE, RANKS_PER_STAGE, RANKS_UNEVEN, Pla
 # ---------------------------------------------------------------------- the device and the folder
 def device_of(options: PlanOptions) -> tuple[str, int]:
     """The simulated GPU's name, and the bytes PyTorch may use on it: the GPU's memory (or
-    ``--capacity``) less ``--reserve-outside``."""
-    from memlens.predict.gpus import DEFAULT_GPU, checked_reserve, gpu_spec, with_capacity
-    from memlens.units import capacity_bytes, parse_bytes
+    ``--capacity``) less what is outside the allocator (``outside_allocator``)."""
+    from memlens.predict.gpus import DEFAULT_GPU, gpu_spec, with_capacity
+    from memlens.units import capacity_bytes
 
     spec = gpu_spec(options.gpu or DEFAULT_GPU)
     if options.capacity is not None:
         spec = with_capacity(spec, capacity_bytes(options.capacity, "--capacity"))
-    reserve = checked_reserve(spec, parse_bytes(options.reserve_outside))
-    return spec.name, spec.total_memory - reserve
+    return spec.name, spec.total_memory - outside_allocator(options)[0]
+
+
+# What a rank's GPU holds outside PyTorch's caching allocator, which the emulation cannot see,
+# estimated where --world-size N > 1 and no --reserve-outside is given:
+# - the CUDA context: 300-600 MiB per device, depending on the CUDA version, the driver and how
+#   many kernels are loaded (PyTorch's "CUDA semantics" notes; NVIDIA's CUDA C++ Programming
+#   Guide, "Lazy Loading", for what the version changes); the upper half's 500 MiB is taken.
+CUDA_CONTEXT_ESTIMATE = 500 << 20
+# - NCCL's buffers: NCCL_BUFFSIZE (4 MiB by default: NCCL's "Environment Variables" page) per
+#   channel per peer; a ring or tree rank talks to 2 peers, over (an estimate) 16 channels, which
+#   NCCL picks for the topology at run time (NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS bound it).
+NCCL_BUFFSIZE_DEFAULT = 4 << 20
+NCCL_PEERS = 2
+NCCL_CHANNELS_ESTIMATE = 16
+
+
+def outside_allocator(options: PlanOptions) -> tuple[int, str | None]:
+    """What is taken off each rank's GPU for memory outside PyTorch's allocator, and where the
+    figure comes from: ``--reserve-outside`` when given (not 0), else at ``--world-size`` > 1 the
+    estimate of the CUDA context and NCCL's buffers (``NCCL_BUFFSIZE`` and ``NCCL_MAX_NCHANNELS``
+    read from the environment where set), else nothing."""
+    from memlens.predict.gpus import DEFAULT_GPU, checked_reserve, gpu_spec, with_capacity
+    from memlens.units import capacity_bytes, format_bytes, parse_bytes
+
+    spec = gpu_spec(options.gpu or DEFAULT_GPU)
+    if options.capacity is not None:
+        spec = with_capacity(spec, capacity_bytes(options.capacity, "--capacity"))
+    given = checked_reserve(spec, parse_bytes(options.reserve_outside))
+    if given or options.world_size <= 1:
+        return given, ("--reserve-outside" if given else None)
+    buffer = _environment_count("NCCL_BUFFSIZE", NCCL_BUFFSIZE_DEFAULT)
+    channels = min(NCCL_CHANNELS_ESTIMATE, _environment_count("NCCL_MAX_NCHANNELS", NCCL_CHANNELS_ESTIMATE))
+    nccl = buffer * NCCL_PEERS * channels
+    estimate = CUDA_CONTEXT_ESTIMATE + nccl
+    source = (
+        f"estimated: the CUDA context {format_bytes(CUDA_CONTEXT_ESTIMATE)} (300-600 MiB by CUDA version) + "
+        f"NCCL {format_bytes(nccl)} (NCCL_BUFFSIZE {format_bytes(buffer)} x {NCCL_PEERS} peers x {channels} "
+        "channels; NCCL picks its channels by topology); --reserve-outside SIZE replaces it"
+    )
+    if estimate >= spec.total_memory:
+        raise MemlensUsageError(
+            f"--world-size {options.world_size}: the {format_bytes(spec.total_memory)} device would leave "
+            f"PyTorch nothing after the {format_bytes(estimate)} {source}"
+        )
+    return estimate, source
+
+
+def _environment_count(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() and int(value) > 0 else default
 
 
 def absolute_out(out: str) -> Path:
@@ -258,4 +307,5 @@ def cpus() -> int:
     return os.cpu_count() or 1
 
 
-__all__ = ["ConfigurationRunner", "absolute_out", "cpus", "device_of", "fresh_out", "process_context"]
+__all__ = ["ConfigurationRunner", "absolute_out", "cpus", "device_of", "fresh_out", "outside_allocator",
+           "process_context"]

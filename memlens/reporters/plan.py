@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from memlens.plan.child import NOT_APPLIED
-from memlens.plan.results import PlanConfig, PlanResult, max_per_lever_set
+from memlens.plan.results import RANKS_ALIKE, RANKS_PER_STAGE, PlanConfig, PlanRank, PlanResult, max_per_lever_set
 from memlens.units import format_bytes
 
 
@@ -66,9 +66,79 @@ def _margin_line(result: PlanResult) -> str:
             if any(levers == config.levers and value is not None and config.values.get(name) == value
                    for levers, value in max_per_lever_set(result, name))]
     what = f"the largest {' and '.join(last)} that fits" if last else "it fits"
-    return (f"  {what}, with {format_bytes(spare)} to spare of {format_bytes(result.capacity_bytes)} "
-            "(peak reserved); not counted: the CUDA context and NCCL's buffers, outside PyTorch's allocator "
-            "(--reserve-outside takes them off)")
+    capacity = format_bytes(result.capacity_bytes)
+    spare_line = f"  {what}, with {format_bytes(spare)} to spare of {capacity} (peak reserved)"
+    if result.outside_bytes:
+        return f"{spare_line}, after {format_bytes(result.outside_bytes)} outside PyTorch's allocator (above)"
+    return (
+        f"{spare_line}; not counted: the CUDA context and NCCL's buffers, outside PyTorch's allocator "
+        "(--reserve-outside takes them off)"
+    )
+
+
+def _label(config: PlanConfig) -> str:
+    label = "+".join(config.levers) or "baseline"
+    if config.values:
+        label += " " + " ".join(f"{name}={value}" for name, value in config.values.items())
+    return label
+
+
+def _outside_line(result: PlanResult) -> str | None:
+    """What was taken off each rank's GPU for memory outside PyTorch's allocator, and whence."""
+    if not result.outside_bytes:
+        return None
+    source = result.outside_source or "--reserve-outside"
+    return f"  outside PyTorch's allocator, per rank: {format_bytes(result.outside_bytes)} taken off ({source})"
+
+
+def _rank_name(rank: PlanRank) -> str:
+    if rank.stage is not None and rank.num_stages is not None:
+        return f"rank {rank.rank} (stage {rank.stage} of {rank.num_stages})"
+    return f"rank {rank.rank}"
+
+
+def _held(rank: PlanRank) -> str:
+    held = rank.held_bytes
+    if not held:
+        return "-"
+    return " / ".join(format_bytes(held.get(key, 0)) for key in ("parameters", "gradients", "optimizer_state"))
+
+
+def _rank_fits(rank: PlanRank) -> str:
+    return "yes" if rank.fits else ("OOM" if rank.oom else "no")
+
+
+def _rank_lines(result: PlanResult) -> list[str]:
+    """Where ranks were run at --world-size N: a table per configuration whose ranks differ (one
+    row per rank or pipeline stage, with its snapshot's peaks and whether it fits), else one line
+    saying which ranks stand for which."""
+    world = result.world_size
+    every = f"ranks 0-{world - 1}" if world > 2 else "ranks 0 and 1"
+    lines: list[str] = []
+    alike = [index for index, config in enumerate(result.configs) if config.rank_rule == RANKS_ALIKE]
+    if alike and len(alike) == len(result.configs):
+        lines.append(f"{every}: rank 0 stands for all (no pipeline stage, no uneven shard): each holds the same")
+    elif alike:
+        lines.append(f"{every}: rank 0 stands for all in #{', #'.join(str(i) for i in alike)} "
+                     "(no pipeline stage, no uneven shard)")  # fmt: skip
+    for index, config in enumerate(result.configs):
+        if config.rank_rule in (None, RANKS_ALIKE) or not config.ranks:
+            continue
+        per_stage = config.rank_rule == RANKS_PER_STAGE
+        why = "one rank per pipeline stage" if per_stage else "uneven shards: rank 0 and the last"
+        names = " and ".join(str(rank.rank) for rank in config.ranks)
+        if config.ranks_same:
+            lines.append(f"#{index} {_label(config)}: ranks {names} ({why}) came out the same")
+            continue
+        lines.append(f"#{index} {_label(config)}: the ranks differ ({why}); fits only if every rank fits")
+        header = ("rank", "peak allocated", "peak reserved", "fits", "held at the end (params / grads / optimizer)")
+        rows = [(_rank_name(rank), format_bytes(rank.peak_allocated_bytes), format_bytes(rank.peak_reserved_bytes),
+                 _rank_fits(rank), _held(rank)) for rank in config.ranks]  # fmt: skip
+        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+        lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                  for row in [header, *rows]]  # fmt: skip
+        lines += [f"    {_rank_name(rank)}: {rank.problem}" for rank in config.ranks if rank.problem and not rank.oom]
+    return lines
 
 
 def render(result: PlanResult) -> str:
@@ -77,9 +147,7 @@ def render(result: PlanResult) -> str:
     header = ("#", "configuration", "peak allocated", "peak reserved", "fits", "cost", "trainable")
     rows = []
     for index, config in enumerate(result.configs):
-        label = "+".join(config.levers) or "baseline"
-        if config.values:
-            label += " " + " ".join(f"{name}={value}" for name, value in config.values.items())
+        label = _label(config)
         fits = _fits_cell(config)
         trainable = f"{config.trainable_parameters:,}" if config.trainable_parameters is not None else "-"
         mark = "*" if index == result.recommended else ""
@@ -88,7 +156,7 @@ def render(result: PlanResult) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = [
         f"memlens plan on a simulated {result.gpu} ({format_bytes(result.capacity_bytes)} for PyTorch per rank"
-        + (f", rank 0 of {result.world_size}" if result.world_size > 1 else "")
+        + (f", {result.world_size} ranks" if result.world_size > 1 else "")
         + ")",
         "  ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)).rstrip(),
     ]
@@ -99,6 +167,10 @@ def render(result: PlanResult) -> str:
     lines += [f"  {index}: {config.problem}" for index, config in enumerate(result.configs)
               if config.problem and not config.fits
               and (result.recommended is None or not config.oom or _not_applied(config))]  # fmt: skip
+    outside = _outside_line(result)
+    if outside is not None:
+        lines.append(outside)
+    lines += _rank_lines(result)
     for name in result.max:
         for levers, value in max_per_lever_set(result, name):
             where = "+".join(levers) or "baseline"

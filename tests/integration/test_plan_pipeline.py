@@ -97,8 +97,8 @@ def test_pipeline_stages_each_get_a_snapshot_and_keep_what_their_schedule_keeps(
         assert [(r.rank, r.stage, r.num_stages) for r in config.ranks] == [(0, 0, 2), (1, 1, 2)]
         first, last = config.ranks
         # A snapshot per stage, each in its rank's folder; the stages' peaks differ.
-        assert Path(first.snapshot).parent.name == "rank0" and Path(last.snapshot).parent.name == "rank1"
-        assert Path(first.snapshot).is_file() and Path(last.snapshot).is_file()
+        assert Path(str(first.snapshot)).parent.name == "rank0" and Path(str(last.snapshot)).parent.name == "rank1"
+        assert Path(str(first.snapshot)).is_file() and Path(str(last.snapshot)).is_file()
         assert config.ranks_same is False and first.peak_allocated_bytes != last.peak_allocated_bytes
         # Each rank holds its own stage's weights and AdamW moments, not the model's.
         assert first.held_bytes == last.held_bytes == {
