@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 Role = Literal["parameters", "buffers", "gradients", "optimizer_state", "inputs", "outputs", "graph"]
 # When one storage plays several roles, the first in this order wins (a parameter handed to the
@@ -63,7 +64,7 @@ class RoleRecorder:
         by_device: dict[int, dict[str, list[int]]] = {}
         added = 0
         for role in ROLES:
-            for tensor in tensors_by_role.get(role, ()):
+            for tensor in _plain_tensors(tensors_by_role.get(role, ())):
                 found = self._new_storage(tensor)
                 if found is None:
                     continue
@@ -105,6 +106,19 @@ class RoleRecorder:
 
     def to_sidecar(self) -> dict[str, Any]:
         return {"version": ROLES_VERSION, "records": [dict(record) for record in self.records]}
+
+
+def _plain_tensors(tensors: Iterable[Any]) -> Iterator[Any]:
+    """``tensors``, each wrapper subclass among them (a ``DTensor``: FSDP2's sharded parameters,
+    their gradients and AdamW moments, tensor-parallel weights) replaced by the plain tensors it
+    holds its data in. A wrapper's own storage is no memory of the device's (a placeholder the
+    global tensor's size); its local tensors' are."""
+    for tensor in tensors:
+        if not is_traceable_wrapper_subclass(tensor):
+            yield tensor
+            continue
+        names, _ = tensor.__tensor_flatten__()
+        yield from _plain_tensors(getattr(tensor, name) for name in names)
 
 
 # ---------------------------------------------------------------------- what to note
