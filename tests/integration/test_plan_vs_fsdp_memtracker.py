@@ -24,6 +24,9 @@ from typing import Any
 
 import pytest
 
+from memlens.analysis.lenses.moments import Row
+from memlens.ops.group import GroupOptions, group
+from memlens.ops.triage import analyse
 from tests.conftest import REPO_ROOT
 from tests.integration.test_plan_sharded_ranks import BLOCKS, FSDP2_SCRIPT, MODEL, PARAMETERS, WIDTH, _plan
 
@@ -86,6 +89,25 @@ def _peak_requested_without_workspaces(snapshot_path: str) -> int:
     return peak
 
 
+# What the caching allocator adds to a block: its request rounded up to a multiple of 512 bytes.
+ROUNDING = 512
+
+
+def _categories(snapshot_path: str, at_the_end: bool) -> dict[str, tuple[int, int]]:
+    """memlens' categories of what the rank held at its last event (or at the peak), each as
+    (bytes in blocks, blocks), from the analysis every face shows."""
+    analysis = analyse(snapshot_path)
+    moment = Row(len(analysis.trace(0)) - 1) if at_the_end else None
+    result = group(analysis, GroupOptions(moment=moment))
+    return {entry.name: (entry.bytes, entry.blocks) for entry in result.groups.groups}
+
+
+def _rounded_from(tracked_bytes: int, memlens: tuple[int, int]) -> bool:
+    """memlens' blocks hold the tracker's bytes each rounded up to the allocator's 512."""
+    held, blocks = memlens
+    return tracked_bytes <= held < tracked_bytes + ROUNDING * max(blocks, 1)
+
+
 def test_fsdp2_rank_agrees_with_fsdp_mem_tracker_per_category_and_at_the_peak(tmp_path: Path) -> None:
     tracked = _tracked()
     (config,) = _plan(tmp_path, FSDP2_SCRIPT, WORLD_SIZE, ["moved"])
@@ -102,3 +124,18 @@ def test_fsdp2_rank_agrees_with_fsdp_mem_tracker_per_category_and_at_the_peak(tm
     # reduce-scattered, the shards and the moments.
     assert peak["Unsharded Param"] == 4 * PARAMETERS // BLOCKS
     assert _peak_requested_without_workspaces(config.snapshot) == peak["Total"] - steps
+    # memlens' own categories (what triage and group show), in the allocator's rounded blocks:
+    # the sharded parameters, their gradients and AdamW's moments are the tracker's, by role
+    # (a DTensor's local shard is what the recorder notes); the all-gathered parameters and the
+    # all-gather and reduce-scatter buffers, freed within the step, are memlens' temporaries.
+    for categories, tracker in ((_categories(config.snapshot, True), current),
+                                (_categories(config.snapshot, False), peak)):  # fmt: skip
+        empty = (0, 0)
+        assert _rounded_from(tracker["Sharded Param"], categories.get("parameters", empty)), (categories, tracker)
+        assert _rounded_from(tracker["OptState"] - steps, categories.get("optimizer_state", empty)), categories
+        grads = tracker["Sharded Grad"] + tracker["Unsharded Grad"]
+        assert _rounded_from(grads, categories.get("gradients", empty)), (categories, tracker)
+    transient = ("Unsharded Param", "All Gather", "Reduce Scatter", "Temp", "Activation")
+    at_peak = _categories(config.snapshot, False)
+    made_in_the_step = tuple(map(sum, zip(at_peak["temporary"], at_peak["activations"], strict=True)))
+    assert _rounded_from(sum(peak[name] for name in transient), (made_in_the_step[0], made_in_the_step[1]))
