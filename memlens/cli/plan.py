@@ -5,9 +5,12 @@ predict in its own process, as many at once as there are CPUs. A SPEC is levers 
 each NAME or NAME=VALUE: ckpt, sac, lora=R, lora-targets=q,v, qlora=R,
 optim=adamw8bit|paged-adamw8bit|adafactor|sgd, offload=optimizer|params, fsdp, expandable,
 max-split=MB.
---world-size N predicts one rank of N (the script's torch.distributed runs on a fake process
-group, so an FSDP2 or DDP script runs in one process; DDP's gradient buckets are counted, its
-find_unused_parameters and static_graph are not supported); fsdp shards each block and the root.
+--world-size N predicts the ranks of N (the script's torch.distributed runs on a fake process
+group, so an FSDP2, TP, DDP or pipeline-parallel script runs one rank per process; DDP's gradient
+buckets are counted, its find_unused_parameters and static_graph are not supported): rank 0, a
+pipeline's ranks up to its last stage, the last rank where shards are uneven; a table per rank
+where they differ. The CUDA context and NCCL's buffers are estimated and taken off each rank's
+memory unless --reserve-outside is given. fsdp shards each block and the root.
 --vary B=1,2,4 substitutes {B} in the command; --max B=1..256 finds the largest value that fits
 (bisection: the answer fits, the next value does not). Every configuration's snapshot is
 written under --out (open it with memlens triage).

@@ -9,9 +9,11 @@ are; they hold no values, as no simulated tensor does). What one process lacks o
 what the other stages tell this one before the first step, and it is supplied:
 
 - the shapes of the activations the previous stage sends (``PipelineStage``'s runtime shape
-  inference receives them as a pickled object from the previous rank): read from what the rank
-  before, run first, sent (``SENT_NAME`` in its folder). So a pipeline's ranks run in order, 0
-  first; rank 0 needs nothing, having the inputs.
+  inference receives them as a pickled object from the previous rank): read from what the ranks
+  before, run first, sent (``SENT_NAME`` in the rank's folder, which passes on what it received).
+  So a pipeline's ranks run in order, 0 first; rank 0 needs nothing, having the inputs. A rank
+  whose previous stage is on a later rank (an interleaved schedule's second stage on rank 0)
+  cannot be run so, and says it in one line.
 - the shapes of the gradients the next stage sends back: derived from this stage's outputs,
   PyTorch's own rule (``_derive_grad_metas``, what its static mode does: a gradient has the shape,
   stride and dtype of the activation it is the gradient of).
@@ -89,7 +91,12 @@ class PipelineLink:
         self.received: dict[str, Any] = {}
         if received_path is not None:
             self.received = json.loads(Path(received_path).read_text())
-        self.sent: dict[str, Any] = {"forward": {}, "votes": dict(self.received.get("votes", {}))}
+        # Passed on with this rank's own: a stage whose previous stage is on a rank before the
+        # one just before (a pipeline with data parallel ranks in between) finds its shapes too.
+        self.sent: dict[str, Any] = {
+            "forward": dict(self.received.get("forward", {})),
+            "votes": dict(self.received.get("votes", {})),
+        }
         self.sent_path = sent_path
         self.stages: list[dict[str, Any]] = []
 
