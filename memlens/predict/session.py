@@ -48,6 +48,7 @@ from memlens.predict.sdpa import fused_sdpa
 from memlens.predict.sharding import (
     fake_data_setter_patch,
     fsdp1_patches,
+    model_parameter_counts,
     pin_memory_op_hook,
     record_stream_patch,
     storage_released,
@@ -773,8 +774,8 @@ def simulated_model_and_optimizer(
         return None, None
     total = trainable = total_bytes = 0
     by_dtype: dict[str, int] = {}
-    for param in parameters.values():
-        count, size = param.numel(), param.numel() * param.element_size()
+    for param, count in model_parameter_counts(list(parameters.values())):
+        size = count * param.element_size()
         total += count
         trainable += count if param.requires_grad else 0
         total_bytes += size

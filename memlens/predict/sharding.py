@@ -36,6 +36,11 @@ whether two tensors share one (``_same_storage``). A fake storage's pointer is a
 flat parameter read as freed and every pair as one storage, and ``SHARD_GRAD_OP`` with
 ``use_orig_params=True`` stopped at "the unsharded flat parameter should be allocated".
 ``fsdp1_patches`` answers both from the storage itself (its size; its identity).
+
+A model's parameter count, read from the parameters alive on the device, has to see through
+FSDP1's ``FlatParameter``: its elements are a shard (or, under ``NO_SHARD``, all) of its blocks'
+parameters plus padding, and with ``use_orig_params=True`` the original parameters are views into
+it as well. ``model_parameter_counts`` gives each its share of the model's count.
 """
 
 from __future__ import annotations
@@ -147,6 +152,27 @@ def fsdp1_patches() -> list[tuple[Any, str, Any]]:
     ]
 
 
+def model_parameter_counts(parameters: list[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:
+    """Each parameter with how many of the model's parameters it stands for: FSDP1's
+    ``FlatParameter`` the unsharded, unpadded count of the originals it flattens (its
+    ``_numels``); an original parameter that is a view into a live flat parameter
+    (``use_orig_params=True``) none, as its flat parameter counts it; any other its ``numel``
+    (a ``DTensor``'s is the global tensor's)."""
+    flat_storages = {
+        param.untyped_storage()._cdata for param in parameters if getattr(param, "_is_flat_param", False)
+    }
+    counted: list[tuple[torch.Tensor, int]] = []
+    for param in parameters:
+        if getattr(param, "_is_flat_param", False):
+            numels = getattr(param, "_numels", None)
+            counted.append((param, sum(numels) if numels is not None else param.numel()))
+        elif local_tensors(param) is None and param.untyped_storage()._cdata in flat_storages:
+            counted.append((param, 0))
+        else:
+            counted.append((param, param.numel()))
+    return counted
+
+
 def fake_data_setter_patch() -> tuple[Any, str, Any]:
     """``(owner, name, value)`` for the session's patches: ``FakeTensor.data`` whose setter also
     takes the new tensor's device (a real tensor's device is its data's)."""
@@ -171,6 +197,7 @@ __all__ = [
     "fake_data_setter_patch",
     "fsdp1_patches",
     "local_tensors",
+    "model_parameter_counts",
     "pin_memory_op_hook",
     "record_stream_patch",
     "storage_released",

@@ -130,9 +130,10 @@ def test_fsdp1_each_strategy_holds_what_its_flat_parameters_own(tmp_path: Path) 
     and SHARD_GRAD_OP end holding 12 bytes per element of rank 0's padded shards (``ceil(B/3)``
     per block), 16 with ``use_orig_params=True`` (the flat gradient kept to the next forward);
     NO_SHARD 12P, or with ``use_orig_params=True`` the flat parameter and its gradient padded to
-    a multiple of 3 and AdamW's moments over the original parameters (8P). Every one stopped
+    a multiple of 3 and AdamW's moments over the original parameters (8P). The model's count is
+    P each time (a flat parameter counts the originals it flattens, once). Every one stopped
     before: ``record_stream`` on the emulated stream, a graph read of FSDP1's views and its
-    data-pointer checks."""
+    data-pointer checks; the count was the flat shards' (or twice them, with the originals)."""
     world_size = 3
     modes = ["FULL_SHARD-flat-device", "FULL_SHARD-orig-moved", "SHARD_GRAD_OP-flat-device",
              "SHARD_GRAD_OP-orig-device", "NO_SHARD-flat-device", "NO_SHARD-orig-moved"]  # fmt: skip
@@ -155,3 +156,4 @@ def test_fsdp1_each_strategy_holds_what_its_flat_parameters_own(tmp_path: Path) 
             "optimizer_state": optimizer_state,
         }, (mode, config.held_bytes)
         assert _held_at_the_end(config.snapshot) == parameters + gradients + optimizer_state, mode
+        assert config.trainable_parameters == PARAMETERS, (mode, config.trainable_parameters)
