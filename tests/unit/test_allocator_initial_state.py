@@ -2,10 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from memlens.allocator import AllocatorSettings
-from memlens.allocator.initial_state import InitialState, infer_initial_state
+from memlens.allocator import engine as allocator_engine
+from memlens.allocator.initial_state import InitialState, first_block_events, infer_initial_state
 from memlens.snapshot.model import Action, Block, Segment
+from memlens.snapshot.reader import load
 from memlens.units import KiB, MiB
+from tests.conftest import SAMPLE_SNAPSHOTS_DIR, real_snapshot_paths
+
+SAMPLE_SNAPSHOTS = sorted(SAMPLE_SNAPSHOTS_DIR.glob("*.pickle"))
+
+
+@contextlib.contextmanager
+def python_engine() -> Iterator[None]:
+    """The allocator's Python engine for the block: numpy's reference instead of the native pass."""
+    allocator_engine.native_module.cache_clear()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(allocator_engine, "native_module", lambda: None)
+        yield
+    allocator_engine.native_module.cache_clear()
 
 A = 0x7000_0000  # a 20 MiB large segment that predates the window
 B = 0x8000_0000  # a 20 MiB large segment the window opens
@@ -132,3 +156,42 @@ def test_an_expandable_segment_the_window_maps_is_left_to_the_replay() -> None:
     state = infer(rows, final)
     assert state.is_empty
     assert state.notes == ["expandable segments mapped during the window are rebuilt by the replay"]
+
+
+def reference_first_block_events(codes: np.ndarray, addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The definition, one row at a time: each address's first alloc/free_requested/free_completed row."""
+    first: dict[int, int] = {}
+    for row, (code, address) in enumerate(zip(codes.tolist(), addresses.tolist(), strict=True)):
+        if code <= int(Action.FREE_COMPLETED) and address not in first:
+            first[address] = row
+    return np.array(list(first), dtype=np.int64), np.array(list(first.values()), dtype=np.int64)
+
+
+def as_pairs(found: tuple[np.ndarray, np.ndarray]) -> set[tuple[int, int]]:
+    return set(zip(found[0].tolist(), found[1].tolist(), strict=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(list(Action)), st.integers(0, 12)), max_size=60))
+def test_each_address_first_block_event_by_either_engine(rows: list[tuple[Action, int]]) -> None:
+    """The native pass and numpy's unique both find what the row-by-row definition finds."""
+    codes = np.array([int(action) for action, _ in rows], dtype=np.int8)
+    addresses = np.array([512 * slot for _, slot in rows], dtype=np.int64)
+    expected = as_pairs(reference_first_block_events(codes, addresses))
+    assert as_pairs(first_block_events(codes, addresses)) == expected
+    with python_engine():
+        assert as_pairs(first_block_events(codes, addresses)) == expected
+
+
+@pytest.mark.parametrize("path", [*SAMPLE_SNAPSHOTS, *real_snapshot_paths()], ids=lambda p: p.name)
+def test_the_initial_state_is_the_same_on_either_engine(path: Path) -> None:
+    """Every sample and real snapshot's devices: the seed the native pass gives is numpy's."""
+    snapshot = load(str(path), cache=False)
+    for device, trace in snapshot.devices.items():
+        columns = (np.asarray(trace.action), np.asarray(trace.address), np.asarray(trace.size),
+                   np.asarray(trace.stream))
+        final = snapshot.segments_on(device)
+        native = infer_initial_state(*columns, final, AllocatorSettings())
+        with python_engine():
+            reference = infer_initial_state(*columns, final, AllocatorSettings())
+        assert native == reference
