@@ -36,7 +36,7 @@ class PlanOptions:
                                         "Memory outside PyTorch's allocator (CUDA context, NCCL).")
     world_size: int = option(
         1, "--world-size",
-        "Predict one rank of N under a simulated (fake) process group: FSDP2 and DDP scripts, fsdp.",
+        "Predict the ranks of N under a simulated (fake) process group: FSDP2, TP, DDP, pipelines, fsdp.",
     )  # fmt: skip
     tries: Sequence[str] = option((), "--try", "A configuration: levers joined by '+'.", metavar="SPEC")
     vary: Sequence[str] = option((), "--vary", "Substitute each value for {NAME} in the command.",
