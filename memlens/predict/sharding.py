@@ -77,8 +77,13 @@ def local_tensors(tensor: torch.Tensor) -> list[torch.Tensor] | None:
 
 def storage_released(tensor: torch.Tensor) -> bool:
     """A plain tensor with elements whose storage was resized to nothing (FSDP2's unsharded
-    parameter between all-gathers): it holds no memory, and its values live in a shard."""
-    if is_traceable_wrapper_subclass(tensor) or tensor.numel() == 0:
+    parameter between all-gathers), or a wrapper whose every local tensor is (2-D FSDP2 + TP:
+    the unsharded parameter is a tensor-parallel ``DTensor``): it holds no memory, and its values
+    live in a shard."""
+    inner = local_tensors(tensor)
+    if inner is not None:
+        return bool(inner) and all(storage_released(local) for local in inner)
+    if tensor.numel() == 0:
         return False
     try:
         return tensor.untyped_storage().nbytes() == 0
