@@ -30,6 +30,7 @@ from memlens.ops.runner import (
     ProcessGroup,
     Stopped,
     run_limited,
+    start_forkserver,
 )
 from memlens.ops.runner import default_memory_limit as default_memory_limit
 from memlens.ops.triage import TriageOptions, analyse
@@ -51,6 +52,12 @@ AnalysisStopped = Stopped
 JobAbandoned = Abandoned  # the page that asked for the job has gone
 AnalysisCrashed = Crashed
 WorkerGroup = ProcessGroup
+
+
+def start_workers() -> None:
+    """Start the analyses' forkserver now, with the app's modules preloaded (``memlens serve``
+    does as it starts, so that its first analysis does not wait about a second for it)."""
+    start_forkserver(_PRELOAD)
 
 
 def analyse_in_worker(path: str, *, uploaded: bool, limits: AnalysisLimits, workers: WorkerGroup,

@@ -18,9 +18,10 @@ than through ``Dash.run`` so that ``--port 0`` prints the port the OS chose.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -72,25 +73,66 @@ def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, re
     if analysis_memory is not None and analysis_memory <= 0:
         raise MemlensUsageError("--analysis-memory must be more than 0 bytes")
 
-    from memlens.ops.runner import Limits
-    from memlens_app.main import DEFAULT_SAMPLE_DIR, create_app  # the dashboard's entry point: it starts here
-
-    app = create_app(snapshots, sample_dir=DEFAULT_SAMPLE_DIR if samples else None,
-                     max_upload_bytes=max_upload_bytes, report_cache=report_cache,
-                     analysis_limits=Limits(analysis_timeout, analysis_memory),
-                     upload_idle_timeout_s=upload_timeout, queue_timeout_s=queue_timeout)
-    library = app.server.config["MEMLENS_LIBRARY"]
-    # SIGTERM leaves like Ctrl-C from here on; closing the library then kills running analyses
-    # and deletes the upload folder, in-flight uploads included.
-    previous_handler = signal.signal(signal.SIGTERM, _exit_on_signal)
+    # The analyses' forkserver starts (and imports memlens, on another core) while the dashboard's
+    # modules are imported here: the first analysis then finds it ready.
+    threading.Thread(target=_start_workers, name="memlens-start-workers", daemon=True).start()
+    # The URL is out before the dashboard's modules are even imported: the socket listens from
+    # here, and a browser that connects at once waits in its backlog until the app answers.
+    listening = _listen(host, port)
     try:
-        _serve(app, host, port, upload_timeout, max_upload_bytes,
-               on_listening=lambda: _check_given_snapshots_in_background(library))
-    except KeyboardInterrupt:
-        pass
+        _announce(host, listening.getsockname()[1], max_upload_bytes)
+        from memlens.ops.runner import Limits
+        from memlens_app.main import DEFAULT_SAMPLE_DIR, create_app  # the dashboard's entry point: it starts here
+
+        app = create_app(snapshots, sample_dir=DEFAULT_SAMPLE_DIR if samples else None,
+                         max_upload_bytes=max_upload_bytes, report_cache=report_cache,
+                         analysis_limits=Limits(analysis_timeout, analysis_memory),
+                         upload_idle_timeout_s=upload_timeout, queue_timeout_s=queue_timeout)
+        library = app.server.config["MEMLENS_LIBRARY"]
+        # SIGTERM leaves like Ctrl-C from here on; closing the library then kills running analyses
+        # and deletes the upload folder, in-flight uploads included.
+        previous_handler = signal.signal(signal.SIGTERM, _exit_on_signal)
+        try:
+            _check_given_snapshots_in_background(library)
+            _serve(app, host, listening, upload_timeout)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            library.close()
+            signal.signal(signal.SIGTERM, previous_handler)
     finally:
-        library.close()
-        signal.signal(signal.SIGTERM, previous_handler)
+        listening.close()
+
+
+def _start_workers() -> None:
+    from memlens_app.worker import start_workers
+
+    start_workers()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` and listening (``port`` 0: one the OS picks)."""
+    from werkzeug.serving import get_sockaddr, select_address_family
+
+    family = select_address_family(host, port)
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if os.name != "nt":  # as werkzeug's own server: a restart need not wait for old connections
+            listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(get_sockaddr(host, port, family))
+        listening.listen(128)
+    except OSError as exc:
+        listening.close()
+        raise MemlensUsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return listening
+
+
+def _announce(host: str, bound_port: int, max_upload_bytes: int) -> None:
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"memlens: warning: listening on {host}: anyone who can reach it can upload files",
+                   err=True)
+    click.echo(f"memlens dashboard on http://{'[' + host + ']' if ':' in host else host}:{bound_port}/ "
+               f"(uploads up to {format_bytes(max_upload_bytes)}; Ctrl-C to stop)")
 
 
 def _check_given_snapshots_in_background(library: Any) -> threading.Thread:
@@ -113,25 +155,15 @@ def _check_given_snapshots_in_background(library: Any) -> threading.Thread:
     return checker
 
 
-def _serve(app: Any, host: str, port: int, upload_timeout: float, max_upload_bytes: int,
-           on_listening: Callable[[], Any] = lambda: None) -> None:
+def _serve(app: Any, host: str, listening: socket.socket, upload_timeout: float) -> None:
     from werkzeug.serving import WSGIRequestHandler, make_server
 
     # A stalled connection (headers or body) is dropped after --upload-timeout idle seconds.
     handler = type("MemlensRequestHandler", (WSGIRequestHandler,), {"timeout": upload_timeout})
     app.enable_dev_tools(debug=False)
-    try:
-        server = make_server(host, port, app.server, threaded=True, request_handler=handler)
-    except OSError as exc:
-        raise MemlensUsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    bound_port = server.socket.getsockname()[1]
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        click.echo(f"memlens: warning: listening on {host}: anyone who can reach it can upload files",
-                   err=True)
-    click.echo(f"memlens dashboard on http://{'[' + host + ']' if ':' in host else host}:{bound_port}/ "
-               f"(uploads up to {format_bytes(max_upload_bytes)}; Ctrl-C to stop)")
+    server = make_server(host, listening.getsockname()[1], app.server, threaded=True, request_handler=handler,
+                         fd=listening.fileno())
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    on_listening()
     try:
         server.serve_forever()
     finally:

@@ -237,6 +237,15 @@ def _forkserver(preload: Sequence[str]) -> Any:
         return _context
 
 
+def start_forkserver(preload: Sequence[str] = DEFAULT_PRELOAD) -> None:
+    """Start the forkserver now (it imports ``preload``, on its own core, about a second), so that
+    the first run does not wait for it: ``memlens serve`` calls it as it starts."""
+    _forkserver(preload)
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
 def run_limited(function: Callable[..., Any], args: tuple[Any, ...] = (), *, limits: Limits,
                 group: ProcessGroup | None = None, what: str = "analysis",
                 preload: Sequence[str] = DEFAULT_PRELOAD, abandoned: Callable[[], bool] | None = None) -> Any:
