@@ -480,6 +480,7 @@ class Library:
                 source = self._sources.pop(source_id)
                 del self._upload_lru[source_id]
                 self._drop_report(source_id)
+                self._progress.forget(source_id)
                 self._unshown.discard(source_id)
                 self._paired.pop(source_id, None)
                 total -= source.bytes + self._paired_bytes.pop(source_id, 0)
