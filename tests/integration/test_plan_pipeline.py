@@ -113,10 +113,12 @@ def test_pipeline_stages_each_get_a_snapshot_and_keep_what_their_schedule_keeps(
     # GPipe: all M micro-batches' activations on the first stage at the peak.
     assert first_stage("gpipe", 8) - first_stage("gpipe", 4) == 4 * in_flight
     # 1F1B: at most num_stages (2) in flight on the first stage, so four micro-batches more add
-    # only their input rows and gradient buffers; at M = 4 it keeps more than one and at most two
-    # micro-batches' activations fewer than GPipe.
+    # only their input rows and gradient buffers. At M = 4 it keeps two micro-batches' activations
+    # fewer than GPipe, whose peak is at its first backward, before any gradient; 1F1B's is at a
+    # forward of its steady state, with the stage's gradients (its parameters' bytes) alive.
     assert first_stage("1f1b", 8) - first_stage("1f1b", 4) == 4 * waiting
-    assert LAYERS * ACTIVATION < first_stage("gpipe", 4) - first_stage("1f1b", 4) <= 2 * LAYERS * ACTIVATION
+    gradients = 4 * STAGE_PARAMETERS
+    assert first_stage("gpipe", 4) - first_stage("1f1b", 4) == 2 * LAYERS * ACTIVATION - gradients
     # The last stage under GPipe: each micro-batch's received activation (its buffer), its L
     # outputs, its rows of the target and its loss.
     last_gpipe = [found[("gpipe", m)].ranks[1].peak_allocated_bytes for m in (4, 8)]
