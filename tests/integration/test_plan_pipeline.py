@@ -79,10 +79,11 @@ PIPELINE_SCRIPT = textwrap.dedent(
 STAGE_PARAMETERS = LAYERS * (WIDTH * WIDTH + WIDTH)
 
 
-def _plan(tmp_path: Path, runs: list[tuple[str, int]]) -> dict[tuple[str, int], Any]:
+def _plan(tmp_path: Path, runs: list[tuple[str, int]], world_size: int = 2) -> dict[tuple[str, int], Any]:
     script = tmp_path / "train_pp.py"
     script.write_text(PIPELINE_SCRIPT)
-    options = PlanOptions(command=["python", str(script), "{S}", "{M}"], world_size=2, out=str(tmp_path / "out"))
+    options = PlanOptions(command=["python", str(script), "{S}", "{M}"], world_size=world_size,
+                          out=str(tmp_path / "out"))  # fmt: skip
     configurations = [Configuration(values={"S": name, "M": str(m)}) for name, m in runs]
     configs = predict_configurations(options, configurations)
     return {run: config for run, config in zip(runs, configs, strict=True)}
@@ -123,3 +124,14 @@ def test_pipeline_stages_each_get_a_snapshot_and_keep_what_their_schedule_keeps(
     # outputs, its rows of the target and its loss.
     last_gpipe = [found[("gpipe", m)].ranks[1].peak_allocated_bytes for m in (4, 8)]
     assert last_gpipe[1] - last_gpipe[0] == 4 * ((LAYERS + 2) * ACTIVATION + LOSS)
+
+
+def test_a_four_stage_1f1b_keeps_one_micro_batch_fewer_in_flight_per_stage(tmp_path: Path) -> None:
+    """Four stages, 1F1B over 4 micro-batches: every rank runs (the middle stages receive and send
+    both), and stage k warms up with 4 - k forwards, so each middle stage holds one micro-batch's
+    activations fewer than the one before it (the same buffers: one per micro-batch each way)."""
+    (config,) = _plan(tmp_path, [("1f1b", 4)], world_size=4).values()
+    assert config.fits, [rank.problem for rank in config.ranks]
+    assert [(r.rank, r.stage, r.num_stages) for r in config.ranks] == [(k, k, 4) for k in range(4)]
+    second, third = config.ranks[1].peak_allocated_bytes, config.ranks[2].peak_allocated_bytes
+    assert second - third == LAYERS * ACTIVATION
