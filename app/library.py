@@ -213,6 +213,8 @@ class Library:
         self._closed = False
         # How far each analysis has got (the page's progress bar).
         self._progress = ProgressBoard()
+        # The sources ``point`` moves from file to file (a followed folder's): their file and its token.
+        self._pointed: dict[str, tuple[str, object]] = {}
         atexit.register(self.close)
 
     def close(self) -> None:
@@ -248,6 +250,22 @@ class Library:
         with self._lock:
             self._sources.setdefault(source_id, source)
         return self._sources[source_id]
+
+    def point(self, source_id: str, name: str, path: str | os.PathLike[str], token: object, *, kind: str = "follow",
+              folder: str = "") -> bool:
+        """Point the public source ``source_id`` at ``path``: a followed folder's newest snapshot of
+        one name, whose file changes as the run writes (``memlens_app.follow``). ``token`` tells one
+        file from the next under one path (its size and time). A new file drops the previous one's
+        report, and an analysis of it still running is not cached; True when it changed."""
+        resolved = os.path.abspath(os.fspath(path))
+        with self._lock:
+            if self._pointed.get(source_id) == (resolved, token):
+                return False
+            self._pointed[source_id] = (resolved, token)
+            self._sources[source_id] = Source(source_id, name, resolved, kind, folder=folder)
+            self._drop_report(source_id)
+            self._generation[source_id] += 1
+        return True
 
     def add_directory(self, directory: str | os.PathLike[str], kind: str = "sample") -> list[Source]:
         folder = Path(directory)
