@@ -20,7 +20,7 @@ import hashlib
 import os
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -144,7 +144,7 @@ class FollowUpdate:
         if self.new_series and not self.first:
             out.append(f"new in the folder: {', '.join(self.new_series)}")
         if self.new_steps and not self.first:
-            out.append(f"new steps since the last snapshot: {_ranges(self.new_steps)}")
+            out.append(f"new steps since the last snapshot: {steps_text(self.new_steps)}")
         out += [f"new finding: {a.text}" for a in self.announcements]
         announced = {(a.kind, a.device) for a in self.announcements}
         out += [
@@ -198,23 +198,45 @@ def _same_file(a: SnapshotFile, b: SnapshotFile) -> bool:
     return (a.path, a.size, a.mtime_ns) == (b.path, b.size, b.mtime_ns)
 
 
-def _update(
-    newest: SnapshotFile, report: Report, previous: Report | None, state: FolderState, new_series: list[str]
-) -> FollowUpdate:
-    seen_steps = {s.index for d in previous.devices.values() for s in d.steps} if previous is not None else set()
+@dataclass(frozen=True)
+class WhatIsNew:
+    """What a report holds that an earlier look had not seen: its whole steps, its findings
+    (by kind and device) and, for each new leak, its announcement."""
+
+    steps: list[int]
+    findings: list[Finding]
+    announcements: list[Announcement]
+
+
+def what_is_new(
+    report: Report, seen_steps: Collection[int] = (), seen_findings: Collection[tuple[str, int]] = ()
+) -> WhatIsNew:
+    """The steps and findings of ``report`` not among those seen (a face that keeps only what it
+    showed, the dashboard's page, asks this with its own record)."""
     steps = sorted({s.index for d in report.devices.values() for s in d.steps if not s.partial})
-    seen = {(f.kind, f.device) for f in previous.findings} if previous is not None else set()
-    fresh = [f for f in report.findings if (f.kind, f.device) not in seen]
+    fresh = [f for f in report.findings if (f.kind, f.device) not in seen_findings]
     announcements = [
         announce(f, report.devices[f.device]) for f in fresh if f.kind == "leak" and f.device in report.devices
     ]
+    return WhatIsNew([s for s in steps if s not in seen_steps], fresh, announcements)
+
+
+def seen_in(report: Report) -> tuple[set[int], set[tuple[str, int]]]:
+    """The steps and findings (kind, device) a look at ``report`` has seen."""
+    return ({s.index for d in report.devices.values() for s in d.steps}, {(f.kind, f.device) for f in report.findings})
+
+
+def _update(
+    newest: SnapshotFile, report: Report, previous: Report | None, state: FolderState, new_series: list[str]
+) -> FollowUpdate:
+    new = what_is_new(report, *seen_in(previous)) if previous is not None else what_is_new(report)
     return FollowUpdate(
         snapshot=newest,
         report=report,
         state=state,
-        new_steps=[s for s in steps if s not in seen_steps],
-        new_findings=fresh,
-        announcements=announcements,
+        new_steps=new.steps,
+        new_findings=new.findings,
+        announcements=new.announcements,
         new_series=new_series,
         first=previous is None,
     )
@@ -282,7 +304,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def _ranges(numbers: Iterable[int]) -> str:
+def steps_text(numbers: Iterable[int]) -> str:
     """``[3, 4, 5, 9]`` as ``3-5, 9``."""
     spans: list[list[int]] = []
     for number in sorted(numbers):
