@@ -5,6 +5,7 @@ Only structure lives here; every number is filled in by ``callbacks``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from dash import dcc, html
@@ -16,7 +17,7 @@ from memlens_app.panels.common import data_attributes
 from memlens_app.panels.live import DASHBOARD_GROUP_BYS, DEFAULT_GROUP_BY
 from memlens_app.panels.ranks import default_rank_sources, rank_sources
 
-KIND_LABELS = {"cli": "command line", "sample": "sample", "upload": "uploaded"}
+KIND_LABELS = {"cli": "command line", "sample": "sample", "upload": "uploaded", "follow": "following"}
 
 PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafactor", "muon")
@@ -45,7 +46,7 @@ def source_options(library: Library, session: str | None) -> list[dict[str, str]
 
 def default_source(library: Library, session: str | None) -> Source | None:
     sources = library.sources(session)
-    for kind in ("cli", "upload", "sample"):
+    for kind in ("follow", "cli", "upload", "sample"):
         for source in sources:
             if source.kind == kind:
                 return source
@@ -110,9 +111,11 @@ def parallel_uploads(library: Library) -> int:
     return max(1, library.queue.per_session // 2)
 
 
-def build_layout(library: Library, max_upload_bytes: int, session: str | None) -> html.Div:
+def build_layout(library: Library, max_upload_bytes: int, session: str | None, extra: Sequence[Any] = ()
+                 ) -> html.Div:
     """The page of browser session ``session``; called per page load so the picker lists the
-    uploads it made since the server started (and never another session's)."""
+    uploads it made since the server started (and never another session's). ``extra``: components
+    shown under the message area (``memlens_app.follow``'s banner and its poll)."""
     first = default_source(library, session)
     options = source_options(library, session)
     return html.Div(className="page", children=[
@@ -153,6 +156,7 @@ def build_layout(library: Library, max_upload_bytes: int, session: str | None) -
         html.Div(id="analysis-progress", className="analysis-progress"),
         dcc.Interval(id="progress-poll", interval=PROGRESS_POLL_MS, disabled=False),
         html.Div(id="message", className="message-area"),
+        *extra,
         # The zoomed range of the timeline, when there is one: every panel follows it.
         html.Div(id="window-label", className="window-label"),
         html.Div(className="cards", children=[

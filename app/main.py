@@ -16,6 +16,7 @@ from werkzeug.exceptions import HTTPException
 
 from memlens.units import GiB
 from memlens_app.callbacks import answer_error, register_callbacks
+from memlens_app.follow import FolderFollow, follow_components, register_follow_callbacks
 from memlens_app.layout import build_layout
 from memlens_app.library import DEFAULT_CONCURRENT_ANALYSES, DEFAULT_REPORT_CACHE, DEFAULT_UPLOAD_BUDGET, Library
 from memlens_app.scheduler import DEFAULT_WAIT_S, FairQueue
@@ -41,6 +42,7 @@ def create_app(
     upload_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
     queue_timeout_s: float = DEFAULT_WAIT_S,
     library: Library | None = None,
+    follow_dir: str | os.PathLike[str] | None = None,
 ) -> Dash:
     """The app, with ``paths`` (and the samples in ``sample_dir``) listed in the picker.
 
@@ -48,7 +50,8 @@ def create_app(
     in a child process under ``analysis_limits``, when its browser session's turn comes (a job
     waits at most ``queue_timeout_s`` for it); analysed uploads are kept on disk up to twice the
     upload limit (at least ``DEFAULT_UPLOAD_BUDGET``). Uploads are seen only by the browser
-    session that made them; ``paths`` and the samples by everyone.
+    session that made them; ``paths`` and the samples by everyone. ``follow_dir``: a run folder
+    followed as it is written (``memlens_app.follow``).
     """
     library = library or Library(report_cache=report_cache, limits=analysis_limits,
                                  upload_budget_bytes=max(DEFAULT_UPLOAD_BUDGET, 2 * max_upload_bytes),
@@ -67,8 +70,10 @@ def create_app(
         on_error=answer_error,
     )
     register_sessions(app.server)
-    app.layout = lambda: build_layout(library, max_upload_bytes, current_session())
+    follow = FolderFollow(follow_dir, library) if follow_dir is not None else None
+    app.layout = lambda: build_layout(library, max_upload_bytes, current_session(), extra=follow_components(follow))
     register_callbacks(app, library)
+    register_follow_callbacks(app, library, follow)
     _answer_malformed_callback_requests(app.server)
     register_upload_route(app.server, library, UploadLimits(max_upload_bytes, upload_idle_timeout_s))
     # Flask's own cap: a chunked body (no Content-Length) is cut off at the limit as it streams.
