@@ -37,6 +37,9 @@ from memlens.units import format_bytes, parse_bytes
 
 @click.command()
 @click.argument("snapshots", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--follow", "follow_dir", default=None, metavar="DIR", type=click.Path(file_okay=False, path_type=Path),
+              help="Follow a run folder as it is written (memlens record --dump-every): the page shows its newest "
+                   "snapshot and picks up each new one within seconds, keeping the zoom and the tab.")
 @click.option("--port", default=8050, show_default=True, type=click.IntRange(0, 65535),
               help="Port to listen on (0 = any free port; the URL printed has the real one).")
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -58,15 +61,18 @@ from memlens.units import format_bytes, parse_bytes
                    "'busy, try again'.")
 def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, report_cache: int,
           samples: bool, analysis_timeout: float, analysis_memory: int | None, upload_timeout: float,
-          queue_timeout: float) -> None:
+          queue_timeout: float, follow_dir: Path | None = None) -> None:
     """Open the interactive dashboard in your browser: timeline, findings, budget, what-if, compare.
 
     Serves on 127.0.0.1 only unless --host says otherwise. SNAPSHOT files given here, and the
     bundled samples, are listed in the picker; more can be dragged onto the page.
+    With --follow DIR the page follows a run folder as `memlens record --dump-every` writes it.
     """
     for path in snapshots:
         if not path.is_file():
             raise MemlensUsageError(f"{path}: no such file")
+    if follow_dir is not None and not follow_dir.is_dir():
+        raise MemlensUsageError(f"{follow_dir}: no such folder to follow")
     max_upload_bytes = parse_bytes(max_upload)
     if max_upload_bytes <= 0:
         raise MemlensUsageError("--max-upload must be more than 0 bytes")
@@ -87,7 +93,8 @@ def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, re
         app = create_app(snapshots, sample_dir=DEFAULT_SAMPLE_DIR if samples else None,
                          max_upload_bytes=max_upload_bytes, report_cache=report_cache,
                          analysis_limits=Limits(analysis_timeout, analysis_memory),
-                         upload_idle_timeout_s=upload_timeout, queue_timeout_s=queue_timeout)
+                         upload_idle_timeout_s=upload_timeout, queue_timeout_s=queue_timeout,
+                         follow_dir=follow_dir)
         library = app.server.config["MEMLENS_LIBRARY"]
         # SIGTERM leaves like Ctrl-C from here on; closing the library then kills running analyses
         # and deletes the upload folder, in-flight uploads included.
