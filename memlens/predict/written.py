@@ -21,13 +21,15 @@ if TYPE_CHECKING:
 SNAPSHOT_NAME = "predicted.pickle"
 
 
-def write_prediction(predicted: Path, session: PredictSession, result: PredictResult, world_size: int = 1) -> None:
+def write_prediction(
+    predicted: Path, session: PredictSession, result: PredictResult, world_size: int = 1, rank: int = 0
+) -> None:
     """The run's snapshot at ``predicted`` and its sidecar beside it; ``world_size`` > 1: the run
-    is rank 0 of that many, which is what triage and fleet read from the sidecar."""
+    is rank ``rank`` of that many, which is what triage and fleet read from the sidecar."""
     write_snapshot(predicted, result.snapshot or {})
     sidecar = predicted_sidecar(session, result)
     if world_size > 1:
-        sidecar = msgspec.structs.replace(sidecar, world_size=world_size)
+        sidecar = msgspec.structs.replace(sidecar, world_size=world_size, rank=rank)
     write_sidecar(sidecar_path(predicted), sidecar)
 
 
