@@ -113,7 +113,7 @@ def run_job(job: ChildJob) -> ChildResult:
         if undo_distributed is not None:
             undo_distributed()
     predicted = out / SNAPSHOT_NAME
-    write_prediction(predicted, session, result, job.world_size)
+    write_prediction(predicted, session, result, job.world_size, job.rank)
     held = held_bytes()
     uneven = uneven_shards() if job.world_size > 1 else 0
     result.value = None

@@ -12,6 +12,7 @@ for all."""
 
 from __future__ import annotations
 
+import json
 import pickle
 import textwrap
 from pathlib import Path
@@ -116,6 +117,8 @@ def test_uneven_shards_run_the_last_rank_too_and_the_plan_says_each(tmp_path: Pa
     assert last.held_bytes == {"parameters": 4 * padded, "gradients": 0, "optimizer_state": 8 * smallest}
     for rank in (first, last):  # the plan's figures and the rank's snapshot agree exactly
         assert _held_at_the_end(str(rank.snapshot)) == sum(rank.held_bytes.values())
+        sidecar = json.loads(Path(str(rank.snapshot).replace(".pickle", ".memlens.json")).read_text())
+        assert (sidecar["rank"], sidecar["world_size"]) == (rank.rank, WORLD)  # what fleet reads
     assert uneven.ranks_same is False
     assert first.uneven_shards == 2 * BLOCKS  # up's weight and bias, per block
     # The configuration's figures are its worst rank's.
