@@ -28,7 +28,16 @@ from memlens.analysis.lenses.moments import Row
 from memlens.ops.group import GroupOptions, group
 from memlens.ops.triage import analyse
 from tests.conftest import REPO_ROOT
-from tests.integration.test_plan_sharded_ranks import BLOCKS, FSDP2_SCRIPT, MODEL, PARAMETERS, WIDTH, _plan
+from tests.integration.test_plan_fsdp_layouts import FSDP1_SCRIPT
+from tests.integration.test_plan_sharded_ranks import (
+    BLOCKS,
+    FSDP2_SCRIPT,
+    MODEL,
+    PARAMETERS,
+    WIDTH,
+    _held_at_the_end,
+    _plan,
+)
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -139,3 +148,62 @@ def test_fsdp2_rank_agrees_with_fsdp_mem_tracker_per_category_and_at_the_peak(tm
     at_peak = _categories(config.snapshot, False)
     made_in_the_step = tuple(map(sum, zip(at_peak["temporary"], at_peak["activations"], strict=True)))
     assert _rounded_from(sum(peak[name] for name in transient), (made_in_the_step[0], made_in_the_step[1]))
+
+
+# FSDP1 on the CPU, under the fake process group, tracked by the general MemTracker (FSDPMemTracker
+# is FSDP2's), one step per ``with`` as it requires. AdamW with foreach=True: what its default
+# picks on CUDA (the planned run's), where on the CPU it would pick the single-tensor loop, whose
+# temporaries are smaller. MemTracker cannot follow use_orig_params=True (it hooks every parameter
+# the optimizer holds, and those are views: "post accumulate grad hooks cannot be registered on
+# non-leaf tensors").
+FSDP1_WORLD_SIZE = 3
+FSDP1_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
+FSDP1_TRACKED = MODEL.replace('device="cuda"', 'device="cpu"') + textwrap.dedent(
+    f"""
+    import json
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size={FSDP1_WORLD_SIZE})
+    cpu = torch.device("cpu")
+    figures = {{}}
+    for strategy in {FSDP1_STRATEGIES!r}:
+        model = FSDP(Model({WIDTH}, {BLOCKS}), auto_wrap_policy=ModuleWrapPolicy({{Block}}),
+                     sharding_strategy=ShardingStrategy[strategy], device_id=cpu)
+        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer)
+        peak = 0
+        for _ in range(2):
+            with tracker:
+                model(torch.randn(8, {WIDTH})).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            peak = max(peak, tracker.get_tracker_snapshot("peak")[cpu]["Total"])
+            tracker.reset_mod_stats()
+        steps = sum(state["step"].nbytes for state in optimizer.state.values())
+        figures[strategy] = {{"end": tracker.get_tracker_snapshot("current")[cpu]["Total"] - steps,
+                              "peak": peak - steps}}
+        del model, optimizer, tracker
+    print(json.dumps(figures))
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_fsdp1_rank_agrees_with_mem_tracker_at_the_end_and_at_the_peak(tmp_path: Path) -> None:
+    """FSDP1 at world size 3 (each flat parameter padded to a multiple of 3), FULL_SHARD,
+    SHARD_GRAD_OP and NO_SHARD: what the rank holds after the last step and the most its tensors
+    held at once are MemTracker's to the byte (less AdamW's CPU step counters, and cuBLAS's
+    workspaces, which no tensor owns). FSDP1 did not run in a plan before."""
+    completed = subprocess.run([sys.executable, "-c", FSDP1_TRACKED], cwd=REPO_ROOT, capture_output=True,
+                               text=True, timeout=300)  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    tracked = json.loads(completed.stdout.strip().splitlines()[-1])
+    modes = [f"{strategy}-flat-device" for strategy in FSDP1_STRATEGIES]
+    for strategy, config in zip(FSDP1_STRATEGIES, _plan(tmp_path, FSDP1_SCRIPT, FSDP1_WORLD_SIZE, modes), strict=True):
+        assert config.fits, (strategy, config.problem)
+        assert _held_at_the_end(config.snapshot) == tracked[strategy]["end"], strategy
+        assert _peak_requested_without_workspaces(config.snapshot) == tracked[strategy]["peak"], strategy
