@@ -10,7 +10,8 @@ hold: AdamW's ``step`` counters, which live on the CPU unless the optimizer is c
 fused; on the CPU the tracker sees them on the same device as the rest. Where they are taken
 off, the two agree to the byte: after the last step, per category; and at the peak, in all
 (less cuBLAS's workspaces, which no tensor owns and the tracker cannot see). Where the two
-differ, see docs/predict.md ("Against FSDPMemTracker")."""
+differ, see docs/plan.md ("Against FSDPMemTracker"). FSDP1's rank is checked the same way
+against the general ``MemTracker`` (``torch.distributed._tools.mem_tracker``), in all."""
 
 from __future__ import annotations
 
