@@ -229,8 +229,9 @@ def held_bytes() -> dict[str, int]:
 
 def uneven_shards() -> int:
     """How many live sharded (``DTensor``) parameters split unevenly over their mesh: a dimension
-    sharded over N ranks that N does not divide, so the last ranks' shards are smaller (FSDP2
-    pads none of them: ``torch.chunk``'s split) and the ranks' memory differs."""
+    sharded over N ranks that N does not divide, so the last ranks' shards are smaller
+    (``torch.chunk``'s split; FSDP2 pads each shard's storage to the first's, but what is made
+    like a shard, AdamW's moments, is not padded) and the ranks' memory differs."""
     from torch.distributed.tensor import DTensor, Shard
 
     from memlens.predict.session import live_cuda_parameters
