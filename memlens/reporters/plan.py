@@ -117,7 +117,7 @@ def _rank_lines(result: PlanResult) -> list[str]:
     lines: list[str] = []
     alike = [index for index, config in enumerate(result.configs) if config.rank_rule == RANKS_ALIKE]
     if alike and len(alike) == len(result.configs):
-        lines.append(f"{every}: rank 0 stands for all (no pipeline stage, no uneven shard): each holds the same")
+        lines.append(f"{every}: rank 0 stands for all (no pipeline stage, no uneven shard); only rank 0 was run")
     elif alike:
         lines.append(f"{every}: rank 0 stands for all in #{', #'.join(str(i) for i in alike)} "
                      "(no pipeline stage, no uneven shard)")  # fmt: skip

@@ -55,7 +55,7 @@ def test_ranks_alike_are_one_line_and_ranks_that_differ_a_table_each() -> None:
     alike = _ranks_result([_ranked("alike", [_rank(0, 1 << 30)], True)])
     lines = render(alike).splitlines()
     assert lines[0].endswith("(80.00 GiB for PyTorch per rank, 8 ranks)")
-    assert "ranks 0-7: rank 0 stands for all (no pipeline stage, no uneven shard): each holds the same" in lines
+    assert "ranks 0-7: rank 0 stands for all (no pipeline stage, no uneven shard); only rank 0 was run" in lines
     assert not any(line.startswith("#0 ") for line in lines)
 
     same = _ranks_result([_ranked("uneven", [_rank(0, 1 << 30), _rank(7, 1 << 30)], True)])
