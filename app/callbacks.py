@@ -33,6 +33,7 @@ from memlens_app.panels.common import alert, device_of, empty_figure
 from memlens_app.panels.compare import compare_panel, device_choices
 from memlens_app.panels.live import DASHBOARD_GROUP_BYS, DEFAULT_GROUP_BY, live_panel, segments_panel
 from memlens_app.panels.overview import no_overview, overview
+from memlens_app.panels.progress import progress_view
 from memlens_app.panels.ranks import (
     MIN_RANKS,
     default_rank_sources,
@@ -53,7 +54,6 @@ from memlens_app.panels.timeline import (
     window_text,
 )
 from memlens_app.panels.whatif import whatif_panel, whatif_request
-from memlens_app.progress import progress_view
 from memlens_app.session import client_gone_check, current_session
 from memlens_app.worker import AnalysisCrashed, JobAbandoned
 

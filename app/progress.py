@@ -7,7 +7,8 @@ a small file of its own (``ProgressWriter``: one fixed-size record, rewritten in
 server reads that file when the page asks (``ProgressBoard.state``), so no thread waits on the
 child for it and a child that dies leaves nothing to clean up but the file. Before the child
 starts a job is ``queued`` (waiting for a worker); after it, ``done`` or ``failed`` with the
-error's one line.
+error's one line. Nothing here imports Dash: the analysis child imports this module (the bar
+itself is ``memlens_app.panels.progress``).
 """
 
 from __future__ import annotations
@@ -19,11 +20,6 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
-
-from dash import html
-
-from memlens_app.panels.common import data_attributes
 
 QUEUED = "queued"
 STARTING = "starting"
@@ -134,26 +130,3 @@ class ProgressBoard:
             if written is not None:
                 return written
         return known
-
-
-# What the page says of each stage (the child's are the terminal's own words).
-STAGE_TEXT = {QUEUED: "waiting for a worker", STARTING: "starting"}
-
-
-def progress_view(name: str, state: Progress | None) -> Any:
-    """The page's bar for the analysis of ``name``: None once it is done (or never asked for);
-    the error's line when it failed."""
-    if state is None or state.stage == DONE:
-        return None
-    if state.stage == FAILED:
-        return html.Div(state.error or f"{name}: the analysis failed", className="analysis-failed")
-    percent = round(100 * state.fraction)
-    return html.Div(
-        className="analysis-progress-row",
-        **data_attributes({"stage": state.stage}),
-        children=[
-            html.Span(f"Analysing {name}: ", className="analysis-name"),
-            html.Progress(value=str(percent), max="100", className="analysis-bar"),
-            html.Span(f"{STAGE_TEXT.get(state.stage, state.stage)} {percent}%", className="analysis-stage"),
-        ],
-    )

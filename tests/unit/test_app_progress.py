@@ -13,13 +13,13 @@ import pytest
 from memlens.errors import MemlensError
 from memlens_app import library as library_module
 from memlens_app.library import Library
+from memlens_app.panels.progress import progress_view
 from memlens_app.progress import (
     DONE,
     FAILED,
     RECORD_BYTES,
     Progress,
     ProgressWriter,
-    progress_view,
     read_record,
 )
 from memlens_app.worker import ANALYSING_FRACTION, analyse_reporting
