@@ -17,6 +17,9 @@ calls them: the live breakdown at the peak under every group-by, at the peak of 
 tenth of the trace, as a drag-zoom picks), the findings marked in it and its banner; each
 against the 1 s target (``--panels-only`` runs just these).
 
+The page as a browser draws it (URL, first paint, zoom, click, tab switch in headless Chromium,
+at 100k, 1M and 4M entries, cold and cached: issue 37) is ``benchmarks/bench_dashboard.py``.
+
     python benchmarks/bench_app.py [--events 1000000] [--runs 3] [--concurrent 50] [--concurrent-file F]
                                    [--panels-only]
 """
