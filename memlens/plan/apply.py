@@ -24,6 +24,7 @@ from torch import nn
 
 from memlens.errors import MemlensUsageError
 from memlens.plan.ddp import install_ddp_support
+from memlens.plan.deepspeed import install_deepspeed_support
 from memlens.plan.levers import Lever, value_of
 from memlens.plan.meshes import install_mesh_support
 
@@ -300,6 +301,7 @@ def install_fake_distributed(world_size: int, rank: int = 0) -> Callable[[], Non
         saved.append((owner, name, getattr(owner, name)))
         setattr(owner, name, value)
     install_mesh_support(init_process_group, saved)  # a mesh made before any group
+    install_deepspeed_support(saved, PLACEHOLDER_VALUES)  # ZeRO's initialize and step, when installed
     undo_ddp = install_ddp_support()
 
     def undo() -> None:
