@@ -1,7 +1,8 @@
 """Follow a run folder as it is written: its newest complete snapshot, and what changed since the last look.
 
-``memlens record --dump-every N`` writes rolling snapshots into its folder (``NAME.step000050.pickle``,
-``NAME.pickle`` pointed at the newest: ``memlens.recorder.writing``). Every file there appears by an
+``memlens record --dump-every N`` writes rolling snapshots into its folder's ``rolling`` folder
+(``rolling/NAME.step000050.pickle``, ``NAME.pickle`` pointed at the newest:
+``memlens.recorder.writing``); both folders are looked at. Every file there appears by an
 atomic rename of a complete one, its sidecar before it, so a follower only ever lists whole files:
 names starting with a dot (temporary files, reservations) are never read. ``scan_folder`` is the
 cheap look (one listing and a ``stat`` per snapshot) whose ``generation`` changes when a snapshot
@@ -16,6 +17,7 @@ renders what it answers.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -34,9 +36,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Announcement", "FolderState", "FollowUpdate", "Follower", "SnapshotFile", "announce", "scan_folder"]
 
-# A rolling snapshot's name (memlens.recorder.writing.ROLLING_NAME, repeated: ops reads folders
-# any writer made, and a face must not need the recorder to follow one).
+# A rolling snapshot's name and folder (memlens.recorder.writing.ROLLING_NAME and ROLLING_FOLDER,
+# repeated: ops reads folders any writer made, and a face must not need the recorder to follow one).
 _ROLLING = re.compile(r"^(?P<series>[^.].*?)\.step(?P<step>\d{6,})\.pickle$")
+ROLLING_FOLDER = "rolling"
 SNAPSHOT_SUFFIX = ".pickle"
 
 
@@ -77,17 +80,20 @@ def scan_folder(folder: str | Path) -> FolderState:
     rolling name, which carries the step."""
     folder = Path(folder)
     try:
-        names = os.listdir(folder)
+        names = [(folder, name) for name in os.listdir(folder)]
     except FileNotFoundError:
         raise MemlensUsageError(f"{folder}: no such folder to follow") from None
     except NotADirectoryError:
         raise MemlensUsageError(f"{folder}: not a folder (--follow takes the run's folder)") from None
+    if any(name == ROLLING_FOLDER for _, name in names):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            names += [(folder / ROLLING_FOLDER, name) for name in os.listdir(folder / ROLLING_FOLDER)]
     by_file: dict[tuple[int, int], SnapshotFile] = {}
-    for name in names:
+    for parent, name in names:
         if name.startswith(".") or not name.endswith(SNAPSHOT_SUFFIX):
             continue
         try:
-            st = os.stat(folder / name)
+            st = os.stat(parent / name)
         except FileNotFoundError:
             continue  # pruned between the listing and the stat
         if not stat.S_ISREG(st.st_mode):
@@ -95,7 +101,7 @@ def scan_folder(folder: str | Path) -> FolderState:
         rolling = _ROLLING.match(name)
         series = rolling["series"] if rolling is not None else name.removesuffix(SNAPSHOT_SUFFIX)
         found = SnapshotFile(
-            folder / name, series, int(rolling["step"]) if rolling is not None else None, st.st_size, st.st_mtime_ns
+            parent / name, series, int(rolling["step"]) if rolling is not None else None, st.st_size, st.st_mtime_ns
         )
         key = (st.st_dev, st.st_ino)
         if key not in by_file or (found.step is not None and by_file[key].step is None):

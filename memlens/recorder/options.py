@@ -93,7 +93,7 @@ class RecordOptions:
         "Frames kept of each stack, innermost first (the CPU recorder's).",
         python_only="not asked for yet: the default keeps a training script's frames"))
     dump_every: int | None = dataclasses.field(default=None, metadata=_described(
-        "Also write the snapshot every N steps, each as its own file (NAME.step000050.pickle, "
+        "Also write the snapshot every N steps, each as its own file (rolling/NAME.step000050.pickle, "
         "NAME.pickle pointed at the newest), for `memlens triage --follow` / `serve --follow`.",
         flag="--dump-every", kind="count"))
     dump_keep: int = dataclasses.field(default=DEFAULT_DUMP_KEEP, metadata=_described(

@@ -29,7 +29,7 @@ SIGTERM (then the process exits with 143, as SIGTERM's default would) or Ctrl-C 
 session starts (which also checks that ``out`` can be written): files an earlier run left there,
 or a name another running session holds, are kept and this run writes ``snapshot-2.pickle``,
 ``-3`` ... Each comes with a ``.memlens.json`` sidecar (its fields in ``memlens.sidecar.format``).
-A periodic dump is a rolling snapshot of its own, ``<name>.step000050.pickle`` (the newest
+A periodic dump is a rolling snapshot of its own, ``rolling/<name>.step000050.pickle`` (the newest
 ``dump_keep`` kept, and ``<name>.pickle`` pointed at the newest: ``memlens.recorder.writing``).
 Closing prints ``memlens: wrote PATH (N steps; peak ...)`` on stderr. With more than one rank, rank 0
 also writes ``<out>/ranks.json`` (``<stem>_ranks.json`` beside an ``out`` file) with every rank's peak.
@@ -498,7 +498,7 @@ class Recorder:
 
     def dump(self, reason: str = "manual") -> Path:
         """Write the snapshot and its sidecar now; returns the snapshot's path (a periodic dump's
-        own: ``<name>.step000050.pickle``, with ``<name>.pickle`` pointed at it)."""
+        own: ``rolling/<name>.step000050.pickle``, with ``<name>.pickle`` pointed at it)."""
         ranks = rank_info()
         path = self._names.snapshot_path(ranks)
         rolling = reason == "periodic" and bool(self.steps)
@@ -512,6 +512,8 @@ class Recorder:
             self._add_missing_step_annotations(snapshot)
             # memlens.recorder.holders; the struct as JSON builtins (memlens.sidecar.leak_holders)
             holders = msgspec.to_builtins(leak_holders(snapshot, self.steps, self.backend))
+            if rolling:
+                written.parent.mkdir(exist_ok=True)
             # The sidecar first: a follower that sees the snapshot finds the sidecar beside it.
             write_sidecar(sidecar_path(written), self._sidecar(reason, ranks, holders))
             write_snapshot(written, snapshot)

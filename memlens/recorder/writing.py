@@ -14,15 +14,17 @@ host) is gone and reservation files nobody holds: what a ``kill -9`` leaves behi
 The sidecar, ``<name>.memlens.json`` next to ``<name>.pickle``, is built and encoded by
 ``memlens.sidecar.writer``; ``write_sidecar`` writes it here, as atomically as the snapshot.
 
-Rolling snapshots (``dump_every``): each periodic dump is its own file, ``<name>.step000050.pickle``
-(the step is the last one completed, six digits or more) with its sidecar
-``<name>.step000050.memlens.json``, written sidecar first, then the snapshot: whoever sees the
+Rolling snapshots (``dump_every``): each periodic dump is its own file in the ``rolling`` folder
+beside the snapshot, ``rolling/<name>.step000050.pickle`` (the step is the last one completed, six
+digits or more; a folder of their own, so that ``rank*.pickle`` still lists one file per rank)
+with its sidecar ``rolling/<name>.step000050.memlens.json``, written sidecar first, then the
+snapshot: whoever sees the
 snapshot (``memlens triage --follow``, ``memlens serve --follow``) finds its sidecar there. The
 run's own name, ``<name>.pickle``, is then pointed at the newest one (a hard link put in place by
 ``os.replace``; a copy where the file system has no links), so a run killed between dumps still
 leaves its last snapshot under the name its final dump would have. Only the newest ``keep`` of a
 name's rolling files stay (``prune_rolling``). ``<name>`` carries the rank and the run suffix
-(``rank1.step000050.pickle``, ``snapshot-2.step000050.pickle``), so ranks and runs sharing one
+(``rolling/rank1.step000050.pickle``, ``rolling/snapshot-2.step000050.pickle``), so ranks and runs sharing one
 folder never replace or prune each other's files.
 """
 
@@ -133,6 +135,8 @@ def remove_stale_files(directory: Path) -> list[Path]:
         names = os.listdir(directory)
     except FileNotFoundError:
         return removed
+    if ROLLING_FOLDER in names and (directory / ROLLING_FOLDER).is_dir():
+        removed += remove_stale_files(directory / ROLLING_FOLDER)  # a killed periodic dump's
     for name in names:
         candidate = directory / name
         temp = _TEMP_NAME.match(name)
@@ -177,26 +181,28 @@ def write_sidecar(path: Path, sidecar: Sidecar) -> None:
 
 # ----------------------------------------------------------------------------- rolling snapshots
 STEP_DIGITS = 6  # zero-padded, so that a folder listed by name lists a run's dumps in step order
+ROLLING_FOLDER = "rolling"
 ROLLING_NAME = re.compile(r"^(?P<series>[^.].*?)\.step(?P<step>\d{6,})\.pickle$")
 
 
 def rolling_path(path: Path, step: int) -> Path:
     """The periodic dump after ``step`` of the run whose snapshot is ``path`` (``<name>.pickle``):
-    ``<name>.step000050.pickle`` beside it."""
-    return path.with_name(f"{path.stem}.step{step:0{STEP_DIGITS}d}.pickle")
+    ``rolling/<name>.step000050.pickle`` beside it (the folder is made by whoever writes it)."""
+    return path.parent / ROLLING_FOLDER / f"{path.stem}.step{step:0{STEP_DIGITS}d}.pickle"
 
 
 def rolling_paths(path: Path) -> list[Path]:
-    """The rolling snapshots of ``path``'s name in its folder, by step (oldest first)."""
+    """The rolling snapshots of ``path``'s name in its ``rolling`` folder, by step (oldest first)."""
+    folder = path.parent / ROLLING_FOLDER
     try:
-        names = os.listdir(path.parent)
+        names = os.listdir(folder)
     except (FileNotFoundError, NotADirectoryError):
         return []
     found: list[tuple[int, Path]] = []
     for name in names:
         match = ROLLING_NAME.match(name)
         if match is not None and match["series"] == path.stem:
-            found.append((int(match["step"]), path.parent / name))
+            found.append((int(match["step"]), folder / name))
     return [rolled for _, rolled in sorted(found)]
 
 
@@ -242,6 +248,7 @@ def prune_rolling(path: Path, keep: int) -> list[Path]:
 
 __all__ = [
     "PICKLE_PROTOCOL",
+    "ROLLING_FOLDER",
     "ROLLING_NAME",
     "Reservation",
     "prune_rolling",

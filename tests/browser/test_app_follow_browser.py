@@ -101,7 +101,8 @@ def test_the_page_follows_a_recording_keeping_zoom_and_tab(page: DashPage, tmp_p
     run = Run(folder)
     run.thread.start()
     try:
-        wait_until(lambda: (folder / "snapshot.step000003.pickle").exists(), what="the first rolling snapshots")
+        first = folder / "rolling" / "snapshot.step000003.pickle"
+        wait_until(first.exists, what="the first rolling snapshots")
         app = create_app([], sample_dir=None, follow_dir=folder)
         page.start_server(app)
         wait_until(lambda: "Showing snapshot.step000003.pickle" in banner(page), what="the first snapshot followed")

@@ -28,13 +28,15 @@ def touch(path: Path, data: bytes = b"x", mtime_ns: int | None = None) -> Path:
 
 
 def test_scan_lists_complete_snapshots_newest_last_once_each(tmp_path: Path) -> None:
-    touch(tmp_path / "snapshot.step000002.pickle", mtime_ns=2_000)
-    touch(tmp_path / "snapshot.step000004.pickle", mtime_ns=4_000)
-    os.link(tmp_path / "snapshot.step000004.pickle", tmp_path / "snapshot.pickle")  # the recorder's link
-    touch(tmp_path / "rank1.step000003.pickle", mtime_ns=3_000)
-    touch(tmp_path / ".snapshot.step000006.pickle.host.123.abcd.tmp")  # being written
+    rolling = tmp_path / "rolling"  # where the recorder writes them
+    rolling.mkdir()
+    touch(rolling / "snapshot.step000002.pickle", mtime_ns=2_000)
+    touch(rolling / "snapshot.step000004.pickle", mtime_ns=4_000)
+    os.link(rolling / "snapshot.step000004.pickle", tmp_path / "snapshot.pickle")  # the recorder's link
+    touch(tmp_path / "rank1.step000003.pickle", mtime_ns=3_000)  # any writer's, in the folder itself
+    touch(rolling / ".snapshot.step000006.pickle.host.123.abcd.tmp")  # being written
     touch(tmp_path / ".snapshot.pickle.reserved")
-    touch(tmp_path / "snapshot.step000004.memlens.json")
+    touch(rolling / "snapshot.step000004.memlens.json")
     state = scan_folder(tmp_path)
     assert [(s.path.name, s.series, s.step) for s in state.snapshots] == [
         ("snapshot.step000002.pickle", "snapshot", 2),
@@ -43,7 +45,7 @@ def test_scan_lists_complete_snapshots_newest_last_once_each(tmp_path: Path) -> 
     ]
     assert state.series == ["rank1", "snapshot"]
     assert scan_folder(tmp_path).generation == state.generation
-    touch(tmp_path / "snapshot.step000006.pickle", mtime_ns=6_000)
+    touch(rolling / "snapshot.step000006.pickle", mtime_ns=6_000)
     moved = scan_folder(tmp_path)
     assert moved.generation != state.generation and moved.newest is not None
     assert moved.newest.step == 6

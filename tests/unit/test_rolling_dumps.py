@@ -41,7 +41,13 @@ def small_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None
 
 
 def names(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    """The files of ``folder`` and its ``rolling`` folder (as ``rolling/NAME``), dot-names left out."""
+    found = [
+        p.relative_to(folder).as_posix()
+        for p in [*folder.iterdir(), *(folder / "rolling").glob("*")]
+        if p.is_file() and not p.name.startswith(".")
+    ]
+    return sorted(found)
 
 
 def steps_in(path: Path) -> list[int]:
@@ -57,18 +63,20 @@ def test_each_periodic_dump_is_its_own_file_and_the_newest_three_stay(tmp_path: 
                 small_step(model, optimizer)
             seen.append(names(tmp_path))
         # the run's own name is the newest rolling snapshot, the same file (a hard link)
-        newest = tmp_path / "snapshot.step000009.pickle"
+        newest = tmp_path / "rolling" / "snapshot.step000009.pickle"
         assert os.path.samefile(tmp_path / "snapshot.pickle", newest)
         assert os.path.samefile(tmp_path / "snapshot.memlens.json", sidecar_path(newest))
     assert seen[1] == [
+        "rolling/snapshot.step000001.memlens.json",
+        "rolling/snapshot.step000001.pickle",
         "snapshot.memlens.json",
         "snapshot.pickle",
-        "snapshot.step000001.memlens.json",
-        "snapshot.step000001.pickle",
     ]
-    rolled = [f"snapshot.step{step:06d}.pickle" for step in (5, 7, 9)]
-    assert [p.name for p in rolling_paths(tmp_path / "snapshot.pickle")] == rolled  # 1 and 3 pruned
-    assert rec.paths[:5] == [tmp_path / f"snapshot.step{step:06d}.pickle" for step in (1, 3, 5, 7, 9)]
+    rolled = [f"rolling/snapshot.step{step:06d}.pickle" for step in (5, 7, 9)]
+    # 1 and 3 pruned; in a folder of their own, so that `rank*.pickle` still lists one file per rank
+    assert [f"rolling/{p.name}" for p in rolling_paths(tmp_path / "snapshot.pickle")] == rolled
+    assert sorted(p.name for p in tmp_path.glob("*.pickle")) == ["snapshot.pickle"]
+    assert rec.paths[:5] == [tmp_path / f"rolling/snapshot.step{step:06d}.pickle" for step in (1, 3, 5, 7, 9)]
     # each is a whole snapshot of the steps done by then; the final one is a file of its own
     assert steps_in(tmp_path / rolled[0]) == list(range(6))
     assert steps_in(tmp_path / rolled[-1]) == list(range(10))
@@ -86,10 +94,10 @@ def test_dump_keep_bounds_the_folder(tmp_path: Path, model_and_optimizer: Any) -
             with rec.step():
                 small_step(model, optimizer)
     assert names(tmp_path) == [
+        "rolling/snapshot.step000003.memlens.json",
+        "rolling/snapshot.step000003.pickle",
         "snapshot.memlens.json",
         "snapshot.pickle",
-        "snapshot.step000003.memlens.json",
-        "snapshot.step000003.pickle",
     ]
     with pytest.raises(MemlensUsageError, match="dump_keep must be a positive number"):
         record(tmp_path, dump_keep=0)
@@ -121,7 +129,7 @@ def test_a_reader_never_sees_a_snapshot_without_its_sidecar(
         "snapshot.memlens.json",
         "snapshot.pickle",
     ]
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
 
 
 def test_ranks_and_runs_in_one_folder_keep_their_own_series(tmp_path: Path, model_and_optimizer: Any) -> None:
@@ -148,19 +156,21 @@ def test_ranks_and_runs_in_one_folder_keep_their_own_series(tmp_path: Path, mode
 
 def test_an_earlier_runs_rolling_files_keep_their_name(tmp_path: Path, model_and_optimizer: Any) -> None:
     """A run killed before its final dump leaves only rolling files: the next run takes -2."""
-    (tmp_path / "snapshot.step000004.pickle").write_bytes(b"earlier")
+    (tmp_path / "rolling").mkdir()
+    (tmp_path / "rolling" / "snapshot.step000004.pickle").write_bytes(b"earlier")
     assert reserve(tmp_path / "snapshot.pickle") is None
     model, optimizer = model_and_optimizer
     with record(tmp_path, dump_every=1, clock=fake_clock()) as rec, rec.step():
         small_step(model, optimizer)
     assert rec.path.name == "snapshot-2.pickle"
-    assert (tmp_path / "snapshot.step000004.pickle").read_bytes() == b"earlier"
-    assert (tmp_path / "snapshot-2.step000000.pickle").exists()
+    assert (tmp_path / "rolling" / "snapshot.step000004.pickle").read_bytes() == b"earlier"
+    assert (tmp_path / "rolling" / "snapshot-2.step000000.pickle").exists()
 
 
 def test_without_hard_links_the_newest_is_copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rolled = rolling_path(tmp_path / "run.pickle", 7)
-    assert rolled.name == "run.step000007.pickle"
+    assert rolled == tmp_path / "rolling" / "run.step000007.pickle"
+    rolled.parent.mkdir()
     sidecar_path(rolled).write_text("{}\n")
     rolled.write_bytes(b"snapshot")
 
@@ -175,18 +185,19 @@ def test_without_hard_links_the_newest_is_copied(tmp_path: Path, monkeypatch: py
 
 
 def test_prune_keeps_the_newest_by_step_not_by_name_length(tmp_path: Path) -> None:
+    (tmp_path / "rolling").mkdir()
     for step in (9, 10, 999_999, 1_000_000):
         rolled = rolling_path(tmp_path / "s.pickle", step)
         rolled.write_bytes(b"x")
         sidecar_path(rolled).write_text("{}")
-    (tmp_path / "other.step000001.pickle").write_bytes(b"x")
+    (tmp_path / "rolling" / "other.step000001.pickle").write_bytes(b"x")
     removed = prune_rolling(tmp_path / "s.pickle", 2)
     assert [p.name for p in removed] == ["s.step000009.pickle", "s.step000010.pickle"]
     assert names(tmp_path) == [
-        "other.step000001.pickle",
-        "s.step1000000.memlens.json",
-        "s.step1000000.pickle",
-        "s.step999999.memlens.json",
-        "s.step999999.pickle",
+        "rolling/other.step000001.pickle",
+        "rolling/s.step1000000.memlens.json",
+        "rolling/s.step1000000.pickle",
+        "rolling/s.step999999.memlens.json",
+        "rolling/s.step999999.pickle",
     ]
     assert writing.ROLLING_NAME.match(".s.step000001.pickle") is None  # a temporary name is nobody's
