@@ -51,8 +51,22 @@ NEW_STEPS_FILL = "rgba(255, 170, 0, 0.18)"
 FOLLOW_KIND = "follow"
 CARDS = ("card-peak", "card-reserved", "card-capacity", "card-events", "card-findings")
 # The budget form's fields, in the order ``budget_form_of`` reads them (the page's draw_budget's).
-BUDGET_FIELDS = ("b-params", "b-hidden", "b-layers", "b-heads", "b-vocab", "b-precision", "b-optimizer", "b-batch",
-                 "b-seq", "b-accum", "b-checkpointing", "b-lora", "b-flags", "b-capacity")
+BUDGET_FIELDS = (
+    "b-params",
+    "b-hidden",
+    "b-layers",
+    "b-heads",
+    "b-vocab",
+    "b-precision",
+    "b-optimizer",
+    "b-batch",
+    "b-seq",
+    "b-accum",
+    "b-checkpointing",
+    "b-lora",
+    "b-flags",
+    "b-capacity",
+)
 
 
 class FolderFollow:
@@ -77,8 +91,14 @@ class FolderFollow:
                 newest.pop(snapshot.series, None)
                 newest[snapshot.series] = snapshot
             for series, snapshot in newest.items():
-                self.library.point(self.source_id(series), series, snapshot.path, (snapshot.size, snapshot.mtime_ns),
-                                   kind=FOLLOW_KIND, folder=self.folder.name)
+                self.library.point(
+                    self.source_id(series),
+                    series,
+                    snapshot.path,
+                    (snapshot.size, snapshot.mtime_ns),
+                    kind=FOLLOW_KIND,
+                    folder=self.folder.name,
+                )
             return state, [(series, self.source_id(series)) for series in newest]
 
 
@@ -160,11 +180,16 @@ def register_follow_callbacks(app: Dash, library: Library, follow: FolderFollow 
             picked = value = followed[-1][1]
         known = set(_texts(tick.get("series"), "series"))
         new_series = [series for series, _ in followed if series not in known] if known else []
-        out: dict[str, Any] = {"generation": state.generation, "source": picked,
-                               "series": [series for series, _ in followed],
-                               "announced": _texts(tick.get("announced"), "announced")[-MAX_ANNOUNCEMENTS:]}
-        lines = [f"Following {follow.folder}: writing here: {', '.join(s for s, _ in followed) or 'nothing yet'}"
-                 + (f" (new: {', '.join(new_series)})" if new_series else "")]
+        out: dict[str, Any] = {
+            "generation": state.generation,
+            "source": picked,
+            "series": [series for series, _ in followed],
+            "announced": _texts(tick.get("announced"), "announced")[-MAX_ANNOUNCEMENTS:],
+        }
+        lines = [
+            f"Following {follow.folder}: writing here: {', '.join(s for s, _ in followed) or 'nothing yet'}"
+            + (f" (new: {', '.join(new_series)})" if new_series else "")
+        ]
         if picked in followed_ids:
             report = library.analysis(picked, session).report
             same_source = tick.get("source") == picked
@@ -177,13 +202,20 @@ def register_follow_callbacks(app: Dash, library: Library, follow: FolderFollow 
             out["new_steps"] = new.steps if same_source else []
             out["band"] = _band(report, device_of(report, device), out["new_steps"])
             source = library.source(picked, session)
-            lines.append(f"Showing {Path(source.path).name}"
-                         + (f"; new since the last look: steps {steps_text(out['new_steps'])} (shaded on the timeline)"
-                            if out["new_steps"] else ""))
+            lines.append(
+                f"Showing {Path(source.path).name}"
+                + (
+                    f"; new since the last look: steps {steps_text(out['new_steps'])} (shaded on the timeline)"
+                    if out["new_steps"]
+                    else ""
+                )
+            )
             out["announced"] = (out["announced"] + [a.text for a in new.announcements])[-MAX_ANNOUNCEMENTS:]
         banner = [html.Div([html.Div(line) for line in lines], className="alert alert-info follow-lines")]
-        banner += [html.Div(f"New finding: {text}", className="alert alert-error follow-announcement")
-                   for text in out["announced"]]
+        banner += [
+            html.Div(f"New finding: {text}", className="alert alert-error follow-announcement")
+            for text in out["announced"]
+        ]
         options = source_options(library, session)
         return out, banner, options, value, options, options
 
@@ -211,8 +243,16 @@ def register_follow_callbacks(app: Dash, library: Library, follow: FolderFollow 
         *(State(field, "value") for field in BUDGET_FIELDS),
         prevent_initial_call=True,
     )
-    def redraw(tick_value: Any, source_value: Any, device_value: Any, view_value: Any, x_axis_value: Any,
-               group_by_value: Any, prefill_value: Any, *form_fields: Any) -> Any:
+    def redraw(
+        tick_value: Any,
+        source_value: Any,
+        device_value: Any,
+        view_value: Any,
+        x_axis_value: Any,
+        group_by_value: Any,
+        prefill_value: Any,
+        *form_fields: Any,
+    ) -> Any:
         """The picked snapshot's newer file, every panel drawn in the page's own view."""
         tick = _tick(tick_value)
         source_id, device = inputs.source_id(source_value), inputs.device(device_value)
@@ -227,10 +267,16 @@ def register_follow_callbacks(app: Dash, library: Library, follow: FolderFollow 
         window = window_of(view, analysis.device(device_id).events)
         shown = overview(report, device)
         live = live_panel(analysis, device_id, marker=view.get("marker"), window=window, group_by=group_by)
-        return (mark_new_steps(timeline_panel(analysis, device_id, view, x_axis), tick, source_id),
-                findings_panel(analysis.device(device_id), window), window_text(analysis, device_id, window),
-                shown.device_options, *shown.cards, *live.outputs(), segments_panel(analysis, device_id),
-                *budget_panel(report, device_id, form).outputs())
+        return (
+            mark_new_steps(timeline_panel(analysis, device_id, view, x_axis), tick, source_id),
+            findings_panel(analysis.device(device_id), window),
+            window_text(analysis, device_id, window),
+            shown.device_options,
+            *shown.cards,
+            *live.outputs(),
+            segments_panel(analysis, device_id),
+            *budget_panel(report, device_id, form).outputs(),
+        )
 
 
 def _band(report: Any, device: int, new_steps: list[int]) -> list[int] | None:
@@ -260,8 +306,15 @@ def mark_new_steps(figure: Any, tick_value: Any, source_id: str | None) -> Any:
     # the new steps shades nothing (zoomed out, they are shaded), and the meta names them anyway.
     x0, x1 = (float(np.interp(row, events, xs)) for row in rows)
     if math.isfinite(x0) and math.isfinite(x1) and x1 > x0:
-        figure.add_vrect(x0=x0, x1=x1, fillcolor=NEW_STEPS_FILL, line_width=0, layer="below",
-                         annotation_text="new since the last look", annotation_position="top left")
+        figure.add_vrect(
+            x0=x0,
+            x1=x1,
+            fillcolor=NEW_STEPS_FILL,
+            line_width=0,
+            layer="below",
+            annotation_text="new since the last look",
+            annotation_position="top left",
+        )
     meta = dict(figure.layout.meta or {})
     meta["new_steps"] = _whole_list(tick.get("new_steps", []), "new_steps")
     figure.layout.meta = meta

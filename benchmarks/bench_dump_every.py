@@ -31,8 +31,13 @@ from memlens.units import format_bytes
 
 def loop(hidden: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
-                                torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, 10),
+    )
     return model, torch.optim.AdamW(model.parameters()), torch.randn(32, 64)
 
 
@@ -91,10 +96,14 @@ def main() -> None:
             dumps[every], sizes[every] = written, size
 
     base = statistics.fmean(results["None"])
-    print(f"{args.steps} steps x {args.rounds} rounds, MLP hidden {args.hidden}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
-    print(f"{'configuration':<22} {'mean step':>10} {'median':>10} {'ratio':>7} {'dumps':>6} {'per dump':>10} "
-          f"{'snapshot':>10}")
+    print(
+        f"{args.steps} steps x {args.rounds} rounds, MLP hidden {args.hidden}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
+    print(
+        f"{'configuration':<22} {'mean step':>10} {'median':>10} {'ratio':>7} {'dumps':>6} {'per dump':>10} "
+        f"{'snapshot':>10}"
+    )
     rows: list[tuple[str, Any]] = [("no recorder", "bare"), ("recorded, no dumps", None)]
     rows += [(f"--dump-every {every}", every) for every in args.every]
     for label, key in rows:
@@ -102,9 +111,11 @@ def main() -> None:
         mean, median = statistics.fmean(times), statistics.median(times)
         written = dumps.get(key, 0) if key != "bare" else 0
         per_dump = (mean - base) * args.steps / written if written else None
-        print(f"{label:<22} {mean * 1e3:>8.2f}ms {median * 1e3:>8.2f}ms {mean / base:>6.2f}x {written:>6} "
-              f"{(f'{per_dump * 1e3:.1f}ms' if per_dump is not None else '-'):>10} "
-              f"{(format_bytes(sizes[key]) if key != 'bare' and sizes.get(key) else '-'):>10}")
+        print(
+            f"{label:<22} {mean * 1e3:>8.2f}ms {median * 1e3:>8.2f}ms {mean / base:>6.2f}x {written:>6} "
+            f"{(f'{per_dump * 1e3:.1f}ms' if per_dump is not None else '-'):>10} "
+            f"{(format_bytes(sizes[key]) if key != 'bare' and sizes.get(key) else '-'):>10}"
+        )
 
 
 if __name__ == "__main__":

@@ -74,19 +74,21 @@ def banner(page: DashPage) -> str:
 def x_range(page: DashPage) -> Any:
     return page.driver.execute_script(
         "var gd = document.querySelector('#timeline .js-plotly-plot');"
-        "return gd && gd._fullLayout ? gd._fullLayout.xaxis.range.map(Number) : null;")
+        "return gd && gd._fullLayout ? gd._fullLayout.xaxis.range.map(Number) : null;"
+    )
 
 
 def timeline_meta(page: DashPage) -> Any:
     return page.driver.execute_script(
-        "var gd = document.querySelector('#timeline .js-plotly-plot');"
-        "return gd && gd.layout ? gd.layout.meta : null;")
+        "var gd = document.querySelector('#timeline .js-plotly-plot');return gd && gd.layout ? gd.layout.meta : null;"
+    )
 
 
 def shaded(page: DashPage) -> Any:
     return page.driver.execute_script(
         "var gd = document.querySelector('#timeline .js-plotly-plot');"
-        "return (gd.layout.shapes || []).filter(s => (s.fillcolor || '').indexOf('255, 170, 0') >= 0).length;")
+        "return (gd.layout.shapes || []).filter(s => (s.fillcolor || '').indexOf('255, 170, 0') >= 0).length;"
+    )
 
 
 def close(a: list[float], b: list[float]) -> bool:
@@ -94,8 +96,7 @@ def close(a: list[float], b: list[float]) -> bool:
     return abs(a[0] - b[0]) <= 0.02 * span and abs(a[1] - b[1]) <= 0.02 * span
 
 
-def test_the_page_follows_a_recording_keeping_zoom_and_tab(page: DashPage, tmp_path: Path,
-                                                           artifacts_dir: Path) -> None:
+def test_the_page_follows_a_recording_keeping_zoom_and_tab(page: DashPage, tmp_path: Path, artifacts_dir: Path) -> None:
     folder = tmp_path / "run"
     folder.mkdir()
     run = Run(folder)
@@ -112,8 +113,10 @@ def test_the_page_follows_a_recording_keeping_zoom_and_tab(page: DashPage, tmp_p
         tab = page.driver.find_element(By.CSS_SELECTOR, ".tab--selected").text
 
         run.go[0].set()  # the run goes on: the snapshot of step 5
-        text = wait_until(lambda: (lambda t: t if "new since the last look: steps 4-5" in t else None)(banner(page)),
-                          what="the newer snapshot's steps named")
+        text = wait_until(
+            lambda: (lambda t: t if "new since the last look: steps 4-5" in t else None)(banner(page)),
+            what="the newer snapshot's steps named",
+        )
         assert "Showing snapshot.step000005.pickle" in text and "shaded on the timeline" in text
         wait_until(lambda: (timeline_meta(page) or {}).get("new_steps") == [4, 5], what="the new steps shaded")
         wait_until(lambda: shaded(page) == 1, what="the shaded band")
@@ -130,7 +133,9 @@ def test_the_page_follows_a_recording_keeping_zoom_and_tab(page: DashPage, tmp_p
                 return True
             page.driver.execute_script(
                 "var gd = document.querySelector('#timeline .js-plotly-plot');"
-                "Plotly.relayout(gd, {'xaxis.range[0]': arguments[0], 'xaxis.range[1]': arguments[1]});", *zoom)
+                "Plotly.relayout(gd, {'xaxis.range[0]': arguments[0], 'xaxis.range[1]': arguments[1]});",
+                *zoom,
+            )
             time.sleep(1.0)
             return bool((timeline_meta(page) or {}).get("start", start) > start)
 
