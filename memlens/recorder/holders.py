@@ -142,14 +142,15 @@ class _Search:
 
 # ------------------------------------------------------------------------------ entry points
 def leak_holders(snapshot: Mapping[str, Any], steps: list[dict[str, Any]], backend: Any,
-                 limits: HolderLimits | None = None) -> LeakHolders:
+                 limits: HolderLimits | None = None, objects: Iterable[Any] | None = None) -> LeakHolders:
     """The sidecar's ``leak_holders`` for a snapshot the recorder is about to write.
 
     ``steps`` are the recorder's ``{index, start_us, end_us}``. The search starts from the blocks
     that outlived a whole later step (allocated before the last finished step began, alive now):
     a leak's pile always has some, a gradient or a hand-over (``prev = out``) has none, so a run
     without a leak costs almost nothing. A holder found from them then counts every block made
-    in the steps that it holds (the last step's kept tensor too).
+    in the steps that it holds (the last step's kept tensor too). ``objects``: where the tensors
+    are looked for (``gc_tensors``).
     """
     limits = limits or HolderLimits()
     started = time.perf_counter()
@@ -165,7 +166,8 @@ def leak_holders(snapshot: Mapping[str, Any], steps: list[dict[str, Any]], backe
         return LeakHolders(seconds=round(time.perf_counter() - started, 3))
     address_of = storage_address_function(backend)
     filename_map = _filename_map_of(backend)
-    result = find_holders(gc_tensors(), address_of, blocks, seeds=seeds, limits=limits, filename_map=filename_map)
+    result = find_holders(gc_tensors(objects), address_of, blocks, seeds=seeds, limits=limits,
+                          filename_map=filename_map)
     result.seconds = round(time.perf_counter() - started, 3)
     return result
 
@@ -195,8 +197,10 @@ def old_live_blocks(snapshot: Mapping[str, Any], window: tuple[int, int]) -> dic
     return {address: size for address, (size, when) in live_allocations(snapshot).items() if start <= when <= end}
 
 
-def gc_tensors() -> list[Any]:
-    """Every tensor the garbage collector tracks (parameters excluded: they are the model)."""
+def gc_tensors(objects: Iterable[Any] | None = None) -> list[Any]:
+    """Every tensor the garbage collector tracks (parameters excluded: they are the model), among
+    ``objects`` when given (``memlens.recorder.roles.tracked_tensors_and_optimizers``: the
+    tensors and optimizers of one walk a dump shares)."""
     import torch
 
     tensor_type, parameter_type, optimizer_type = torch.Tensor, torch.nn.Parameter, torch.optim.Optimizer
@@ -204,7 +208,7 @@ def gc_tensors() -> list[Any]:
     optimizers: list[Any] = []
     # type() rather than isinstance(): isinstance reads __class__, which some module attributes
     # answer with a deprecation warning.
-    for obj in gc.get_objects():
+    for obj in gc.get_objects() if objects is None else objects:
         kind = type(obj)
         if issubclass(kind, tensor_type):
             # isinstance, once it is a tensor: a parameter made from a fake tensor (memlens

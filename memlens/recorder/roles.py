@@ -178,13 +178,23 @@ def _grad_fn(tensor: torch.Tensor) -> Any:
         return None
 
 
-def retained_graph_tensors(max_nodes: int = MAX_GRAPH_NODES) -> list[Any]:
+def tracked_tensors_and_optimizers() -> list[Any]:
+    """Every tensor and optimizer the garbage collector tracks, in one walk: what a dump's three
+    searches (``retained_graph_tensors``, ``live_parameters``, the leak's holders) each looked
+    for in a walk of its own over every tracked object, which is most of a dump's time."""
+    wanted = (torch.Tensor, torch.optim.Optimizer)
+    return [obj for obj in gc.get_objects() if issubclass(type(obj), wanted)]
+
+
+def retained_graph_tensors(max_nodes: int = MAX_GRAPH_NODES, objects: Iterable[Any] | None = None) -> list[Any]:
     """Tensors kept alive by autograd graphs that are still alive: every live tensor that carries
     a ``grad_fn`` (an output whose graph was not freed by ``backward``) and what the nodes of
     those graphs saved for backward (``_saved_*`` attributes; a graph already run without
-    ``retain_graph`` has released them and reads as nothing)."""
+    ``retain_graph`` has released them and reads as nothing). ``objects``: where to look
+    (``tracked_tensors_and_optimizers``; default every object the garbage collector tracks)."""
     tensor_type = torch.Tensor
-    outputs = [obj for obj in gc.get_objects() if issubclass(type(obj), tensor_type) and _grad_fn(obj) is not None]
+    candidates = gc.get_objects() if objects is None else objects
+    outputs = [obj for obj in candidates if issubclass(type(obj), tensor_type) and _grad_fn(obj) is not None]
     found: list[Any] = list(outputs)
     pending = [t.grad_fn for t in outputs]
     visited: set[int] = set()
@@ -210,14 +220,15 @@ def retained_graph_tensors(max_nodes: int = MAX_GRAPH_NODES) -> list[Any]:
     return found
 
 
-def live_parameters() -> list[Any]:
+def live_parameters(objects: Iterable[Any] | None = None) -> list[Any]:
     """Every ``nn.Parameter`` alive now, whoever holds it (found by the garbage collector): at a
     dump before any optimizer.step() (an out-of-memory error in the first forward) no model is
     watched yet, and the weights moved to the device are still parameters. type() first, as in
     ``retained_graph_tensors``; then isinstance, which also knows a parameter made from a fake
     tensor (memlens predict's, a FakeTensor marked ``_is_param``)."""
     tensor_type, parameter_type = torch.Tensor, torch.nn.Parameter
-    return [obj for obj in gc.get_objects() if issubclass(type(obj), tensor_type) and isinstance(obj, parameter_type)]
+    candidates = gc.get_objects() if objects is None else objects
+    return [obj for obj in candidates if issubclass(type(obj), tensor_type) and isinstance(obj, parameter_type)]
 
 
 def find_model(optimizer: Any) -> torch.nn.Module | None:
@@ -268,4 +279,5 @@ __all__ = [
     "live_parameters",
     "model_state",
     "retained_graph_tensors",
+    "tracked_tensors_and_optimizers",
 ]
