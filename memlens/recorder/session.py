@@ -77,6 +77,7 @@ from memlens.recorder.roles import (
     live_parameters,
     model_state,
     retained_graph_tensors,
+    tracked_tensors_and_optimizers,
 )
 from memlens.recorder.stacks import DEFAULT_MAX_DEPTH, StackCapture, hide_launcher_frames
 from memlens.recorder.writing import prune_rolling, publish_rolled, rolling_path, write_sidecar, write_snapshot
@@ -340,14 +341,16 @@ class Recorder:
     def _recording(self) -> bool:
         return self._state == "recording"
 
-    def _note_roles(self, at: str, time_us: int | None, graphs: bool = False) -> None:
+    def _note_roles(self, at: str, time_us: int | None, graphs: bool = False, objects: list[Any] | None = None
+                    ) -> None:
         """Note the watched tensors by role (see ``memlens.recorder.roles``); at a dump
         (``time_us`` None: the end of the trace) also the tensors live autograd graphs hold, and
-        every parameter alive (a dump before the first optimizer.step() watches no model yet)."""
+        every parameter alive (a dump before the first optimizer.step() watches no model yet),
+        found among ``objects`` (the dump's one walk of the garbage collector's objects)."""
         state = model_state(self.models, self.optimizers)
         if graphs:
-            state["graph"] = retained_graph_tensors()
-            state["parameters"] = [*state["parameters"], *live_parameters()]
+            state["graph"] = retained_graph_tensors(objects=objects)
+            state["parameters"] = [*state["parameters"], *live_parameters(objects)]
         self._roles.note(at, time_us, state)
 
     def _at_step_boundary(self, at: str, time_us: int) -> None:
@@ -504,14 +507,18 @@ class Recorder:
         rolling = reason == "periodic" and bool(self.steps)
         written = rolling_path(path, int(self.steps[-1]["index"])) if rolling else path
         with self._signals_wait():
+            # One walk of the garbage collector's objects for the dump's three searches of them
+            # (graphs, parameters, the leak's holders): most of a dump's time was three walks.
+            tracked = tracked_tensors_and_optimizers()
             if self._state == "recording":
-                self._note_roles("dump", None, graphs=True)
+                self._note_roles("dump", None, graphs=True, objects=tracked)
             snapshot = self.backend.snapshot()
             hide_launcher_frames(snapshot)
             self._add_module_scopes(snapshot)
             self._add_missing_step_annotations(snapshot)
             # memlens.recorder.holders; the struct as JSON builtins (memlens.sidecar.leak_holders)
-            holders = msgspec.to_builtins(leak_holders(snapshot, self.steps, self.backend))
+            holders = msgspec.to_builtins(leak_holders(snapshot, self.steps, self.backend, objects=tracked))
+            del tracked  # the tensors it holds are the run's own again
             if rolling:
                 written.parent.mkdir(exist_ok=True)
             # The sidecar first: a follower that sees the snapshot finds the sidecar beside it.
