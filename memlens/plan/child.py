@@ -218,12 +218,15 @@ def held_bytes() -> dict[str, int]:
         return int(storage.nbytes())
 
     parameters = live_cuda_parameters()
-    held = {"parameters": sum(size(p) for p in parameters)}
+    # DeepSpeed's ZeRO-3 parameter is an empty placeholder; its partition is its ds_tensor.
+    held = {"parameters": sum(size(p) + size(getattr(p, "ds_tensor", None)) for p in parameters)}
     held["gradients"] = sum(size(p.grad) for p in parameters if p.grad is not None)
     optimizers = [obj for obj in gc.get_objects() if issubclass(type(obj), torch.optim.Optimizer)]
+    # What an optimizer steps that is no model parameter (DeepSpeed's fp32 master partitions) is
+    # its state too; the model's parameters were counted above (each storage once).
     held["optimizer_state"] = sum(
         size(value) for optimizer in optimizers for state in optimizer.state.values() for value in state.values()
-    )
+    ) + sum(size(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"])
     return held
 
 

@@ -173,6 +173,8 @@ def model_parameter_counts(parameters: list[torch.Tensor]) -> list[tuple[torch.T
             counted.append((param, sum(numels) if numels is not None else param.numel()))
         elif local_tensors(param) is None and param.untyped_storage()._cdata in flat_storages:
             counted.append((param, 0))
+        elif isinstance(getattr(param, "ds_numel", None), int):  # DeepSpeed ZeRO-3's placeholder
+            counted.append((param, param.ds_numel))  # type: ignore[attr-defined]
         else:
             counted.append((param, param.numel()))
     return counted
