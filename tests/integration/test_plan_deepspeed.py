@@ -115,7 +115,12 @@ def _by_hand(stage: int, offload: bool) -> int:
 def test_zero_stages_hold_what_deepspeed_allocates(tmp_path: Path) -> None:
     """ZeRO-1, 2 and 3, and 2 and 3 with the optimizer on the CPU: each plan runs to the end and
     fits, and the rank's snapshot at its end holds the module's hand arithmetic (and DeepSpeed's
-    few scalars); every stage's peak has the 2 GB reduce bucket in it."""
+    few scalars); every stage's peak has the 2 GB reduce bucket in it. The plan's figures: the
+    whole model trainable (ZeRO-3's parameters are empty placeholders, each standing for its
+    ds_numel), the parameters the rank holds (ZeRO-3: its partitions, ds_tensor, and the
+    persistent ones) and, for ZeRO-1 and 2, the master partition and moments as optimizer state
+    (the master is no model parameter; the optimizer steps it). Before, ZeRO-3 said 5,120
+    trainable parameters (the biases) for a 2.1M-parameter model."""
     path = tmp_path / "train.py"
     path.write_text(SCRIPT)
     # Stage 1's offload is stage 2's code (DeepSpeedZeroOptimizer, one class for both), left out
@@ -129,3 +134,10 @@ def test_zero_stages_hold_what_deepspeed_allocates(tmp_path: Path) -> None:
         extra = _held_at_the_end(config.snapshot) - _by_hand(stage, offload)
         assert 0 <= extra <= SCALARS_AT_MOST, (stage, offload, extra)
         assert config.peak_allocated_bytes >= REDUCE_BUCKET_BYTES, (stage, offload)
+        assert config.trainable_parameters == PARAMETERS, (stage, offload)
+        partition = 4 * PARAMETERS // WORLD_SIZE
+        weights = 4 * PARAMETERS if stage in (1, 2) else partition + 4 * BIASES
+        assert config.held_bytes["parameters"] == weights, (stage, offload, config.held_bytes)
+        if stage in (1, 2):  # the master partition and its moments (ZeRO-3's master is out of reach)
+            state = config.held_bytes["optimizer_state"] - (0 if offload else 3 * partition)
+            assert 0 <= state <= SCALARS_AT_MOST, (stage, offload, config.held_bytes)
