@@ -18,9 +18,10 @@ from memlens.units import GiB
 from memlens_app.callbacks import answer_error, register_callbacks
 from memlens_app.follow import FolderFollow, follow_components, register_follow_callbacks
 from memlens_app.layout import build_layout
-from memlens_app.library import DEFAULT_CONCURRENT_ANALYSES, DEFAULT_REPORT_CACHE, DEFAULT_UPLOAD_BUDGET, Library
-from memlens_app.scheduler import DEFAULT_WAIT_S, FairQueue
+from memlens_app.library import DEFAULT_REPORT_CACHE, Library
+from memlens_app.scheduler import DEFAULT_WAIT_S
 from memlens_app.session import current_session, register_sessions
+from memlens_app.start import new_library
 from memlens_app.upload import DEFAULT_IDLE_TIMEOUT_S, UploadLimits, register_upload_route
 from memlens_app.worker import AnalysisLimits
 
@@ -53,10 +54,8 @@ def create_app(
     session that made them; ``paths`` and the samples by everyone. ``follow_dir``: a run folder
     followed as it is written (``memlens_app.follow``).
     """
-    library = library or Library(report_cache=report_cache, limits=analysis_limits,
-                                 upload_budget_bytes=max(DEFAULT_UPLOAD_BUDGET, 2 * max_upload_bytes),
-                                 max_upload_bytes=max_upload_bytes,
-                                 queue=FairQueue(DEFAULT_CONCURRENT_ANALYSES, wait_s=queue_timeout_s))
+    library = library or new_library(max_upload_bytes=max_upload_bytes, report_cache=report_cache,
+                                     analysis_limits=analysis_limits, queue_timeout_s=queue_timeout_s)
     for path in paths:
         library.add_path(path, "cli")
     if sample_dir is not None:

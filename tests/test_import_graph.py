@@ -39,8 +39,8 @@ FACES = {
 # (importer, imported module) -> the names it may take from there: a face's start, nothing more.
 LAUNCHES: dict[tuple[str, str], frozenset[str]] = {
     ("memlens.cli.serve", "memlens_app.main"): frozenset({"create_app", "DEFAULT_SAMPLE_DIR"}),
-    # The analyses' forkserver, started while the dashboard's modules import (issue 37).
-    ("memlens.cli.serve", "memlens_app.worker"): frozenset({"start_workers"}),
+    # The analyses' forkserver and the library, started while the dashboard's modules import (issue 37).
+    ("memlens.cli.serve", "memlens_app.start"): frozenset({"start_workers", "new_library"}),
     ("memlens.cli.mcp", "memlens.mcp_server"): frozenset({"serve"}),
 }
 

@@ -79,42 +79,43 @@ def serve(snapshots: tuple[Path, ...], port: int, host: str, max_upload: str, re
     if analysis_memory is not None and analysis_memory <= 0:
         raise MemlensUsageError("--analysis-memory must be more than 0 bytes")
 
-    # The analyses' forkserver starts (and imports memlens, on another core) while the dashboard's
-    # modules are imported here: the first analysis then finds it ready.
-    threading.Thread(target=_start_workers, name="memlens-start-workers", daemon=True).start()
     # The URL is out before the dashboard's modules are even imported: the socket listens from
     # here, and a browser that connects at once waits in its backlog until the app answers.
     listening = _listen(host, port)
     try:
         _announce(host, listening.getsockname()[1], max_upload_bytes)
         from memlens.ops.runner import Limits
-        from memlens_app.main import DEFAULT_SAMPLE_DIR, create_app  # the dashboard's entry point: it starts here
+        from memlens_app.start import new_library, start_workers  # imported here: not beside another import
 
-        app = create_app(snapshots, sample_dir=DEFAULT_SAMPLE_DIR if samples else None,
-                         max_upload_bytes=max_upload_bytes, report_cache=report_cache,
-                         analysis_limits=Limits(analysis_timeout, analysis_memory),
-                         upload_idle_timeout_s=upload_timeout, queue_timeout_s=queue_timeout,
-                         follow_dir=follow_dir)
-        library = app.server.config["MEMLENS_LIBRARY"]
-        # SIGTERM leaves like Ctrl-C from here on; closing the library then kills running analyses
-        # and deletes the upload folder, in-flight uploads included.
-        previous_handler = signal.signal(signal.SIGTERM, _exit_on_signal)
+        # The analyses' forkserver starts (and imports memlens, on another core) and the given
+        # files are analysed from here, while the dashboard's modules import.
+        threading.Thread(target=start_workers, name="memlens-start-workers", daemon=True).start()
+        library = new_library(max_upload_bytes=max_upload_bytes, report_cache=report_cache,
+                              analysis_limits=Limits(analysis_timeout, analysis_memory),
+                              queue_timeout_s=queue_timeout)
         try:
+            for path in snapshots:
+                library.add_path(path, "cli")
             _check_given_snapshots_in_background(library)
-            _serve(app, host, listening, upload_timeout)
-        except KeyboardInterrupt:
-            pass
+            from memlens_app.main import DEFAULT_SAMPLE_DIR, create_app  # the dashboard's entry point
+
+            app = create_app(snapshots, sample_dir=DEFAULT_SAMPLE_DIR if samples else None,
+                             max_upload_bytes=max_upload_bytes, report_cache=report_cache,
+                             upload_idle_timeout_s=upload_timeout, queue_timeout_s=queue_timeout,
+                             library=library, follow_dir=follow_dir)
+            # SIGTERM leaves like Ctrl-C from here on; closing the library then kills running
+            # analyses and deletes the upload folder, in-flight uploads included.
+            previous_handler = signal.signal(signal.SIGTERM, _exit_on_signal)
+            try:
+                _serve(app, host, listening, upload_timeout)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                signal.signal(signal.SIGTERM, previous_handler)
         finally:
             library.close()
-            signal.signal(signal.SIGTERM, previous_handler)
     finally:
         listening.close()
-
-
-def _start_workers() -> None:
-    from memlens_app.worker import start_workers
-
-    start_workers()
 
 
 def _listen(host: str, port: int) -> socket.socket:
