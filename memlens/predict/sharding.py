@@ -163,9 +163,7 @@ def model_parameter_counts(parameters: list[torch.Tensor]) -> list[tuple[torch.T
     ``_numels``); an original parameter that is a view into a live flat parameter
     (``use_orig_params=True``) none, as its flat parameter counts it; any other its ``numel``
     (a ``DTensor``'s is the global tensor's)."""
-    flat_storages = {
-        param.untyped_storage()._cdata for param in parameters if getattr(param, "_is_flat_param", False)
-    }
+    flat_storages = {param.untyped_storage()._cdata for param in parameters if getattr(param, "_is_flat_param", False)}
     counted: list[tuple[torch.Tensor, int]] = []
     for param in parameters:
         if getattr(param, "_is_flat_param", False):
