@@ -127,9 +127,10 @@ def register_callbacks(app: Dash, library: Library) -> None:
         Input("progress-poll", "n_intervals"),
         Input("source-picker", "value"),
     )
-    def show_progress(_ticks: Any, source_value: Any) -> Any:
+    def show_progress(ticks_value: Any, source_value: Any) -> Any:
         """The picked snapshot's analysis, stage by stage (``memlens_app.progress``); the poll
         stops once it is done or failed, and starts again with the next snapshot picked."""
+        inputs.clicks(ticks_value, "progress poll")  # a count of the poll's ticks
         source_id = inputs.source_id(source_value)
         if not source_id:
             return None, True

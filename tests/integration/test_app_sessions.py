@@ -257,7 +257,7 @@ def test_the_whatif_replay_runs_in_a_worker_with_the_analysis_limits(monkeypatch
         assert response.status_code == 200, response.data[:500]
         text = json.dumps(response.get_json()["response"])
         assert "expandable segments" in text and "32.00 GiB device" in text, text[:500]
-        assert jobs == ["analyse", "whatif_job"]
+        assert jobs == ["analyse_reporting", "whatif_job"]  # the analysis, reporting its stages to the page
 
         library.limits = worker_module.AnalysisLimits(timeout_s=0.001)
         stopped = client.post(DASH, json=payload)
