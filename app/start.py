@@ -11,11 +11,15 @@ from memlens_app.worker import AnalysisLimits
 from memlens_app.worker import start_workers as start_workers
 
 
-def new_library(*, max_upload_bytes: int, report_cache: int, analysis_limits: AnalysisLimits | None,
-                queue_timeout_s: float) -> Library:
+def new_library(
+    *, max_upload_bytes: int, report_cache: int, analysis_limits: AnalysisLimits | None, queue_timeout_s: float
+) -> Library:
     """The app's library: analysed uploads kept on disk up to twice the upload limit (at least
     ``DEFAULT_UPLOAD_BUDGET``), the workers shared fairly (a job waits at most ``queue_timeout_s``)."""
-    return Library(report_cache=report_cache, limits=analysis_limits,
-                   upload_budget_bytes=max(DEFAULT_UPLOAD_BUDGET, 2 * max_upload_bytes),
-                   max_upload_bytes=max_upload_bytes,
-                   queue=FairQueue(DEFAULT_CONCURRENT_ANALYSES, wait_s=queue_timeout_s))
+    return Library(
+        report_cache=report_cache,
+        limits=analysis_limits,
+        upload_budget_bytes=max(DEFAULT_UPLOAD_BUDGET, 2 * max_upload_bytes),
+        max_upload_bytes=max_upload_bytes,
+        queue=FairQueue(DEFAULT_CONCURRENT_ANALYSES, wait_s=queue_timeout_s),
+    )

@@ -35,31 +35,51 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
-CHROME_ARGUMENTS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                    "--no-first-run", "--window-size=1600,1100")
+CHROME_ARGUMENTS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1600,1100",
+)
 WAIT_S = 180.0  # per step: a page that never draws fails the run rather than hanging it
 
-CURVE_DRAWN = ("var gd = document.querySelector('#timeline .js-plotly-plot');"
-               "return !!(gd && gd._fullData && gd._fullData.some(t => t.name === 'allocated'));")
-WINDOW_START = ("var gd = document.querySelector('#timeline .js-plotly-plot');"
-                "return gd && gd.layout && gd.layout.meta ? gd.layout.meta.start : null;")
-ZOOM = ("var gd = document.querySelector('#timeline .js-plotly-plot');"
-        "var n = gd.layout.meta.events; Plotly.relayout(gd, {'xaxis.range[0]': n * 0.40, 'xaxis.range[1]': n * 0.45});"
-        "return n;")
-CLICK = ("var gd = document.querySelector('#timeline .js-plotly-plot');"
-         "var c = gd._fullData.findIndex(t => t.name === 'allocated');"
-         "var t = gd._fullData[c]; var i = Math.floor((t._length - 1) * 0.5);"
-         "gd.emit('plotly_click', {points: [{curveNumber: c, pointNumber: i, x: t.x[i], y: t.y[i],"
-         " data: gd.data[c], fullData: t}]});"
-         "return t.customdata[i];")
+CURVE_DRAWN = (
+    "var gd = document.querySelector('#timeline .js-plotly-plot');"
+    "return !!(gd && gd._fullData && gd._fullData.some(t => t.name === 'allocated'));"
+)
+WINDOW_START = (
+    "var gd = document.querySelector('#timeline .js-plotly-plot');"
+    "return gd && gd.layout && gd.layout.meta ? gd.layout.meta.start : null;"
+)
+ZOOM = (
+    "var gd = document.querySelector('#timeline .js-plotly-plot');"
+    "var n = gd.layout.meta.events; Plotly.relayout(gd, {'xaxis.range[0]': n * 0.40, 'xaxis.range[1]': n * 0.45});"
+    "return n;"
+)
+CLICK = (
+    "var gd = document.querySelector('#timeline .js-plotly-plot');"
+    "var c = gd._fullData.findIndex(t => t.name === 'allocated');"
+    "var t = gd._fullData[c]; var i = Math.floor((t._length - 1) * 0.5);"
+    "gd.emit('plotly_click', {points: [{curveNumber: c, pointNumber: i, x: t.x[i], y: t.y[i],"
+    " data: gd.data[c], fullData: t}]});"
+    "return t.customdata[i];"
+)
 # Whether a callback's output is still being computed (Dash marks such components while it waits).
 LOADING = "return !!document.querySelector('[data-dash-is-loading=\"true\"]');"
 TAB_LABELS = "return Array.from(document.querySelectorAll('.tab')).map(t => t.textContent.trim());"
-OPEN_TAB = ("var tab = Array.from(document.querySelectorAll('.tab')).find(t => t.textContent.trim()"
-            ".startsWith(arguments[0])); tab.click(); return !!tab;")
-TREEMAP_TITLE = ("var gd = document.querySelector('#categories .js-plotly-plot');"
-                 "return gd && gd._fullLayout && gd._fullLayout.title ? gd._fullLayout.title.text : null;")
+OPEN_TAB = (
+    "var tab = Array.from(document.querySelectorAll('.tab')).find(t => t.textContent.trim()"
+    ".startsWith(arguments[0])); tab.click(); return !!tab;"
+)
+TREEMAP_TITLE = (
+    "var gd = document.querySelector('#categories .js-plotly-plot');"
+    "return gd && gd._fullLayout && gd._fullLayout.title ? gd._fullLayout.title.text : null;"
+)
 
 
 @dataclass
@@ -103,17 +123,26 @@ def memlens_env(cache_dir: str) -> dict[str, str]:
 
 def triage_seconds(path: Path, cache_dir: str) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "memlens", "triage", str(path), "--no-color", "--width", "100"],
-                   check=True, env=memlens_env(cache_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "memlens", "triage", str(path), "--no-color", "--width", "100"],
+        check=True,
+        env=memlens_env(cache_dir),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - started
 
 
 def dashboard_times(driver: Any, path: Path, cache_dir: str) -> DashboardTimes:
     """One ``memlens serve FILE`` from its start to each step drawn in ``driver``'s page."""
     started = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "memlens", "serve", "--port", "0", "--no-samples", str(path)],
-                               env=memlens_env(cache_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "memlens", "serve", "--port", "0", "--no-samples", str(path)],
+        env=memlens_env(cache_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url_line: list[str] = []
     announced = threading.Event()
 
@@ -144,14 +173,18 @@ def dashboard_times(driver: Any, path: Path, cache_dir: str) -> DashboardTimes:
 
         began = time.perf_counter()
         event = driver.execute_script(CLICK)
-        wait_until(lambda: any(label.startswith(f"At event {event:,}") for label in driver.execute_script(TAB_LABELS)),
-                   "the clicked event's tab")
+        wait_until(
+            lambda: any(label.startswith(f"At event {event:,}") for label in driver.execute_script(TAB_LABELS)),
+            "the clicked event's tab",
+        )
         click_s = time.perf_counter() - began
 
         began = time.perf_counter()
         driver.execute_script(OPEN_TAB, "At event")
-        wait_until(lambda: (driver.execute_script(TREEMAP_TITLE) or "").startswith("Live at event"),
-                   "the clicked moment's treemap")
+        wait_until(
+            lambda: (driver.execute_script(TREEMAP_TITLE) or "").startswith("Live at event"),
+            "the clicked moment's treemap",
+        )
         tab_s = time.perf_counter() - began
         return DashboardTimes(url_s, first_paint_s, zoom_s, click_s, tab_s)
     finally:
@@ -223,8 +256,11 @@ def main() -> None:
 
 def print_row(row: tuple[int, str, float, DashboardTimes]) -> None:
     size, state, triage, t = row
-    print(f"  {size:>9,} {state:6}  triage {triage:5.2f} s  url {t.url:5.2f}  first paint {t.first_paint:5.2f}  "
-          f"zoom {t.zoom:5.2f}  click {t.click:5.2f}  tab {t.tab:5.2f}", flush=True)
+    print(
+        f"  {size:>9,} {state:6}  triage {triage:5.2f} s  url {t.url:5.2f}  first paint {t.first_paint:5.2f}  "
+        f"zoom {t.zoom:5.2f}  click {t.click:5.2f}  tab {t.tab:5.2f}",
+        flush=True,
+    )
 
 
 def print_table(rows: list[tuple[int, str, float, DashboardTimes]]) -> None:

@@ -19,8 +19,9 @@ from memlens.snapshot.engine import native_kernels
 IntArray = npt.NDArray[np.int64]
 
 
-def column_envelope_reference(values: npt.NDArray[np.generic], start: int, end: int, width: int
-                              ) -> tuple[IntArray, IntArray]:
+def column_envelope_reference(
+    values: npt.NDArray[np.generic], start: int, end: int, width: int
+) -> tuple[IntArray, IntArray]:
     """Rows ``[start, end)`` of ``values`` in columns of ``width`` rows (the last one shorter): the
     row of each column's minimum and of its maximum (the first such row)."""
     if start < 0 or end > values.shape[0] or start > end:
@@ -29,19 +30,20 @@ def column_envelope_reference(values: npt.NDArray[np.generic], start: int, end: 
         raise MemlensUsageError("an envelope's columns need at least one row each")
     count = end - start
     whole = count // width
-    part = values[start:start + whole * width].reshape(whole, width)  # a view: no copy of the column
+    part = values[start : start + whole * width].reshape(whole, width)  # a view: no copy of the column
     offsets = start + np.arange(whole, dtype=np.int64) * width
     lows = np.argmin(part, axis=1).astype(np.int64) + offsets
     highs = np.argmax(part, axis=1).astype(np.int64) + offsets
     if whole * width < count:
-        rest = values[start + whole * width:end]
+        rest = values[start + whole * width : end]
         lows = np.append(lows, start + whole * width + int(np.argmin(rest)))
         highs = np.append(highs, start + whole * width + int(np.argmax(rest)))
     return lows.astype(np.int64), highs.astype(np.int64)
 
 
-def column_envelope(values: npt.ArrayLike, start: int = 0, end: int | None = None, width: int = 1
-                    ) -> tuple[IntArray, IntArray]:
+def column_envelope(
+    values: npt.ArrayLike, start: int = 0, end: int | None = None, width: int = 1
+) -> tuple[IntArray, IntArray]:
     """``column_envelope_reference`` on the native core when it is built (same rows, one pass;
     the core takes int64 columns, which the curves are: any other dtype runs on Python)."""
     column = np.asarray(values)

@@ -42,8 +42,9 @@ def _curves(page: DashPage) -> dict[str, int]:
     return {t["name"]: t["n"] for t in graph_data(page, "timeline") or [] if t["name"] in ("allocated", "reserved")}
 
 
-def test_the_bar_shows_the_childs_stage_then_the_timeline_is_drawn(page: DashPage, monkeypatch: pytest.MonkeyPatch
-                                                                   ) -> None:
+def test_the_bar_shows_the_childs_stage_then_the_timeline_is_drawn(
+    page: DashPage, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The analysis is held at "building timeline" until the page has shown it: the bar, with
     the terminal's stage, and no timeline yet; then the bar goes and the timeline is drawn."""
     release = threading.Event()
@@ -72,7 +73,8 @@ def test_the_bar_shows_the_childs_stage_then_the_timeline_is_drawn(page: DashPag
 
 
 def test_serve_is_on_the_page_before_its_file_is_analysed_and_draws_a_bounded_envelope(
-        page: DashPage, tmp_path: Path) -> None:
+    page: DashPage, tmp_path: Path
+) -> None:
     """A real ``memlens serve`` of a 1M-entry file: its URL answers while the file is analysed
     (the page shows the bar), then the timeline comes with at most 2 x 2,000 points per curve."""
     from memlens.synthetic import synthetic_snapshot, write_pickle
@@ -84,8 +86,13 @@ def test_serve_is_on_the_page_before_its_file_is_analysed_and_draws_a_bounded_en
     # An empty cache folder: a cold first open (the same bytes were cached by an earlier run).
     env = dict(os.environ, TMPDIR=str(tmp_path), MEMLENS_PURE_PYTHON="1", MEMLENS_CACHE_DIR=str(tmp_path / "cache"))
     started = time.monotonic()
-    server = subprocess.Popen([sys.executable, "-m", "memlens", "serve", "--port", "0", "--no-samples", str(path)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "memlens", "serve", "--port", "0", "--no-samples", str(path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert server.stdout is not None
         line = server.stdout.readline()

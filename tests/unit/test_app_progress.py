@@ -40,8 +40,9 @@ def test_the_childs_record_is_read_back_and_a_torn_one_is_ignored(tmp_path: Path
     ProgressWriter(str(tmp_path / "gone" / "progress"))("reading", 0.5)  # never raises
 
 
-def test_the_library_reports_the_childs_stage_while_it_runs_then_done(monkeypatch: pytest.MonkeyPatch,
-                                                                      tmp_path: Path) -> None:
+def test_the_library_reports_the_childs_stage_while_it_runs_then_done(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     release = threading.Event()
     reported = threading.Event()
 
@@ -111,8 +112,9 @@ def test_the_child_writes_the_terminals_stages_and_leaves_room_for_the_analysis(
         patch.setattr(ProgressWriter, "__call__", recording)
         from memlens.ops.triage import TriageOptions
 
-        analysis = analyse_reporting(str(SAMPLE_SNAPSHOTS_DIR / "leak.pickle"), TriageOptions(cache=False), None,
-                                     str(progress_path))
+        analysis = analyse_reporting(
+            str(SAMPLE_SNAPSHOTS_DIR / "leak.pickle"), TriageOptions(cache=False), None, str(progress_path)
+        )
     assert analysis.report.devices
     stages = [p.stage for p in seen]
     assert stages[0] == "reading" and stages[-1] == "analysing" and "done" not in stages
@@ -147,8 +149,9 @@ def test_a_real_analysis_child_is_followed_stage_by_stage(tmp_path: Path) -> Non
         library.close()
 
 
-def test_an_upload_is_followed_by_its_ticket_once_its_bytes_are_in(monkeypatch: pytest.MonkeyPatch,
-                                                                   tmp_path: Path) -> None:
+def test_an_upload_is_followed_by_its_ticket_once_its_bytes_are_in(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """GET /upload/progress?ticket=T answers the stages of the upload sent with T, to the session
     that sent it only, and 404 once it is over."""
     from memlens_app.main import create_app
@@ -176,14 +179,14 @@ def test_an_upload_is_followed_by_its_ticket_once_its_bytes_are_in(monkeypatch: 
         follower.set_cookie(COOKIE, cookie.value)
         stranger = app.server.test_client()
         answers: list[Any] = []
-        upload = threading.Thread(target=lambda: answers.append(
-            sender.post("/upload?name=run.pickle&ticket=abcdef123456", data=b"x" * 100)))
+        upload = threading.Thread(
+            target=lambda: answers.append(sender.post("/upload?name=run.pickle&ticket=abcdef123456", data=b"x" * 100))
+        )
         upload.start()
         assert reported.wait(30)
         followed = follower.get("/upload/progress?ticket=abcdef123456")
         assert followed.status_code == 200, followed.get_data(as_text=True)
-        assert followed.get_json() == {"stage": "building timeline", "fraction": 0.7, "error": None,
-                                       "finished": False}
+        assert followed.get_json() == {"stage": "building timeline", "fraction": 0.7, "error": None, "finished": False}
         assert stranger.get("/upload/progress?ticket=abcdef123456").status_code == 404  # not its upload
         release.set()
         upload.join(30)

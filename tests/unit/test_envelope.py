@@ -25,7 +25,8 @@ from tests.conftest import SAMPLE_SNAPSHOTS_DIR
 needs_native = pytest.mark.skipif(native_kernels() is None, reason="the native kernels are not built")
 
 curves = st.lists(st.integers(min_value=-(2**62), max_value=2**62), min_size=1, max_size=400).map(
-    lambda xs: np.asarray(xs, dtype=np.int64))
+    lambda xs: np.asarray(xs, dtype=np.int64)
+)
 
 
 def _columns(start: int, end: int, width: int) -> list[tuple[int, int]]:
@@ -34,8 +35,7 @@ def _columns(start: int, end: int, width: int) -> list[tuple[int, int]]:
 
 @settings(max_examples=300, deadline=None)
 @given(curves, st.data())
-def test_every_column_keeps_its_true_minimum_and_maximum(values: npt.NDArray[np.int64], data: st.DataObject
-                                                         ) -> None:
+def test_every_column_keeps_its_true_minimum_and_maximum(values: npt.NDArray[np.int64], data: st.DataObject) -> None:
     n = values.shape[0]
     start = data.draw(st.integers(0, n))
     end = data.draw(st.integers(start, n))
@@ -83,8 +83,9 @@ def test_rows_out_of_range_are_a_usage_error() -> None:
 def _device(events: int) -> DeviceReport:
     """The leak sample's device, as a report of ``events`` rows with nothing else to draw."""
     device = analyse(str(SAMPLE_SNAPSHOTS_DIR / "leak.pickle"), TriageOptions(cache=False)).report.devices[0]
-    return dataclasses.replace(device, events=events, steps=[], findings=[], peak_allocated_event=None,
-                               capacity_bytes=None)
+    return dataclasses.replace(
+        device, events=events, steps=[], findings=[], peak_allocated_event=None, capacity_bytes=None
+    )
 
 
 def test_a_figure_of_a_million_points_draws_a_bounded_envelope_that_keeps_the_peak() -> None:
@@ -93,8 +94,7 @@ def test_a_figure_of_a_million_points_draws_a_bounded_envelope_that_keeps_the_pe
     allocated = np.cumsum(rng.integers(-4096, 4097, rows)).astype(np.int64) + 10**9
     allocated[654_321] += 5 * 10**8  # a one-row spike: the peak
     reserved = np.maximum.accumulate(allocated) + 2**21
-    timeline = Timeline(events=rows, event=list(range(rows)), allocated=allocated.tolist(),
-                        reserved=reserved.tolist())
+    timeline = Timeline(events=rows, event=list(range(rows)), allocated=allocated.tolist(), reserved=reserved.tolist())
     fig = timeline_figure(_device(rows), timeline)
     drawn = fig.layout.meta["points_per_trace"]
     assert len(drawn) == 2 and all(count <= MAX_POINTS_PER_CURVE for count in drawn), drawn
