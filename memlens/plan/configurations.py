@@ -1,7 +1,8 @@
 """The configurations a plan predicts, and what passes between the plan and each child.
 
-A configuration is a set of levers and the values substituted for the command's ``{NAME}``
-placeholders. The baseline (no lever) always comes first.
+A configuration is a set of levers, the values substituted for the command's ``{NAME}``
+placeholders and, where ``--world-size`` gives several, the world size it runs at. The baseline
+(no lever) always comes first.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from memlens.errors import MemlensUsageError
 from memlens.plan.levers import Lever
 from memlens.plan.results import PlanRank
 from memlens.sidecar import ModelInfo, OptimizerInfo
+from memlens.units import shown
 
 # A configuration's folder name is its slug after "NN-": well inside the 255 bytes NAME_MAX
 # allows a file name on Linux's and macOS's file systems, the index's digits included.
@@ -24,13 +26,19 @@ MAX_SLUG_CHARS = 120
 
 
 class Configuration(msgspec.Struct, frozen=True):
+    """``world_size``: the ranks this configuration runs at, where ``--world-size`` gives several
+    (each a configuration of its own, named in its label and folder); None: the plan's one world
+    size, which the label leaves out (a plan at one world size is labelled as it always was)."""
+
     levers: tuple[Lever, ...] = ()
     values: dict[str, str] = {}
+    world_size: int | None = None
 
     def label(self) -> str:
         levers = "+".join(lever.text() for lever in self.levers) or "baseline"
         values = " ".join(f"{name}={value}" for name, value in self.values.items())
-        return f"{levers} {values}".strip()
+        world = f"world-size={self.world_size}" if self.world_size is not None else ""
+        return " ".join(part for part in (levers, values, world) if part)
 
     def slug(self) -> str:
         """The label as a folder name: ASCII, and short enough for any file system (a long
@@ -80,6 +88,8 @@ class ChildResult(msgspec.Struct):
     ranks: list[PlanRank] = []
     rank_rule: str | None = None
     ranks_same: bool | None = None
+    # The rounded size of the allocation the run ran out of memory at (predict's), None otherwise.
+    oom_requested_bytes: int | None = None
 
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -101,8 +111,35 @@ def check_placeholders(command: list[str], names: list[str]) -> None:
         raise MemlensUsageError(f"the command says {{{unknown[0]}}} but no --vary or --max gives {unknown[0]}")
 
 
-def expand(lever_sets: list[tuple[Lever, ...]], vary: list[tuple[str, tuple[str, ...]]]) -> list[Configuration]:
-    """The baseline and each ``--try``, at every combination of the ``--vary`` values."""
+# The most ranks --world-size takes: a configuration runs at least one process per world size,
+# and torchrun's largest jobs are tens of thousands of ranks (a bound, not a limit of the fake
+# process group).
+MAX_WORLD_SIZE = 1 << 17
+
+
+def parse_world_sizes(given: int | str) -> tuple[int, ...]:
+    """``--world-size``: one whole number (``8``), or several joined by commas (``1,2,4``), each a
+    world size the plan runs every configuration at; ascending, each once."""
+    text = str(given).strip()
+    sizes = []
+    for word in text.split(","):
+        word = word.strip()
+        if not word.isdigit() or not 1 <= int(word) <= MAX_WORLD_SIZE:
+            raise MemlensUsageError(
+                f"--world-size {shown(text)}: give a whole number of ranks from 1 to {MAX_WORLD_SIZE}, "
+                "or several joined by commas (1,2,4)"
+            )
+        sizes.append(int(word))
+    return tuple(sorted(set(sizes)))
+
+
+def expand(
+    lever_sets: list[tuple[Lever, ...]],
+    vary: list[tuple[str, tuple[str, ...]]],
+    world_sizes: tuple[int, ...] = (),
+) -> list[Configuration]:
+    """The baseline and each ``--try``, at every combination of the ``--vary`` values, and at
+    each of ``world_sizes`` where there are several (one: the plan's, left out of the labels)."""
     sets = [(), *[levers for levers in lever_sets if levers]]
     unique: list[tuple[Lever, ...]] = []
     for levers in sets:
@@ -110,8 +147,10 @@ def expand(lever_sets: list[tuple[Lever, ...]], vary: list[tuple[str, tuple[str,
             unique.append(levers)
     names = [name for name, _ in vary]
     combos = list(itertools.product(*[values for _, values in vary])) if vary else [()]
+    worlds: list[int | None] = list(world_sizes) if len(world_sizes) > 1 else [None]
     return [
-        Configuration(levers=levers, values=dict(zip(names, combo, strict=True)))
+        Configuration(levers=levers, values=dict(zip(names, combo, strict=True)), world_size=world)
         for levers in unique
         for combo in combos
+        for world in worlds
     ]
