@@ -148,6 +148,7 @@ def run_job(job: ChildJob) -> ChildResult:
         capacity_bytes=result.capacity_bytes,
         fits=fits,
         oom=result.oom,
+        oom_requested_bytes=result.oom_requested_bytes if result.oom else None,
         problem=problem,
         snapshot=str(predicted.resolve()),
         notes=notes,
