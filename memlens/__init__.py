@@ -158,7 +158,7 @@ def plan(
     gpu: str | None = None,
     capacity: int | str | None = None,
     reserve_outside: int | str = 0,
-    world_size: int = 1,
+    world_size: int | str = 1,
     tries: Sequence[str] = (),
     vary: Sequence[str] = (),
     maximum: str | None = None,

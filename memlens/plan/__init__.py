@@ -25,7 +25,7 @@ def plan(
     gpu: str | None = None,
     capacity: int | str | None = None,
     reserve_outside: int | str = 0,
-    world_size: int = 1,
+    world_size: int | str = 1,
     tries: Sequence[str] = (),
     vary: Sequence[str] = (),
     maximum: str | None = None,
@@ -36,7 +36,8 @@ def plan(
 ) -> PlanResult:
     """Predict ``command`` (``["python", "train.py", "--batch", "{B}"]``) once per configuration:
     the baseline, each of ``tries`` (``"ckpt"``, ``"lora=8+optim=adamw8bit"``), at each ``vary``
-    value (``"B=1,2,4"``); ``maximum`` (``"B=1..256"``) bisects the largest value that fits.
+    value (``"B=1,2,4"``); ``maximum`` (``"B=1..256"``) bisects the largest value that fits;
+    ``world_size`` is a number of ranks or several joined by commas (``"1,2,4"``).
     Returns a ``memlens.plan.results.PlanResult`` (the configurations, the recommended one's
     index and its change); every configuration's snapshot is written under ``out`` (a new folder).
     The keywords are ``memlens.plan.options.PlanOptions``' fields (``maximum`` is ``max``)."""
