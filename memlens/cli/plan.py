@@ -11,6 +11,10 @@ buckets are counted, its find_unused_parameters and static_graph are not support
 pipeline's ranks up to its last stage, the last rank where shards are uneven; a table per rank
 where they differ. The CUDA context and NCCL's buffers are estimated and taken off each rank's
 memory unless --reserve-outside is given. fsdp shards each block and the root.
+--world-size 1,2,4 (numbers joined by commas) runs every configuration at each world size (its
+label and folder say world-size=N) and recommends, for each lever set, the smallest world size
+that fits, and overall the one with the fewest GPUs; where none fits, the one that came closest
+and by how much.
 --vary B=1,2,4 substitutes {B} in the command; --max B=1..256 finds the largest value that fits
 (bisection: the answer fits, the next value does not). Every configuration's snapshot is
 written under --out (open it with memlens triage).
@@ -20,6 +24,7 @@ Exit status: 0 a configuration fits (the recommendation is printed); 1 none fits
 
   memlens plan --gpu h100-80gb --try ckpt --try lora=16 --try optim=adamw8bit -- python train.py
   memlens plan --capacity 24GiB --max B=1..256 --try ckpt -- python train.py --batch-size {B}
+  memlens plan --gpu h100-80gb --world-size 1,2,4,8 -- python train_fsdp2.py
 """
 
 from __future__ import annotations
@@ -51,9 +56,26 @@ def _option(field: dataclasses.Field[Any], annotation: Any) -> Decorator:
         settings["multiple"] = True
     elif annotation in (int, int | None):
         settings["type"] = COUNT
+    elif annotation == int | str and field.name == "world_size":
+        settings["type"] = WORLD_SIZES
     else:  # text, and sizes given as text ("24GiB"), which the plan parses
         settings["type"] = click.STRING
     return click.option(field.metadata["flag"], field.name, **settings)
+
+
+class WorldSizes(click.ParamType):
+    """``--world-size``: one number is a count (``COUNT``: as it always was, ``8`` is 8); several
+    joined by commas (``1,2,4``) pass on as the text the plan reads (``PlanOptions.world_size``)."""
+
+    name = "N[,N...]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        if isinstance(value, str) and "," in value:
+            return value
+        return int(COUNT.convert(value, param, ctx))
+
+
+WORLD_SIZES = WorldSizes()
 
 
 def plan_options(command: Callable[..., Any]) -> Callable[..., Any]:

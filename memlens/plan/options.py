@@ -27,16 +27,19 @@ def option(default: Any, flag: str, help: str, metavar: str | None = None) -> An
 class PlanOptions:
     """What to plan. ``command``: the script's command line (``python train.py ARGS``), with
     ``{NAME}`` placeholders for ``vary``/``max``; ``tries``: ``--try`` specs; ``vary``:
-    ``NAME=V1,V2``; ``max``: ``NAME=LO..HI``; ``capacity``: bytes or "24GiB" (else the GPU's)."""
+    ``NAME=V1,V2``; ``max``: ``NAME=LO..HI``; ``capacity``: bytes or "24GiB" (else the GPU's);
+    ``world_size``: a number of ranks, or several joined by commas (``"1,2,4"``)."""
 
     command: Sequence[str]
     gpu: str | None = option(None, "--gpu", GPU_NAMES_HELP)
     capacity: int | str | None = option(None, "--capacity", "Device memory, e.g. 24GiB (overrides the GPU's).")
     reserve_outside: int | str = option(0, "--reserve-outside",
                                         "Memory outside PyTorch's allocator (CUDA context, NCCL).")
-    world_size: int = option(
+    world_size: int | str = option(
         1, "--world-size",
-        "Predict the ranks of N under a simulated (fake) process group: FSDP2, TP, DDP, pipelines, fsdp.",
+        "Predict the ranks of N under a simulated (fake) process group: FSDP2, TP, DDP, pipelines, fsdp. "
+        "Several, joined by commas (1,2,4): every configuration at each, and the smallest that fits recommended.",
+        metavar="N[,N...]",
     )  # fmt: skip
     tries: Sequence[str] = option((), "--try", "A configuration: levers joined by '+'.", metavar="SPEC")
     vary: Sequence[str] = option((), "--vary", "Substitute each value for {NAME} in the command.",

@@ -11,14 +11,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from memlens.errors import MemlensUsageError
-from memlens.plan.configurations import ChildResult, Configuration, check_placeholders, expand
+from memlens.plan.configurations import ChildResult, Configuration, check_placeholders, expand, parse_world_sizes
 from memlens.plan.levers import parse_max, parse_spec, parse_vary
 from memlens.plan.options import DEFAULT_OUT, PlanOptions
 from memlens.plan.processes import stop_on_signals
 from memlens.plan.recommend import change_for
 from memlens.plan.results import PlanConfig, PlanProgress, PlanResult
 from memlens.plan.runner import ConfigurationRunner, absolute_out, device_of, fresh_out, outside_allocator
-from memlens.plan.scoring import max_of_baseline, recommended_index, scored
+from memlens.plan.scoring import max_of_baseline, recommended_index, scored, world_size_fits
 from memlens.plan.search import largest_fitting
 
 
@@ -37,18 +37,30 @@ def plan(options: PlanOptions, on_progress: PlanProgress | None = None) -> PlanR
     if not command:
         raise MemlensUsageError("nothing to run: give the command after --, e.g. -- python train.py")
     check_placeholders(command, names)
-    if options.world_size < 1:
-        raise MemlensUsageError(f"--world-size {options.world_size}: must be 1 or more")
+    from memlens.predict.launcher import read_launcher
+
+    world_sizes = parse_world_sizes(options.world_size)
+    if len(world_sizes) > 1 and read_launcher(command).launcher is not None:
+        raise MemlensUsageError(
+            f"--world-size {options.world_size}: several world sizes plan a plain command (python train.py), "
+            "not a launcher's, which starts its own number of ranks"
+        )
+    # From here the options name one world size, the largest: a configuration names its own.
+    options = dataclasses.replace(options, world_size=world_sizes[-1])
     options = launched_options(options)  # ``command`` stays the launch the user typed, for the recommendation
     gpu_name, capacity = device_of(options)
     outside = outside_allocator(options)  # what device_of took off: the result says it, and whence
+    capacity_at = {world: device_of(dataclasses.replace(options, world_size=world))[1] for world in world_sizes}
     out = fresh_out(absolute_out(options.out), numbered=options.out == DEFAULT_OUT)
-    configurations = expand(lever_sets, vary)
-    runner = ConfigurationRunner(options, out, capacity, on_progress, len(configurations) if searched is None else None)
+    configurations = expand(lever_sets, vary, world_sizes)
+    total = len(configurations) if searched is None else None
+    runner = ConfigurationRunner(options, out, capacity, on_progress, total, capacity_at=capacity_at)
     with stop_on_signals():  # SIGTERM, Ctrl-C: every configuration's process ends with the plan
         results = runner.run_all(configurations) if searched is None else _search_all(runner, configurations, searched)
-    configs = scored(results)
+    configs = scored(results, int(options.world_size), capacity_at)
     recommended = recommended_index(results, configs)
+    several = len(world_sizes) > 1
+    fits, closest, short = world_size_fits(configs) if several else ([], None, None)
     found_max: dict[str, int | None] = {}
     if searched is not None:
         found_max[searched[0]] = max_of_baseline(results, searched[0])
@@ -63,11 +75,15 @@ def plan(options: PlanOptions, on_progress: PlanProgress | None = None) -> PlanR
         change=change,
         gpu=gpu_name,
         capacity_bytes=capacity,
-        world_size=options.world_size,
+        world_size=int(options.world_size),
         out=str(out.resolve()),
         seconds=round(time.perf_counter() - started, 3),
         outside_bytes=outside[0],
         outside_source=outside[1],
+        world_sizes=list(world_sizes) if several else [],
+        world_size_fits=fits,
+        closest=closest,
+        closest_short_bytes=short,
     )
 
 
@@ -90,10 +106,12 @@ def launched_options(options: PlanOptions) -> PlanOptions:
 def predict_configurations(options: PlanOptions, configurations: list[Configuration]) -> list[PlanConfig]:
     """Each configuration predicted (in parallel, as ``plan`` does), scored against the baseline
     at the same values when one is among them; into ``options.out`` (a new folder)."""
-    options = launched_options(options)
+    options = launched_options(dataclasses.replace(options, world_size=parse_world_sizes(options.world_size)[-1]))
     _, capacity = device_of(options)
-    runner = ConfigurationRunner(options, fresh_out(absolute_out(options.out)), capacity)
-    return scored(runner.run_all(configurations))
+    worlds = {configuration.world_size for configuration in configurations if configuration.world_size is not None}
+    capacity_at = {world: device_of(dataclasses.replace(options, world_size=world))[1] for world in worlds}
+    runner = ConfigurationRunner(options, fresh_out(absolute_out(options.out)), capacity, capacity_at=capacity_at)
+    return scored(runner.run_all(configurations), int(options.world_size), capacity_at)
 
 
 def _search_all(
@@ -107,7 +125,11 @@ def _search_all(
         probes: dict[int, tuple[Configuration, ChildResult]] = {}
 
         def fits(value: int) -> bool:
-            probe = Configuration(levers=configuration.levers, values={**configuration.values, name: str(value)})
+            probe = Configuration(
+                levers=configuration.levers,
+                values={**configuration.values, name: str(value)},
+                world_size=configuration.world_size,
+            )
             probes[value] = (probe, runner.run(probe))
             return probes[value][1].fits
 

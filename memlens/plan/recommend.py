@@ -24,13 +24,30 @@ def change_for(configuration: Configuration, child: ChildResult, command: list[s
         text = _lever_change(lever, configuration.levers, notes)
         if text:
             parts.append(text)
-    launch = shlex.join(substitute(command, configuration.values))
+    launched = substitute(command, configuration.values)
+    if configuration.world_size is not None:  # one of several world sizes: the one to launch at
+        launched = on_ranks(launched, configuration.world_size)
+    launch = shlex.join(launched)
     conf = alloc_conf(configuration.levers, "")
     if conf:
         launch = f"PYTORCH_CUDA_ALLOC_CONF={conf} {launch}"
-    if not parts and not conf and not configuration.values:
+    if not parts and not conf and not configuration.values and configuration.world_size is None:
         return "no change: the script fits as it is"
     return "\n".join([*parts, f"run: {launch}"])
+
+
+def on_ranks(command: list[str], world_size: int) -> list[str]:
+    """``command`` launched on ``world_size`` GPUs by torchrun: ``python train.py ARGS`` as
+    ``torchrun --nproc-per-node N train.py ARGS`` (``-m pkg`` kept: torchrun takes it), any other
+    program with ``--no-python``. At world size 1, the command as it is."""
+    from pathlib import PurePath
+
+    if world_size == 1 or not command:
+        return list(command)
+    head = ["torchrun", "--nproc-per-node", str(world_size)]
+    if PurePath(command[0]).name.startswith("python"):
+        return [*head, *command[1:]]
+    return [*head, "--no-python", *command]
 
 
 def _optimizer_name(notes: dict[str, Any]) -> str:

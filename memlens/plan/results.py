@@ -64,6 +64,30 @@ class PlanConfig(msgspec.Struct):
     ranks: list[PlanRank] = []
     rank_rule: str | None = None
     ranks_same: bool | None = None
+    # The ranks it ran at (``--world-size``'s, or one of several), what PyTorch's allocator could
+    # use on each rank's GPU there, and the rounded size of the allocation it ran out of memory
+    # at (None: it did not).
+    world_size: int = 1
+    capacity_bytes: int = 0
+    oom_requested_bytes: int | None = None
+
+
+class WorldSizeFit(msgspec.Struct):
+    """One layout (a lever set at its ``--vary`` values) planned at several ``--world-size``
+    values. ``world_size``: the smallest at which every rank run fits, None where none did;
+    ``config``: that configuration's index in ``PlanResult.configs``, with its per-rank
+    ``peak_reserved_bytes`` and ``headroom_bytes`` (its capacity less that peak). Where none
+    fits: ``closest``, the configuration that came closest, and ``short_bytes``, by how much it
+    did not fit (its peak allocated plus the allocation it ran out at, less its capacity)."""
+
+    levers: list[str]
+    values: dict[str, int | str]
+    world_size: int | None
+    config: int | None
+    peak_reserved_bytes: int | None = None
+    headroom_bytes: int | None = None
+    closest: int | None = None
+    short_bytes: int | None = None
 
 
 class PlanResult(msgspec.Struct):
@@ -82,6 +106,15 @@ class PlanResult(msgspec.Struct):
     seconds: float
     outside_bytes: int = 0
     outside_source: str | None = None
+    # --world-size with several values (``world_size`` is then the largest, and ``capacity_bytes``
+    # and ``outside_bytes`` are its; each configuration says its own): the world sizes, each
+    # layout's smallest that fits (``WorldSizeFit``), and where none fits at all, the
+    # configuration that came closest and by how much. ``recommended`` is the cheapest overall:
+    # the fewest GPUs, then the levers' cost as at one world size.
+    world_sizes: list[int] = []
+    world_size_fits: list[WorldSizeFit] = []
+    closest: int | None = None
+    closest_short_bytes: int | None = None
 
 
 # Told of each configuration as it starts and ends: (started, finished, total or None while a
@@ -89,18 +122,21 @@ class PlanResult(msgspec.Struct):
 PlanProgress = Callable[[int, int, int | None, str], None]
 
 
-def max_per_lever_set(result: PlanResult, name: str) -> list[tuple[list[str], int | None]]:
-    """For each lever set of a ``--max`` plan, the largest value that fits (None: not even LO)."""
-    found: dict[tuple[str, ...], int | None] = {}
+def max_per_lever_set(result: PlanResult, name: str) -> list[tuple[list[str], int | None, int | None]]:
+    """For each lever set of a ``--max`` plan, the largest value that fits (None: not even LO),
+    as (levers, world size, value); the world size is None unless ``--world-size`` gave several,
+    where each lever set is searched at each."""
+    found: dict[tuple[tuple[str, ...], int | None], int | None] = {}
+    several = len(result.world_sizes) > 1
     for config in result.configs:
-        key = tuple(config.levers)
+        key = (tuple(config.levers), config.world_size if several else None)
         value = config.values.get(name)
         best = found.get(key)
         if config.fits and isinstance(value, int):
             found[key] = value if best is None else max(best, value)
         else:
             found.setdefault(key, None)
-    return [(list(key), value) for key, value in found.items()]
+    return [(list(levers), world, value) for (levers, world), value in found.items()]
 
 
 __all__ = [
@@ -111,5 +147,6 @@ __all__ = [
     "PlanProgress",
     "PlanRank",
     "PlanResult",
+    "WorldSizeFit",
     "max_per_lever_set",
 ]

@@ -67,7 +67,7 @@ def outside_allocator(options: PlanOptions) -> tuple[int, str | None]:
     if options.capacity is not None:
         spec = with_capacity(spec, capacity_bytes(options.capacity, "--capacity"))
     given = checked_reserve(spec, parse_bytes(options.reserve_outside))
-    if given or options.world_size <= 1:
+    if given or int(options.world_size) <= 1:
         return given, ("--reserve-outside" if given else None)
     buffer = _environment_count("NCCL_BUFFSIZE", NCCL_BUFFSIZE_DEFAULT)
     channels = min(NCCL_CHANNELS_ESTIMATE, _environment_count("NCCL_MAX_NCHANNELS", NCCL_CHANNELS_ESTIMATE))
@@ -137,8 +137,12 @@ class ConfigurationRunner:
     """Runs configurations in child processes, at most ``jobs`` at once; one folder each."""
 
     def __init__(self, options: PlanOptions, out: Path, capacity: int, on_progress: PlanProgress | None = None,
-                 total: int | None = None) -> None:
+                 total: int | None = None, capacity_at: dict[int, int] | None = None) -> None:
+        """``capacity``: what PyTorch may use on each rank's GPU; ``capacity_at``: the same at each
+        world size a configuration names (several ``--world-size`` values: the estimate outside
+        the allocator is taken off only above 1)."""
         self.options = options
+        self.capacity_at = capacity_at or {}
         self.on_progress = on_progress
         self.total = total
         self._finished = 0
@@ -176,19 +180,24 @@ class ConfigurationRunner:
     def _run(self, configuration: Configuration, index: int) -> ChildResult:
         folder = self.out / f"{index:02d}-{configuration.slug()}"
         folder.mkdir()
+        world_size = configuration.world_size if configuration.world_size is not None else self.world_size()
         job = ChildJob(
             command=substitute(list(self.options.command), configuration.values),
             levers=list(configuration.levers),
             out_dir=str(folder),
             gpu=self.options.gpu,
-            capacity=self.capacity,
-            world_size=self.options.world_size,
+            capacity=self.capacity_at.get(world_size, self.capacity),
+            world_size=world_size,
             stacks=self.options.stacks,
         )
         conf = alloc_conf(configuration.levers, os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
-        if self.options.world_size == 1:
+        if world_size == 1:
             return self._run_child(job, folder, conf)
         return self._run_ranks(job, folder, conf)
+
+    def world_size(self) -> int:
+        """The plan's one world size (a configuration that names none runs at it)."""
+        return int(self.options.world_size)
 
     def _run_ranks(self, job: ChildJob, folder: Path, conf: str) -> ChildResult:
         """The ranks of one configuration that can differ, each in ``rank<N>/`` (the recorder's

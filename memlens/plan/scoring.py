@@ -7,24 +7,34 @@ from typing import Any
 
 from memlens.plan.configurations import ChildResult, Configuration
 from memlens.plan.levers import Lever, cost_key, is_whole_text
-from memlens.plan.results import PlanConfig
+from memlens.plan.results import PlanConfig, WorldSizeFit
 
 
 def _values(configuration: Configuration) -> dict[str, int | str]:
     return {name: int(value) if is_whole_text(value) else value for name, value in configuration.values.items()}
 
 
-def scored(results: list[tuple[Configuration, ChildResult]]) -> list[PlanConfig]:
+def _same_point(configuration: Configuration) -> tuple[Any, ...]:
+    """What a configuration's compute is compared at: its values and its world size."""
+    return (tuple(sorted(configuration.values.items())), configuration.world_size)
+
+
+def scored(
+    results: list[tuple[Configuration, ChildResult]], world_size: int = 1, capacity_at: dict[int, int] | None = None
+) -> list[PlanConfig]:
+    """Each result as a ``PlanConfig``: ``world_size`` is the plan's where a configuration names
+    none, ``capacity_at`` what PyTorch may use per rank at each world size (else the child's)."""
     # Compute is compared between runs that completed: one stopped by an out-of-memory error
     # counted only the operations before it.
     baseline_flops = {
-        tuple(sorted(configuration.values.items())): child.flops
+        _same_point(configuration): child.flops
         for configuration, child in results
         if not configuration.levers and child.flops and child.problem is None
     }
     configs = []
     for configuration, child in results:
-        base = baseline_flops.get(tuple(sorted(configuration.values.items())))
+        world = configuration.world_size if configuration.world_size is not None else world_size
+        base = baseline_flops.get(_same_point(configuration))
         change = None
         if base and child.flops is not None and child.problem is None:
             change = round(child.flops / base - 1, 4)
@@ -48,6 +58,9 @@ def scored(results: list[tuple[Configuration, ChildResult]]) -> list[PlanConfig]
                 ranks=child.ranks,
                 rank_rule=child.rank_rule,
                 ranks_same=child.ranks_same,
+                world_size=world,
+                capacity_bytes=(capacity_at or {}).get(world, child.capacity_bytes),
+                oom_requested_bytes=child.oom_requested_bytes,
             )
         )
     return configs
@@ -85,12 +98,15 @@ def _work_per_step(configuration: Configuration) -> int:
 
 
 def recommended_index(results: list[tuple[Configuration, ChildResult]], configs: list[PlanConfig]) -> int | None:
-    """The configuration a user would take: among those that fit within a factor of
-    ``WORTH_ITS_COST_FACTOR`` of the most work per step, the lowest lever cost
-    (``levers.cost_key``), then the largest placeholder values, then the lower peak."""
+    """The configuration a user would take: at the fewest GPUs that any fits at (several
+    ``--world-size`` values), among those that fit within a factor of ``WORTH_ITS_COST_FACTOR``
+    of the most work per step, the lowest lever cost (``levers.cost_key``), then the largest
+    placeholder values, then the lower peak."""
     candidates = [index for index, config in enumerate(configs) if config.fits]
     if not candidates:
         return None
+    fewest = min(configs[index].world_size for index in candidates)
+    candidates = [index for index in candidates if configs[index].world_size == fewest]
     most = max(_work_per_step(results[index][0]) for index in candidates)
     worth = [index for index in candidates if _work_per_step(results[index][0]) * WORTH_ITS_COST_FACTOR > most]
 
@@ -103,8 +119,59 @@ def recommended_index(results: list[tuple[Configuration, ChildResult]], configs:
 
 
 def max_of_baseline(results: list[tuple[Configuration, ChildResult]], name: str) -> int | None:
-    fitting = [int(c.values[name]) for c, child in results if not c.levers and child.fits]
+    """The largest value of ``name`` the baseline fits at (at several world sizes, the smallest
+    world size's: what the table's one ``--max`` figure would be without them)."""
+    worlds = [c.world_size for c, _ in results if c.world_size is not None]
+    fewest = min(worlds) if worlds else None
+    fitting = [int(c.values[name]) for c, child in results
+               if not c.levers and child.fits and c.world_size == fewest]  # fmt: skip
     return max(fitting) if fitting else None
 
 
-__all__ = ["WORTH_ITS_COST_FACTOR", "max_of_baseline", "recommended_index", "scored"]
+def short_bytes(config: PlanConfig) -> int | None:
+    """By how much a configuration that ran out of memory did not fit: its peak allocated plus
+    the allocation it ran out at, less what PyTorch could use per rank (0 where that sum is
+    within the capacity: the cache's fragmentation, not the total, stopped it). The run stopped
+    there, so what it would have needed after is not counted: a figure to compare layouts by,
+    not a promise that this much more memory fits. None for one that fits or failed otherwise (a
+    script error says nothing of its size)."""
+    if config.fits or not config.oom or not config.capacity_bytes:
+        return None
+    requested = config.oom_requested_bytes or 0
+    return max(config.peak_allocated_bytes + requested - config.capacity_bytes, 0)
+
+
+def world_size_fits(configs: list[PlanConfig]) -> tuple[list[WorldSizeFit], int | None, int | None]:
+    """At several world sizes: each layout (lever set and values, in the table's order) with the
+    smallest world size at which it fits, its peak reserved per rank and headroom; where it fits
+    at none, the configuration that came closest (the least short of its capacity) and by how
+    much. And over every layout, where nothing fits: the closest configuration and its shortfall."""
+    layouts: dict[tuple[Any, ...], list[int]] = {}
+    for index, config in enumerate(configs):
+        layouts.setdefault((tuple(config.levers), tuple(config.values.items())), []).append(index)
+    fits: list[WorldSizeFit] = []
+    overall: tuple[int, int] | None = None  # (shortfall, index)
+    for indices in layouts.values():
+        first = configs[indices[0]]
+        fitting = [index for index in indices if configs[index].fits]
+        if fitting:
+            best = min(fitting, key=lambda index: (configs[index].world_size, index))
+            config = configs[best]
+            fits.append(WorldSizeFit(levers=list(first.levers), values=dict(first.values),
+                                     world_size=config.world_size, config=best,
+                                     peak_reserved_bytes=config.peak_reserved_bytes,
+                                     headroom_bytes=config.capacity_bytes - config.peak_reserved_bytes))  # fmt: skip
+            continue
+        shorts = [(short, index) for index in indices if (short := short_bytes(configs[index])) is not None]
+        closest = min(shorts, key=lambda pair: (pair[0], configs[pair[1]].world_size)) if shorts else None
+        if closest is not None and (overall is None or closest[0] < overall[0]):
+            overall = closest
+        fits.append(WorldSizeFit(levers=list(first.levers), values=dict(first.values), world_size=None,
+                                 config=None, closest=closest[1] if closest else None,
+                                 short_bytes=closest[0] if closest else None))  # fmt: skip
+    if any(config.fits for config in configs) or overall is None:
+        return fits, None, None
+    return fits, overall[1], overall[0]
+
+
+__all__ = ["WORTH_ITS_COST_FACTOR", "max_of_baseline", "recommended_index", "scored", "short_bytes", "world_size_fits"]

@@ -44,10 +44,11 @@ def _fits_cell(config: PlanConfig) -> str:
     return "OOM" if config.oom else "no"
 
 
-def _why_the_lowest_does_not_fit(result: PlanResult, name: str, levers: list[str]) -> str:
+def _why_the_lowest_does_not_fit(result: PlanResult, name: str, levers: list[str], world: int | None) -> str:
     """``not even the lowest value fits: B=1 OUT OF MEMORY at ...``: the lowest value tried with
-    these levers, and what stopped it."""
-    tried = [c for c in result.configs if list(c.levers) == list(levers) and isinstance(c.values.get(name), int)]
+    these levers (at ``world`` ranks, where several world sizes were planned), and what stopped it."""
+    tried = [c for c in result.configs if list(c.levers) == list(levers) and isinstance(c.values.get(name), int)
+             and (world is None or c.world_size == world)]  # fmt: skip
     if not tried:
         return "not even the lowest value fits"
     lowest = min(tried, key=lambda config: int(config.values[name]))
@@ -61,14 +62,16 @@ def _margin_line(result: PlanResult) -> str:
     context and NCCL's buffers."""
     assert result.recommended is not None
     config = result.configs[result.recommended]
-    spare = result.capacity_bytes - config.peak_reserved_bytes
+    capacity_bytes = _capacity(result, config)
+    spare = capacity_bytes - config.peak_reserved_bytes
     last = [name for name in result.max
             if any(levers == config.levers and value is not None and config.values.get(name) == value
-                   for levers, value in max_per_lever_set(result, name))]
+                   and world in (None, config.world_size)
+                   for levers, world, value in max_per_lever_set(result, name))]
     what = f"the largest {' and '.join(last)} that fits" if last else "it fits"
-    capacity = format_bytes(result.capacity_bytes)
+    capacity = format_bytes(capacity_bytes)
     spare_line = f"  {what}, with {format_bytes(spare)} to spare of {capacity} (peak reserved)"
-    if result.outside_bytes:
+    if result.outside_bytes and capacity_bytes == result.capacity_bytes:
         return f"{spare_line}, after {format_bytes(result.outside_bytes)} outside PyTorch's allocator (above)"
     return (
         f"{spare_line}; not counted: the CUDA context and NCCL's buffers, outside PyTorch's allocator "
@@ -76,10 +79,24 @@ def _margin_line(result: PlanResult) -> str:
     )
 
 
-def _label(config: PlanConfig) -> str:
+def _several(result: PlanResult) -> bool:
+    """The plan ran at several world sizes (each configuration's label says its own)."""
+    return len(result.world_sizes) > 1
+
+
+def _capacity(result: PlanResult, config: PlanConfig) -> int:
+    """What PyTorch could use per rank where ``config`` ran (its world size's), else the plan's."""
+    return config.capacity_bytes or result.capacity_bytes
+
+
+def _label(config: PlanConfig, world: bool = False) -> str:
+    """The configuration as its row names it: the levers, the values, and where the plan ran at
+    several world sizes (``world``), its own."""
     label = "+".join(config.levers) or "baseline"
     if config.values:
         label += " " + " ".join(f"{name}={value}" for name, value in config.values.items())
+    if world:
+        label += f" world-size={config.world_size}"
     return label
 
 
@@ -89,6 +106,16 @@ def _outside_line(result: PlanResult) -> str | None:
         return None
     source = result.outside_source or "--reserve-outside"
     return f"  outside PyTorch's allocator, per rank: {format_bytes(result.outside_bytes)} taken off ({source})"
+
+
+def _world_sizes_header(result: PlanResult) -> str:
+    """``, world sizes 1, 2, 4`` and, where a world size's capacity differs (1: nothing outside
+    the allocator estimated), what PyTorch could use there."""
+    sizes = ", ".join(str(world) for world in result.world_sizes)
+    other = sorted({(config.world_size, config.capacity_bytes) for config in result.configs
+                    if config.capacity_bytes and config.capacity_bytes != result.capacity_bytes})  # fmt: skip
+    at = "".join(f"; {format_bytes(capacity)} at world size {world}" for world, capacity in other)
+    return f", world sizes {sizes}{at}"
 
 
 def _rank_name(rank: PlanRank) -> str:
@@ -113,10 +140,13 @@ def _rank_lines(result: PlanResult) -> list[str]:
     row per rank or pipeline stage, with its snapshot's peaks and whether it fits), else one line
     saying which ranks stand for which."""
     world = result.world_size
-    every = f"ranks 0-{world - 1}" if world > 2 else "ranks 0 and 1"
+    several = _several(result)
+    every = ("at each world size, its ranks" if several else f"ranks 0-{world - 1}" if world > 2
+             else "ranks 0 and 1")  # fmt: skip
     lines: list[str] = []
     alike = [index for index, config in enumerate(result.configs) if config.rank_rule == RANKS_ALIKE]
-    if alike and len(alike) == len(result.configs):
+    ranked = [config for config in result.configs if config.rank_rule is not None or config.world_size > 1]
+    if alike and len(alike) == len(ranked):
         lines.append(f"{every}: rank 0 stands for all (no pipeline stage, no uneven shard); only rank 0 was run")
     elif alike:
         lines.append(f"{every}: rank 0 stands for all in #{', #'.join(str(i) for i in alike)} "
@@ -128,9 +158,9 @@ def _rank_lines(result: PlanResult) -> list[str]:
         why = "one rank per pipeline stage" if per_stage else "uneven shards: rank 0 and the last"
         names = " and ".join(str(rank.rank) for rank in config.ranks)
         if config.ranks_same:
-            lines.append(f"#{index} {_label(config)}: ranks {names} ({why}) came out the same")
+            lines.append(f"#{index} {_label(config, several)}: ranks {names} ({why}) came out the same")
             continue
-        lines.append(f"#{index} {_label(config)}: the ranks differ ({why}); fits only if every rank fits")
+        lines.append(f"#{index} {_label(config, several)}: the ranks differ ({why}); fits only if every rank fits")
         header = ("rank", "peak allocated", "peak reserved", "fits", "held at the end (params / grads / optimizer)")
         rows = [(_rank_name(rank), format_bytes(rank.peak_allocated_bytes), format_bytes(rank.peak_reserved_bytes),
                  _rank_fits(rank), _held(rank)) for rank in config.ranks]  # fmt: skip
@@ -141,13 +171,50 @@ def _rank_lines(result: PlanResult) -> list[str]:
     return lines
 
 
+def _world_size_lines(result: PlanResult) -> list[str]:
+    """At several world sizes: each layout's smallest world size that fits, with its per-rank
+    peak and headroom, or the configuration that came closest and by how much."""
+    if not _several(result):
+        return []
+    sizes = ", ".join(str(world) for world in result.world_sizes)
+    lines = [f"smallest world size that fits, of {sizes}:"]
+    for fit in result.world_size_fits:
+        layout = _label(PlanConfig(levers=fit.levers, values=fit.values, peak_allocated_bytes=0,
+                                   peak_reserved_bytes=0, fits=False, snapshot=None))  # fmt: skip
+        if fit.world_size is not None and fit.config is not None:
+            lines.append(f"  {layout}: {fit.world_size} (#{fit.config}: {format_bytes(fit.peak_reserved_bytes or 0)} "
+                         f"peak reserved per rank, {format_bytes(fit.headroom_bytes or 0)} headroom)")  # fmt: skip
+        elif fit.closest is not None:
+            closest = result.configs[fit.closest]
+            lines.append(f"  {layout}: none; closest at world size {closest.world_size} (#{fit.closest}), "
+                         f"{format_bytes(fit.short_bytes or 0)} short per rank")  # fmt: skip
+        else:
+            lines.append(f"  {layout}: none (no run ran out of memory to measure how close: see the problems above)")
+    return lines
+
+
+def _nothing_fits_line(result: PlanResult) -> str:
+    if not _several(result):
+        return "no configuration fits: try more levers (--try), a smaller --vary value, or a larger GPU"
+    sizes = ", ".join(str(world) for world in result.world_sizes)
+    line = f"no configuration fits at world size {sizes}"
+    if result.closest is not None:
+        closest = result.configs[result.closest]
+        capacity = format_bytes(_capacity(result, closest))
+        line += (f": the closest is #{result.closest} {_label(closest, True)}, "
+                 f"{format_bytes(result.closest_short_bytes or 0)} short per rank "
+                 f"(its peak allocated plus the allocation it ran out at, over {capacity})")  # fmt: skip
+    return line + "; try more GPUs (--world-size), more levers (--try), a smaller --vary value, or a larger GPU"
+
+
 def render(result: PlanResult) -> str:
     """The plan as ``memlens plan`` prints it: a row per configuration, each problem, the largest
     values that fit, and the recommended change."""
     header = ("#", "configuration", "peak allocated", "peak reserved", "fits", "cost", "trainable")
     rows = []
+    several = _several(result)
     for index, config in enumerate(result.configs):
-        label = _label(config)
+        label = _label(config, several)
         fits = _fits_cell(config)
         trainable = f"{config.trainable_parameters:,}" if config.trainable_parameters is not None else "-"
         mark = "*" if index == result.recommended else ""
@@ -156,7 +223,7 @@ def render(result: PlanResult) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = [
         f"memlens plan on a simulated {result.gpu} ({format_bytes(result.capacity_bytes)} for PyTorch per rank"
-        + (f", {result.world_size} ranks" if result.world_size > 1 else "")
+        + (_world_sizes_header(result) if several else f", {result.world_size} ranks" if result.world_size > 1 else "")
         + ")",
         "  ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)).rstrip(),
     ]
@@ -171,15 +238,19 @@ def render(result: PlanResult) -> str:
     if outside is not None:
         lines.append(outside)
     lines += _rank_lines(result)
+    lines += _world_size_lines(result)
     for name in result.max:
-        for levers, value in max_per_lever_set(result, name):
-            where = "+".join(levers) or "baseline"
-            said = f"{value}" if value is not None else f"none ({_why_the_lowest_does_not_fit(result, name, levers)})"
+        for levers, world, value in max_per_lever_set(result, name):
+            where = ("+".join(levers) or "baseline") + (f" world-size={world}" if world is not None else "")
+            said = (f"{value}" if value is not None
+                    else f"none ({_why_the_lowest_does_not_fit(result, name, levers, world)})")  # fmt: skip
             lines.append(f"largest {name} that fits, {where}: {said}")
     if result.recommended is None:
-        lines.append("no configuration fits: try more levers (--try), a smaller --vary value, or a larger GPU")
+        lines.append(_nothing_fits_line(result))
     else:
-        lines.append(f"recommended: #{result.recommended}, the cheapest configuration that fits:")
+        fewest = (f" (world size {result.configs[result.recommended].world_size}, the fewest GPUs that fit)"
+                  if several else "")  # fmt: skip
+        lines.append(f"recommended: #{result.recommended}, the cheapest configuration that fits{fewest}:")
         lines += [f"  {line}" for line in (result.change or "").splitlines()]
         lines.append(_margin_line(result))
     lines.append(f"snapshots under {result.out} (memlens triage FILE); {result.seconds:.1f} s")
