@@ -18,7 +18,7 @@ from memlens.plan.processes import stop_on_signals
 from memlens.plan.recommend import change_for
 from memlens.plan.results import PlanConfig, PlanProgress, PlanResult
 from memlens.plan.runner import ConfigurationRunner, absolute_out, device_of, fresh_out, outside_allocator
-from memlens.plan.scoring import max_of_baseline, recommended_index, scored, world_size_fits
+from memlens.plan.scoring import max_of_baseline, recommended_index, scored, to_run_uncapped, world_size_fits
 from memlens.plan.search import largest_fitting
 
 
@@ -60,6 +60,8 @@ def plan(options: PlanOptions, on_progress: PlanProgress | None = None) -> PlanR
     configs = scored(results, int(options.world_size), capacity_at)
     recommended = recommended_index(results, configs)
     several = len(world_sizes) > 1
+    if several:
+        _measure_uncapped(runner, results, configs)
     fits, closest, short = world_size_fits(configs) if several else ([], None, None)
     found_max: dict[str, int | None] = {}
     if searched is not None:
@@ -85,6 +87,23 @@ def plan(options: PlanOptions, on_progress: PlanProgress | None = None) -> PlanR
         closest=closest,
         closest_short_bytes=short,
     )
+
+
+def _measure_uncapped(
+    runner: ConfigurationRunner, results: list[tuple[Configuration, ChildResult]], configs: list[PlanConfig]
+) -> None:
+    """Where a layout fits at none of the world sizes, each of its configurations that ran out of
+    memory is run again with no memory limit: its peak there is what it needs (``needed_bytes``),
+    which says how close it came."""
+    indices = to_run_uncapped(configs)
+    if not indices:
+        return
+    with ThreadPoolExecutor(max_workers=len(indices)) as pool, runner.processes.stopped_on_the_way_out():
+        uncapped = list(pool.map(runner.run_uncapped, [results[index][0] for index in indices]))
+    for index, child in zip(indices, uncapped, strict=True):
+        if child.problem is None:
+            configs[index].needed_bytes = child.peak_reserved_bytes
+            configs[index].needed_snapshot = child.snapshot
 
 
 def launched_options(options: PlanOptions) -> PlanOptions:

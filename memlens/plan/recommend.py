@@ -39,10 +39,11 @@ def change_for(configuration: Configuration, child: ChildResult, command: list[s
 def on_ranks(command: list[str], world_size: int) -> list[str]:
     """``command`` launched on ``world_size`` GPUs by torchrun: ``python train.py ARGS`` as
     ``torchrun --nproc-per-node N train.py ARGS`` (``-m pkg`` kept: torchrun takes it), any other
-    program with ``--no-python``. At world size 1, the command as it is."""
+    program with ``--no-python``; at world size 1 too, where the script's process group and mesh
+    need torchrun's environment as at any other."""
     from pathlib import PurePath
 
-    if world_size == 1 or not command:
+    if not command:
         return list(command)
     head = ["torchrun", "--nproc-per-node", str(world_size)]
     if PurePath(command[0]).name.startswith("python"):

@@ -70,6 +70,11 @@ class PlanConfig(msgspec.Struct):
     world_size: int = 1
     capacity_bytes: int = 0
     oom_requested_bytes: int | None = None
+    # Where it ran out of memory and its layout fit at none of several world sizes: the peak
+    # reserved per rank it reached when run again with no memory limit (its worst rank's; the
+    # snapshot ``needed_snapshot``), None where not run again or that run did not complete.
+    needed_bytes: int | None = None
+    needed_snapshot: str | None = None
 
 
 class WorldSizeFit(msgspec.Struct):
@@ -78,7 +83,8 @@ class WorldSizeFit(msgspec.Struct):
     ``config``: that configuration's index in ``PlanResult.configs``, with its per-rank
     ``peak_reserved_bytes`` and ``headroom_bytes`` (its capacity less that peak). Where none
     fits: ``closest``, the configuration that came closest, and ``short_bytes``, by how much it
-    did not fit (its peak allocated plus the allocation it ran out at, less its capacity)."""
+    did not fit: the peak reserved per rank it reached run again with no memory limit
+    (``PlanConfig.needed_bytes``), less its capacity."""
 
     levers: list[str]
     values: dict[str, int | str]

@@ -133,6 +133,11 @@ def next_free_folder(out: Path) -> Path:
 
 
 # ---------------------------------------------------------------------- running children
+# The device memory a configuration is run again with to see what it would need where it ran out
+# (several --world-size values, none fitting): 1 PiB, more than any GPU, which the emulation
+# never allocates (its tensors are fake).
+UNCAPPED_BYTES = 1 << 50
+
 class ConfigurationRunner:
     """Runs configurations in child processes, at most ``jobs`` at once; one folder each."""
 
@@ -159,6 +164,14 @@ class ConfigurationRunner:
         with ThreadPoolExecutor(max_workers=self.jobs) as pool, self.processes.stopped_on_the_way_out():
             return list(zip(configurations, pool.map(self.run, configurations), strict=True))
 
+    def run_uncapped(self, configuration: Configuration) -> ChildResult:
+        """``configuration`` again with no memory limit (``UNCAPPED_BYTES``), into its own
+        ``NN-LABEL-uncapped`` folder: where it ran out of memory, what it would have needed."""
+        with self._lock:
+            index = self._count
+            self._count += 1
+        return self._run(configuration, index, capacity=UNCAPPED_BYTES, suffix="-uncapped")
+
     def run(self, configuration: Configuration) -> ChildResult:
         if self.processes.stopping:  # the plan was stopped: the configurations still queued are not run
             return ChildResult(problem="not run: the plan was stopped")
@@ -177,8 +190,9 @@ class ConfigurationRunner:
         if self.on_progress is not None:
             self.on_progress(self._count, self._finished, self.total, configuration.label())
 
-    def _run(self, configuration: Configuration, index: int) -> ChildResult:
-        folder = self.out / f"{index:02d}-{configuration.slug()}"
+    def _run(self, configuration: Configuration, index: int, capacity: int | None = None,
+             suffix: str = "") -> ChildResult:  # fmt: skip
+        folder = self.out / f"{index:02d}-{configuration.slug()}{suffix}"
         folder.mkdir()
         world_size = configuration.world_size if configuration.world_size is not None else self.world_size()
         job = ChildJob(
@@ -186,9 +200,10 @@ class ConfigurationRunner:
             levers=list(configuration.levers),
             out_dir=str(folder),
             gpu=self.options.gpu,
-            capacity=self.capacity_at.get(world_size, self.capacity),
+            capacity=capacity if capacity is not None else self.capacity_at.get(world_size, self.capacity),
             world_size=world_size,
             stacks=self.options.stacks,
+            distributed=configuration.world_size is not None,
         )
         conf = alloc_conf(configuration.levers, os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
         if world_size == 1:

@@ -129,16 +129,23 @@ def max_of_baseline(results: list[tuple[Configuration, ChildResult]], name: str)
 
 
 def short_bytes(config: PlanConfig) -> int | None:
-    """By how much a configuration that ran out of memory did not fit: its peak allocated plus
-    the allocation it ran out at, less what PyTorch could use per rank (0 where that sum is
-    within the capacity: the cache's fragmentation, not the total, stopped it). The run stopped
-    there, so what it would have needed after is not counted: a figure to compare layouts by,
-    not a promise that this much more memory fits. None for one that fits or failed otherwise (a
+    """By how much a configuration that ran out of memory did not fit: the peak reserved per rank
+    it reached run again with no memory limit (``needed_bytes``) less what PyTorch could use per
+    rank there (0 where that peak is within it: at the capacity, the cache's fragmentation, not
+    the total, stopped it). None for one that fits, was not run again, or failed otherwise (a
     script error says nothing of its size)."""
-    if config.fits or not config.oom or not config.capacity_bytes:
+    if config.fits or not config.oom or config.needed_bytes is None or not config.capacity_bytes:
         return None
-    requested = config.oom_requested_bytes or 0
-    return max(config.peak_allocated_bytes + requested - config.capacity_bytes, 0)
+    return max(config.needed_bytes - config.capacity_bytes, 0)
+
+
+def to_run_uncapped(configs: list[PlanConfig]) -> list[int]:
+    """At several world sizes, the configurations to run again with no memory limit, to say how
+    close each came: those that ran out of memory in a layout (a lever set at its values) that
+    fits at none of them (where one fits, the smallest that fits is the answer)."""
+    fitting = {(tuple(config.levers), tuple(config.values.items())) for config in configs if config.fits}
+    return [index for index, config in enumerate(configs)
+            if config.oom and (tuple(config.levers), tuple(config.values.items())) not in fitting]  # fmt: skip
 
 
 def world_size_fits(configs: list[PlanConfig]) -> tuple[list[WorldSizeFit], int | None, int | None]:
@@ -174,4 +181,12 @@ def world_size_fits(configs: list[PlanConfig]) -> tuple[list[WorldSizeFit], int 
     return fits, overall[1], overall[0]
 
 
-__all__ = ["WORTH_ITS_COST_FACTOR", "max_of_baseline", "recommended_index", "scored", "short_bytes", "world_size_fits"]
+__all__ = [
+    "WORTH_ITS_COST_FACTOR",
+    "max_of_baseline",
+    "recommended_index",
+    "scored",
+    "short_bytes",
+    "to_run_uncapped",
+    "world_size_fits",
+]

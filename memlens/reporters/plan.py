@@ -187,9 +187,11 @@ def _world_size_lines(result: PlanResult) -> list[str]:
         elif fit.closest is not None:
             closest = result.configs[fit.closest]
             lines.append(f"  {layout}: none; closest at world size {closest.world_size} (#{fit.closest}), "
-                         f"{format_bytes(fit.short_bytes or 0)} short per rank")  # fmt: skip
+                         f"{format_bytes(fit.short_bytes or 0)} short per rank (it needs "
+                         f"{format_bytes(closest.needed_bytes or 0)} run again with no memory limit)")  # fmt: skip
         else:
-            lines.append(f"  {layout}: none (no run ran out of memory to measure how close: see the problems above)")
+            lines.append(f"  {layout}: none (no run that ran out of memory completed with no memory limit, "
+                         "to measure how close: see the problems above)")  # fmt: skip
     return lines
 
 
@@ -203,7 +205,8 @@ def _nothing_fits_line(result: PlanResult) -> str:
         capacity = format_bytes(_capacity(result, closest))
         line += (f": the closest is #{result.closest} {_label(closest, True)}, "
                  f"{format_bytes(result.closest_short_bytes or 0)} short per rank "
-                 f"(its peak allocated plus the allocation it ran out at, over {capacity})")  # fmt: skip
+                 f"(it needs {format_bytes(closest.needed_bytes or 0)}, run again with no memory limit, "
+                 f"of {capacity}; its snapshot {closest.needed_snapshot})")  # fmt: skip
     return line + "; try more GPUs (--world-size), more levers (--try), a smaller --vary value, or a larger GPU"
 
 

@@ -12,7 +12,7 @@ from memlens.plan.configurations import ChildResult, Configuration, expand, pars
 from memlens.plan.levers import parse_spec
 from memlens.plan.recommend import change_for
 from memlens.plan.results import PlanResult
-from memlens.plan.scoring import recommended_index, scored, world_size_fits
+from memlens.plan.scoring import recommended_index, scored, to_run_uncapped, world_size_fits
 from memlens.reporters.plan import plan_json, render
 
 MIB = 1 << 20
@@ -46,14 +46,18 @@ def test_each_configuration_runs_at_each_world_size_named_in_its_label_and_folde
     assert [c.world_size for c in expand([ckpt], [], (8,))] == [None, None]
 
 
-def _child(peak: int, fits: bool, requested: int | None = None) -> ChildResult:
+def _child(peak: int, fits: bool) -> ChildResult:
     return ChildResult(peak_allocated_bytes=peak, peak_reserved_bytes=peak, capacity_bytes=CAPACITY, fits=fits,
-                       oom=not fits, problem=None if fits else "OUT OF MEMORY at train.py:9",
-                       oom_requested_bytes=requested, flops=1000)  # fmt: skip
+                       oom=not fits, problem=None if fits else "OUT OF MEMORY at train.py:9", flops=1000)  # fmt: skip
 
 
-def _plan(results: list[tuple[Configuration, ChildResult]]) -> PlanResult:
+def _plan(results: list[tuple[Configuration, ChildResult]], needed: dict[int, int] | None = None) -> PlanResult:
+    """The plan's answer from these results; ``needed``: the peak each configuration (by index)
+    reached run again with no memory limit, as the planner runs those ``to_run_uncapped`` names."""
     configs = scored(results, 4, {1: CAPACITY, 2: CAPACITY, 4: CAPACITY})
+    assert sorted(needed or {}) == to_run_uncapped(configs)
+    for index, peak in (needed or {}).items():
+        configs[index].needed_bytes, configs[index].needed_snapshot = peak, f"/tmp/plan/{index}-uncapped"
     recommended = recommended_index(results, configs)
     fits, closest, short = world_size_fits(configs)
     change = change_for(*results[recommended], COMMAND) if recommended is not None else None
@@ -65,14 +69,14 @@ def _plan(results: list[tuple[Configuration, ChildResult]]) -> PlanResult:
 def test_the_smallest_world_size_that_fits_per_layout_and_the_fewest_gpus_overall() -> None:
     ckpt = parse_spec("ckpt")
     results = [
-        (Configuration(world_size=1), _child(99 * MIB, False, 30 * MIB)),  # 99 + 30 - 100 = 29 MiB short
+        (Configuration(world_size=1), _child(99 * MIB, False)),
         (Configuration(world_size=2), _child(70 * MIB, True)),
         (Configuration(world_size=4), _child(40 * MIB, True)),
-        (Configuration(levers=ckpt, world_size=1), _child(99 * MIB, False, 5 * MIB)),
+        (Configuration(levers=ckpt, world_size=1), _child(99 * MIB, False)),
         (Configuration(levers=ckpt, world_size=2), _child(50 * MIB, True)),
         (Configuration(levers=ckpt, world_size=4), _child(30 * MIB, True)),
     ]
-    result = _plan(results)
+    result = _plan(results)  # every layout fits somewhere: nothing is run again
     baseline, checkpointed = result.world_size_fits
     assert (baseline.levers, baseline.world_size, baseline.config) == ([], 2, 1)
     assert (baseline.peak_reserved_bytes, baseline.headroom_bytes) == (70 * MIB, 30 * MIB)
@@ -96,19 +100,23 @@ def test_the_smallest_world_size_that_fits_per_layout_and_the_fewest_gpus_overal
 def test_where_none_fits_the_closest_is_named_with_how_far_it_is_short() -> None:
     ckpt = parse_spec("ckpt")
     results = [
-        (Configuration(world_size=1), _child(99 * MIB, False, 60 * MIB)),  # 59 MiB short
-        (Configuration(world_size=2), _child(95 * MIB, False, 20 * MIB)),  # 15 MiB short
-        (Configuration(levers=ckpt, world_size=1), _child(99 * MIB, False, 40 * MIB)),  # 39 MiB short
-        (Configuration(levers=ckpt, world_size=2), _child(90 * MIB, False, 18 * MIB)),  # 8 MiB short
+        (Configuration(world_size=1), _child(99 * MIB, False)),
+        (Configuration(world_size=2), _child(95 * MIB, False)),
+        (Configuration(levers=ckpt, world_size=1), _child(99 * MIB, False)),
+        (Configuration(levers=ckpt, world_size=2), _child(90 * MIB, False)),
     ]
-    result = _plan(results)
+    # What each needs with no limit: 159, 115, 139 and 108 MiB of the 100 MiB.
+    result = _plan(results, {0: 159 * MIB, 1: 115 * MIB, 2: 139 * MIB, 3: 108 * MIB})
     assert result.recommended is None
     baseline, checkpointed = result.world_size_fits
     assert (baseline.world_size, baseline.closest, baseline.short_bytes) == (None, 1, 15 * MIB)
     assert (checkpointed.world_size, checkpointed.closest, checkpointed.short_bytes) == (None, 3, 8 * MIB)
     assert (result.closest, result.closest_short_bytes) == (3, 8 * MIB)
     lines = render(result).splitlines()
-    assert "  baseline: none; closest at world size 2 (#1), 15.00 MiB short per rank" in lines
+    assert (
+        "  baseline: none; closest at world size 2 (#1), 15.00 MiB short per rank (it needs 115.00 MiB run "
+        "again with no memory limit)"
+    ) in lines
     assert lines[-2].startswith("no configuration fits at world size 1, 2, 4: the closest is #3 ckpt world-size=2, "
                                 "8.00 MiB short per rank")  # fmt: skip
 
@@ -118,4 +126,7 @@ def test_a_script_error_is_no_measure_of_how_close() -> None:
     result = _plan([(Configuration(world_size=1), broken), (Configuration(world_size=2), broken)])
     assert result.recommended is None and result.closest is None
     assert result.world_size_fits[0].closest is None
-    assert any(line.startswith("  baseline: none (no run ran out of memory") for line in render(result).splitlines())
+    assert any(
+        line.startswith("  baseline: none (no run that ran out of memory completed")
+        for line in render(result).splitlines()
+    )
