@@ -68,7 +68,9 @@ def run_job(job: ChildJob) -> ChildResult:
     hooks.world_size = job.world_size
     undo_distributed = (
         install_fake_distributed(job.world_size, job.rank)
-        if job.world_size > 1 or any(lever.text() in ("fsdp", "offload=params") for lever in job.levers)
+        if job.distributed
+        or job.world_size > 1
+        or any(lever.text() in ("fsdp", "offload=params") for lever in job.levers)
         else None
     )
     link = None
