@@ -64,14 +64,15 @@ def _option(field: dataclasses.Field[Any], annotation: Any) -> Decorator:
 
 
 class WorldSizes(click.ParamType):
-    """``--world-size``: one number is a count (``COUNT``: as it always was, ``8`` is 8); several
-    joined by commas (``1,2,4``) pass on as the text the plan reads (``PlanOptions.world_size``)."""
+    """``--world-size``: one number is a count (``COUNT``: as it always was, ``8`` is 8); anything
+    else (several joined by commas, ``1,2,4``) passes on as the text the plan reads and checks
+    (``PlanOptions.world_size``)."""
 
     name = "N[,N...]"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
-        if isinstance(value, str) and "," in value:
-            return value
+        if isinstance(value, str) and not value.strip().isdigit():
+            return value  # several, or a mistake that the plan's own message explains
         return int(COUNT.convert(value, param, ctx))
 
 
