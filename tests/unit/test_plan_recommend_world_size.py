@@ -4,6 +4,7 @@ cost), or where none fits the closest and by how much; on hand-built results, wi
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from memlens.cli.plan import plan as plan_command
@@ -11,7 +12,7 @@ from memlens.errors import MemlensUsageError
 from memlens.plan.configurations import ChildResult, Configuration, expand, parse_world_sizes
 from memlens.plan.levers import parse_spec
 from memlens.plan.recommend import change_for
-from memlens.plan.results import PlanResult
+from memlens.plan.results import PlanResult, max_per_lever_set
 from memlens.plan.scoring import recommended_index, scored, to_run_uncapped, world_size_fits
 from memlens.reporters.plan import plan_json, render
 
@@ -130,3 +131,19 @@ def test_a_script_error_is_no_measure_of_how_close() -> None:
         line.startswith("  baseline: none (no run that ran out of memory completed")
         for line in render(result).splitlines()
     )
+
+
+def test_max_is_searched_per_lever_set_at_each_world_size() -> None:
+    results = [
+        (Configuration(values={"B": "1"}, world_size=1), _child(60 * MIB, True)),
+        (Configuration(values={"B": "2"}, world_size=1), _child(99 * MIB, False)),
+        (Configuration(values={"B": "1"}, world_size=2), _child(40 * MIB, True)),
+        (Configuration(values={"B": "2"}, world_size=2), _child(70 * MIB, True)),
+    ]
+    result = _plan(results)
+    assert max_per_lever_set(result, "B") == [([], 1, 1), ([], 2, 2)]
+    lines = render(msgspec.structs.replace(result, max={"B": 1})).splitlines()
+    assert "largest B that fits, baseline world-size=1: 1" in lines
+    assert "largest B that fits, baseline world-size=2: 2" in lines
+    # The fewest GPUs first: B=1 at world size 1, though B=2 at 2 does twice the work.
+    assert result.recommended == 0
