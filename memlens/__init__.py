@@ -165,6 +165,7 @@ def plan(
     out: str = "memlens_plan",
     jobs: int | None = None,
     stacks: bool = False,
+    placeholder_values: bool = False,
     timeout_s: float = 900.0,
 ) -> PlanResult:
     """What fits, and the cheapest change that makes it fit: see ``memlens.plan.plan``.
@@ -174,7 +175,8 @@ def plan(
 
     return _plan(
         command, gpu=gpu, capacity=capacity, reserve_outside=reserve_outside, world_size=world_size,
-        tries=tries, vary=vary, maximum=maximum, out=out, jobs=jobs, stacks=stacks, timeout_s=timeout_s,
+        tries=tries, vary=vary, maximum=maximum, out=out, jobs=jobs, stacks=stacks,
+        placeholder_values=placeholder_values, timeout_s=timeout_s,
     )  # fmt: skip
 
 

@@ -32,6 +32,7 @@ def plan(
     out: str = "memlens_plan",
     jobs: int | None = None,
     stacks: bool = False,
+    placeholder_values: bool = False,
     timeout_s: float = 900.0,
 ) -> PlanResult:
     """Predict ``command`` (``["python", "train.py", "--batch", "{B}"]``) once per configuration:
@@ -46,7 +47,8 @@ def plan(
 
     options = PlanOptions(
         command=list(command), gpu=gpu, capacity=capacity, reserve_outside=reserve_outside, world_size=world_size,
-        tries=list(tries), vary=list(vary), max=maximum, out=out, jobs=jobs, stacks=stacks, timeout_s=timeout_s,
+        tries=list(tries), vary=list(vary), max=maximum, out=out, jobs=jobs, stacks=stacks,
+        placeholder_values=placeholder_values, timeout_s=timeout_s,
     )  # fmt: skip
     return _plan(options)
 

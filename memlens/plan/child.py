@@ -54,6 +54,59 @@ class FlopCount:
         self.mode = Mode()
 
 
+class TrainingState:
+    """The model and optimizer a training loop held at its last step, kept alive until the rank's
+    figures are read (``held_bytes``) and its snapshot written.
+
+    Tutorials train inside ``def main()``: once it returns, the optimizer (and, under DDP or TP,
+    the model) is freed, and a rank read at the script's end held nothing, where its GPU held
+    12 bytes per owned parameter throughout training. So, while the script runs, the optimizers
+    that step (a global step post-hook) are kept, and so are the outermost modules called since
+    the step before (global forward hooks): what the last step trained. A model the script
+    dropped for another before its last step is not kept. Nothing kept is freed later than the
+    script's end, so no peak changes; the end of the run reads as the end of its last step."""
+
+    def __init__(self) -> None:
+        self.optimizers: dict[int, Any] = {}
+        self.models: dict[int, Any] = {}  # the outermost modules called in the last step
+        self._called: dict[int, Any] = {}  # ... and since it
+        self._depth = 0
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> TrainingState:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._handles = [register_module_forward_pre_hook(self._entered),
+                         register_module_forward_hook(self._left, always_call=True),
+                         register_optimizer_step_post_hook(self._stepped)]  # fmt: skip
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.models.update(self._called)  # what ran after the last step (an evaluation) too
+
+    def _entered(self, module: Any, _args: Any) -> None:
+        if self._depth == 0:
+            self._called[id(module)] = module
+        self._depth += 1
+
+    def _left(self, _module: Any, _args: Any, _output: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+
+    def _stepped(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        self.optimizers[id(optimizer)] = optimizer
+        if self._called:
+            self.models, self._called = self._called, {}
+
+    def release(self) -> None:
+        self.optimizers.clear()
+        self.models.clear()
+        self._called.clear()
+
+
 def run_job(job: ChildJob) -> ChildResult:
     from memlens.plan.apply import PLACEHOLDER_VALUES, LeverHooks
     from memlens.predict.command import run_command, split_command
@@ -82,7 +135,8 @@ def run_job(job: ChildJob) -> ChildResult:
         undo_pipeline = install_pipeline_support(link)
     hooks.install()
     counter = FlopCount()
-    session = PredictSession(gpu=job.gpu, capacity=job.capacity, reserve_outside=job.reserve_outside, stacks=job.stacks)
+    session = PredictSession(gpu=job.gpu, capacity=job.capacity, reserve_outside=job.reserve_outside, stacks=job.stacks,
+                             placeholder_values=job.placeholder_values)
     if undo_distributed is not None:
         from memlens.plan.ddp import collective_op_hook
 
@@ -101,12 +155,14 @@ def run_job(job: ChildJob) -> ChildResult:
     def body() -> Any:
         return run_command(kind, target, argv)
 
+    kept = TrainingState()
+
     try:
         # Entered before the session, the counter sits below predict's own mode. Above it, its
         # frame held each op's arguments while predict asked whether anything but the op holds a
         # backward operand (to add in place, as the GPU does): the plan's run then allocated where
         # predict's does not, and a configuration that fits in predict ran out of memory here.
-        with counter.mode:
+        with counter.mode, kept:
             result = run_in_session(session, body, capture_errors=True)
     finally:
         hooks.uninstall()
@@ -118,6 +174,7 @@ def run_job(job: ChildJob) -> ChildResult:
     write_prediction(predicted, session, result, job.world_size, job.rank)
     held = held_bytes()
     uneven = uneven_shards() if job.world_size > 1 else 0
+    kept.release()
     result.value = None
     read_back_peaks(predicted, result)
     problem = None
@@ -126,6 +183,8 @@ def run_job(job: ChildJob) -> ChildResult:
             problem = oom_line(result)
         else:
             problem = result.error or result.stop_reason or result.interrupted
+            if problem is not None and result.stopped_at and result.stopped_at not in problem:
+                problem = f"{problem} (at {result.stopped_at})"
             if problem is None and not result.used_cuda:
                 problem = "nothing was put on the GPU: the script made no CUDA tensor"
         if problem is not None:

@@ -64,6 +64,7 @@ class ChildJob(msgspec.Struct, frozen=True):
     # A pipeline's rank after the first: what the rank before sent it (memlens.plan.pipeline).
     pipeline_received: str | None = None
     stacks: bool = False
+    placeholder_values: bool = False  # --placeholder-values: .item() and the like return stand-ins
     # The script's torch.distributed on the fake process group even at world size 1: one of
     # several --world-size values, which a torchrun script (init_process_group, a mesh) runs at.
     distributed: bool = False

@@ -48,6 +48,11 @@ class PlanOptions:
     out: str = option(DEFAULT_OUT, "--out", "A new folder for every configuration's snapshot.")
     jobs: int | None = option(None, "--jobs", "Predictions at once (default: the CPUs).")
     stacks: bool = option(False, "--stacks", "Capture Python stacks in the snapshots (slower).")
+    placeholder_values: bool = option(
+        False, "--placeholder-values",
+        "Let .item(), bool(t), tolist() on GPU tensors return NaN/0/False instead of stopping the run "
+        "(a loss printed each step, GradScaler's inf check).",
+    )  # fmt: skip
     # Each configuration's prediction may take this long before its process is killed.
     timeout_s: float = 900.0
 

@@ -203,6 +203,7 @@ class ConfigurationRunner:
             capacity=capacity if capacity is not None else self.capacity_at.get(world_size, self.capacity),
             world_size=world_size,
             stacks=self.options.stacks,
+            placeholder_values=self.options.placeholder_values,
             distributed=configuration.world_size is not None,
         )
         conf = alloc_conf(configuration.levers, os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))

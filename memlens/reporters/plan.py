@@ -196,6 +196,10 @@ def _world_size_lines(result: PlanResult) -> list[str]:
 
 
 def _nothing_fits_line(result: PlanResult) -> str:
+    if not any(config.oom for config in result.configs):
+        # Nothing ran out of memory: every run stopped for another reason (each one's problem is
+        # above), so nothing was measured that a lever or a larger GPU would change.
+        return "no configuration ran to its end (each one's problem is above): nothing was measured to fit or not"
     if not _several(result):
         return "no configuration fits: try more levers (--try), a smaller --vary value, or a larger GPU"
     sizes = ", ".join(str(world) for world in result.world_sizes)
