@@ -96,9 +96,10 @@ def _plan(tmp_path: Path, layout: str, world_size: int, placeholder_values: bool
     return config
 
 
-def _held_at_the_end(snapshot_path: str) -> int:
+def _held_at_the_end(snapshot_path: str | None) -> int:
     """The bytes the rank's snapshot holds at its end as the tensors asked for them, less the
     cuBLAS workspaces (no tensor's)."""
+    assert snapshot_path is not None
     with open(snapshot_path, "rb") as handle:
         snapshot: dict[str, Any] = pickle.load(handle)  # a file this test's plan just wrote
     live = [block for segment in snapshot["segments"] for block in segment["blocks"]
