@@ -296,6 +296,7 @@ class PredictSession:
         patches.append(record_stream_patch())
         patches += fsdp1_patches()
         patches += _skipped_initialisers()
+        patches.append(_grad_scaler_step_patch())
         functional = torch.nn.functional
         patches.append(
             (functional, "scaled_dot_product_attention", fused_sdpa(self.gpu, functional.scaled_dot_product_attention))
@@ -563,6 +564,20 @@ _SCATTER_INTO_FRESH_OPS = frozenset(
         _aten.as_strided_scatter,
     }
 )
+
+
+def _grad_scaler_step_patch() -> tuple[Any, str, Any]:
+    """``GradScaler`` takes the optimizer's step only when its found-inf flags sum to zero, read
+    with ``.item()``: values the simulated GPU does not hold (a NaN placeholder would skip every
+    step, and the optimizer's state would never be allocated). The step is taken, as a run takes
+    it at every step without an overflow: the memory of a stepped iteration, which is what fits or
+    not (a real fp16 run may skip its first steps while the scale settles)."""
+    from torch.amp.grad_scaler import GradScaler
+
+    def _maybe_opt_step(self: Any, optimizer: Any, optimizer_state: Any, *args: Any, **kwargs: Any) -> Any:
+        return optimizer.step(*args, **kwargs)
+
+    return GradScaler, "_maybe_opt_step", _maybe_opt_step
 
 
 def _swap_fake_tensors(original: Callable[[torch.Tensor, torch.Tensor], None]) -> Callable[..., None]:

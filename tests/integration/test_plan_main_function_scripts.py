@@ -71,6 +71,17 @@ SCRIPT = textwrap.dedent(
         else:
             model = DDP(model, device_ids=[rank])
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        if layout == "ddp-amp":  # the AMP recipe: fp16 autocast, a GradScaler, no loss printed
+            scaler = torch.amp.GradScaler("cuda")
+            for step in range(2):
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = model(torch.randn(8, WIDTH, device="cuda")).float().sum()
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+            dist.destroy_process_group()
+            return
         for step in range(2):
             loss = model(torch.randn(8, WIDTH, device="cuda")).sum()
             loss.backward()
@@ -129,6 +140,16 @@ def test_a_rank_of_a_script_that_trains_in_main_holds_its_last_steps_state(tmp_p
     # DDP's reducer keeps its flat gradient buckets (4 bytes a parameter) for the next backward.
     assert _held_at_the_end(replicated.snapshot) == 16 * PARAMETERS
     assert replicated.trainable_parameters == PARAMETERS
+
+
+def test_a_grad_scaler_takes_its_steps(tmp_path: Path) -> None:
+    """GradScaler steps the optimizer only when its found-inf flags, read with .item(), sum to
+    zero: the simulated GPU holds no such values, and a NaN placeholder would have skipped every
+    step. The step is taken, so AdamW's moments are allocated (8 bytes a parameter), with no
+    --placeholder-values needed."""
+    config = _plan(tmp_path, "ddp-amp", 2, placeholder_values=False)
+    assert config.fits, config.problem
+    assert config.held_bytes == {"parameters": 4 * PARAMETERS, "gradients": 0, "optimizer_state": 8 * PARAMETERS}
 
 
 def test_an_item_without_placeholder_values_names_the_option_and_the_line(tmp_path: Path) -> None:
