@@ -312,6 +312,15 @@ def _worst_of(runs: list[tuple[int, ChildResult]], rule: str) -> ChildResult:
     result.rank_rule = rule
     figures = {(r.peak_allocated_bytes, r.peak_reserved_bytes, tuple(sorted(r.held_bytes.items()))) for r in ranks}
     result.ranks_same = len(figures) == 1
+    # A pipeline's stages each hold their own layers: the model's trainable parameters are every
+    # stage's (once each), not the worst rank's.
+    stages: dict[int, int | None] = {}
+    for _, child in runs:
+        stage = _stage_of(child)
+        if stage is not None:
+            stages.setdefault(stage[0], child.trainable_parameters)
+    if len(stages) > 1 and all(count is not None for count in stages.values()):
+        result.trainable_parameters = sum(count for count in stages.values() if count is not None)
     return result
 
 

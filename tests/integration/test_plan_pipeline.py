@@ -104,8 +104,9 @@ def test_pipeline_stages_each_get_a_snapshot_and_keep_what_their_schedule_keeps(
         # Each rank holds its own stage's weights and AdamW moments, not the model's.
         assert first.held_bytes == last.held_bytes == {
             "parameters": 4 * STAGE_PARAMETERS, "gradients": 0, "optimizer_state": 8 * STAGE_PARAMETERS}  # fmt: skip
-        # The configuration's figures are its worst rank's.
+        # The configuration's figures are its worst rank's; its trainable parameters every stage's.
         assert config.peak_reserved_bytes == max(r.peak_reserved_bytes for r in config.ranks)
+        assert config.trainable_parameters == 2 * STAGE_PARAMETERS
 
     def first_stage(name: str, m: int) -> int:
         return int(found[(name, m)].ranks[0].peak_allocated_bytes)
