@@ -101,6 +101,17 @@ class TrainingState:
         if self._called:
             self.models, self._called = self._called, {}
 
+    def stepped_parameters(self) -> int | None:
+        """The elements of the parameters the kept optimizers step that take gradients, each
+        tensor once; None where no optimizer stepped."""
+        seen: dict[int, int] = {}
+        for optimizer in self.optimizers.values():
+            for group in optimizer.param_groups:
+                for parameter in group["params"]:
+                    if getattr(parameter, "requires_grad", False):
+                        seen[id(parameter)] = int(parameter.numel())
+        return sum(seen.values()) if seen else None
+
     def release(self) -> None:
         self.optimizers.clear()
         self.models.clear()
@@ -174,6 +185,7 @@ def run_job(job: ChildJob) -> ChildResult:
     write_prediction(predicted, session, result, job.world_size, job.rank)
     held = held_bytes()
     uneven = uneven_shards() if job.world_size > 1 else 0
+    stepped = kept.stepped_parameters()
     kept.release()
     result.value = None
     read_back_peaks(predicted, result)
@@ -215,7 +227,9 @@ def run_job(job: ChildJob) -> ChildResult:
         notes=notes,
         held_bytes=held,
         flops=counter.total,
-        trainable_parameters=model.parameters_trainable if model is not None else None,
+        # No parameter on the GPU (FSDP2's CPU offload keeps them on the host): what the
+        # optimizers stepped, each parameter at its whole size (a DTensor's global numel).
+        trainable_parameters=model.parameters_trainable if model is not None else stepped,
         model=model,
         optimizer=optimizer,
         seconds=round(result.seconds, 3),

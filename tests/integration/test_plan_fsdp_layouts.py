@@ -94,6 +94,7 @@ def test_fsdp2_built_on_the_device_moved_by_fully_shard_or_offloaded(tmp_path: P
         assert config.trainable_parameters == PARAMETERS
     assert offload.fits, offload.problem
     assert offload.held_bytes == {"parameters": 0, "gradients": 0, "optimizer_state": 0}, offload.held_bytes
+    assert offload.trainable_parameters == PARAMETERS  # on the CPU, counted from what AdamW steps
     assert _held_at_the_end(offload.snapshot) == 0
     assert offload.peak_allocated_bytes <= moved.peak_allocated_bytes - 12 * PARAMETERS // world_size
     assert offload.peak_allocated_bytes - _workspace_bytes(offload.snapshot) >= 4 * BLOCK
