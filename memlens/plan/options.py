@@ -51,7 +51,7 @@ class PlanOptions:
     placeholder_values: bool = option(
         False, "--placeholder-values",
         "Let .item(), bool(t), tolist() on GPU tensors return NaN/0/False instead of stopping the run "
-        "(a loss printed each step, GradScaler's inf check).",
+        "(a loss printed each step).",
     )  # fmt: skip
     # Each configuration's prediction may take this long before its process is killed.
     timeout_s: float = 900.0
