@@ -24,15 +24,14 @@ On top, DeepSpeed's scalars (a step count, a norm, overflow flags): a few bytes 
 from __future__ import annotations
 
 import importlib.util
-import pickle
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from memlens.ops.plan import PlanOptions, predict_configurations
 from memlens.plan.configurations import Configuration
+from tests.integration.test_plan_sharded_ranks import _held_at_the_end
 
 NOT_INSTALLED = "deepspeed is not installed (pip install -e '.[deepspeed]')"
 pytestmark = [
@@ -90,20 +89,6 @@ SCRIPT = (
     .replace("WIDTH", str(WIDTH))
     .replace("BLOCKS", str(BLOCKS))
 )
-
-
-def _held_at_the_end(snapshot_path: str) -> int:
-    """The bytes the rank's snapshot holds at its end as the tensors asked for them, less the
-    cuBLAS workspaces (no tensor's)."""
-    with open(snapshot_path, "rb") as handle:
-        snapshot: dict[str, Any] = pickle.load(handle)  # a file this test's plan just wrote
-    return sum(
-        block["requested_size"]
-        for segment in snapshot["segments"]
-        for block in segment["blocks"]
-        if block["state"] == "active_allocated"
-        and not any("getNewWorkspace" in str(frame.get("name")) for frame in block.get("frames", []))
-    )
 
 
 def _by_hand(stage: int, offload: bool, element: int) -> int:

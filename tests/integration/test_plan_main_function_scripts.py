@@ -13,10 +13,8 @@ Two things a held-out run of such scripts found:
 
 from __future__ import annotations
 
-import pickle
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,39 +22,15 @@ from memlens.ops.plan import PlanOptions, predict_configurations
 from memlens.plan.configurations import Configuration
 from memlens.plan.results import PlanConfig, PlanResult
 from memlens.reporters.plan import render
+from tests.integration.test_plan_sharded_ranks import BLOCKS, MODEL, PARAMETERS, WIDTH, _held_at_the_end
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
-WIDTH, BLOCKS = 256, 4
-UP_WEIGHT, UP_BIAS, DOWN_WEIGHT, DOWN_BIAS = 4 * WIDTH * WIDTH, 4 * WIDTH, 4 * WIDTH * WIDTH, WIDTH
-PARAMETERS = BLOCKS * (UP_WEIGHT + UP_BIAS + DOWN_WEIGHT + DOWN_BIAS)
-
-SCRIPT = textwrap.dedent(
+# The training inside main(), the loss printed each step; the model is the sharded-ranks tests'.
+SCRIPT = MODEL + textwrap.dedent(
     """
-    import os
-    import sys
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    class Block(nn.Module):
-        def __init__(self, d):
-            super().__init__()
-            self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        def forward(self, x):
-            return x + self.down(torch.relu(self.up(x)))
-
-    class Model(nn.Module):
-        def __init__(self, d, n):
-            super().__init__()
-            self.layers = nn.ModuleList(Block(d) for _ in range(n))
-        def forward(self, x):
-            for layer in self.layers:
-                x = layer(x)
-            return x
 
     def main(layout):
         dist.init_process_group("nccl")
@@ -107,21 +81,6 @@ def _plan(tmp_path: Path, layout: str, world_size: int, placeholder_values: bool
     return config
 
 
-def _held_at_the_end(snapshot_path: str | None) -> int:
-    """The bytes the rank's snapshot holds at its end as the tensors asked for them, less the
-    cuBLAS workspaces (no tensor's)."""
-    assert snapshot_path is not None
-    with open(snapshot_path, "rb") as handle:
-        snapshot: dict[str, Any] = pickle.load(handle)  # a file this test's plan just wrote
-    live = [block for segment in snapshot["segments"] for block in segment["blocks"]
-            if block["state"] == "active_allocated"]  # fmt: skip
-    return sum(
-        block["requested_size"]
-        for block in live
-        if not any("getNewWorkspace" in str(frame.get("name")) for frame in block.get("frames", []))
-    )
-
-
 def test_a_rank_of_a_script_that_trains_in_main_holds_its_last_steps_state(tmp_path: Path) -> None:
     """FSDP2 at world size 4 and DDP at 2, each trained in main(): the rank ends holding 12 bytes
     per parameter it owns (FSDP2 12P/4; DDP 12P, plus its gradient buckets in the snapshot), the
@@ -131,14 +90,14 @@ def test_a_rank_of_a_script_that_trains_in_main_holds_its_last_steps_state(tmp_p
     assert sharded.fits, sharded.problem
     owned = PARAMETERS // 4
     assert sharded.held_bytes == {"parameters": 4 * owned, "gradients": 0, "optimizer_state": 8 * owned}
-    assert _held_at_the_end(sharded.snapshot) == 12 * owned
+    assert sharded.snapshot is not None and _held_at_the_end(sharded.snapshot) == 12 * owned
     assert sharded.trainable_parameters == PARAMETERS
 
     replicated = _plan(tmp_path, "ddp", 2, placeholder_values=True)
     assert replicated.fits, replicated.problem
     assert replicated.held_bytes == {"parameters": 4 * PARAMETERS, "gradients": 0, "optimizer_state": 8 * PARAMETERS}
     # DDP's reducer keeps its flat gradient buckets (4 bytes a parameter) for the next backward.
-    assert _held_at_the_end(replicated.snapshot) == 16 * PARAMETERS
+    assert replicated.snapshot is not None and _held_at_the_end(replicated.snapshot) == 16 * PARAMETERS
     assert replicated.trainable_parameters == PARAMETERS
 
 

@@ -13,10 +13,8 @@ for all."""
 from __future__ import annotations
 
 import json
-import pickle
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,6 +22,7 @@ from memlens.ops.plan import PlanOptions, plan
 from memlens.plan.runner import CUDA_CONTEXT_ESTIMATE, device_of, outside_allocator
 from memlens.predict.gpus import gpu_spec
 from memlens.reporters.plan import plan_json, render
+from tests.integration.test_plan_sharded_ranks import _held_at_the_end
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -78,20 +77,6 @@ def _owned(up_rows: int, hidden: int) -> int:
     """Parameters a rank owns of the model: its rows of up (weight and bias) and of down."""
     down_rows = WIDTH // WORLD
     return BLOCKS * (up_rows * WIDTH + up_rows + down_rows * hidden + down_rows)
-
-
-def _held_at_the_end(snapshot_path: str) -> int:
-    """The bytes the rank's snapshot holds at its end, as the tensors asked for them, less the
-    cuBLAS workspaces (no tensor's)."""
-    with open(snapshot_path, "rb") as handle:
-        snapshot: dict[str, Any] = pickle.load(handle)  # a file this test's plan just wrote
-    live = [block for segment in snapshot["segments"] for block in segment["blocks"]
-            if block["state"] == "active_allocated"]  # fmt: skip
-    return sum(
-        block["requested_size"]
-        for block in live
-        if not any("getNewWorkspace" in str(frame.get("name")) for frame in block.get("frames", []))
-    )
 
 
 def test_uneven_shards_run_the_last_rank_too_and_the_plan_says_each(tmp_path: Path) -> None:

@@ -17,39 +17,16 @@ import pytest
 from memlens.ops.plan import PlanOptions, PlanResult, plan
 from memlens.reporters.plan import plan_json, render
 from memlens.units import format_bytes
+from tests.integration.test_plan_sharded_ranks import BLOCKS, MODEL, PARAMETERS, WIDTH
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
-WIDTH, BLOCKS = 256, 4
-UP_WEIGHT, UP_BIAS, DOWN_WEIGHT, DOWN_BIAS = 4 * WIDTH * WIDTH, 4 * WIDTH, 4 * WIDTH * WIDTH, WIDTH
-PARAMETERS = BLOCKS * (UP_WEIGHT + UP_BIAS + DOWN_WEIGHT + DOWN_BIAS)  # 2,102,272
-
 # FSDP2 as its tutorial writes it: a process group, a 1-D mesh, the model built on the CPU and
-# moved, fully_shard per block then the root, AdamW over model.parameters().
-SCRIPT = textwrap.dedent(
+# moved, fully_shard per block then the root, AdamW over model.parameters() (the sharded-ranks
+# tests' model and loop).
+SCRIPT = MODEL + textwrap.dedent(
     f"""
-    import os
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-
-    class Block(nn.Module):
-        def __init__(self, d):
-            super().__init__()
-            self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        def forward(self, x):
-            return x + self.down(torch.relu(self.up(x)))
-
-    class Model(nn.Module):
-        def __init__(self, d, n):
-            super().__init__()
-            self.layers = nn.ModuleList(Block(d) for _ in range(n))
-        def forward(self, x):
-            for layer in self.layers:
-                x = layer(x)
-            return x
 
     dist.init_process_group("nccl")
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -59,10 +36,7 @@ SCRIPT = textwrap.dedent(
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters())
-    for _ in range(2):
-        model(torch.randn(8, {WIDTH}, device="cuda")).sum().backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    train(model, optimizer)
     dist.destroy_process_group()
     """
 )
