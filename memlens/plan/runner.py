@@ -14,7 +14,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -25,6 +25,9 @@ from memlens.plan.levers import alloc_conf
 from memlens.plan.options import PlanOptions
 from memlens.plan.pipeline import SENT_NAME
 from memlens.plan.processes import ConfigurationProcesses
+
+if TYPE_CHECKING:
+    from memlens.predict.gpus import GpuSpec
 from memlens.plan.results import RANKS_ALIKE, RANKS_PER_STAGE, RANKS_UNEVEN, PlanProgress, PlanRank
 
 
@@ -32,13 +35,19 @@ from memlens.plan.results import RANKS_ALIKE, RANKS_PER_STAGE, RANKS_UNEVEN, Pla
 def device_of(options: PlanOptions) -> tuple[str, int]:
     """The simulated GPU's name, and the bytes PyTorch may use on it: the GPU's memory (or
     ``--capacity``) less what is outside the allocator (``outside_allocator``)."""
+    spec = _board(options)
+    return spec.name, spec.total_memory - outside_allocator(options)[0]
+
+
+def _board(options: PlanOptions) -> GpuSpec:
+    """The simulated GPU's spec: ``--gpu``'s board (or the default), with ``--capacity``'s memory."""
     from memlens.predict.gpus import DEFAULT_GPU, gpu_spec, with_capacity
     from memlens.units import capacity_bytes
 
     spec = gpu_spec(options.gpu or DEFAULT_GPU)
     if options.capacity is not None:
         spec = with_capacity(spec, capacity_bytes(options.capacity, "--capacity"))
-    return spec.name, spec.total_memory - outside_allocator(options)[0]
+    return spec
 
 
 # What a rank's GPU holds outside PyTorch's caching allocator, which the emulation cannot see,
@@ -60,12 +69,10 @@ def outside_allocator(options: PlanOptions) -> tuple[int, str | None]:
     figure comes from: ``--reserve-outside`` when given (not 0), else at ``--world-size`` > 1 the
     estimate of the CUDA context and NCCL's buffers (``NCCL_BUFFSIZE`` and ``NCCL_MAX_NCHANNELS``
     read from the environment where set), else nothing."""
-    from memlens.predict.gpus import DEFAULT_GPU, checked_reserve, gpu_spec, with_capacity
-    from memlens.units import capacity_bytes, format_bytes, parse_bytes
+    from memlens.predict.gpus import checked_reserve
+    from memlens.units import format_bytes, parse_bytes
 
-    spec = gpu_spec(options.gpu or DEFAULT_GPU)
-    if options.capacity is not None:
-        spec = with_capacity(spec, capacity_bytes(options.capacity, "--capacity"))
+    spec = _board(options)
     given = checked_reserve(spec, parse_bytes(options.reserve_outside))
     if given or int(options.world_size) <= 1:
         return given, ("--reserve-outside" if given else None)
