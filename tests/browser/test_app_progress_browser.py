@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from selenium.webdriver.common.by import By
 
 from memlens.figures.timeline import MAX_POINTS_PER_CURVE
 from memlens.ops.triage import TriageOptions, analyse
@@ -31,11 +30,14 @@ SAMPLE_LEAK = SAMPLE_SNAPSHOTS_DIR / "leak.pickle"
 
 
 def _bar(page: DashPage) -> tuple[str | None, str]:
-    """The progress row's stage attribute and text (None, "" when there is none)."""
-    rows = page.driver.find_elements(By.CSS_SELECTOR, "#analysis-progress .analysis-progress-row")
-    if not rows:
-        return None, ""
-    return rows[0].get_attribute("data-stage"), rows[0].text
+    """The progress row's stage attribute and text (None, "" when there is none), read in one
+    script: each poll redraws the row, and an element found by one WebDriver call can be gone by
+    the next (a stale element reference)."""
+    stage, text = page.driver.execute_script(
+        "const row = document.querySelector('#analysis-progress .analysis-progress-row');"
+        "return row ? [row.getAttribute('data-stage'), row.innerText] : [null, ''];"
+    )
+    return stage, text
 
 
 def _curves(page: DashPage) -> dict[str, int]:
