@@ -62,7 +62,10 @@ def test_the_bar_shows_the_childs_stage_then_the_timeline_is_drawn(
     app = create_app([SAMPLE_LEAK], sample_dir=None)
     try:
         page.start_server(app)
-        stage = wait_until(lambda: _bar(page)[0], timeout=TIMEOUT, what="the progress bar")
+        # The bar may say "queued" first (the job waits for a worker); the analysis is held at
+        # "building timeline", so the bar must come to say that.
+        stage = wait_until(lambda: _bar(page)[0] == "building timeline" and _bar(page)[0], timeout=TIMEOUT,
+                           what="the progress bar at the child's stage")
         assert stage == "building timeline"
         assert "building timeline 70%" in _bar(page)[1]
         assert not _curves(page)  # nothing drawn while the analysis runs
